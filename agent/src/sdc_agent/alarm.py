@@ -1,0 +1,113 @@
+"""The alarm: what the guard decided, identical on every rank, and its JSON report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+SCHEMA = "sdc.alarm/v1"
+
+CheckName = Literal["compute", "reduced_gradient", "weights"]
+VerdictKind = Literal["persistent", "transient", "replayer_wrong", "unclear", "unattributable"]
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one global rank runs: what the remediation pipeline needs to find its node."""
+
+    rank: int
+    node_name: str
+    instance_id: str
+    gpu_uuid: str
+    local_rank: int
+    pod_name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's per-rank entry (without the rank, which is the key)."""
+        out = {
+            "node_name": self.node_name,
+            "instance_id": self.instance_id,
+            "gpu_uuid": self.gpu_uuid,
+            "local_rank": self.local_rank,
+        }
+        if self.pod_name:
+            out["pod_name"] = self.pod_name
+        return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of confirming one mismatch (or one non-finite rank) by replaying it again.
+
+    ``pair`` is (target, replayer); for a non-finite gradient the replayer is the target itself.
+    ``third`` is the GPU that replayed the target's batch to break the tie; ``suspect`` the rank
+    the confirmation blames, or None.
+    """
+
+    pair: tuple[int, int]
+    third: int | None
+    suspect: int | None
+    kind: VerdictKind
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the pair as a two-element list."""
+        return {
+            "pair": list(self.pair),
+            "third": self.third,
+            "suspect": self.suspect,
+            "kind": self.kind,
+        }
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """A failed check. Every rank holds an identical copy (the decision is collective).
+
+    ``suspects`` are the ranks the alarm names, sorted, or None when it names nobody (for example
+    a disagreement without a strict majority). ``suspect_window`` is [first, last]: from the last
+    pass of the check that fired to the step that failed.
+    """
+
+    step: int
+    check: CheckName
+    nonfinite: list[int] = field(default_factory=list)
+    mismatched_pairs: list[tuple[int, int]] = field(default_factory=list)
+    culprits: list[int] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    suspects: list[int] | None = None
+    suspect_window: tuple[int, int] = (0, 0)
+    last_audit_pass: int | None = None
+    last_weight_check_pass: int | None = None
+    divergent_tensors: list[str] = field(default_factory=list)
+    ranks: dict[str, RankInfo] = field(default_factory=dict)
+    schema: str = SCHEMA
+
+    @property
+    def metric_value(self) -> int:
+        """The count the alarm's CloudWatch metric carries: ranks, pairs or tensors."""
+        if self.check == "weights":
+            return len(self.divergent_tensors)
+        if self.nonfinite:
+            return len(self.nonfinite)
+        if self.mismatched_pairs:
+            return len(self.mismatched_pairs)
+        return 1
+
+    @property
+    def metric_name(self) -> str:
+        """Which of the three SDC metrics this alarm increments."""
+        if self.check == "weights":
+            return "sdc_divergent_tensors"
+        if self.check == "reduced_gradient" or self.nonfinite:
+            return "sdc_nonfinite_grad"
+        return "sdc_replay_mismatch"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``sdc.alarm/v1`` report: JSON-serialisable, keys in a stable order."""
+        out = asdict(self)
+        out["mismatched_pairs"] = [list(p) for p in self.mismatched_pairs]
+        out["verdicts"] = [v.to_dict() for v in self.verdicts]
+        out["suspect_window"] = list(self.suspect_window)
+        out["ranks"] = {k: v.to_dict() for k, v in self.ranks.items()}
+        out["metric"] = {"name": self.metric_name, "value": self.metric_value}
+        return out

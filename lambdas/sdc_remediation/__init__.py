@@ -1,0 +1,1 @@
+"""sdc_remediation: the remediation workflow domain layer."""
