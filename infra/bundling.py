@@ -94,8 +94,12 @@ class PipLayerBundling:
         self._requirements = tuple(requirements)
         self._platform = platform
 
-    def try_bundle(self, output_dir: str, **_options: Any) -> bool:
-        """Install the requirements into `output_dir/python`; raise with pip's output on error."""
+    def try_bundle(self, output_dir: str, *_options: Any, **_keywords: Any) -> bool:
+        """Install the requirements into `output_dir/python`; raise with pip's output on error.
+
+        jsii passes the BundlingOptions as one positional struct (not as keywords, as the
+        generated interface suggests); they are unused either way.
+        """
         target = str(Path(output_dir) / "python")
         command = pip_command(self._requirements, target, self._platform)
         result = subprocess.run(command, capture_output=True, text=True, check=False)
