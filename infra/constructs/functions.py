@@ -187,9 +187,15 @@ class Functions(Construct):
 
         vpc, subnets, security_groups = self._network(config)
         retention = log_retention(config.log_retention_days)
+        # The label replace mode patches the node through Kubernetes instead of the API.
+        self.kubernetes_steps = [
+            folder
+            for folder, spec in STEPS.items()
+            if spec.kubernetes or (folder == "replace" and config.replace_mode == "label")
+        ]
         self.steps: dict[str, StepFunction] = {}
         for folder, spec in STEPS.items():
-            in_vpc = spec.kubernetes and vpc is not None
+            in_vpc = folder in self.kubernetes_steps and vpc is not None
             self.steps[folder] = StepFunction(
                 self,
                 _pascal(folder),
@@ -297,12 +303,6 @@ class Functions(Construct):
         allow("record", "Ledger", ledger_rw, ledger_arns)
         allow_notify("record")
 
-        # The label replace mode patches the node through Kubernetes instead of the API.
-        self.kubernetes_steps = [
-            folder
-            for folder, spec in STEPS.items()
-            if spec.kubernetes or (folder == "replace" and config.replace_mode == "label")
-        ]
         for folder in self.kubernetes_steps:
             allow(folder, "DescribeEksCluster", ["eks:DescribeCluster"], [eks_arn])
 

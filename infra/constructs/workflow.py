@@ -225,16 +225,14 @@ class Workflow(Construct):
         remediate.item_processor(self._remediate_one(approval_timeout, health_check_poll))
         remediate.add_catch(record_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
 
+        record_ambiguous = self._record("RecordAmbiguous", "ambiguous", notify=True)
+        record_no_suspects = self._record("RecordNoSuspects", "no_suspects", notify=True)
+        for task in (record_ambiguous, record_no_suspects):
+            _catch_terminal(task, record_failed)
         suspects = (
             sfn.Choice(self, "AnySuspects")
-            .when(
-                sfn.Condition.boolean_equals("$.ambiguous", True),
-                self._record("RecordAmbiguous", "ambiguous", notify=True),
-            )
-            .when(
-                sfn.Condition.is_not_present("$.suspects[0]"),
-                self._record("RecordNoSuspects", "no_suspects", notify=True),
-            )
+            .when(sfn.Condition.boolean_equals("$.ambiguous", True), record_ambiguous)
+            .when(sfn.Condition.is_not_present("$.suspects[0]"), record_no_suspects)
             .otherwise(remediate)
         )
         return localize.next(suspects)

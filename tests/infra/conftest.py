@@ -3,7 +3,6 @@ asset bundling (the stack is the same; only the layer's pip step is skipped)."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from infra.app import synthesize_template  # noqa: E402  (after the jsii setting)
+from infra.app import synthesize_template
 
 # Everything optional switched on: VPC placement, a scoped HyperPod ARN, label replacement,
 # the liveness alarm, email subscriptions, a short approval timeout.
@@ -41,7 +40,9 @@ class Synth:
     """None when cdk-nag passed; else the validation failure with its report."""
 
 
-def _synth(tmp_path_factory: pytest.TempPathFactory, name: str, context: dict[str, Any] | None) -> Synth:
+def _synth(
+    tmp_path_factory: pytest.TempPathFactory, name: str, context: dict[str, Any] | None
+) -> Synth:
     outdir = tmp_path_factory.mktemp(name)
     try:
         template = synthesize_template(context, with_nag=True, outdir=str(outdir))

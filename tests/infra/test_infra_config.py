@@ -33,7 +33,10 @@ def test_missing_cluster_name_names_the_key_and_how_to_set_it() -> None:
     # Given a context without the HyperPod cluster name
     context = {k: v for k, v in example_context().items() if k != "hyperPodClusterName"}
     # When it is loaded / Then the error names the key, its variable and the -c form
-    with pytest.raises(ConfigError, match=r"'hyperPodClusterName' \(SDC_HYPER_POD_CLUSTER_NAME\) is required.*-c hyperPodClusterName="):
+    with pytest.raises(
+        ConfigError,
+        match=r"'hyperPodClusterName' \(SDC_HYPER_POD_CLUSTER_NAME\) is required.*-c hyperPodClusterName=",
+    ):
         load_config(context, {})
 
 
@@ -55,11 +58,14 @@ def test_environment_overrides_context() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "seconds"), [(600, 600), ("600", 600), ("45s", 45), ("10m", 600), ("24h", 86400), ("7d", 604800)]
+    ("value", "seconds"),
+    [(600, 600), ("600", 600), ("45s", 45), ("10m", 600), ("24h", 86400), ("7d", 604800)],
 )
 def test_durations_accept_seconds_or_a_unit(value: object, seconds: int) -> None:
     # Given a poll interval written as a number or with a unit / When loaded / Then seconds
-    config = load_config({**example_context(), "healthCheckPollInterval": value, "healthCheckTimeout": "8d"}, {})
+    config = load_config(
+        {**example_context(), "healthCheckPollInterval": value, "healthCheckTimeout": "8d"}, {}
+    )
     assert config.health_check_poll_seconds == seconds
 
 
@@ -67,14 +73,27 @@ def test_partial_thresholds_keep_the_default_for_the_others() -> None:
     # Given thresholds for one metric only
     config = load_config({**example_context(), "alarmThresholds": {"sdc_replay_mismatch": 3}}, {})
     # Then that one changes and the others stay at 1
-    assert config.alarm_thresholds == {**dict.fromkeys(METRIC_NAMES, 1.0), "sdc_replay_mismatch": 3.0}
+    assert config.alarm_thresholds == {
+        **dict.fromkeys(METRIC_NAMES, 1.0),
+        "sdc_replay_mismatch": 3.0,
+    }
 
 
 @pytest.mark.parametrize(
     ("key", "value", "message", "named"),
     [
-        ("hyperPodClusterName", "bad_name!", "not a valid HyperPod cluster name", "hyperPodClusterName"),
-        ("hyperPodClusterArn", "arn:aws:sagemaker:us-west-2:123456789012:cluster/my-cluster", "not a HyperPod cluster ARN", "hyperPodClusterArn"),
+        (
+            "hyperPodClusterName",
+            "bad_name!",
+            "not a valid HyperPod cluster name",
+            "hyperPodClusterName",
+        ),
+        (
+            "hyperPodClusterArn",
+            "arn:aws:sagemaker:us-west-2:123456789012:cluster/my-cluster",
+            "not a HyperPod cluster ARN",
+            "hyperPodClusterArn",
+        ),
         ("alarmPeriod", "15s", "10, 30 or a multiple of 60", "alarmPeriod"),
         ("alarmThresholds", {"sdc_typo": 1}, "unknown metric", "alarmThresholds"),
         ("approvalTimeout", "10s", "outside 1 minute", "approvalTimeout"),
@@ -92,10 +111,14 @@ def test_partial_thresholds_keep_the_default_for_the_others() -> None:
         ("livenessWindow", "90s", "between 5 minutes and 1 day", "livenessWindow"),
     ],
 )
-def test_invalid_values_are_rejected_naming_the_key(key: str, value: object, message: str, named: str) -> None:
+def test_invalid_values_are_rejected_naming_the_key(
+    key: str, value: object, message: str, named: str
+) -> None:
     # Given one bad value (for cross-key rules the error names the key that must change)
     # When loaded / Then the error names the key and states the problem
-    with pytest.raises(ConfigError, match=rf"^context key '{named}' \(SDC_\w+\): .*{re.escape(message)}"):
+    with pytest.raises(
+        ConfigError, match=rf"^context key '{named}' \(SDC_\w+\): .*{re.escape(message)}"
+    ):
         load_config({**example_context(), key: value}, {})
 
 
