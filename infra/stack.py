@@ -120,6 +120,7 @@ class SdcGuardStack(cdk.Stack):
             state_machine=state_machine,
             functions=[step.function for step in self.functions.steps.values()],
             dead_letter_queue=self.rule.dead_letter_queue,
+            record_log_group=self.functions.steps["record"].log_group,
         )
         self.eks_access = EksAccess(
             self,

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
@@ -15,8 +16,25 @@ from constructs import Construct
 from infra.config import LIVENESS_METRIC_NAMES, METRIC_NAMES, SdcConfig
 from infra.constructs.functions import POWERTOOLS_METRICS_NAMESPACE
 
-OPEN_REMEDIATIONS_METRIC = "OpenRemediations"
-"""Gauge the record step emits (namespace SDCRemediation); shown as "open remediations"."""
+# Transitions after which the node is back in service or gone (the ledger closes the
+# remediation), and the ones that never opened one.
+CLOSING_TRANSITIONS = ("released", "replaced", "replaced_by_hyperpod")
+NOT_OPENING_TRANSITIONS = ("duplicate", "circuit_open", "ambiguous", "no_suspects")
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
+OPEN_REMEDIATIONS_QUERY = (
+    # The record step logs one "recorded" line per transition (pk = instance id). A node whose
+    # latest transition does not close its remediation is still cordoned and waiting for a human.
+    f'filter message = "recorded" and transition not in [{_quoted(NOT_OPENING_TRANSITIONS)}]\n'
+    "| stats latest(transition) as last_transition, latest(remediation_id) as remediation, "
+    "max(@timestamp) as since by pk\n"
+    f"| filter last_transition not in [{_quoted(CLOSING_TRANSITIONS)}]\n"
+    "| sort since desc"
+)
 
 _ONE_MINUTE = cdk.Duration.minutes(1)
 _FIVE_MINUTES = cdk.Duration.minutes(5)
@@ -47,6 +65,7 @@ class Dashboard(Construct):
         state_machine: sfn.IStateMachine,
         functions: Sequence[lambda_.IFunction],
         dead_letter_queue: sqs.IQueue,
+        record_log_group: logs.ILogGroup,
     ) -> None:
         super().__init__(scope, construct_id)
         cluster = config.hyperpod_cluster_name
@@ -141,8 +160,10 @@ class Dashboard(Construct):
             cloudwatch.GraphWidget(
                 title="Remediation transitions",
                 left=[
+                    # The record step counts each transition (metric name = transition) with
+                    # Powertools' service dimension and ClusterName.
                     search(
-                        f'{{{POWERTOOLS_METRICS_NAMESPACE}}} NOT MetricName="{OPEN_REMEDIATIONS_METRIC}"',
+                        f'{{{POWERTOOLS_METRICS_NAMESPACE},ClusterName,service}} ClusterName="{cluster}"',
                         "Sum",
                         _FIVE_MINUTES,
                         label="",
@@ -151,16 +172,11 @@ class Dashboard(Construct):
                 width=8,
                 height=6,
             ),
-            cloudwatch.GraphWidget(
-                title="Open remediations",
-                left=[
-                    search(
-                        f'{{{POWERTOOLS_METRICS_NAMESPACE}}} MetricName="{OPEN_REMEDIATIONS_METRIC}"',
-                        "Maximum",
-                        _FIVE_MINUTES,
-                        label="",
-                    )
-                ],
+            cloudwatch.LogQueryWidget(
+                title="Open remediations (nodes cordoned, not yet released or replaced)",
+                log_group_names=[record_log_group.log_group_name],
+                query_string=OPEN_REMEDIATIONS_QUERY,
+                view=cloudwatch.LogQueryVisualizationType.TABLE,
                 width=8,
                 height=6,
             ),

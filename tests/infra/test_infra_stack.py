@@ -678,7 +678,16 @@ def test_dashboard_shows_sdc_metrics_liveness_outcomes_and_open_remediations(
     for name in ("sdc_audit_pass", "sdc_weight_check_pass"):
         assert f'MetricName=\\"{name}\\"' in body
     assert "ExecutionsFailed" in body
-    assert "OpenRemediations" in body
+    (record_logs,) = [
+        k
+        for k, v in resources(default_synth.template, "AWS::Lambda::Function").items()
+        if v["Properties"]["Handler"] == "record.handler.handler"
+    ]
+    record_group = resources(default_synth.template, "AWS::Lambda::Function")[record_logs][
+        "Properties"
+    ]["LoggingConfig"]["LogGroup"]
+    assert f"SOURCE '{flatten(record_group)}'" in body
+    assert 'filter message = \\"recorded\\"' in body
 
 
 def test_code_asset_is_the_lambdas_folder_without_build_leftovers(default_synth: Any) -> None:
