@@ -116,7 +116,8 @@ class OperatorPolicy(Construct):
                 ),
                 iam.PolicyStatement(
                     sid="ReadLedger",
-                    actions=["dynamodb:GetItem", "dynamodb:Query"],
+                    # `history` without --node scans the (small) ledger.
+                    actions=["dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan"],
                     resources=[ledger.table_arn, f"{ledger.table_arn}/index/{BY_CLUSTER_INDEX}"],
                 ),
             ],

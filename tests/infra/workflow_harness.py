@@ -1,7 +1,8 @@
 """Run the synthesized state machine on moto's Step Functions executor with stand-in steps.
 
 The definition comes from the template exactly as CloudFormation would receive it; only its
-references are resolved (function ARNs, partition). Each Lambda invoke is dispatched to a Python
+references are resolved (function ARNs, partition) by `infra.template`, the helper the
+end-to-end harness uses too. Each Lambda invoke is dispatched to a Python
 callable; an exception raised there becomes a Lambda function error whose `errorType` is the
 exception's class name, as the Python runtime reports it, so Retry/Catch see the same names.
 """
@@ -20,32 +21,13 @@ from typing import Any
 from unittest import mock
 
 import boto3
-from infra_template import function_ids, resources
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
+from infra.template import function_logical_ids, state_machine_definition
+
 REGION = "us-east-1"
 Handler = Callable[[dict[str, Any]], Any]
-
-
-def resolved_definition(template: dict[str, Any], function_arns: dict[str, str]) -> str:
-    """The state machine's DefinitionString with GetAtt/Ref resolved for this account."""
-    (machine,) = resources(template, "AWS::StepFunctions::StateMachine").values()
-    by_logical_id = {
-        logical_id: function_arns[folder] for folder, logical_id in function_ids(template).items()
-    }
-
-    def resolve(node: Any) -> str:
-        if isinstance(node, str):
-            return node
-        if "Fn::GetAtt" in node:
-            return by_logical_id[node["Fn::GetAtt"][0]]
-        if node == {"Ref": "AWS::Partition"}:
-            return "aws"
-        raise AssertionError(f"unexpected reference in the definition: {node}")
-
-    delimiter, parts = machine["Properties"]["DefinitionString"]["Fn::Join"]
-    return delimiter.join(resolve(part) for part in parts)
 
 
 @dataclass
@@ -126,9 +108,9 @@ def workflow(
                 Handler=f"{folder}.handler.handler",
                 Code={"ZipFile": code.getvalue()},
             )["FunctionArn"]
-            for folder in function_ids(template)
+            for folder in function_logical_ids(template)
         }
-        definition = resolved_definition(template, arns)
+        definition = state_machine_definition(template, arns)
         if patch_definition is not None:
             parsed = json.loads(definition)
             patch_definition(parsed)
