@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
@@ -26,6 +27,9 @@ class Notifications(Construct):
             "Key",
             description="sdc-guard notification topic",
             enable_key_rotation=True,
+            # SNS keeps no messages at rest; nothing needs the key once the stack is gone.
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+            pending_window=cdk.Duration.days(7),
         )
         self.key.add_to_resource_policy(
             iam.PolicyStatement(
