@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
-from aws_cdk import aws_lambda as lambda_
 
 from infra import nag
-from infra.config import SdcConfig, load_config
+from infra.config import KEYS, SdcConfig, load_config
 from infra.stack import SdcGuardStack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -41,19 +40,15 @@ def build_app(
     *,
     environ: Mapping[str, str] | None = None,
     with_nag: bool = True,
-    code: lambda_.Code | None = None,
-    layer_code: lambda_.Code | None = None,
 ) -> SdcGuardStack:
     """Validate `app`'s context into a config and add the stack (and cdk-nag) to it."""
     environ = os.environ if environ is None else environ
-    context_keys = {key: app.node.try_get_context(key) for key in _context_keys()}
+    context_keys = {key: app.node.try_get_context(key) for key in KEYS}
     config = load_config({k: v for k, v in context_keys.items() if v is not None}, environ)
     stack = SdcGuardStack(
         app,
         stack_name(config),
         config=config,
-        code=code,
-        layer_code=layer_code,
         description=f"sdc-guard: silent-data-corruption remediation for HyperPod cluster {config.hyperpod_cluster_name}",
         env=cdk.Environment(
             account=environ.get("CDK_DEFAULT_ACCOUNT"), region=environ.get("CDK_DEFAULT_REGION")
@@ -69,18 +64,11 @@ def synthesize_template(
 ) -> dict[str, Any]:
     """Synthesize the stack without bundling assets and return its CloudFormation template.
 
-    `context` overrides cdk.json's example context (e.g. {"approvalTimeout": "1m"}). For the
-    end-to-end harness: the state machine's `DefinitionString` is an Fn::Join whose references
-    name the functions' logical ids (`Functions<Step>Function...`).
+    `context` overrides cdk.json's example context (e.g. {"healthCheckPollInterval": "1s"}).
+    `infra.template.state_machine_definition` turns the result into runnable ASL.
     """
     merged = {**example_context(), **(context or {}), **SKIP_BUNDLING}
     app = cdk.App(context=merged, outdir=outdir)
     stack = build_app(app, environ={}, with_nag=with_nag)
     assembly = app.synth()
     return assembly.get_stack_artifact(stack.artifact_id).template
-
-
-def _context_keys() -> list[str]:
-    from infra.config import KEYS
-
-    return list(KEYS)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import aws_cdk as cdk
-from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from infra.config import SdcConfig
@@ -29,11 +28,7 @@ EXECUTION_TIMEOUT_MARGIN = cdk.Duration.hours(6)
 
 
 class SdcGuardStack(cdk.Stack):
-    """The remediation pipeline for one HyperPod cluster.
-
-    `code` and `layer_code` replace the Lambda assets (tests pass inline stand-ins so they need
-    no `lambdas/` build); by default they are the `lambdas/` folder and the pip-built layer.
-    """
+    """The remediation pipeline for one HyperPod cluster."""
 
     def __init__(
         self,
@@ -41,8 +36,6 @@ class SdcGuardStack(cdk.Stack):
         construct_id: str,
         *,
         config: SdcConfig,
-        code: lambda_.Code | None = None,
-        layer_code: lambda_.Code | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -69,8 +62,6 @@ class SdcGuardStack(cdk.Stack):
             topic=self.notifications.topic,
             topic_key=self.notifications.key,
             state_machine_arn=state_machine_arn,
-            code=code,
-            layer_code=layer_code,
         )
         self.workflow = Workflow(
             self,

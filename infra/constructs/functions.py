@@ -86,7 +86,7 @@ class StepFunction(Construct):
         code: lambda_.Code,
         layer: lambda_.ILayerVersion,
         environment: Mapping[str, str],
-        log_retention: logs.RetentionDays,
+        retention: logs.RetentionDays,
         vpc: ec2.IVpc | None = None,
         subnets: Sequence[ec2.ISubnet] = (),
         security_groups: Sequence[ec2.ISecurityGroup] = (),
@@ -103,7 +103,7 @@ class StepFunction(Construct):
         self.log_group = logs.LogGroup(
             self,
             "Logs",
-            retention=log_retention,
+            retention=retention,
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
         self.log_group.grant_write(self.role)
@@ -163,20 +163,17 @@ class Functions(Construct):
         topic: sns.ITopic,
         topic_key: kms.IKey,
         state_machine_arn: str,
-        code: lambda_.Code | None = None,
-        layer_code: lambda_.Code | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        stack = cdk.Stack.of(self)
         self.layer = lambda_.LayerVersion(
             self,
             "Dependencies",
-            code=layer_code or bundling.dependencies_layer_code(ARCHITECTURE),
+            code=bundling.dependencies_layer_code(ARCHITECTURE),
             compatible_runtimes=[RUNTIME],
             compatible_architectures=[ARCHITECTURE],
             description="sdc-guard Lambda dependencies (boto3 with HyperPod APIs, Powertools, kubernetes)",
         )
-        code = code or bundling.handlers_code()
+        code = bundling.handlers_code()
         environment = self.environment(
             config,
             ledger=ledger,
@@ -204,13 +201,25 @@ class Functions(Construct):
                 code=code,
                 layer=self.layer,
                 environment=environment,
-                log_retention=retention,
+                retention=retention,
                 vpc=vpc if in_vpc else None,
                 subnets=subnets if in_vpc else (),
                 security_groups=security_groups if in_vpc else (),
             )
 
-        # ---- permissions, per step -----------------------------------------------------------
+        self._grant(config, ledger=ledger, approvals=approvals, topic=topic, topic_key=topic_key)
+
+    def _grant(
+        self,
+        config: SdcConfig,
+        *,
+        ledger: dynamodb.ITable,
+        approvals: dynamodb.ITable,
+        topic: sns.ITopic,
+        topic_key: kms.IKey,
+    ) -> None:
+        """Each step's statements, on exact ARNs; each remaining wildcard acknowledged with its reason."""
+        stack = cdk.Stack.of(self)
         hyperpod_arn = config.hyperpod_cluster_arn or stack.format_arn(
             service="sagemaker", resource="cluster", resource_name="*"
         )
@@ -225,6 +234,7 @@ class Functions(Construct):
         )
         # Explicit ARNs instead of table.grant()/topic.grant_publish(): those add `index/*` and
         # `kms:GenerateDataKey*` wildcards; these are the exact resources and actions used.
+        # (TransactWriteItems is authorized per item as PutItem/UpdateItem/ConditionCheckItem.)
         ledger_arns = [ledger.table_arn, f"{ledger.table_arn}/index/{BY_CLUSTER_INDEX}"]
         ledger_rw = (
             "dynamodb:GetItem",
@@ -239,6 +249,16 @@ class Functions(Construct):
             self.steps[folder].role.add_to_policy(
                 iam.PolicyStatement(sid=sid, actions=list(actions), resources=list(resources))
             )
+
+        def allow_hyperpod(folder: str, sid: str, actions: Sequence[str]) -> None:
+            allow(folder, sid, actions, [hyperpod_arn])
+            if config.hyperpod_cluster_arn is None:
+                nag.acknowledge(
+                    self.steps[folder].role,
+                    nag.wildcard_resource_finding(self, hyperpod_arn),
+                    "HyperPod cluster ARNs end in a generated id, not the name; this account and "
+                    "region only. Set the hyperPodClusterArn context key to scope it to the one cluster",
+                )
 
         def allow_notify(folder: str) -> None:
             allow(folder, "Notify", ["sns:Publish"], [topic.topic_arn])
@@ -261,27 +281,27 @@ class Functions(Construct):
             ["logs:FilterLogEvents", "logs:GetLogEvents"],
             [report_logs_arn],
         )
-        allow(
+        nag.acknowledge(
+            self.steps["localize"].role,
+            nag.wildcard_resource_finding(self, report_logs_arn),
+            "Read-only on the agent's report log group; the agent names one stream per training job at run time",
+        )
+        allow_hyperpod(
             "localize",
             "DescribeHyperPodNodes",
             ["sagemaker:DescribeClusterNode", "sagemaker:ListClusterNodes"],
-            [hyperpod_arn],
         )
 
         allow("admit", "Ledger", ledger_rw, ledger_arns)
-        allow("admit", "CountClusterNodes", ["sagemaker:ListClusterNodes"], [hyperpod_arn])
+        allow_hyperpod("admit", "CountClusterNodes", ["sagemaker:ListClusterNodes"])
 
-        allow(
+        allow_hyperpod(
             "start_health_check",
             "StartDeepHealthCheck",
             ["sagemaker:StartClusterHealthCheck", "sagemaker:DescribeClusterNode"],
-            [hyperpod_arn],
         )
-        allow(
-            "poll_health_check",
-            "PollDeepHealthCheck",
-            ["sagemaker:DescribeClusterNode"],
-            [hyperpod_arn],
+        allow_hyperpod(
+            "poll_health_check", "PollDeepHealthCheck", ["sagemaker:DescribeClusterNode"]
         )
 
         allow(
@@ -293,11 +313,10 @@ class Functions(Construct):
         allow("request_approval", "ReadLedger", ledger_read, ledger_arns)
         allow_notify("request_approval")
 
-        allow(
+        allow_hyperpod(
             "replace",
             "ReplaceNode",
             ["sagemaker:BatchReplaceClusterNodes", "sagemaker:DescribeClusterNode"],
-            [hyperpod_arn],
         )
 
         allow("record", "Ledger", ledger_rw, ledger_arns)
@@ -306,7 +325,6 @@ class Functions(Construct):
         for folder in self.kubernetes_steps:
             allow(folder, "DescribeEksCluster", ["eks:DescribeCluster"], [eks_arn])
 
-        # ---- cdk-nag: the wildcards that remain, and why ------------------------------------
         for folder, step in self.steps.items():
             reasons = [
                 "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) have no resource-level permissions"
@@ -320,25 +338,6 @@ class Functions(Construct):
                     "the Lambda VPC network-interface calls have no resource-level permissions for Describe*"
                 )
             nag.acknowledge(step.role, nag.ANY_RESOURCE, "; ".join(reasons))
-        nag.acknowledge(
-            self.steps["localize"].role,
-            nag.wildcard_resource_finding(self, report_logs_arn),
-            "Read-only on the agent's report log group; the agent names one stream per training job at run time",
-        )
-        if config.hyperpod_cluster_arn is None:
-            for folder in (
-                "localize",
-                "admit",
-                "start_health_check",
-                "poll_health_check",
-                "replace",
-            ):
-                nag.acknowledge(
-                    self.steps[folder].role,
-                    nag.wildcard_resource_finding(self, hyperpod_arn),
-                    "HyperPod cluster ARNs end in a generated id, not the name; this account and region only. "
-                    "Set the hyperPodClusterArn context key to scope it to the one cluster",
-                )
 
     @property
     def kubernetes_roles(self) -> dict[str, iam.IRole]:
