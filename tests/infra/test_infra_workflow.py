@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import Synth, _synth
+from infra_synth import Synth, synthesize
 from workflow_harness import finish, start, wait_for, workflow
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ class NodeNotFound(Exception):
 @pytest.fixture(scope="module")
 def fast_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     """The shipped config with a 1-second health-check poll, so the loop runs in a test."""
-    return _synth(tmp_path_factory, "fast", {"healthCheckPollInterval": "1s"})
+    return synthesize(tmp_path_factory, "fast", {"healthCheckPollInterval": "1s"})
 
 
 def localized(suspects: list[dict[str, Any]], ambiguous: bool = False) -> Any:
