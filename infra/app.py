@@ -22,7 +22,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CDK_JSON = REPO_ROOT / "cdk.json"
 STACK_ID = "SdcGuard"
 SKIP_BUNDLING = {"aws:cdk:bundling-stacks": []}
-"""Context that makes CDK skip asset bundling (what `cdk synth --exclusively` does for others)."""
+"""Context that makes CDK skip asset bundling: the CLI sets this key to the stacks it will bundle,
+and an empty list bundles none (the layer's pip step is the only bundling in this app)."""
 
 
 def stack_name(config: SdcConfig) -> str:
