@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from infra_synth import Synth, synthesize
+from tests.infra.infra_synth import Synth, synthesize
 
 # Everything optional switched on: VPC placement, a scoped HyperPod ARN, label replacement,
 # the liveness alarm, email subscriptions, a short approval timeout.

@@ -10,11 +10,18 @@ from typing import Any
 
 import pytest
 from aws_cdk.assertions import Match, Template
-from infra_template import as_list, definition, flatten, function_ids, resources, role_statements
 
 from infra.config import METRIC_NAMES
 from infra.constructs.eks_access import KUBERNETES_GROUP
 from infra.constructs.functions import STEPS
+from tests.infra.infra_template import (
+    as_list,
+    definition,
+    flatten,
+    function_ids,
+    resources,
+    role_statements,
+)
 
 pytestmark = pytest.mark.slow
 

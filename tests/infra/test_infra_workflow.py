@@ -8,8 +8,9 @@ import json
 from typing import Any
 
 import pytest
-from infra_synth import Synth, synthesize
-from workflow_harness import finish, start, wait_for, workflow
+
+from tests.infra.infra_synth import Synth, synthesize
+from tests.infra.workflow_harness import finish, start, wait_for, workflow
 
 pytestmark = pytest.mark.slow
 

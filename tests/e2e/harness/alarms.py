@@ -32,7 +32,9 @@ def matches_pattern(event: Any, pattern: Any) -> bool:
     if isinstance(pattern, dict):
         if not isinstance(event, dict):
             return False
-        return all(key in event and matches_pattern(event[key], sub) for key, sub in pattern.items())
+        return all(
+            key in event and matches_pattern(event[key], sub) for key, sub in pattern.items()
+        )
     if isinstance(pattern, list):
         candidates = event if isinstance(event, list) else [event]
         return any(c == p for c in candidates for p in pattern)
@@ -68,7 +70,9 @@ class AlarmSpec:
             threshold=float(props["Threshold"]),
             comparison=props["ComparisonOperator"],
             evaluation_periods=int(props.get("EvaluationPeriods", 1)),
-            datapoints_to_alarm=int(props.get("DatapointsToAlarm", props.get("EvaluationPeriods", 1))),
+            datapoints_to_alarm=int(
+                props.get("DatapointsToAlarm", props.get("EvaluationPeriods", 1))
+            ),
         )
 
 
@@ -116,7 +120,9 @@ class LocalAlarmEvaluator:
                 f"Threshold Crossed: {len(breaching)} out of the last {len(values)} datapoints "
                 f"{breaching[:5]} crossed the threshold ({alarm.threshold})"
             )
-            self.cloudwatch.set_alarm_state(AlarmName=alarm.name, StateValue=new_state, StateReason=reason)
+            self.cloudwatch.set_alarm_state(
+                AlarmName=alarm.name, StateValue=new_state, StateReason=reason
+            )
             if new_state != "ALARM":
                 continue
             event = self._event(alarm, previous, reason, breaching, now)
@@ -136,7 +142,9 @@ class LocalAlarmEvaluator:
                         "Metric": {
                             "Namespace": alarm.namespace,
                             "MetricName": alarm.metric_name,
-                            "Dimensions": [{"Name": k, "Value": v} for k, v in alarm.dimensions.items()],
+                            "Dimensions": [
+                                {"Name": k, "Value": v} for k, v in alarm.dimensions.items()
+                            ],
                         },
                         "Period": alarm.period,
                         "Stat": alarm.statistic,
@@ -173,9 +181,15 @@ class LocalAlarmEvaluator:
                     "value": "ALARM",
                     "reason": reason,
                     "reasonData": json.dumps(
-                        {"version": "1.0", "queryDate": stamp, "statistic": alarm.statistic,
-                         "period": alarm.period, "recentDatapoints": breaching,
-                         "threshold": alarm.threshold, "evaluatedDatapoints": []}
+                        {
+                            "version": "1.0",
+                            "queryDate": stamp,
+                            "statistic": alarm.statistic,
+                            "period": alarm.period,
+                            "recentDatapoints": breaching,
+                            "threshold": alarm.threshold,
+                            "evaluatedDatapoints": [],
+                        }
                     ),
                     "timestamp": stamp,
                 },
