@@ -5,8 +5,8 @@ Authentication is the EKS IAM scheme: a presigned STS GetCallerIdentity URL carr
 eks:DescribeCluster; ``K8S_API_ENDPOINT`` / ``K8S_API_CA_DATA`` override them (a private endpoint
 proxy, or a local stand-in). TLS is always verified against that CA.
 
-Responses are read as plain JSON (``_preload_content=False``) so callers see the API's own field
-names, and every failure is mapped to a typed error here and nowhere else.
+Responses are plain JSON dicts with the API's own field names, and every failure is mapped to a
+typed error here and nowhere else.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import hashlib
 import json
 import os
 import tempfile
+import urllib.parse
 from typing import Any
 
 import boto3
 import urllib3
 from botocore.signers import RequestSigner
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from . import aws
 from .config import Settings
@@ -104,70 +103,100 @@ def _endpoint_and_ca(settings: Settings) -> tuple[str, str]:
 
 
 class KubeApi:
-    """The few Kubernetes calls the workflow makes, with errors mapped to typed ones."""
+    """The few Kubernetes calls the workflow makes, with errors mapped to typed ones.
 
-    def __init__(self, core: k8s.CoreV1Api) -> None:
-        self._core = core
+    Plain urllib3 rather than the generated ``kubernetes`` client: three REST calls do not need
+    it, and its wrapper turns a TLS failure into an AttributeError (it decodes a None body), which
+    would hide the one error that must never look transient.
+    """
+
+    def __init__(self, endpoint: str, ca_file: str, token: str) -> None:
+        self._base = endpoint.rstrip("/")
+        self._token = token
+        self._http = urllib3.PoolManager(
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=ca_file,
+            # No urllib3-level retries: the workflow retries ClusterApiUnavailable with backoff,
+            # and a PATCH must not be silently resent.
+            retries=False,
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KubeApi:
         """Connect to the cluster of ``EKS_CLUSTER_NAME`` with a fresh token."""
         endpoint, ca_data = _endpoint_and_ca(settings)
-        cfg = k8s.Configuration()
-        cfg.host = endpoint.rstrip("/")
-        cfg.verify_ssl = True
-        cfg.ssl_ca_cert = _ca_file(ca_data)
-        cfg.api_key = {"BearerToken": eks_token(settings.eks_cluster_name)}
-        cfg.api_key_prefix = {"BearerToken": "Bearer"}
-        # No urllib3-level retries: the workflow retries ClusterApiUnavailable with backoff,
-        # and a PATCH must not be silently resent.
-        cfg.retries = False
-        return cls(k8s.CoreV1Api(k8s.ApiClient(cfg)))
+        return cls(endpoint, _ca_file(ca_data), eks_token(settings.eks_cluster_name))
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        query: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        url = self._base + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/strategic-merge-patch+json"
+            data = json.dumps(body).encode()
         try:
-            resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-            return json.loads(resp.data or b"{}")
-        except ApiException as exc:
-            status = exc.status or 0
-            if status == 404:
-                raise NodeNotFound(f"{what}: not found in Kubernetes (404)") from exc
-            if status in (401, 403):
-                raise ConfigurationError(
-                    f"{what}: Kubernetes denied the request ({status}); check the EKS access "
-                    "entry and RBAC of the function's role"
-                ) from exc
-            if status >= 500 or status in (409, 429):
-                raise ClusterApiUnavailable(f"{what}: Kubernetes answered {status}") from exc
-            raise InvalidStepInput(
-                f"{what}: Kubernetes rejected the request ({status}): {exc.body}"
+            resp = self._http.request(
+                method,
+                url,
+                body=data,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0], read=REQUEST_TIMEOUT[1]),
+            )
+        except urllib3.exceptions.SSLError as exc:
+            raise ConfigurationError(
+                f"{what}: TLS verification of the Kubernetes API failed: {exc}"
             ) from exc
         except urllib3.exceptions.HTTPError as exc:
             reason = getattr(exc, "reason", None)
-            if isinstance(exc, urllib3.exceptions.SSLError) or isinstance(
-                reason, urllib3.exceptions.SSLError
-            ):
+            if isinstance(reason, urllib3.exceptions.SSLError):
                 raise ConfigurationError(
-                    f"{what}: TLS verification of the Kubernetes API failed: {reason or exc}"
+                    f"{what}: TLS verification of the Kubernetes API failed: {reason}"
                 ) from exc
             raise ClusterApiUnavailable(
                 f"{what}: Kubernetes API unreachable: {reason or exc}"
             ) from exc
+        status = resp.status
+        if 200 <= status < 300:
+            return json.loads(resp.data or b"{}")
+        if status == 404:
+            raise NodeNotFound(f"{what}: not found in Kubernetes (404)")
+        if status in (401, 403):
+            raise ConfigurationError(
+                f"{what}: Kubernetes denied the request ({status}); check the EKS access entry "
+                "and RBAC of the function's role"
+            )
+        if status >= 500 or status in (409, 429):
+            raise ClusterApiUnavailable(f"{what}: Kubernetes answered {status}")
+        raise InvalidStepInput(
+            f"{what}: Kubernetes rejected the request ({status}): {resp.data[:300]!r}"
+        )
 
     def get_node(self, name: str) -> dict[str, Any]:
         """The node object (raises NodeNotFound on 404)."""
-        return self._call(f"get node {name}", self._core.read_node, name)
+        return self._call(f"get node {name}", "GET", f"/api/v1/nodes/{urllib.parse.quote(name)}")
 
     def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Strategic-merge PATCH of a node (a ``None`` label value removes the label)."""
-        return self._call(f"patch node {name}", self._core.patch_node, name, body)
+        return self._call(
+            f"patch node {name}", "PATCH", f"/api/v1/nodes/{urllib.parse.quote(name)}", body
+        )
 
     def node_of_pod(self, pod_name: str) -> str:
         """The node a pod is scheduled on, found by name across namespaces."""
         pods = self._call(
             f"find pod {pod_name}",
-            self._core.list_pod_for_all_namespaces,
-            field_selector=f"metadata.name={pod_name}",
+            "GET",
+            "/api/v1/pods",
+            query={"fieldSelector": f"metadata.name={pod_name}"},
         )
         for pod in pods.get("items", []):
             node = (pod.get("spec") or {}).get("nodeName")

@@ -149,7 +149,7 @@ class Recorded:
 
     method: str
     path: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # lower-case names
     body: Any
 
 
@@ -239,7 +239,9 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
-            api.requests.append(Recorded(method, self.path, dict(self.headers.items()), body))
+            api.requests.append(
+                Recorded(method, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            )
             if api.hang_seconds:
                 time.sleep(api.hang_seconds)
                 return
