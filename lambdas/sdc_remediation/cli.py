@@ -52,7 +52,7 @@ def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _approvals(ctx: click.Context) -> Approvals:
     table = ctx.obj["approvals_table"]
     if not table:
-        raise click.UsageError(
+        raise ConfigurationError(
             "the approvals table is unknown: pass --approvals-table or set SDC_APPROVALS_TABLE"
         )
     return Approvals(table)
@@ -61,7 +61,7 @@ def _approvals(ctx: click.Context) -> Approvals:
 def _ledger(ctx: click.Context) -> Ledger:
     table = ctx.obj["ledger_table"]
     if not table:
-        raise click.UsageError(
+        raise ConfigurationError(
             "the ledger table is unknown: pass --ledger-table or set SDC_LEDGER_TABLE"
         )
     return Ledger(table)
