@@ -18,6 +18,8 @@ from sdc_remediation.observability import logger, metrics, tracer
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """Claim the node in the ledger unless it is open already or the guard trips."""
     state = parse_step(event, ItemState)
-    admission = steps.admit(state, settings())
+    current = settings()
+    admission = steps.admit(state, current)
+    metrics.add_dimension(name="ClusterName", value=current.hyperpod_cluster_name)
     metrics.add_metric(name=f"admission_{admission.decision}", unit="Count", value=1)
     return admission.model_dump(mode="json")

@@ -13,6 +13,8 @@ from typing import Any
 
 import boto3
 import botocore.exceptions
+import botocore.loaders
+import botocore.session
 from botocore.config import Config
 
 from .errors import AwsApiUnavailable, ConfigurationError
@@ -26,6 +28,9 @@ _CONFIG = Config(
 )
 
 _clients: dict[str, Any] = {}
+# Parsed service models are shared by every session this process creates: parsing the JSON
+# models is most of the cost of a new client, and they never change within a process.
+_loader = botocore.loaders.create_loader()
 
 _TRANSIENT_CODES = {
     "Throttling",
@@ -48,8 +53,15 @@ _DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation
 def client(service: str) -> Any:
     """The process-wide boto3 client for ``service``, created on first use."""
     if service not in _clients:
-        _clients[service] = boto3.session.Session().client(service, config=_CONFIG)
+        _clients[service] = session().client(service, config=_CONFIG)
     return _clients[service]
+
+
+def session() -> boto3.session.Session:
+    """A new boto3 session (fresh credential chain) sharing the parsed service models."""
+    core = botocore.session.get_session()
+    core.register_component("data_loader", _loader)
+    return boto3.session.Session(botocore_session=core)
 
 
 def reset_clients() -> None:

@@ -41,7 +41,7 @@ REQUEST_TIMEOUT = (5.0, 15.0)
 
 def eks_token(cluster_name: str, session: boto3.session.Session | None = None) -> str:
     """A bearer token for the EKS cluster ``cluster_name`` from the caller's IAM identity."""
-    session = session or boto3.session.Session()
+    session = session or aws.session()
     region = session.region_name or os.environ.get("AWS_REGION") or "us-east-1"
     sts = session.client("sts", region_name=region)
     credentials = session.get_credentials()

@@ -7,13 +7,13 @@ test imports ``cordon.handler`` like the runtime resolves ``cordon.handler.handl
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from moto import mock_aws
 
@@ -26,6 +26,17 @@ from kube_standin import KubeStandIn  # noqa: E402
 from remediation_factories import CLUSTER, EKS_CLUSTER, REGION  # noqa: E402
 
 from sdc_remediation import aws  # noqa: E402
+
+# Powertools' singletons read their settings and keep the sys.stdout they see when created.
+# Create them now, outside any test, with the values the CDK app sets, so the Logger writes to
+# pytest's session capture and not to a capsys stream that is closed after one test.
+for _key, _value in {
+    "POWERTOOLS_SERVICE_NAME": "sdc-remediation",
+    "POWERTOOLS_METRICS_NAMESPACE": "SDCRemediation",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+}.items():
+    os.environ.setdefault(_key, _value)
+from sdc_remediation import observability  # noqa: E402, F401
 
 LEDGER = "sdc-ledger"
 APPROVALS = "sdc-approvals"
@@ -89,6 +100,11 @@ def remediation_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     aws.reset_clients()
 
 
+def _test_client(service: str, region_name: str = REGION) -> Any:
+    """A client for setting up and inspecting the moto account (shares parsed models)."""
+    return aws.session().client(service, region_name=region_name)
+
+
 @dataclass
 class Cloud:
     """The moto account the tests run against."""
@@ -97,7 +113,7 @@ class Cloud:
 
     def client(self, service: str) -> Any:
         """A test-side client (separate from the code's cached ones)."""
-        return boto3.client(service, region_name=REGION)
+        return aws.session().client(service, region_name=REGION)
 
     def sns_messages(self) -> list[dict[str, Any]]:
         """Every message published to the topic (moto keeps them per region)."""
@@ -117,7 +133,7 @@ class Cloud:
 def cloud() -> Iterator[Cloud]:
     """Tables, topic, log group, an EKS cluster and a HyperPod cluster of ``NODES`` nodes."""
     with mock_aws():
-        ddb = boto3.client("dynamodb", region_name=REGION)
+        ddb = _test_client("dynamodb", region_name=REGION)
         ddb.create_table(
             TableName=LEDGER,
             KeySchema=[
@@ -148,12 +164,12 @@ def cloud() -> Iterator[Cloud]:
             AttributeDefinitions=[{"AttributeName": "approval_id", "AttributeType": "S"}],
             BillingMode="PAY_PER_REQUEST",
         )
-        boto3.client("sns", region_name=REGION).create_topic(Name=TOPIC)
-        boto3.client("logs", region_name=REGION).create_log_group(logGroupName=f"/sdc/{CLUSTER}")
-        boto3.client("eks", region_name=REGION).create_cluster(
+        _test_client("sns", region_name=REGION).create_topic(Name=TOPIC)
+        _test_client("logs", region_name=REGION).create_log_group(logGroupName=f"/sdc/{CLUSTER}")
+        _test_client("eks", region_name=REGION).create_cluster(
             name=EKS_CLUSTER, roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={}
         )
-        sm = boto3.client("sagemaker", region_name=REGION)
+        sm = _test_client("sagemaker", region_name=REGION)
         sm.create_cluster(
             ClusterName=CLUSTER,
             InstanceGroups=[

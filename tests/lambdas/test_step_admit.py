@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import boto3
 import pytest
 from conftest import LEDGER
-from remediation_factories import CLUSTER, REGION, item_state
+from remediation_factories import CLUSTER, item_state
 
-from sdc_remediation import clock, ledger
+from sdc_remediation import aws, clock, ledger
 from sdc_remediation.dynamo import from_item, to_item
 from sdc_remediation.errors import InvalidStepInput
 
 
 def _item(pk: str, sk: str) -> dict | None:
-    ddb = boto3.client("dynamodb", region_name=REGION)
+    ddb = aws.client("dynamodb")
     return from_item(ddb.get_item(TableName=LEDGER, Key=to_item({"pk": pk, "sk": sk})).get("Item"))
 
 

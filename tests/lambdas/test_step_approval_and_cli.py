@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 from click.testing import CliRunner
 from conftest import APPROVALS, LEDGER
-from remediation_factories import REGION, item_state
+from remediation_factories import item_state
 
 from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
@@ -22,7 +21,7 @@ MOTO_CALLER = "arn:aws:sts::123456789012:user/moto"
 
 
 def _approvals() -> list[dict]:
-    ddb = boto3.client("dynamodb", region_name=REGION)
+    ddb = aws.client("dynamodb")
     return [from_item(i) for i in ddb.scan(TableName=APPROVALS)["Items"]]
 
 

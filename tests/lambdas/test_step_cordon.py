@@ -9,7 +9,7 @@ import pytest
 from kube_standin import KubeStandIn, decode_token
 from remediation_factories import EKS_CLUSTER, item_state
 
-from sdc_remediation import kube
+from sdc_remediation import aws, kube
 from sdc_remediation.config import Settings
 from sdc_remediation.errors import (
     ClusterApiUnavailable,
@@ -119,11 +119,8 @@ def test_tls_is_verified_against_the_cluster_ca(cloud, k8s, invoke, monkeypatch)
 
 def test_endpoint_and_ca_come_from_eks_describe_cluster_without_overrides(cloud):
     # Given no override variables (the deployed configuration)
-    import boto3
 
-    described = boto3.client("eks", region_name="us-east-1").describe_cluster(name=EKS_CLUSTER)[
-        "cluster"
-    ]
+    described = aws.client("eks").describe_cluster(name=EKS_CLUSTER)["cluster"]
 
     # When
     endpoint, ca = kube._endpoint_and_ca(Settings())

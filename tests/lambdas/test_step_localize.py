@@ -207,7 +207,7 @@ def test_localize_ignores_reports_outside_the_alarm_window(cloud, invoke):
         "other-namespace",
     ],
 )
-def test_localize_rejects_malformed_and_foreign_events(cloud, invoke, event, match):
+def test_localize_rejects_malformed_and_foreign_events(invoke, event, match):
     # Given an event that is not one of this cluster's SDC alarms going to ALARM
     # When / Then: a typed, terminal error naming the problem
     with pytest.raises(InvalidAlarmEvent, match=match):
