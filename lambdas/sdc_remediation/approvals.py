@@ -7,8 +7,8 @@ SendTaskSuccess. The token only ever lives in the table (with a TTL), never in a
 
 from __future__ import annotations
 
+import hashlib
 import json
-import secrets
 from typing import Any, Literal
 
 import botocore.exceptions
@@ -28,9 +28,13 @@ from .models import ApprovalDecision
 EXPIRED_TOKEN_ERRORS = {"TaskTimedOut", "TaskDoesNotExist", "InvalidToken"}
 
 
-def new_approval_id() -> str:
-    """An opaque, unguessable, shell-safe id (the token itself never leaves the table)."""
-    return "a-" + secrets.token_hex(8)
+def approval_id_for(task_token: str) -> str:
+    """The approval id of a task token: opaque, shell-safe, and the same for a retried task.
+
+    A one-way hash, so the id reveals nothing of the token; deterministic, so a Lambda retried by
+    Step Functions with the same token finds its own request instead of creating a second one.
+    """
+    return "a-" + hashlib.sha256(task_token.encode()).hexdigest()[:16]
 
 
 class Approvals:
@@ -53,9 +57,10 @@ class Approvals:
         evidence: dict[str, Any],
         ttl_seconds: int,
         execution: str,
-    ) -> str:
-        """Store a pending approval; returns its id."""
-        approval_id = new_approval_id()
+    ) -> tuple[str, bool]:
+        """Store a pending approval; returns its id and whether its notification is still due
+        (False when a retried invocation finds the request already announced)."""
+        approval_id = approval_id_for(task_token)
         now = clock.now()
         item = {
             "approval_id": approval_id,
@@ -69,13 +74,28 @@ class Approvals:
             "expires_at": int(now.timestamp()) + ttl_seconds,
             "execution": execution,
         }
-        with aws.aws_errors("dynamodb:PutItem"):
-            self._ddb.put_item(
+        try:
+            with aws.aws_errors("dynamodb:PutItem"):
+                self._ddb.put_item(
+                    TableName=self.table,
+                    Item=to_item(item),
+                    ConditionExpression="attribute_not_exists(approval_id)",
+                )
+        except botocore.exceptions.ClientError as exc:
+            if aws.error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            return approval_id, not self.get(approval_id).get("notified", False)
+        return approval_id, True
+
+    def mark_notified(self, approval_id: str) -> None:
+        """Remember that the request's message went out (a retry then does not send it again)."""
+        with aws.aws_errors("dynamodb:UpdateItem"):
+            self._ddb.update_item(
                 TableName=self.table,
-                Item=to_item(item),
-                ConditionExpression="attribute_not_exists(approval_id)",
+                Key=to_item({"approval_id": approval_id}),
+                UpdateExpression="SET notified = :t",
+                ExpressionAttributeValues=to_item({":t": True}),
             )
-        return approval_id
 
     def get(self, approval_id: str) -> dict[str, Any]:
         """The approval item (ApprovalNotFound when there is none)."""

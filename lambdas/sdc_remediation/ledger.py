@@ -223,10 +223,7 @@ class Ledger:
             with aws.aws_errors("dynamodb:TransactWriteItems"):
                 self._ddb.transact_write_items(TransactItems=items)
         except botocore.exceptions.ClientError as exc:
-            if aws.error_code(exc) in (
-                "TransactionCanceledException",
-                "TransactionConflictException",
-            ):
+            if _lost_race(exc):
                 return False
             raise
         return True
@@ -286,10 +283,7 @@ class Ledger:
                     self._ddb.transact_write_items(TransactItems=items)
                 return True
             except botocore.exceptions.ClientError as exc:
-                if aws.error_code(exc) not in (
-                    "TransactionCanceledException",
-                    "TransactionConflictException",
-                ):
+                if not _lost_race(exc):
                     raise
         raise AwsApiUnavailable(f"closing {remediation_id} lost {_MAX_ATTEMPTS} races; retry")
 
@@ -308,8 +302,16 @@ class Ledger:
             **{k: v for k, v in attrs.items() if v is not None},
         }
 
-    def record(self, pk: str, remediation_id: str, transition: str, attrs: dict[str, Any]) -> str:
-        """Append a transition; returns its sort key. Also updates the node's STATE status."""
+    def record(
+        self,
+        pk: str,
+        remediation_id: str,
+        transition: str,
+        attrs: dict[str, Any],
+        update_status: bool = True,
+    ) -> str:
+        """Append a transition; returns its sort key. Also sets the node's STATE status to the
+        transition when ``update_status`` and the open remediation is ``remediation_id``."""
         at = clock.iso(clock.now())
         for n in range(_MAX_ATTEMPTS):
             item = self._event(pk, remediation_id, transition, attrs, at, n)
@@ -326,7 +328,8 @@ class Ledger:
                     raise
         else:
             raise AwsApiUnavailable(f"could not record {transition} for {pk}")
-        self._set_status(pk, remediation_id, transition)
+        if update_status:
+            self._set_status(pk, remediation_id, transition)
         return item["sk"]
 
     def _set_status(self, instance_id: str, remediation_id: str, status: str) -> None:
@@ -384,6 +387,20 @@ class Ledger:
             )
             entry["transitions"].append(event["transition"])
         return list(by_rid.values())
+
+
+_RACE_REASONS = {"None", "ConditionalCheckFailed", "TransactionConflict", "ThrottlingError"}
+
+
+def _lost_race(exc: botocore.exceptions.ClientError) -> bool:
+    """Whether a failed transaction lost a race (re-read and retry) rather than being invalid."""
+    code = aws.error_code(exc)
+    if code == "TransactionConflictException":
+        return True
+    if code != "TransactionCanceledException":
+        return False
+    reasons = exc.response.get("CancellationReasons") or []
+    return all(str(r.get("Code", "None")) in _RACE_REASONS for r in reasons)
 
 
 def encode_detail(detail: dict[str, Any]) -> str:

@@ -37,6 +37,9 @@ KubeFactory = Callable[[], KubeApi]
 
 # Transitions after which the node is no longer in remediation (frees its place in the guard).
 CLOSING_TRANSITIONS = {"released", "replaced", "replaced_by_hyperpod"}
+# Transitions about an alarm that was NOT admitted: recorded in the node's history, but they must
+# not overwrite the status of the remediation that is open on the node.
+NOT_ADMITTED = {"duplicate", "circuit_open"}
 
 
 def kube_factory(settings: Settings) -> KubeFactory:
@@ -110,7 +113,8 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         if not state.admission or h["remediation_id"] != state.admission.remediation_id
     ]
     ev = notify.evidence(state, history)
-    approval_id = approvals_mod.Approvals(settings.approvals_table).create(
+    approvals = approvals_mod.Approvals(settings.approvals_table)
+    approval_id, announce = approvals.create(
         task_token=state.task_token,
         remediation_id=state.admission.remediation_id if state.admission else None,
         instance_id=state.suspect.instance_id,
@@ -119,9 +123,11 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         ttl_seconds=settings.approval_ttl_seconds,
         execution=state.execution,
     )
-    prefix = f"sdc-remediation --approvals-table {settings.approvals_table}"
-    subject, body = notify.approval_message(approval_id, ev, prefix)
-    notify.publish(settings.topic_arn, subject, body)
+    if announce:
+        prefix = f"sdc-remediation --approvals-table {settings.approvals_table}"
+        subject, body = notify.approval_message(approval_id, ev, prefix)
+        notify.publish(settings.topic_arn, subject, body)
+        approvals.mark_notified(approval_id)
     logger.info(
         "approval requested", extra={"approval_id": approval_id, "node": state.suspect.node_name}
     )
@@ -161,7 +167,9 @@ def record(inp: RecordInput, settings: Settings) -> RecordResult:
         "detail": encode_detail(detail),
     }
     ledger = Ledger(settings.ledger_table)
-    ledger.record(pk, remediation_id, inp.transition, attrs)
+    ledger.record(
+        pk, remediation_id, inp.transition, attrs, update_status=inp.transition not in NOT_ADMITTED
+    )
     if (
         inp.transition in CLOSING_TRANSITIONS
         and st.suspect

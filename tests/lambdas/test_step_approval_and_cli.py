@@ -270,3 +270,19 @@ def test_missing_table_option_is_a_clear_error():
     # Then
     assert result.exit_code == 1
     assert "SDC_APPROVALS_TABLE" in result.output
+
+
+def test_a_retried_request_for_the_same_token_is_stored_and_announced_once(cloud, invoke):
+    # Given a request already stored and announced
+    item = _request(invoke, cloud)
+    state = item_state(
+        cloud.nodes[0],
+        admission={"decision": "admitted", "remediation_id": item["remediation_id"], "reason": ""},
+    )
+
+    # When Step Functions retries the task with the same token
+    invoke("request_approval", {**state, "task_token": TOKEN})
+
+    # Then: still one request, one message
+    assert [a["approval_id"] for a in _approvals()] == [item["approval_id"]]
+    assert len(cloud.sns_messages()) == 1

@@ -193,3 +193,33 @@ def test_dry_run_runs_every_step_but_writes_nothing_to_the_cluster(
         "dry run: would uncordon node",
     ):
         assert expected in logs
+
+
+def test_recording_a_duplicate_keeps_the_open_remediations_status(cloud, invoke):
+    # Given a node with an open, cordoned remediation, and a duplicate alarm for it
+    node = cloud.nodes[0]
+    first = invoke("admit", item_state(node, execution="e1"))
+    invoke(
+        "record",
+        {"transition": "cordoned", "state": item_state(node, execution="e1", admission=first)},
+    )
+    dup = invoke("admit", item_state(node, execution="e2"))
+
+    # When the workflow records the duplicate
+    invoke(
+        "record",
+        {
+            "transition": "duplicate",
+            "notify": False,
+            "state": item_state(node, execution="e2", admission=dup),
+        },
+    )
+
+    # Then: it is in the node's history, but the open remediation is still "cordoned"
+    assert [e["transition"] for e in _events(node)][-1] == "duplicate"
+    state = from_item(
+        aws.client("dynamodb").get_item(TableName=LEDGER, Key=to_item({"pk": node, "sk": "STATE"}))[
+            "Item"
+        ]
+    )
+    assert state["status"] == "cordoned" and state["open"] is True
