@@ -13,6 +13,7 @@ from sdc_remediation import aws
 from sdc_remediation.errors import (
     AwsApiUnavailable,
     HealthCheckRejected,
+    InstanceNotInCluster,
     InvalidStepInput,
     ReplaceFailed,
 )
@@ -265,3 +266,10 @@ def test_replace_never_runs_without_an_approval(sagemaker, invoke, approval):
     # When / Then
     with pytest.raises(InvalidStepInput, match="approve"):
         invoke("replace", state)
+
+
+def test_start_health_check_for_an_instance_hyperpod_does_not_know_is_an_error(cloud, invoke):
+    # Given (moto) no such instance in the cluster
+    # When / Then: nothing is started for a node we cannot find
+    with pytest.raises(InstanceNotInCluster, match="i-0aaaaaaaaaaaaaaa0"):
+        invoke("start_health_check", item_state("i-0aaaaaaaaaaaaaaa0"))
