@@ -8,6 +8,7 @@ configuration chain, so AWS_REGION, AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_<SERVI
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,7 +62,9 @@ def session() -> boto3.session.Session:
     """A new boto3 session (fresh credential chain) sharing the parsed service models."""
     core = botocore.session.get_session()
     core.register_component("data_loader", _loader)
-    return boto3.session.Session(botocore_session=core)
+    # botocore reads AWS_DEFAULT_REGION; Lambda also sets AWS_REGION, and so do most harnesses.
+    region = None if os.environ.get("AWS_DEFAULT_REGION") else os.environ.get("AWS_REGION")
+    return boto3.session.Session(botocore_session=core, region_name=region or None)
 
 
 def reset_clients() -> None:

@@ -160,3 +160,21 @@ def test_every_error_named_in_the_contract_exists_and_derives_from_remediation_e
         "AwsApiUnavailable",
         "ReportNotYetVisible",
     }
+
+
+def test_clients_follow_the_standard_aws_configuration(monkeypatch):
+    # Given the variables a harness or a VPC-endpoint setup uses (and only AWS_REGION, as some set)
+    from sdc_remediation import aws
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SNS", "http://127.0.0.1:9999")
+    aws.reset_clients()
+    try:
+        # When / Then: lazily built clients honour them
+        assert aws.client("dynamodb").meta.endpoint_url == "http://127.0.0.1:4566"
+        assert aws.client("sns").meta.endpoint_url == "http://127.0.0.1:9999"
+        assert aws.client("sts").meta.region_name == "eu-west-1"
+    finally:
+        aws.reset_clients()
