@@ -23,7 +23,15 @@ if str(LAMBDAS) not in sys.path:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kube_standin import KubeStandIn  # noqa: E402
-from remediation_factories import CLUSTER, EKS_CLUSTER, REGION  # noqa: E402
+from remediation_factories import (  # noqa: E402
+    APPROVALS,
+    CLUSTER,
+    EKS_CLUSTER,
+    LEDGER,
+    NODES,
+    REGION,
+    TOPIC,
+)
 
 from sdc_remediation import aws  # noqa: E402
 
@@ -37,11 +45,6 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 from sdc_remediation import observability  # noqa: E402, F401
-
-LEDGER = "sdc-ledger"
-APPROVALS = "sdc-approvals"
-TOPIC = "sdc-remediation"
-NODES = 40
 
 _OWNED_VARS = [
     "HYPERPOD_CLUSTER_NAME",

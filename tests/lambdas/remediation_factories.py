@@ -12,6 +12,10 @@ EKS_CLUSTER = "eks-test"
 NAMESPACE = "SDC"
 JOB = "llama-pretrain"
 REGION = "us-east-1"
+LEDGER = "sdc-ledger"
+APPROVALS = "sdc-approvals"
+TOPIC = "sdc-remediation"
+NODES = 40  # HyperPod nodes in the moto cluster: MAX_FRACTION 0.05 then allows 2 open
 
 
 def iso(moment: datetime) -> str:

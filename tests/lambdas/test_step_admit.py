@@ -5,8 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import LEDGER
-from remediation_factories import CLUSTER, item_state
+from remediation_factories import CLUSTER, LEDGER, item_state
 
 from sdc_remediation import aws, clock, ledger
 from sdc_remediation.dynamo import from_item, to_item

@@ -9,8 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from botocore.stub import ANY, Stubber
 from click.testing import CliRunner
-from conftest import APPROVALS, LEDGER
-from remediation_factories import item_state
+from remediation_factories import APPROVALS, LEDGER, item_state
 
 from sdc_remediation import aws, clock
 from sdc_remediation.cli import main

@@ -7,8 +7,16 @@ from datetime import UTC, datetime, timedelta
 
 from botocore.stub import ANY, Stubber
 from click.testing import CliRunner
-from conftest import APPROVALS, LEDGER
-from remediation_factories import CLUSTER, alarm_event, put_node_metric, put_report, rank, report
+from remediation_factories import (
+    APPROVALS,
+    CLUSTER,
+    LEDGER,
+    alarm_event,
+    put_node_metric,
+    put_report,
+    rank,
+    report,
+)
 
 from sdc_remediation import aws
 from sdc_remediation.cli import main

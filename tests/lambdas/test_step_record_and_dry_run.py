@@ -6,8 +6,7 @@ import json
 
 import pytest
 from botocore.stub import Stubber
-from conftest import LEDGER
-from remediation_factories import CLUSTER, alarm_state, item_state
+from remediation_factories import CLUSTER, LEDGER, alarm_state, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.dynamo import from_item, to_item
