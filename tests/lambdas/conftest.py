@@ -33,7 +33,7 @@ from remediation_factories import (  # noqa: E402
 )
 
 from sdc_remediation import aws  # noqa: E402
-from tests.lambdas.kube_standin import KubeStandIn  # noqa: E402
+from tests.support.kube_standin import KubeStandIn  # noqa: E402
 
 # Powertools' singletons read their settings and keep the sys.stdout they see when created.
 # Create them now, outside any test, with the values the CDK app sets, so the Logger writes to

@@ -16,7 +16,7 @@ from sdc_remediation.errors import (
     InvalidStepInput,
     NodeNotFound,
 )
-from tests.lambdas.kube_standin import KubeStandIn, decode_token
+from tests.support.kube_standin import KubeStandIn, decode_token
 
 NODE_ID = "i-0123456789abcdef0"
 NODE = f"hyperpod-{NODE_ID}"
