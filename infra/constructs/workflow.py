@@ -218,6 +218,8 @@ class Workflow(Construct):
                 "alarm": sfn.JsonPath.object_at("$.alarm"),
                 "suspect": sfn.JsonPath.object_at("$$.Map.Item.Value"),
                 "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
+                # admit refuses a whole alarm that names more nodes than the blast radius allows.
+                "suspects_in_alarm": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.suspects")),
             },
             result_path="$.remediations",
             comment="One remediation per suspect node, independent of the others",

@@ -60,6 +60,8 @@ class AdmitRequest:
     cluster_nodes: int
     max_nodes_per_hour: int
     max_fraction: float
+    suspects_in_alarm: int = 1
+    """How many nodes the alarm that named this one names in all."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,17 @@ class Ledger:
             recent = [a for a in guard["admissions"] if a["at"] > int((now - WINDOW).timestamp())]
             open_now = [i for i in guard["open_instances"] if i != req.instance_id]
             limit_open = max_open(req.cluster_nodes, req.max_fraction)
+            budget = min(req.max_nodes_per_hour, limit_open)
+            if req.suspects_in_alarm > budget:
+                # An alarm naming more nodes than the guard would ever admit is a storm on its
+                # own: cordoning the first few of them would be arbitrary. Refuse them all.
+                return AdmitDecision(
+                    "circuit_open",
+                    None,
+                    f"one alarm names {req.suspects_in_alarm} nodes, more than the blast radius "
+                    f"allows ({budget}): many nodes at once is more likely software than hardware; "
+                    "nothing is cordoned",
+                )
             if len(recent) >= req.max_nodes_per_hour:
                 return AdmitDecision(
                     "circuit_open",

@@ -244,6 +244,8 @@ class ItemState(_Model):
     alarm: Alarm
     suspect: Suspect
     execution: str = ""
+    suspects_in_alarm: int = Field(default=1, ge=1)
+    """How many nodes the same alarm names (the Map's item count)."""
     admission: Admission | None = None
     cordon: CordonResult | None = None
     health: HealthResult | None = None

@@ -74,6 +74,7 @@ def admit(state: ItemState, settings: Settings) -> Admission:
             cluster_nodes=cluster_size(cluster),
             max_nodes_per_hour=settings.max_nodes_per_hour,
             max_fraction=settings.max_fraction,
+            suspects_in_alarm=state.suspects_in_alarm,
         )
     )
     logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})

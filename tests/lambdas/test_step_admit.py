@@ -164,3 +164,16 @@ def test_admit_rejects_a_state_without_a_suspect(cloud, invoke):
     # When / Then
     with pytest.raises(InvalidStepInput, match="suspect"):
         invoke("admit", {"alarm": item_state("x")["alarm"], "execution": "e"})
+
+
+def test_an_alarm_naming_more_nodes_than_the_guard_allows_cordons_none_of_them(cloud, invoke):
+    # Given one alarm whose report names 3 nodes, with MAX_NODES_PER_HOUR=2
+    outcomes = [
+        invoke("admit", {**item_state(node, execution="exec-storm"), "suspects_in_alarm": 3})
+        for node in cloud.nodes[:3]
+    ]
+    # Then every one of them is refused (the first two are not picked arbitrarily) and no
+    # remediation is opened
+    assert [o["decision"] for o in outcomes] == ["circuit_open"] * 3
+    assert "one alarm names 3 nodes" in outcomes[0]["reason"]
+    assert all(_item(node, "STATE") is None for node in cloud.nodes[:3])
