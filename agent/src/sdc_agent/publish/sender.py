@@ -70,6 +70,7 @@ class Sender:
         self._thread: threading.Thread | None = None
         self._inflight: Delivery | None = None
         self._closed = False
+        self._unspooled = 0  # records neither delivered nor spooled (logged) since the last flush
 
     # ---- called from the training thread: never blocks on the network, never raises ----
 
@@ -104,10 +105,12 @@ class Sender:
         On timeout, what is still queued or in flight is spooled (an alarm may then arrive
         twice, never zero times). True when nothing is left to send.
         """
-        with self._lock:
-            started = self._thread is not None and self._thread.is_alive()
-        if not started:
-            return True
+        if not self._running():
+            if not self.spool.records():
+                return True
+            self._ensure_started()  # a previous run's spool gets its chance at this exit
+            if not self._running():
+                return False
         marker = _Flush()
         deadline = time.monotonic() + timeout
         try:
@@ -138,6 +141,8 @@ class Sender:
                 "sdc: %s not delivered yet, spooled to %s", delivery.kind, self.spool.directory
             )
             return
+        with self._lock:
+            self._unspooled += 1
         logger.error(
             "sdc: could not deliver or spool the %s; the whole record follows: %s",
             delivery.kind,
@@ -145,6 +150,10 @@ class Sender:
         )
 
     # ---- the sender thread ----
+
+    def _running(self) -> bool:
+        with self._lock:
+            return self._thread is not None and self._thread.is_alive()
 
     def _ensure_started(self) -> None:
         with self._lock:
@@ -196,7 +205,11 @@ class Sender:
         self._send_liveness(force=True)
         if self.spool.records():
             self._drain_spool()
-        marker.delivered = not self.liveness.pending() and not self.spool.records()
+        with self._lock:
+            unspooled, self._unspooled = self._unspooled, 0
+        marker.delivered = (
+            not unspooled and not self.liveness.pending() and not self.spool.records()
+        )
 
     def _set_inflight(self, delivery: Delivery | None) -> None:
         with self._lock:
