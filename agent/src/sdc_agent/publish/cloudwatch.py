@@ -63,6 +63,10 @@ class CloudWatchPublisher:
             Spool(self.settings.spool_dir, self.settings.spool_max_bytes),
         )
         lifecycle.register(self)
+        if self.spool.records():
+            # Leftovers of an earlier run on this node (a hostPath spool): send them now from
+            # whichever rank finds them, since this node may never host DP rank 0 again.
+            self._sender.start()
 
     @property
     def spool(self) -> Spool:

@@ -151,6 +151,10 @@ class Sender:
 
     # ---- the sender thread ----
 
+    def start(self) -> None:
+        """Start the sender thread now (it drains the spool first); idempotent."""
+        self._ensure_started()
+
     def _running(self) -> bool:
         with self._lock:
             return self._thread is not None and self._thread.is_alive()
