@@ -86,3 +86,27 @@ def test_a_refusal_is_not_retried_and_the_alarm_is_kept(tmp_path):
     (record,) = [spool.read(p) for p in spool.records()]
     assert json.loads(record.message)["step"] == 7 and len(record.metrics) == 2
     publisher.close(1)
+
+
+def test_after_a_transient_failure_queued_alarms_get_one_attempt_each(tmp_path):
+    publisher, cloudwatch, logs = stubbed_publisher(tmp_path)
+    calls: list[int] = []
+    logs.client.meta.events.register(
+        "provide-client-params.logs.PutLogEvents", lambda **_: calls.append(1)
+    )
+    # Given CloudWatch Logs throttles every call
+    for _ in range(RETRY.attempts + 2):
+        logs.add_client_error("put_log_events", "ThrottlingException", http_status_code=400)
+    with logs, cloudwatch:
+        # When two alarms are published back to back, then the exit path flushes
+        publisher.publish_alarm(nonfinite_alarm(7))
+        publisher.publish_alarm(nonfinite_alarm(8))
+        assert publisher.flush(10) is False
+    # Then the first alarm got the full retry schedule, the second one attempt (AWS was known to
+    # be out of reach), and the flush tried the spool once: 3 + 1 + 1 calls
+    assert len(calls) == RETRY.attempts + 2
+    # And both alarms wait in the spool
+    spool = Spool(tmp_path, 1 << 20)
+    steps = sorted(json.loads(spool.read(p).message)["step"] for p in spool.records())
+    assert steps == [7, 8]
+    publisher.close(1)

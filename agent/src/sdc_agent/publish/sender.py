@@ -71,6 +71,7 @@ class Sender:
         self._inflight: Delivery | None = None
         self._closed = False
         self._unspooled = 0  # records neither delivered nor spooled (logged) since the last flush
+        self._unreachable = False  # the last delivery failed for a transient reason
 
     # ---- called from the training thread: never blocks on the network, never raises ----
 
@@ -192,15 +193,21 @@ class Sender:
 
     def _handle(self, delivery: Delivery) -> None:
         self._set_inflight(delivery)
+        # While AWS is known to be out of reach, one attempt per delivery: the full retry
+        # schedule was just spent on the previous one, and a queue of alarms behind a silent
+        # endpoint would otherwise take attempts x read_timeout each to reach the spool.
+        policy = _DRAIN_POLICY if self._unreachable else self.settings.retry
         try:
-            self.deliver(delivery, self.settings.retry)
+            self.deliver(delivery, policy)
         except DeliveryFailed as failed:
+            self._unreachable = failed.transient
             logger.warning("sdc: could not deliver the %s: %s", delivery.kind, failed.reason)
             self.spool_or_log(failed.remainder)
         except BaseException:
             self.spool_or_log(self._inflight or delivery)
             raise
         else:
+            self._unreachable = False
             self._drain_spool()
         finally:
             self._set_inflight(None)
