@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -212,4 +213,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    # Leave without interpreter teardown: process-group destructors can abort or hang there
+    # (seen with gloo: "terminate called without an active exception"). Everything that matters
+    # was flushed in main().
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
