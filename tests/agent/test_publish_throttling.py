@@ -74,17 +74,18 @@ def test_persistent_5xx_is_retried_then_only_the_unsent_part_is_spooled(tmp_path
 
 def test_a_refusal_is_not_retried_and_the_alarm_is_kept(tmp_path):
     publisher, cloudwatch, logs = stubbed_publisher(tmp_path)
-    # Given the role may not write logs (a configuration error, not a transient one)
-    logs.add_client_error("put_log_events", "AccessDeniedException", http_status_code=400)
+    # Given the role may not put metrics (a configuration error, not a transient one)
+    logs.add_response("put_log_events", {}, put_log_params())
+    cloudwatch.add_client_error("put_metric_data", "AccessDenied", http_status_code=403)
     with logs, cloudwatch:
         publisher.publish_alarm(nonfinite_alarm())
         assert publisher.flush(10) is False
         # Then one attempt only (retrying a refusal helps nobody) ...
-        logs.assert_no_pending_responses()
-    # ... and the whole alarm waits in the spool for a fixed role
+        cloudwatch.assert_no_pending_responses()
+    # ... and the metrics wait in the spool for a fixed role
     spool = Spool(tmp_path, 1 << 20)
     (record,) = [spool.read(p) for p in spool.records()]
-    assert json.loads(record.message)["step"] == 7 and len(record.metrics) == 2
+    assert record.message is None and len(record.metrics) == 2
     publisher.close(1)
 
 
@@ -109,4 +110,21 @@ def test_after_a_transient_failure_queued_alarms_get_one_attempt_each(tmp_path):
     spool = Spool(tmp_path, 1 << 20)
     steps = sorted(json.loads(spool.read(p).message)["step"] for p in spool.records())
     assert steps == [7, 8]
+    publisher.close(1)
+
+
+def test_when_logs_refuse_the_report_the_metrics_still_fire_the_alarm(tmp_path):
+    publisher, cloudwatch, logs = stubbed_publisher(tmp_path)
+    # Given a role that may put metrics but not log events
+    logs.add_client_error("put_log_events", "AccessDeniedException", http_status_code=400)
+    cloudwatch.add_response("put_metric_data", {}, {"Namespace": "SDC", "MetricData": ANY})
+    with logs, cloudwatch:
+        publisher.publish_alarm(nonfinite_alarm())
+        assert publisher.flush(10) is False
+        # Then the metrics went out (the CloudWatch alarm fires) ...
+        cloudwatch.assert_no_pending_responses()
+    # ... and only the report waits in the spool
+    spool = Spool(tmp_path, 1 << 20)
+    (record,) = [spool.read(p) for p in spool.records()]
+    assert json.loads(record.message)["step"] == 7 and record.metrics == ()
     publisher.close(1)

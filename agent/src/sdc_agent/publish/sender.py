@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -230,20 +230,29 @@ class Sender:
         """Send the log event first, then the metrics; raise DeliveryFailed with what is left.
 
         The report goes first so that when the metric wakes the CloudWatch alarm, the report
-        the workflow reads is already there.
+        the workflow reads is already there. If CloudWatch Logs refuses the report (say the role
+        lacks logs permissions), the metrics still go out: they are what fires the alarm, and
+        the refused report waits in the spool.
         """
+        refused: DeliveryFailed | None = None
         if delivery.message is not None:
             message = delivery.message
-            self._attempt(
-                lambda: self.transport.put_log_event(
-                    delivery.log_group, delivery.log_stream, message, int(time.time() * 1000)
-                ),
-                policy,
-                delivery,
-                f"PutLogEvents {delivery.log_group}/{delivery.log_stream}",
-            )
-            delivery = delivery.without_message()
-            self._update_inflight(delivery)
+            try:
+                self._attempt(
+                    lambda: self.transport.put_log_event(
+                        delivery.log_group, delivery.log_stream, message, int(time.time() * 1000)
+                    ),
+                    policy,
+                    delivery,
+                    f"PutLogEvents {delivery.log_group}/{delivery.log_stream}",
+                )
+            except DeliveryFailed as failed:
+                if failed.transient:
+                    raise  # AWS out of reach: the metrics would fail the same way
+                refused = failed
+            else:
+                delivery = delivery.without_message()
+                self._update_inflight(delivery)
         namespace = delivery.namespace
         while delivery.metrics:
             chunk = list(delivery.metrics[:MAX_METRICS_PER_CALL])
@@ -253,14 +262,10 @@ class Sender:
                 delivery,
                 f"PutMetricData {delivery.namespace}",
             )
-            delivery = Delivery(
-                kind=delivery.kind,
-                log_group=delivery.log_group,
-                log_stream=delivery.log_stream,
-                namespace=delivery.namespace,
-                metrics=delivery.metrics[len(chunk) :],
-            )
+            delivery = replace(delivery, metrics=delivery.metrics[len(chunk) :])
             self._update_inflight(delivery)
+        if refused is not None:
+            raise DeliveryFailed(delivery, refused.reason, transient=False)
 
     def _update_inflight(self, delivery: Delivery) -> None:
         with self._lock:
