@@ -125,12 +125,17 @@ class Sender:
         return False
 
     def close(self, timeout: float) -> bool:
-        """Flush, then stop the thread; later submissions go straight to the spool."""
+        """Flush, then stop the thread (waiting for it within ``timeout``); later submissions
+        go straight to the spool."""
+        deadline = time.monotonic() + timeout
         delivered = self.flush(timeout)
         with self._lock:
             self._closed = True
+            thread = self._thread
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_STOP)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
         return delivered
 
     def spool_or_log(self, delivery: Delivery) -> None:
