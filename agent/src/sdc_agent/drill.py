@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -115,7 +115,7 @@ def train_drill(
     *,
     steps: int,
     schedule: dict[str, Any],
-    faults: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    faults: Sequence[dict[str, Any]] = (),
     seed: int = 0,
     autocast_bf16: bool = False,
     start_step: int = 0,
@@ -251,7 +251,12 @@ def _describe(result: dict[str, Any]) -> Iterator[str]:
         yield f"  confirmation of {v['pair']} by rank {v['third']}: {v['kind']} -> {v['suspect']}"
     for rank, info in alarm["ranks"].items():
         yield f"  rank {rank}: node {info['node_name']} instance {info['instance_id']} gpu {info['gpu_uuid']}"
-    yield f"  updates applied: {len(result['updates'])} (the failing step was not applied)"
+    applied = (
+        "was applied: its weights were checked after it"
+        if alarm["check"] == "weights"
+        else "was not applied"
+    )
+    yield f"  updates applied: {len(result['updates'])} (the failing step {applied})"
 
 
 def main(argv: list[str] | None = None) -> int:

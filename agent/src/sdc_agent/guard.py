@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -300,12 +300,13 @@ class Guard:
         *,
         last_pass: int | None,
         suspects: list[int] | None,
-        nonfinite: list[int] = (),  # type: ignore[assignment]
-        pairs: list[tuple[int, int]] = (),  # type: ignore[assignment]
-        culprits: list[int] = (),  # type: ignore[assignment]
-        verdicts: list[Verdict] = (),  # type: ignore[assignment]
-        divergent: list[str] = (),  # type: ignore[assignment]
+        nonfinite: Sequence[int] = (),
+        pairs: Sequence[tuple[int, int]] = (),
+        culprits: Sequence[int] = (),
+        verdicts: Sequence[Verdict] = (),
+        divergent: Sequence[str] = (),
     ) -> Alarm:
+        """Assemble the alarm every rank returns; ``ranks`` covers every rank it names."""
         suspects = sorted(set(suspects)) if suspects else None
         return Alarm(
             step=step,
