@@ -22,7 +22,14 @@ REGION = "us-east-1"
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fake credentials and a region; no real AWS, no instance metadata lookups."""
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "SDC_CLUSTER_NAME", "SDC_JOB_NAME"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_REGION",
+        "AWS_ENDPOINT_URL",
+        "SDC_CLUSTER_NAME",
+        "SDC_JOB_NAME",
+        "SDC_SPOOL_DIR",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -305,3 +312,13 @@ def test_without_boto3_the_error_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "boto3", None)
     with pytest.raises(ImportError, match=r"sdc-agent\[aws\]"):
         CloudWatchPublisher(cluster_name="c", job_name="j", spool_dir=str(tmp_path))
+
+
+def test_aws_region_alone_is_enough(monkeypatch, tmp_path):
+    # Given only AWS_REGION (boto3 by itself would find no region)
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    # When the publisher builds its clients; Then they are in that region
+    publisher = CloudWatchPublisher(cluster_name="c", job_name="j", spool_dir=str(tmp_path))
+    assert publisher.region == "eu-west-1"

@@ -126,3 +126,12 @@ def test_spool_size_from_environment_must_be_a_number():
 def test_retry_policy_is_validated(kwargs, field):
     with pytest.raises(PublishConfigError, match=field):
         RetryPolicy(**kwargs)
+
+
+def test_aws_region_is_honoured_though_boto3_reads_only_aws_default_region():
+    # Given a pod with AWS_REGION (set by the EKS webhooks) but no AWS_DEFAULT_REGION
+    env = {"SDC_CLUSTER_NAME": "c", "SDC_JOB_NAME": "j", "AWS_REGION": "eu-west-1"}
+    # Then the publisher uses it; an explicit region still wins
+    assert PublishSettings.from_env(env).region == "eu-west-1"
+    assert PublishSettings.from_env(env, region="us-east-2").region == "us-east-2"
+    assert PublishSettings.from_env({**env, "AWS_REGION": ""}).region is None

@@ -57,6 +57,10 @@ class CloudWatchPublisher:
             cloudwatch_client, logs_client = _boto3_clients(
                 self.settings, cloudwatch_client, logs_client
             )
+        self.region: str | None = getattr(
+            getattr(cloudwatch_client, "meta", None), "region_name", None
+        )
+        """The region the CloudWatch client sends to."""
         self._sender = Sender(
             self.settings,
             CloudWatchTransport(cloudwatch_client, logs_client),

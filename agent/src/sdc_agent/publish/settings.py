@@ -73,7 +73,8 @@ class PublishSettings:
     log_group: str = ""
     """CloudWatch Logs group for reports and the rank map; empty means ``/sdc/<cluster_name>``."""
     region: str | None = None
-    """AWS region; None lets boto3 resolve it (AWS_REGION, AWS_DEFAULT_REGION, config files)."""
+    """AWS region; from_env takes AWS_REGION; None lets boto3 resolve it (AWS_DEFAULT_REGION,
+    config files)."""
     spool_dir: str = field(default_factory=lambda: default_spool_dir())
     """Directory of the local spool for alarms that could not be sent."""
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
@@ -171,7 +172,9 @@ class PublishSettings:
             job_name=job,
             namespace=namespace or env.get(ENV_NAMESPACE, "").strip() or DEFAULT_NAMESPACE,
             log_group=log_group or env.get(ENV_LOG_GROUP, "").strip(),
-            region=region,
+            # boto3 reads only AWS_DEFAULT_REGION; the other SDKs (and the EKS webhooks) also set
+            # AWS_REGION, which wins over it there, so it wins here too.
+            region=region or env.get("AWS_REGION", "").strip() or None,
             spool_dir=spool_dir or env.get(ENV_SPOOL_DIR, "").strip() or default_spool_dir(),
             **options,  # type: ignore[arg-type]
         )
