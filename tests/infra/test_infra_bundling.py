@@ -19,7 +19,7 @@ def test_layer_requirements_are_the_lambda_package_dependencies_plus_the_boto3_f
     requirements = bundling.lambda_requirements()
     # Then they include its runtime dependencies and a boto3 that knows the HyperPod APIs
     assert any(r.startswith("aws-lambda-powertools[tracer,parser]") for r in requirements)
-    assert any(r.startswith("kubernetes") and "<37" in r for r in requirements)
+    assert any(r.startswith("urllib3") for r in requirements)  # the Kubernetes API client
     assert "boto3>=1.44.8" in requirements
 
 

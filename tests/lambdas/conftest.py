@@ -22,7 +22,6 @@ if str(LAMBDAS) not in sys.path:
     sys.path.insert(0, str(LAMBDAS))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kube_standin import KubeStandIn  # noqa: E402
 from remediation_factories import (  # noqa: E402
     APPROVALS,
     CLUSTER,
@@ -34,6 +33,7 @@ from remediation_factories import (  # noqa: E402
 )
 
 from sdc_remediation import aws  # noqa: E402
+from tests.support.kube_standin import KubeStandIn  # noqa: E402
 
 # Powertools' singletons read their settings and keep the sys.stdout they see when created.
 # Create them now, outside any test, with the values the CDK app sets, so the Logger writes to

@@ -6,7 +6,6 @@ import base64
 import urllib.parse
 
 import pytest
-from kube_standin import KubeStandIn, decode_token
 from remediation_factories import EKS_CLUSTER, item_state
 
 from sdc_remediation import aws, kube
@@ -17,6 +16,7 @@ from sdc_remediation.errors import (
     InvalidStepInput,
     NodeNotFound,
 )
+from tests.support.kube_standin import KubeStandIn, decode_token
 
 NODE_ID = "i-0123456789abcdef0"
 NODE = f"hyperpod-{NODE_ID}"

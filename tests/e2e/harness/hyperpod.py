@@ -27,7 +27,7 @@ from typing import Any, Literal
 from moto.sagemaker.models import ClusterNode, sagemaker_backends
 from moto.sagemaker.responses import SageMakerResponse
 
-from .kube import LocalKubernetes
+from tests.support.kube_standin import KubeStandIn
 
 HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
 NODE_HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
@@ -39,7 +39,7 @@ Outcome = Literal["passed", "failed"]
 class HyperPodSimulator:
     """Owns the simulated cluster's behaviour; install() patches moto's SageMaker responses."""
 
-    kube: LocalKubernetes
+    kube: KubeStandIn
     account_id: str = "123456789012"
     region: str = "us-east-1"
     health_check_seconds: float = 1.0
@@ -103,7 +103,7 @@ class HyperPodSimulator:
         for node, instance_id in zip(old, instance_ids, strict=True):
             node.instance_id = instance_id
             cluster.nodes[instance_id] = node
-            self.kube.add_node(f"hyperpod-{instance_id}", node.instance_group_name)
+            self._add_kube_node(instance_id, node.instance_group_name)
 
     # ------------------------------------------------------------------ the two operations
     def start_health_check(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -149,11 +149,16 @@ class HyperPodSimulator:
         timer.start()
 
     def _label(self, instance_id: str, labels: dict[str, str]) -> None:
-        name = f"hyperpod-{instance_id}"
-        with self.kube.state.lock:
-            node = self.kube.state.nodes.get(name)
-            if node is not None:
-                node["metadata"]["labels"].update(labels)
+        self.kube.set_labels(f"hyperpod-{instance_id}", labels)
+
+    def _add_kube_node(self, instance_id: str, instance_group: str) -> None:
+        self.kube.add_node(
+            f"hyperpod-{instance_id}",
+            labels={
+                "sagemaker.amazonaws.com/instance-group-name": instance_group,
+                NODE_HEALTH_LABEL: "Schedulable",
+            },
+        )
 
     def _finish_health_check(self, cluster: Any, instance_id: str) -> None:
         with self._lock:
@@ -187,5 +192,5 @@ class HyperPodSimulator:
         )
         self.replaced[instance_id] = new_id
         self.kube.remove_node(f"hyperpod-{instance_id}")
-        self.kube.add_node(f"hyperpod-{new_id}", old.instance_group_name)
+        self._add_kube_node(new_id, old.instance_group_name)
         return new_id

@@ -162,6 +162,10 @@ class KubeStandIn:
     requests: list[Recorded] = field(default_factory=list)
     fail_statuses: list[int] = field(default_factory=list)
     hang_seconds: float = 0.0
+    down: bool = False
+    """Answer every request 503 (the API server unreachable behind its load balancer)."""
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held while a request is served; hold it to change nodes from another thread."""
 
     def add_node(
         self, name: str, labels: dict[str, str] | None = None, unschedulable: bool = False
@@ -173,6 +177,17 @@ class KubeStandIn:
             "metadata": {"name": name, "labels": dict(labels or {}), "annotations": {}},
             "spec": {"unschedulable": True} if unschedulable else {},
         }
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node (the instance behind it was replaced)."""
+        with self.lock:
+            self.nodes.pop(name, None)
+
+    def set_labels(self, name: str, labels: dict[str, str]) -> None:
+        """Change a node's labels as a controller on the cluster would (HyperPod's agents)."""
+        with self.lock:
+            if name in self.nodes:
+                self.nodes[name]["metadata"]["labels"].update(labels)
 
     def add_pod(self, name: str, node: str, namespace: str = "default") -> None:
         """Register a pod scheduled on ``node``."""
@@ -242,6 +257,9 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             api.requests.append(
                 Recorded(method, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             )
+            if api.down:
+                self._status(503, "ServiceUnavailable")
+                return
             if api.hang_seconds:
                 time.sleep(api.hang_seconds)
                 return
@@ -251,6 +269,10 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             if not token_is_valid(self.headers.get("Authorization", "")):
                 self._status(401, "Unauthorized")
                 return
+            with api.lock:
+                self._route(method, body)
+
+        def _route(self, method: str, body: Any) -> None:
             parts = urllib.parse.urlsplit(self.path)
             segments = parts.path.strip("/").split("/")
             if segments[:3] == ["api", "v1", "nodes"] and len(segments) == 4:
