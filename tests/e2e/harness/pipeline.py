@@ -64,6 +64,36 @@ def template_for(context: dict[str, Any]) -> dict[str, Any]:
     return _TEMPLATES[key]
 
 
+def compress_timings(
+    definition: dict[str, Any],
+    *,
+    approval_timeout_seconds: int | None = None,
+    retry_interval_seconds: int | None = None,
+) -> dict[str, Any]:
+    """Shorten waits the config will not let a real deployment shorten; nothing else changes.
+
+    The approval timeout has a 1-minute floor and retries back off from 5 s for minutes (both
+    right for production, too slow for a test): a scenario may shrink the RequestApproval task's
+    TimeoutSeconds and every Retry's interval (backoff 1, same MaxAttempts). States, transitions,
+    error names and attempt counts stay exactly as synthesized.
+    """
+
+    def visit(states: dict[str, Any]) -> None:
+        for name, state in states.items():
+            if approval_timeout_seconds and name == "RequestApproval":
+                state["TimeoutSeconds"] = approval_timeout_seconds
+            if retry_interval_seconds:
+                for retry in state.get("Retry", []):
+                    retry["IntervalSeconds"] = retry_interval_seconds
+                    retry["BackoffRate"] = 1.0
+            for nested in ("ItemProcessor", "Iterator"):
+                if nested in state:
+                    visit(state[nested]["States"])
+
+    visit(definition["States"])
+    return definition
+
+
 @dataclass
 class LambdaContext:
     """The attributes of the Lambda context object that Powertools reads."""
@@ -129,6 +159,8 @@ class LocalPipeline:
         automatic_node_recovery: bool = False,
         health_check_seconds: float = 1.0,
         quiet_handlers: bool = False,
+        approval_timeout_seconds: int | None = None,
+        retry_interval_seconds: int | None = None,
     ) -> None:
         """Prepare; nothing starts before ``__enter__``."""
         self.cluster = cluster
@@ -142,6 +174,8 @@ class LocalPipeline:
         self.automatic_node_recovery = automatic_node_recovery
         self.health_check_seconds = health_check_seconds
         self.quiet_handlers = quiet_handlers
+        self.approval_timeout_seconds = approval_timeout_seconds
+        self.retry_interval_seconds = retry_interval_seconds
         self.invocations: list[Invocation] = []
         self.executions: list[str] = []
         self._stack = contextlib.ExitStack()
@@ -180,6 +214,8 @@ class LocalPipeline:
             "MOTO_PORT": str(port),
         }
         self._stack.enter_context(mock.patch.dict(os.environ, self.aws_env))
+        # moto's backends are process globals: start every pipeline from an empty account.
+        requests.post(f"{self.endpoint}/moto-api/reset", timeout=10).raise_for_status()
         requests.post(
             f"{self.endpoint}/moto-api/config",
             json={
@@ -347,8 +383,12 @@ class LocalPipeline:
             f: f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{f}"
             for f in function_logical_ids(self.template)
         }
-        definition = state_machine_definition(self.template, arns)
-        self.definition = json.loads(definition)
+        self.definition = compress_timings(
+            json.loads(state_machine_definition(self.template, arns)),
+            approval_timeout_seconds=self.approval_timeout_seconds,
+            retry_interval_seconds=self.retry_interval_seconds,
+        )
+        definition = json.dumps(self.definition)
         sfn = self.client("stepfunctions")
         self.state_machine_arn = sfn.create_state_machine(
             name=self._machine_name,
@@ -507,6 +547,22 @@ class LocalPipeline:
                 sqs.delete_message(QueueUrl=self._inbox, ReceiptHandle=message["ReceiptHandle"])
         self._seen_notifications = getattr(self, "_seen_notifications", []) + out
         return list(self._seen_notifications)
+
+    def publish(self, alarm: Any, *, spool_dir: str) -> None:
+        """Publish an ``sdc_agent.Alarm`` with the agent's real CloudWatch publisher, as the
+        training job's DP rank 0 would, and wait until it is delivered."""
+        from sdc_agent.publish import CloudWatchPublisher
+
+        publisher = CloudWatchPublisher(
+            cluster_name=self.cluster.hyperpod_name,
+            job_name=self.cluster.job,
+            namespace=self.context.get("namespace", "SDC"),
+            spool_dir=spool_dir,
+        )
+        publisher.publish_alarm(alarm)
+        if not publisher.flush(30):
+            raise RuntimeError("the agent's publisher could not deliver the alarm to local AWS")
+        publisher.close(5)
 
     def cli_env(self) -> dict[str, str]:
         """Environment for the operator CLI against the embedded AWS."""
