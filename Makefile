@@ -18,7 +18,7 @@ $(STAMP): requirements.txt requirements-dev.txt agent/pyproject.toml lambdas/pyp
 
 ## demo: run the local end-to-end demo (CPU DDP job with an injected fault, embedded stand-ins)
 demo: $(STAMP)
-	$(PY) -m sdc_agent.drill $(ARGS)
+	$(PY) -m tests.e2e.demo $(ARGS)
 
 ## test: lint, then every test (unit, agent DDP, lambdas, infra, e2e)
 test: $(STAMP) lint

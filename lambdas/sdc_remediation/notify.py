@@ -75,9 +75,19 @@ def evidence(state: ItemState, history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def approval_message(approval_id: str, ev: dict[str, Any], cli_prefix: str) -> tuple[str, str]:
+def subject_prefix(dry_run: bool) -> str:
+    """Every notification starts with this; a dry run says so, so nobody acts on a rehearsal."""
+    return "[sdc-guard dry-run]" if dry_run else "[sdc-guard]"
+
+
+def approval_message(
+    approval_id: str, ev: dict[str, Any], cli_prefix: str, *, dry_run: bool = False
+) -> tuple[str, str]:
     """Subject and body of the approval request. The task token is never part of it."""
-    subject = f"[sdc-guard] approve replacing {ev['node_name']}? ({ev['check']}, {ev['verdict']})"
+    subject = (
+        f"{subject_prefix(dry_run)} approve replacing {ev['node_name']}? "
+        f"({ev['check']}, {ev['verdict']})"
+    )
     repeats = len(ev["previous_remediations"])
     health = ev["health_check"] or {"status": "not run", "detail": ""}
     lines = [
@@ -116,11 +126,11 @@ def approval_message(approval_id: str, ev: dict[str, Any], cli_prefix: str) -> t
     return subject[:100], "\n".join(lines)
 
 
-def transition_message(inp: RecordInput, cluster: str) -> tuple[str, str]:
+def transition_message(inp: RecordInput, cluster: str, *, dry_run: bool = False) -> tuple[str, str]:
     """Subject and body of a notification for a recorded transition."""
     st = inp.state
     who = st.suspect.node_name if st.suspect else f"cluster {cluster}"
-    subject = f"[sdc-guard] {inp.transition}: {who}"
+    subject = f"{subject_prefix(dry_run)} {inp.transition}: {who}"
     body: dict[str, Any] = {
         "transition": inp.transition,
         "cluster": cluster,

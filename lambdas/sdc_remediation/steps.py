@@ -126,7 +126,7 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
     )
     if announce:
         prefix = f"sdc-remediation --approvals-table {settings.approvals_table}"
-        subject, body = notify.approval_message(approval_id, ev, prefix)
+        subject, body = notify.approval_message(approval_id, ev, prefix, dry_run=settings.dry_run)
         notify.publish(settings.topic_arn, subject, body)
         approvals.mark_notified(approval_id)
     logger.info(
@@ -181,7 +181,7 @@ def record(inp: RecordInput, settings: Settings) -> RecordResult:
     metrics.add_dimension(name="ClusterName", value=cluster)
     metrics.add_metric(name=inp.transition, unit="Count", value=1)
     if inp.notify:
-        subject, body = notify.transition_message(inp, cluster)
+        subject, body = notify.transition_message(inp, cluster, dry_run=settings.dry_run)
         notify.publish(settings.topic_arn, subject, body)
     logger.info(
         "recorded", extra={"transition": inp.transition, "pk": pk, "remediation_id": remediation_id}

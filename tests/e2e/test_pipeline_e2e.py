@@ -217,3 +217,6 @@ def test_dry_run_writes_nothing_to_the_cluster(spool):
         for folder in ("cordon", "start_health_check", "replace"):
             (call,) = [c for c in p.invocations if c.folder == folder]
             assert call.result["dry_run"] is True
+        # And every notification says it was a rehearsal
+        subjects = [n["subject"] for n in p.notifications()]
+        assert subjects and all(s.startswith("[sdc-guard dry-run]") for s in subjects)

@@ -119,9 +119,19 @@ def train_drill(
     seed: int = 0,
     autocast_bf16: bool = False,
     start_step: int = 0,
+    publisher: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train the drill model for ``steps`` steps under the guard; report what happened here."""
-    _, optimizer, guard = build(schedule, seed=seed, autocast_bf16=autocast_bf16)
+    """Train the drill model for ``steps`` steps under the guard; report what happened here.
+
+    ``publisher``: keyword arguments of ``sdc_agent.publish.CloudWatchPublisher`` to publish
+    to CloudWatch (or an endpoint such as the local demo's); None publishes nothing.
+    """
+    sink = None
+    if publisher is not None:
+        from .publish import CloudWatchPublisher
+
+        sink = CloudWatchPublisher(**publisher)
+    _, optimizer, guard = build(schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=sink)
     injected = [make_fault(f).attach(guard) for f in faults]
     updates = []
     optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
@@ -132,7 +142,9 @@ def train_drill(
     alarm = guard.train(
         batches, save_checkpoint=lambda s, tags: saves.append([s, tags]), start_step=start_step
     )
+    delivered = guard.flush(30.0) if sink is not None else True
     return {
+        "delivered": delivered,
         "rank": dist.get_rank(),
         "alarm": alarm.to_dict() if alarm else None,
         "updates": updates,
@@ -171,6 +183,8 @@ def _worker(
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank % ranks_per_node),
         NODE_NAME=node_name(rank // ranks_per_node),
+        # A PyTorchJob names its pods <job>-worker-<n>; the publisher reads the job from it.
+        POD_NAME=f"{os.environ.get('SDC_JOB_NAME', 'sdc-drill')}-worker-{rank}",
     )
     # Bitwise replays need the same intra-op thread count on every rank (TOOLCHAIN.md).
     torch.set_num_threads(1)

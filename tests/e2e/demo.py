@@ -1,0 +1,285 @@
+"""`make demo`: the whole chain on this machine, from a corrupting "GPU" to a replaced node.
+
+A real DDP training job (3 simulated nodes x 2 ranks, gloo on the CPU) runs with a persistent
+fault on one rank; the agent names it and publishes to an embedded CloudWatch; the local alarm
+evaluator (stand-in for CloudWatch alarm evaluation + EventBridge) starts the real workflow
+definition from `cdk synth`, whose real Lambda handlers localize, admit, cordon (Kubernetes API
+stand-in) and health-check (HyperPod simulator) the node; the demo then approves with the real
+operator CLI and the node is replaced. Every stand-in is described in tests/e2e/harness.
+No AWS account, no Kubernetes, no GPU needed.
+
+    python -m tests.e2e.demo [--reject] [--no-fault] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sdc_agent.drill import launch
+from tests.e2e.harness.pipeline import Invocation, LocalPipeline
+from tests.e2e.scenario import local_cluster, pending_for
+
+FAULTY_RANK = 3
+FAULT_STEP = 7
+
+
+class Timeline:
+    """Prints one line per stage with the time since the demo started."""
+
+    def __init__(self) -> None:
+        self.t0 = time.time()  # wall clock: the Lambda adapter stamps invocations with it
+        self.failures: list[str] = []
+
+    def at(self, when: float | None = None) -> str:
+        return f"[{(when if when is not None else time.time()) - self.t0:6.1f}s]"
+
+    def say(self, text: str, when: float | None = None) -> None:
+        print(f"{self.at(when)} {text}", flush=True)
+
+    def fail(self, text: str) -> None:
+        self.failures.append(text)
+        self.say(f"FAILED: {text}")
+
+
+def _train(pipeline: LocalPipeline, fault: bool, spool: str) -> dict[str, Any]:
+    """The training job: 6 processes, the agent publishing to the embedded CloudWatch."""
+    cluster = pipeline.cluster
+    faults = (
+        [
+            {
+                "kind": "ScaleOutputElement",
+                "layer": "net.4",
+                "factor": 1000.0,
+                "rank": FAULTY_RANK,
+                "step": FAULT_STEP,
+            }
+        ]
+        if fault
+        else []
+    )
+    job = {
+        "steps": 30,
+        "schedule": {"audit_every": 5, "check_every": 5, "ckpt_every": 10, "peer_offset": 2},
+        "faults": faults,
+        "publisher": {
+            "cluster_name": cluster.hyperpod_name,
+            "job_name": cluster.job,
+            "spool_dir": spool,
+        },
+    }
+    import os
+
+    os.environ["SDC_JOB_NAME"] = cluster.job
+    (results,) = launch([("sdc_agent.drill:train_drill", job)], world=6, ranks_per_node=2)
+    errors = [r for r in results if "error" in r]
+    if errors:
+        raise RuntimeError(errors[0]["trace"])
+    return results[0]
+
+
+def _wall(call: Invocation) -> str:
+    return f"({call.ended - call.started:.2f} s)"
+
+
+def _report_workflow(tl: Timeline, p: LocalPipeline) -> None:
+    """One line per Lambda the workflow invoked, from the adapter's record."""
+    for call in sorted(p.invocations, key=lambda c: c.started):
+        r = call.result or {}
+        if call.error:
+            line = f"{call.folder}: error {call.error}"
+        elif call.folder == "localize":
+            s = (r.get("suspects") or [{}])[0]
+            ranks = (
+                sorted(int(k) for k in s.get("ranks") or {})
+                if isinstance(s.get("ranks"), dict)
+                else s.get("ranks")
+            )
+            line = (
+                f"localize: {len(r.get('suspects', []))} suspect(s): {s.get('node_name')} -> instance "
+                f"{s.get('instance_id')} (group {s.get('instance_group')}), ranks {ranks}, "
+                f"check {s.get('check')}, verdict {s.get('verdict')}, step {s.get('step')}, "
+                f"window {s.get('suspect_window')}"
+            )
+        elif call.folder == "admit":
+            line = f"admit: {r.get('decision')} ({r.get('remediation_id') or r.get('reason')})"
+        elif call.folder in ("cordon", "uncordon"):
+            verb = "cordoned" if call.folder == "cordon" else "uncordoned"
+            dry = " [dry run: nothing sent]" if r.get("dry_run") else ""
+            line = f"{call.folder}: {r.get('node_name')} {verb if r.get('changed') or r.get('dry_run') else 'unchanged'}{dry}"
+        elif call.folder == "start_health_check":
+            line = f"deep health check started: {', '.join(r.get('checks', []))}"
+        elif call.folder == "poll_health_check":
+            if r.get("status") == "in_progress":
+                continue
+            line = f"deep health check: {r.get('status')} ({r.get('detail')})"
+        elif call.folder == "request_approval":
+            line = "approval requested (task token stored, evidence sent to SNS)"
+        elif call.folder == "replace":
+            line = f"replace: mode {r.get('mode')}, requested={r.get('requested')} {r.get('detail') or ''}".rstrip()
+        elif call.folder == "record":
+            line = f"ledger: {call.payload.get('transition')}" + (
+                " + notification" if call.payload.get("notify") else ""
+            )
+        else:
+            line = f"{call.folder}: {json.dumps(r)[:120]}"
+        tl.say(f"  {line} {_wall(call)}", call.started)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The demo; returns the process exit status (0 when every stage did what it should)."""
+    parser = argparse.ArgumentParser(prog="make demo ARGS=...", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--reject", action="store_true", help="the operator rejects and releases the node"
+    )
+    parser.add_argument(
+        "--no-fault", action="store_true", help="a clean run: expect no alarm at all"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="deploy with dryRun: log cordon/replace only"
+    )
+    args = parser.parse_args(argv)
+
+    tl = Timeline()
+    cluster = local_cluster(3)
+    print(
+        "sdc-guard demo: a silent-data-corruption drill, end to end, on embedded stand-ins\n",
+        flush=True,
+    )
+    context = {"dryRun": True} if args.dry_run else {}
+    with (
+        tempfile.TemporaryDirectory(prefix="sdc-demo-") as spool,
+        LocalPipeline(cluster, context, quiet_handlers=True) as p,
+    ):
+        tl.say(
+            f"stand-ins up: moto at {p.endpoint} (CloudWatch, Logs, DynamoDB, SNS, Step Functions, "
+            f"SageMaker, EKS), Kubernetes API at {p.kube.url}, HyperPod cluster '{cluster.hyperpod_name}' "
+            f"with {len(cluster.instance_ids)} nodes; state machine from `cdk synth`"
+        )
+        victim = cluster.instance_ids[FAULTY_RANK // cluster.ranks_per_node]
+        victim_node = cluster.node_name(victim)
+        what = (
+            "no fault"
+            if args.no_fault
+            else (
+                f"x1000 on one forward output element of rank {FAULTY_RANK} ({victim_node}) from step {FAULT_STEP}"
+            )
+        )
+        tl.say(
+            f"training: 3 nodes x 2 ranks (gloo, CPU), audits every 5 steps, weight checks every 5; {what}"
+        )
+        started = time.monotonic()
+        result = _train(p, not args.no_fault, spool)
+        alarm = result["alarm"]
+        if alarm is None:
+            tl.say(
+                f"training finished: {len(result['updates'])} steps, every check passed, no alarm "
+                f"({time.monotonic() - started:.1f} s)"
+            )
+            fired = p.evaluator.evaluate()
+            tl.say(f"CloudWatch alarms: {'none fired' if not fired else f'{len(fired)} fired'}")
+            if not args.no_fault or fired:
+                tl.fail(
+                    "expected an alarm" if not args.no_fault else "an alarm fired on a clean run"
+                )
+            return _verdict(tl)
+        names = ", ".join(
+            f"rank {r} -> {i['node_name']} -> {i['instance_id']} ({i['gpu_uuid']})"
+            for r, i in alarm["ranks"].items()
+        )
+        tl.say(
+            f"agent ALARM at step {alarm['step']}: check '{alarm['check']}' ({alarm['metric']['name']}="
+            f"{alarm['metric']['value']}), pairs {alarm['mismatched_pairs']}, culprits {alarm['culprits']}; "
+            f"{names}; window {alarm['suspect_window']}; the step was not applied "
+            f"({time.monotonic() - started:.1f} s of training)"
+        )
+        tl.say(f"  report + metrics published to CloudWatch (delivered={result['delivered']})")
+        fired = p.evaluator.evaluate()
+        if len(fired) != 1:
+            tl.fail(f"expected one CloudWatch alarm to fire, got {len(fired)}")
+            return _verdict(tl)
+        execution = p.executions[-1]
+        tl.say(
+            f"CloudWatch alarm {fired[0]['detail']['alarmName']} -> ALARM; EventBridge rule -> "
+            f"workflow execution {execution.rsplit(':', 1)[-1]}"
+        )
+        approval = pending_for(p, execution, timeout=90)
+        _report_workflow(tl, p)
+        p.invocations.clear()
+        decision = (
+            ["reject", approval, "--release", "--reason", "demo: false alarm"]
+            if args.reject
+            else ["approve", approval, "--reason", "demo: replay mismatch confirmed"]
+        )
+        cli = Path(sys.executable).with_name("sdc-remediation")
+        shown = shlex.join(["sdc-remediation", *decision])
+        cli_started = time.time()
+        out = subprocess.run(
+            [str(cli), *decision],
+            env={**p.cli_env(), "PATH": str(cli.parent)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        tl.say(f"operator: $ {shown}\n{' ' * 10}{(out.stdout or out.stderr).strip()}", cli_started)
+        if out.returncode != 0:
+            tl.fail(f"the CLI exited {out.returncode}")
+            return _verdict(tl)
+        done = p.finish(execution, timeout=90)
+        _report_workflow(tl, p)
+        tl.say(
+            f"workflow {done['status']}; ledger for {victim}: {' -> '.join(p.transitions(victim))}"
+        )
+        for n in p.notifications():
+            tl.say(f"  SNS: {n['subject']}")
+        _check_outcome(tl, p, args, victim, victim_node, done["status"])
+        return _verdict(tl)
+
+
+def _check_outcome(
+    tl: Timeline,
+    p: LocalPipeline,
+    args: argparse.Namespace,
+    victim: str,
+    victim_node: str,
+    status: str,
+) -> None:
+    if status != "SUCCEEDED":
+        tl.fail(f"workflow ended {status}")
+    node = p.kube.nodes.get(victim_node)
+    if args.dry_run:
+        if p.kube.patches or p.hyperpod.calls:
+            tl.fail("dry run wrote to the cluster")
+        else:
+            tl.say("dry run: no Kubernetes PATCH, no HyperPod call was made")
+    elif args.reject:
+        if node is None or node["spec"].get("unschedulable"):
+            tl.fail("the node should be schedulable again after reject --release")
+        else:
+            tl.say(f"{victim_node} is schedulable again (released by the operator)")
+    elif victim not in p.hyperpod.replaced:
+        tl.fail("the node was not replaced")
+    else:
+        tl.say(
+            f"{victim_node} replaced by HyperPod: new instance {p.hyperpod.replaced[victim]} joined "
+            f"group {p.cluster.instance_group}"
+        )
+
+
+def _verdict(tl: Timeline) -> int:
+    if tl.failures:
+        print(f"\ndemo FAILED: {'; '.join(tl.failures)}", flush=True)
+        return 1
+    print(f"\ndemo OK in {time.time() - tl.t0:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())

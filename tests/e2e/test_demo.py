@@ -1,0 +1,38 @@
+"""`make demo` end to end: a real DDP job's alarm travels the whole chain to a replaced node."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e import demo
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
+    # Given the demo's training job with a persistent fault on rank 3 (node 1)
+    # When it runs and the operator approves through the real CLI
+    status = demo.run([])
+    out = capsys.readouterr().out
+    # Then every stage happened, in order, and the node behind rank 3 was replaced
+    assert status == 0, out
+    stages = [
+        "agent ALARM at step 10: check 'compute'",
+        "rank 3 -> hyperpod-i-00000000000000001 -> i-00000000000000001",
+        "CloudWatch alarm sdc-guard-sdc-local-sdc_replay_mismatch -> ALARM",
+        "localize: 1 suspect(s): hyperpod-i-00000000000000001",
+        "admit: admitted",
+        "cordon: hyperpod-i-00000000000000001 cordoned",
+        "deep health check: passed",
+        "approval requested",
+        "operator: $ sdc-remediation approve",
+        "replace: mode api, requested=True",
+        "workflow SUCCEEDED",
+        "hyperpod-i-00000000000000001 replaced by HyperPod",
+        "demo OK",
+    ]
+    positions = [out.find(s) for s in stages]
+    assert all(p >= 0 for p in positions), [
+        s for s, p in zip(stages, positions, strict=True) if p < 0
+    ]
+    assert positions == sorted(positions)
