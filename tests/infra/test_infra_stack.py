@@ -200,6 +200,7 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         "alarm.$": "$.alarm",
         "suspect.$": "$$.Map.Item.Value",
         "execution.$": "$$.Execution.Id",
+        "suspects_in_alarm.$": "States.ArrayLength($.suspects)",
     }
 
 
