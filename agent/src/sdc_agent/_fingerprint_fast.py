@@ -1,0 +1,172 @@
+"""Executes a fingerprint plan with a handful of same-dtype torch ops per chunk.
+
+Why this is fast and exact. Widening int32 to int64 is the slow part of the obvious algorithm
+(about 2 GB/s on a CPU against 45 GB/s for a float32 sum), while int32 sums that wrap modulo
+2**32 run at cache speed. So each 32-bit lane b is split as b = 65536 * h + l, with h = b >> 16
+(arithmetic shift, |h| <= 2**15) and l in [0, 65536). Over a row of K <= 2**15 lanes (or a column
+of R <= 2**15 rows) the sum of h fits int32 exactly, and the sum of l lies in [0, 2**31), so it is
+exactly the wrapped int32 ``sum(b) - (sum(h) << 16)``. That gives exact row and column sums from
+four int32 reductions and one shift, all on data that stays in cache.
+
+The position-weighted sum needs no per-element weights: on a [rows, K] view, lane j = r * K + c,
+so sum j * x_j = K * sum_r r * rowsum_r + sum_c c * colsum_c, which only touches the (rows + K)
+sums, in int64 (wrapping modulo 2**64 as the definition asks).
+
+16-bit elements are read as 32-bit pairs: XOR with 0x8000 turns the low (first, little-endian)
+element into an unsigned offset-binary value, so the same split yields both elements exactly.
+
+Nothing here reads a value back to the host: no .item(), no device synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._fingerprint_plan import Plan, combine_coefficients
+
+
+# One scratch buffer per device, shared by all plans: on a GPU it is tens of MiB, and the cached
+# plans of a job (weights, gradients) run one after another under fingerprint.py's lock.
+_SCRATCH: dict[torch.device, torch.Tensor] = {}
+
+
+def _scratch(device: torch.device, numel: int) -> torch.Tensor:
+    """An int32 scratch buffer of at least ``numel`` elements on ``device``, grown on demand."""
+    buffer = _SCRATCH.get(device)
+    if buffer is None or buffer.numel() < numel:
+        buffer = torch.empty(numel, dtype=torch.int32, device=device)
+        _SCRATCH[device] = buffer
+    return buffer[:numel]
+
+
+def _buffer(plan: Plan, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A scratch or constant tensor cached on the plan (allocated once per plan)."""
+    tensor = plan.tensors.get(name)
+    if tensor is None:
+        tensor = torch.empty(shape, dtype=dtype, device=plan.device)
+        plan.tensors[name] = tensor
+    return tensor
+
+
+def _index(plan: Plan, name: str, values: list[int] | list[list[int]]) -> torch.Tensor:
+    """A small int64 index/constant tensor built from host values once per plan."""
+    tensor = plan.tensors.get(name)
+    if tensor is None:
+        tensor = torch.tensor(values, dtype=torch.int64).to(plan.device)
+        plan.tensors[name] = tensor
+    return tensor
+
+
+def _arange(plan: Plan, name: str, n: int, start: int = 0) -> torch.Tensor:
+    """A cached int64 ramp start..start+n-1 (never rebuilt per chunk or per call)."""
+    tensor = plan.tensors.get(name)
+    if tensor is None:
+        tensor = torch.arange(start, start + n, dtype=torch.int64, device=plan.device)
+        plan.tensors[name] = tensor
+    return tensor
+
+
+def _segment_sums(values: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Sums of values[starts[i]:ends[i]] along dim 0, modulo 2**64, via one wrapping cumsum."""
+    padded = torch.cat([torch.zeros_like(values[:1]), values.cumsum(0)])
+    return padded[ends] - padded[starts]
+
+
+def run_fast(plan: Plan, lanes: list[torch.Tensor], out: torch.Tensor) -> None:
+    """Adds the row/column kernel's (S0, S1) of every fast tensor into ``out`` [n_tensors, 2].
+
+    ``lanes[i]`` is fast tensor i's first ``rows * K`` lanes as a contiguous int32 [rows, K] view.
+    """
+    if not plan.fast:
+        return
+    k = plan.tuning.lanes_per_row
+    n_chunks = len(plan.chunks)
+    row_b = _buffer(plan, "row_b", (plan.total_rows,), torch.int32)
+    row_h = _buffer(plan, "row_h", (plan.total_rows,), torch.int32)
+    col_b = _buffer(plan, "col_b", (n_chunks, k), torch.int32)
+    col_h = _buffer(plan, "col_h", (n_chunks, k), torch.int32)
+    max_rows = max(rows for _, _, rows in plan.chunks)
+    scratch = _scratch(plan.device, max_rows * k).view(max_rows, k)
+
+    for number, (fast_number, first, rows) in enumerate(plan.chunks):
+        tensor = plan.fast[fast_number]
+        chunk = lanes[fast_number][first : first + rows]
+        h = scratch[:rows]
+        g = tensor.first_row + first
+        if tensor.pairs:
+            # Offset-binary low element, then (sums of the XOR-ed lanes), then the high element.
+            torch.bitwise_xor(chunk, 0x8000, out=h)
+            torch.sum(h, 1, dtype=torch.int32, out=row_b[g : g + rows])
+            torch.sum(h, 0, dtype=torch.int32, out=col_b[number])
+            torch.bitwise_right_shift(h, 16, out=h)
+        else:
+            torch.bitwise_right_shift(chunk, 16, out=h)
+            torch.sum(chunk, 1, dtype=torch.int32, out=row_b[g : g + rows])
+            torch.sum(chunk, 0, dtype=torch.int32, out=col_b[number])
+        torch.sum(h, 1, dtype=torch.int32, out=row_h[g : g + rows])
+        torch.sum(h, 0, dtype=torch.int32, out=col_h[number])
+
+    # Exact sums of the high halves and (by the wrapped difference) of the low halves.
+    rh = row_h.to(torch.int64)
+    rl = (row_b - (row_h << 16)).to(torch.int64)
+    ch = col_h.to(torch.int64)
+    cl = (col_b - (col_h << 16)).to(torch.int64)
+
+    # Per row: h, l, and their products with the global row number; per tensor by segments.
+    rows_global = _arange(plan, "rows_global", plan.total_rows)
+    per_row = torch.stack([rh, rl, rh * rows_global, rl * rows_global], dim=1)
+    row_starts = _index(plan, "row_starts", [t.first_row for t in plan.fast])
+    row_ends = _index(plan, "row_ends", [t.first_row + t.rows for t in plan.fast])
+    sums = _segment_sums(per_row, row_starts, row_ends)
+    sum_h, sum_l = sums[:, 0], sums[:, 1]
+    # sum_r (local row) * x_r = sum_r (global row) * x_r - first_row * sum_r x_r
+    row_h_weighted = sums[:, 2] - row_starts * sum_h
+    row_l_weighted = sums[:, 3] - row_starts * sum_l
+
+    # Per chunk: sum_c c * colsum_c; per tensor by segments of its chunks.
+    columns = _arange(plan, "columns", k)
+    per_chunk = torch.stack([(ch * columns).sum(1), (cl * columns).sum(1)], dim=1)
+    chunk_starts = _index(plan, "chunk_starts", [t.first_chunk for t in plan.fast])
+    chunk_ends = _index(
+        plan, "chunk_ends", [*(t.first_chunk for t in plan.fast[1:]), len(plan.chunks)]
+    )
+    col_weighted = _segment_sums(per_chunk, chunk_starts, chunk_ends)
+
+    partial = torch.stack(
+        [
+            sum_h,
+            sum_l,
+            k * row_h_weighted + col_weighted[:, 0],
+            k * row_l_weighted + col_weighted[:, 1],
+            torch.ones_like(sum_h),
+        ],
+        dim=1,
+    )
+    coefficients = _index(plan, "coefficients", combine_coefficients(plan))  # [F, 2, 5]
+    result = (coefficients * partial.unsqueeze(1)).sum(2)
+    out.index_add_(0, _index(plan, "fast_rows", [t.index for t in plan.fast]), result)
+
+
+def run_generic(plan: Plan, bits: list[torch.Tensor | None], out: torch.Tensor) -> None:
+    """Adds the generic kernel's (S0, S1) of every piece into ``out`` [n_tensors, 2].
+
+    ``bits[i]`` is tensor i's flat signed-integer view (any width), None when it has no piece.
+    """
+    for number, batch in enumerate(plan.batches):
+        parts = [bits[p.index][p.start : p.start + p.length] for p in batch]  # type: ignore[index]
+        values = torch.cat(parts).to(torch.int64)
+        positions = _arange(plan, "positions", plan.tuning.generic_batch, start=1)
+        per_element = torch.stack([values, values * positions[: values.numel()]], dim=1)
+        offsets = [0]
+        for piece in batch:
+            offsets.append(offsets[-1] + piece.length)
+        starts = _index(plan, f"batch{number}_starts", offsets[:-1])
+        ends = _index(plan, f"batch{number}_ends", offsets[1:])
+        sums = _segment_sums(per_element, starts, ends)
+        # Batch position of element e of a piece is (start_in_batch + e); its position in the
+        # tensor is (piece.start + e): subtract (start_in_batch - piece.start) * S0.
+        shift = _index(
+            plan, f"batch{number}_shift", [o - p.start for o, p in zip(offsets, batch, strict=False)]
+        )
+        result = torch.stack([sums[:, 0], sums[:, 1] - shift * sums[:, 0]], dim=1)
+        out.index_add_(0, _index(plan, f"batch{number}_rows", [p.index for p in batch]), result)
