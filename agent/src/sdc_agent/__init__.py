@@ -1,13 +1,25 @@
-"""sdc_agent: in-job silent data corruption checks for PyTorch DistributedDataParallel."""
+"""sdc_agent: in-job silent data corruption checks for PyTorch DistributedDataParallel.
 
+import sdc_agent as sdc
+guard = sdc.Guard(ddp_model, optimizer, compute_loss=compute_loss,
+                  rebuild_batch=rebuild_batch, schedule=sdc.Schedule(audit_every=10))
+alarm = guard.train(batches, save_checkpoint=save_checkpoint)
+"""
+
+from . import faults
 from .alarm import Alarm, RankInfo, Verdict
+from .divergence import DivergenceReport, find_divergent_ranks
 from .fingerprint import fingerprint, fingerprints
+from .guard import Guard, GuardedStep
 from .publisher import NullPublisher, Publisher
 from .schedule import Schedule
 from .topology import TopologyError, check_topology, rank_map
 
 __all__ = [
     "Alarm",
+    "DivergenceReport",
+    "Guard",
+    "GuardedStep",
     "NullPublisher",
     "Publisher",
     "RankInfo",
@@ -15,6 +27,8 @@ __all__ = [
     "TopologyError",
     "Verdict",
     "check_topology",
+    "faults",
+    "find_divergent_ranks",
     "fingerprint",
     "fingerprints",
     "rank_map",

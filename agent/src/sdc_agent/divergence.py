@@ -1,0 +1,100 @@
+"""Check 3: are the replicas' weights still bit-identical, and if not, whose copy is wrong?"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .fingerprint import fingerprints, table_digest
+from .topology import collective_device, group_ranks
+
+
+@dataclass(frozen=True)
+class DivergenceReport:
+    """The outcome of one weight fingerprint comparison; identical on every rank.
+
+    ``ranks``: global ranks whose copy of some tensor differs from a strict majority of replicas.
+    ``tensors``: names of the tensors whose copies disagree. ``unattributable``: some tensor has
+    no strict majority (two replicas, or a split), so nobody is named for it. ``digest``: a digest
+    of the fingerprint table every replica agreed on (None when they did not agree).
+    """
+
+    ranks: list[int] = field(default_factory=list)
+    tensors: list[str] = field(default_factory=list)
+    unattributable: bool = False
+    digest: str | None = None
+
+    @property
+    def agreed(self) -> bool:
+        """True when every replica holds bit-identical weights."""
+        return not self.tensors
+
+
+def _named_tensors(
+    params: nn.Module | Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+) -> list[tuple[str, torch.Tensor]]:
+    """Accept a module, tensors, or (name, tensor) pairs; name unnamed tensors by position."""
+    if isinstance(params, nn.Module):
+        return list(params.named_parameters())
+    named = []
+    for i, item in enumerate(params):
+        if isinstance(item, tuple):
+            named.append((str(item[0]), item[1]))
+        else:
+            named.append((f"tensor[{i}]", item))
+    return named
+
+
+def _attribute(table: torch.Tensor, names: list[str], ranks: list[int]) -> DivergenceReport:
+    """Name the minority copies of each disagreeing tensor in a gathered [world, P, 2] table."""
+    disagreeing = (table != table[0]).any(dim=2).any(dim=0).nonzero().flatten().tolist()
+    world = table.shape[0]
+    named: set[int] = set()
+    unattributable = False
+    for column in disagreeing:
+        copies = [tuple(table[r, column].tolist()) for r in range(world)]
+        value, count = Counter(copies).most_common(1)[0]
+        if count * 2 > world:
+            named.update(ranks[r] for r in range(world) if copies[r] != value)
+        else:
+            unattributable = True
+    return DivergenceReport(
+        ranks=sorted(named),
+        tensors=[names[c] for c in disagreeing],
+        unattributable=unattributable,
+        digest=None,
+    )
+
+
+def find_divergent_ranks(
+    params: nn.Module | Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    dp_group: dist.ProcessGroup | None = None,
+) -> DivergenceReport:
+    """Compare every replica's weight fingerprints; name the ranks whose copy is in a minority.
+
+    Collective over ``dp_group`` (None: WORLD): call it on every rank with the same tensors.
+    The common case costs one all-reduce of 4 int64 per tensor (element-wise max of the table
+    and of its bitwise complement, i.e. max and min at once); only when copies disagree is the
+    whole table all-gathered to attribute the difference. A rank is named only when its copy of a
+    tensor differs from a strict majority of replicas; two copies, or no strict majority, are
+    reported as ``unattributable`` without a name.
+    """
+    named = _named_tensors(params)
+    names = [n for n, _ in named]
+    device = collective_device(dp_group)
+    table = fingerprints([t for _, t in named]).to(device)
+    # ~x is a monotone decreasing bijection on int64 without overflow (unlike -x at -2**63),
+    # so max(~x) == ~min(x): one all-reduce yields both extremes.
+    extremes = torch.cat([table, torch.bitwise_not(table)])
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=dp_group)
+    highest, lowest = extremes[: len(table)], torch.bitwise_not(extremes[len(table) :])
+    if bool(torch.equal(highest, lowest)):
+        return DivergenceReport(digest=table_digest(table))
+    gathered = [torch.empty_like(table) for _ in range(dist.get_world_size(dp_group))]
+    dist.all_gather(gathered, table, group=dp_group)
+    return _attribute(torch.stack(gathered).cpu(), names, group_ranks(dp_group))

@@ -1,0 +1,344 @@
+"""Fire drills on the CPU: a real multi-process DDP job (gloo) with a fault on one "GPU".
+
+``python -m sdc_agent.drill`` starts 3 simulated nodes x 2 ranks on this machine, injects a
+persistent fault into one rank's forward pass, and prints what the guard caught. The same
+launcher runs the project's multi-process tests: :func:`launch` starts ``world`` processes, each
+with its own NODE_NAME (``hyperpod-i-...``), and runs a list of jobs (importable functions) in
+one process group, returning each job's per-rank result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import multiprocessing
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+Job = tuple[str, dict[str, Any]]
+"""("package.module:function", keyword arguments): the function runs on every rank."""
+
+
+def node_name(node: int) -> str:
+    """A HyperPod-style node name for simulated node ``node``."""
+    return f"hyperpod-i-{node:017x}"
+
+
+# ---------------------------------------------------------------------------- the drill job
+class DrillModel(nn.Module):
+    """A small MLP with the parts that make replays hard: BatchNorm buffers and dropout."""
+
+    def __init__(self, d_in: int = 16, hidden: int = 32, classes: int = 4) -> None:
+        """Layers: net.0 Linear, net.1 BatchNorm1d, net.2 GELU, net.3 Dropout, net.4 Linear,
+        net.5 GELU, net.6 Linear."""
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(d_in, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.GELU(),
+            nn.Dropout(0.1),
+            nn.Linear(hidden, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits."""
+        return self.net(x)
+
+
+def make_batch(step: int, rank: int, *, seed: int = 0, batch: int = 8, d_in: int = 16) -> tuple:
+    """The micro-batch ``rank`` trains on at ``step``: a pure function, so any rank can rebuild it."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    return torch.randn(batch, d_in, generator=g), torch.randint(0, 4, (batch,), generator=g)
+
+
+def make_loss(autocast_bf16: bool = False):
+    """compute_loss(model, batch) for the drill model (optionally under CPU bf16 autocast)."""
+
+    def compute_loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+        x, y = batch
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
+            logits = model(x)
+        return F.cross_entropy(logits.float(), y)
+
+    return compute_loss
+
+
+def build(
+    schedule: dict[str, Any], *, seed: int = 0, autocast_bf16: bool = False, publisher: Any = None
+) -> tuple[Any, Any, Any]:
+    """(ddp_model, optimizer, guard) for the drill model, identical initial weights on all ranks."""
+    import sdc_agent as sdc
+
+    torch.manual_seed(seed)
+    module = DrillModel()
+    ddp = nn.parallel.DistributedDataParallel(module)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    guard = sdc.Guard(
+        ddp,
+        optimizer,
+        compute_loss=make_loss(autocast_bf16),
+        rebuild_batch=lambda step, rank: make_batch(step, rank, seed=seed),
+        schedule=sdc.Schedule(**schedule),
+        publisher=publisher,
+    )
+    return ddp, optimizer, guard
+
+
+def make_fault(spec: dict[str, Any]) -> Any:
+    """A fault injector from ``{"kind": "ScaleOutputElement", ...keyword arguments}``."""
+    from . import faults
+
+    spec = dict(spec)
+    kind = spec.pop("kind")
+    if kind not in faults.__all__:
+        raise ValueError(f"unknown fault kind {kind!r}; choose from {sorted(faults.__all__)}")
+    return getattr(faults, kind)(**spec)
+
+
+def train_drill(
+    *,
+    steps: int,
+    schedule: dict[str, Any],
+    faults: Sequence[dict[str, Any]] = (),
+    seed: int = 0,
+    autocast_bf16: bool = False,
+    start_step: int = 0,
+) -> dict[str, Any]:
+    """Train the drill model for ``steps`` steps under the guard; report what happened here."""
+    _, optimizer, guard = build(schedule, seed=seed, autocast_bf16=autocast_bf16)
+    injected = [make_fault(f).attach(guard) for f in faults]
+    updates = []
+    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
+    saves: list[list[Any]] = []
+    batches = (
+        make_batch(s, dist.get_rank(), seed=seed) for s in range(start_step, start_step + steps)
+    )
+    alarm = guard.train(
+        batches, save_checkpoint=lambda s, tags: saves.append([s, tags]), start_step=start_step
+    )
+    return {
+        "rank": dist.get_rank(),
+        "alarm": alarm.to_dict() if alarm else None,
+        "updates": updates,
+        "saves": saves,
+        "fired": sum(f.fired for f in injected),
+        "last_audit_pass": guard.last_audit_pass,
+        "last_weight_check_pass": guard.last_weight_check_pass,
+    }
+
+
+# ---------------------------------------------------------------------------- the launcher
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    ranks_per_node: int,
+    jobs: list[Job],
+    out: str,
+    timeout_s: float,
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank % ranks_per_node),
+        NODE_NAME=node_name(rank // ranks_per_node),
+    )
+    # Bitwise replays need the same intra-op thread count on every rank (TOOLCHAIN.md).
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
+    results = []
+    for path, kwargs in jobs:
+        try:
+            results.append(_resolve(path)(**kwargs))
+        except Exception as err:  # reported to the parent, which fails the run
+            results.append(
+                {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
+            )
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # gloo's destructors can deadlock at interpreter exit (TOOLCHAIN.md): leave at once.
+    os._exit(0)
+
+
+def launch(
+    jobs: list[Job], *, world: int = 6, ranks_per_node: int = 2, timeout_s: float = 240.0
+) -> list[list[dict[str, Any]]]:
+    """Run ``jobs`` on ``world`` CPU processes (gloo); returns results[job][rank].
+
+    Every process gets NODE_NAME of node ``rank // ranks_per_node``. Raises TimeoutError (after
+    killing the processes) when the run takes longer than ``timeout_s``, and RuntimeError when a
+    process dies without a result.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="sdc-drill-") as out:
+        procs = [
+            ctx.Process(
+                target=_worker,
+                args=(rank, world, port, ranks_per_node, jobs, out, timeout_s),
+                daemon=True,
+            )
+            for rank in range(world)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        alive = [p for p in procs if p.is_alive()]
+        for p in alive:
+            p.kill()
+        if alive:
+            raise TimeoutError(f"drill did not finish within {timeout_s:.0f} s (ranks hung)")
+        per_rank = []
+        for rank in range(world):
+            path = Path(out, f"rank{rank}.json")
+            if not path.exists():
+                raise RuntimeError(
+                    f"rank {rank} exited with code {procs[rank].exitcode} and no result"
+                )
+            per_rank.append(json.loads(path.read_text()))
+    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
+
+
+# ---------------------------------------------------------------------------- the CLI
+def _describe(result: dict[str, Any]) -> Iterator[str]:
+    alarm = result["alarm"]
+    if alarm is None:
+        yield f"no alarm: {len(result['updates'])} updates applied, checks passed"
+        return
+    yield f"ALARM at step {alarm['step']}: check '{alarm['check']}' ({alarm['metric']['name']})"
+    yield f"  suspects: {alarm['suspects']}   window: {alarm['suspect_window']}"
+    if alarm["mismatched_pairs"]:
+        yield f"  mismatched (target, replayer) pairs: {alarm['mismatched_pairs']}"
+    if alarm["culprits"]:
+        yield f"  culprits (wrong as target and as replayer): {alarm['culprits']}"
+    for v in alarm["verdicts"]:
+        yield f"  confirmation of {v['pair']} by rank {v['third']}: {v['kind']} -> {v['suspect']}"
+    for rank, info in alarm["ranks"].items():
+        yield f"  rank {rank}: node {info['node_name']} instance {info['instance_id']} gpu {info['gpu_uuid']}"
+    applied = (
+        "was applied: its weights were checked after it"
+        if alarm["check"] == "weights"
+        else "was not applied"
+    )
+    yield f"  updates applied: {len(result['updates'])} (the failing step {applied})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one drill and print what the guard caught; exit 0 when the outcome is as expected."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sdc_agent.drill", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--fault",
+        choices=["scale", "nan", "weight", "none"],
+        default="scale",
+        help="what goes wrong on the faulty rank (none: a clean run, expect no alarm)",
+    )
+    parser.add_argument("--rank", type=int, default=3, help="the faulty global rank")
+    parser.add_argument("--step", type=int, default=7, help="the step the fault starts at")
+    parser.add_argument("--steps", type=int, default=20, help="training steps")
+    parser.add_argument("--nodes", type=int, default=3, help="simulated nodes (>= 3)")
+    parser.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
+    args = parser.parse_args(argv)
+    world = args.nodes * args.ranks_per_node
+    faults = {
+        "scale": [
+            {
+                "kind": "ScaleOutputElement",
+                "layer": "net.4",
+                "factor": 1000.0,
+                "rank": args.rank,
+                "step": args.step,
+            }
+        ],
+        "nan": [
+            {
+                "kind": "NaNOutputElement",
+                "layer": "net.4",
+                "rank": args.rank,
+                "step": args.step,
+                "persistent": False,
+            }
+        ],
+        "weight": [
+            {
+                "kind": "FlipWeightBit",
+                "param": "net.0.weight",
+                "bit": 27,
+                "rank": args.rank,
+                "step": args.step,
+            }
+        ],
+        "none": [],
+    }[args.fault]
+    schedule = {
+        "audit_every": 5,
+        "check_every": 5,
+        "ckpt_every": 10,
+        "peer_offset": args.ranks_per_node,
+    }
+    print(
+        f"sdc drill: {args.nodes} nodes x {args.ranks_per_node} ranks (gloo, CPU), fault: "
+        f"{args.fault} on rank {args.rank} from step {args.step}"
+    )
+    started = time.monotonic()
+    results = launch(
+        [
+            (
+                "sdc_agent.drill:train_drill",
+                {"steps": args.steps, "schedule": schedule, "faults": faults},
+            )
+        ],
+        world=world,
+        ranks_per_node=args.ranks_per_node,
+    )[0]
+    errors = [r for r in results if "error" in r]
+    if errors:
+        print(errors[0]["trace"], file=sys.stderr)
+        return 1
+    for line in _describe(results[0]):
+        print(line)
+    print(f"({time.monotonic() - started:.1f} s)")
+    named = (results[0]["alarm"] or {}).get("suspects") or []
+    expected_ok = named == [args.rank] if args.fault != "none" else results[0]["alarm"] is None
+    return 0 if expected_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""Recompute one micro-batch on the bare module and reduce the result to comparable bits.
+
+A replay runs ``compute_loss(module, batch)`` and its backward on the unwrapped module: DDP's
+autograd hooks ignore a backward they did not prepare, so no collective runs. Before it, the
+parameters' gradients are set aside, the module's buffers set to what they were when the step's
+forward began, and the RNG seeded for the batch's owner; afterwards all three are put back, so the
+training step continues exactly as if no replay had happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .audit import Outcome
+from .fingerprint import fingerprints
+
+ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """One round of splitmix64: decorrelates nearby (step, rank) pairs."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def step_seed(step: int, rank: int, base: int = 0) -> int:
+    """The RNG seed of ``rank``'s computation on an audited ``step``: anyone can recreate it."""
+    return _splitmix64(_splitmix64(base ^ step) ^ rank) >> 1  # manual_seed takes < 2**63
+
+
+@dataclass
+class RngState:
+    """The CPU generator and the current CUDA device's generator."""
+
+    cpu: torch.Tensor
+    cuda: torch.Tensor | None
+
+    @classmethod
+    def capture(cls) -> RngState:
+        """Save the generators' state."""
+        cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
+        return cls(cpu=torch.get_rng_state(), cuda=cuda)
+
+    def restore(self) -> None:
+        """Put the generators back to the captured state."""
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda)
+
+
+def seed_all(seed: int) -> None:
+    """Seed the CPU generator and the current CUDA device's generator."""
+    torch.manual_seed(seed)
+
+
+@dataclass
+class DeterminismState:
+    """Global kernel-selection flags that decide whether a recomputation is bit-reproducible."""
+
+    deterministic: bool
+    warn_only: bool
+    cudnn_benchmark: bool
+
+    @classmethod
+    def capture(cls) -> DeterminismState:
+        """Save the current flags."""
+        return cls(
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+        )
+
+    @staticmethod
+    def enforce() -> None:
+        """Deterministic kernels, and no per-GPU autotuning (two GPUs could pick two kernels)."""
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+    def restore(self) -> None:
+        """Put the flags back as they were captured."""
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool) -> Iterator[None]:
+    """Run the block with deterministic kernels when ``enabled``; restore the flags after."""
+    if not enabled:
+        yield
+        return
+    saved = DeterminismState.capture()
+    DeterminismState.enforce()
+    try:
+        yield
+    finally:
+        saved.restore()
+
+
+_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def loss_bits(loss: torch.Tensor) -> int:
+    """The raw bit pattern of a scalar loss in its own dtype, as a Python int (sign-extended)."""
+    first = loss.detach().reshape(-1)[:1].contiguous()
+    return int(first.view(_INT_OF_WIDTH[first.element_size()]).item())
+
+
+def table_words(table: torch.Tensor) -> tuple[int, int]:
+    """Two signed 64-bit words of a hash of a fingerprint table (compact enough to gather)."""
+    raw = table.detach().to("cpu", torch.int64).contiguous().reshape(-1).view(torch.uint8)
+    digest = hashlib.blake2b(bytes(raw.tolist()), digest_size=16).digest()
+    low, high = struct.unpack("<qq", digest)
+    return low, high
+
+
+def outcome_of(loss: torch.Tensor, grad_table: torch.Tensor | None, grads_finite: bool) -> Outcome:
+    """Reduce a computation (loss, gradient fingerprint table) to an :class:`Outcome`."""
+    loss_finite = bool(torch.isfinite(loss.detach()).all())
+    words = table_words(grad_table) if grad_table is not None else (0, 0)
+    return Outcome(
+        loss_bits=loss_bits(loss), grad_digest=words, finite=loss_finite and grads_finite
+    )
+
+
+def grads_finite(grads: list[torch.Tensor | None]) -> bool:
+    """Whether the squared L2 norm over the gradients is finite (as check 1 measures it)."""
+    norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads if g is not None]
+    if not norms:
+        return True
+    return bool(torch.isfinite(torch.stack(norms).square().sum()))  # one device sync
+
+
+class Replayer:
+    """Runs replays of any rank's micro-batch on the bare module of a DDP model."""
+
+    def __init__(self, module: nn.Module, params: list[nn.Parameter], compute_loss: ComputeLoss):
+        """``params`` is the ordered list whose gradients are fingerprinted (the guard's table)."""
+        self.module = module
+        self.params = params
+        self.compute_loss = compute_loss
+        self.forward_buffers: list[torch.Tensor] | None = None
+        """Buffers as they were when this step's training forward began (None: use current)."""
+
+    def snapshot_buffers(self) -> None:
+        """Remember the module's buffers as they are now (called just before the training forward)."""
+        self.forward_buffers = [b.detach().clone() for b in self.module.buffers()]
+
+    def replay(self, batch: Any, *, seed: int, deterministic: bool) -> Outcome:
+        """Recompute ``batch`` with RNG ``seed``; restore grads, buffers and RNG afterwards."""
+        saved_grads = [p.grad for p in self.params]
+        buffers = list(self.module.buffers())
+        saved_buffers = [b.detach().clone() for b in buffers]
+        saved_rng = RngState.capture()
+        try:
+            if self.forward_buffers is not None:
+                with torch.no_grad():
+                    for buf, value in zip(buffers, self.forward_buffers, strict=True):
+                        buf.copy_(value)
+            for p in self.params:
+                p.grad = None
+            seed_all(seed)
+            with deterministic_kernels(deterministic):
+                loss = self.compute_loss(self.module, batch)
+                loss.backward()
+            grads = [p.grad for p in self.params]
+            table = fingerprints(grads) if deterministic else None
+            return outcome_of(loss, table, grads_finite(grads))
+        finally:
+            for p, g in zip(self.params, saved_grads, strict=True):
+                p.grad = g
+            with torch.no_grad():
+                for buf, value in zip(buffers, saved_buffers, strict=True):
+                    buf.copy_(value)
+            saved_rng.restore()
