@@ -154,8 +154,16 @@ def run_generic(plan: Plan, bits: list[torch.Tensor | None], out: torch.Tensor) 
     """
     for number, batch in enumerate(plan.batches):
         parts = [bits[p.index][p.start : p.start + p.length] for p in batch]  # type: ignore[index]
-        values = torch.cat(parts).to(torch.int64)
+        values = torch.cat(parts).to(torch.int64) if len(parts) > 1 else parts[0].to(torch.int64)
         positions = _arange(plan, "positions", plan.tuning.generic_batch, start=1)
+        if len(batch) == 1:
+            # One piece (a small tensor on its own, or a tail): two plain sums, fewer ops.
+            piece = batch[0]
+            weighted = (values * positions[: values.numel()]).sum()
+            plain = values.sum()
+            row = torch.stack([plain, weighted + piece.start * plain])
+            out[piece.index] += row
+            continue
         per_element = torch.stack([values, values * positions[: values.numel()]], dim=1)
         offsets = [0]
         for piece in batch:

@@ -29,9 +29,10 @@ from ._fingerprint_plan import CPU_TUNING, CUDA_TUNING, Plan, Signature, build_p
 _BITS_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 # Plans (layout, index tensors, row/column sum buffers) by (device, signature). A job
-# fingerprints the same few lists (weights, gradients) every time, so a handful is plenty.
+# fingerprints the same lists (weights, gradients) every time, and the comm hook fingerprints
+# gradients one at a time: one plan per distinct parameter shape, a few dozen in a model.
 _PLANS: OrderedDict[tuple[torch.device, Signature], Plan] = OrderedDict()
-_MAX_PLANS = 8
+_MAX_PLANS = 64
 # Plans and the shared scratch buffer are reused: one fingerprint pass at a time.
 _LOCK = threading.Lock()
 
