@@ -24,7 +24,6 @@ import torch
 
 from ._fingerprint_plan import Plan, combine_coefficients
 
-
 # One scratch buffer per device, shared by all plans: on a GPU it is tens of MiB, and the cached
 # plans of a job (weights, gradients) run one after another under fingerprint.py's lock.
 _SCRATCH: dict[torch.device, torch.Tensor] = {}
@@ -174,7 +173,9 @@ def run_generic(plan: Plan, bits: list[torch.Tensor | None], out: torch.Tensor) 
         # Batch position of element e of a piece is (start_in_batch + e); its position in the
         # tensor is (piece.start + e): subtract (start_in_batch - piece.start) * S0.
         shift = _index(
-            plan, f"batch{number}_shift", [o - p.start for o, p in zip(offsets, batch, strict=False)]
+            plan,
+            f"batch{number}_shift",
+            [o - p.start for o, p in zip(offsets, batch, strict=False)],
         )
         result = torch.stack([sums[:, 0], sums[:, 1] - shift * sums[:, 0]], dim=1)
         out.index_add_(0, _index(plan, f"batch{number}_rows", [p.index for p in batch]), result)

@@ -53,8 +53,7 @@ def _bit_patterns(tensor: torch.Tensor) -> torch.Tensor:
 def _signature(bits: Sequence[torch.Tensor]) -> Signature:
     """What the plan depends on: width, size and (16-bit) whether pairs can be viewed as int32."""
     return tuple(
-        (b.element_size(), b.numel(), _LITTLE_ENDIAN and b.storage_offset() % 2 == 0)
-        for b in bits
+        (b.element_size(), b.numel(), _LITTLE_ENDIAN and b.storage_offset() % 2 == 0) for b in bits
     )
 
 
