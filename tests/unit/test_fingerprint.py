@@ -254,3 +254,31 @@ def test_tuning_rejects_sizes_that_would_break_exactness():
         Tuning(lanes_per_row=4, rows_per_chunk=2**15 + 1, min_fast_lanes=4, generic_batch=4)
     with pytest.raises(ValueError, match="min_fast_lanes"):
         Tuning(lanes_per_row=8, rows_per_chunk=4, min_fast_lanes=4, generic_batch=4)
+
+
+def test_backend_variable_is_validated_and_torch_is_always_available(monkeypatch, tiny_tuning):
+    # Given a misspelt backend choice
+    monkeypatch.setenv("SDC_FINGERPRINT_BACKEND", "cuda-fast")
+    # Then fingerprinting fails with a message naming the variable and the choices
+    with pytest.raises(ValueError, match="SDC_FINGERPRINT_BACKEND must be one of auto, torch"):
+        fingerprints([torch.ones(3)])
+    # And when the torch path is chosen explicitly, the result is the definition
+    monkeypatch.setenv("SDC_FINGERPRINT_BACKEND", "torch")
+    tensor = random_tensor(torch.bfloat16, 77, torch.Generator().manual_seed(6))
+    assert fingerprint(tensor).tolist() == reference(tensor)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_serial_and_threaded_chunk_loops_agree_with_the_definition(tiny_tuning, threads):
+    # Given the chunk loop run in the caller's thread (1 intra-op thread) or on workers (2)
+    g = torch.Generator().manual_seed(8)
+    tensors = [random_tensor(torch.float32, 301, g), random_tensor(torch.float16, 402, g)]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        # When fingerprinted
+        table = fingerprints(tensors)
+    finally:
+        torch.set_num_threads(saved)
+    # Then the result is the definition either way
+    assert table.tolist() == [reference(t) for t in tensors]

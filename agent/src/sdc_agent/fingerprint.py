@@ -15,6 +15,8 @@ int64 (docs/performance.md has the measurements).
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -22,8 +24,16 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from . import _fingerprint_triton
 from ._fingerprint_fast import run_fast, run_generic
 from ._fingerprint_plan import CPU_TUNING, CUDA_TUNING, Plan, Signature, build_plan
+
+logger = logging.getLogger("sdc_agent")
+
+BACKEND_ENV = "SDC_FINGERPRINT_BACKEND"
+"""auto (default): the Triton kernel on GPUs when Triton is importable and agrees with the torch
+path on a self-check, else torch; torch: always the torch path; triton: always the kernel."""
+_BACKENDS = ("auto", "torch", "triton")
 
 # Signed integer dtypes by element width: the raw bit patterns we sum.
 _BITS_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -71,21 +81,79 @@ def _plan(device: torch.device, signature: Signature) -> Plan:
     return plan
 
 
+# Per device: whether the Triton kernel passed its self-check there.
+_TRITON_TRUSTED: dict[torch.device, bool] = {}
+
+
+def _backend(device: torch.device) -> str:
+    """'torch' or 'triton' for tensors on ``device`` (see BACKEND_ENV)."""
+    choice = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if choice not in _BACKENDS:
+        raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}, got {choice!r}")
+    if choice == "triton":
+        if not _fingerprint_triton.AVAILABLE:
+            raise ValueError(f"{BACKEND_ENV}=triton but Triton is not installed")
+        return "triton"
+    if choice == "torch" or device.type != "cuda" or not _fingerprint_triton.AVAILABLE:
+        return "torch"
+    if device not in _TRITON_TRUSTED:
+        _TRITON_TRUSTED[device] = _self_check(device)
+    return "triton" if _TRITON_TRUSTED[device] else "torch"
+
+
+def _self_check(device: torch.device) -> bool:
+    """Whether the Triton kernel matches the torch path on ``device`` (runs once; syncs once).
+
+    A wrong kernel would raise false alarms in every job, so it has to earn its place.
+    """
+    g = torch.Generator().manual_seed(12345)
+    sizes = [0, 1, 8191, 8192, 8193, 3 * 8192 + 5, 70_001]
+    raw = [torch.randint(-(2**31), 2**31, (n,), generator=g, dtype=torch.int32) for n in sizes]
+    raw += [torch.full((20_000,), v, dtype=torch.int32) for v in (2**31 - 1, -(2**31), -1)]
+    raw += [torch.randint(-(2**15), 2**15, (50_001,), generator=g).to(torch.int16)]
+    raw += [torch.randint(-(2**62), 2**62, (9_000,), generator=g, dtype=torch.int64)]
+    bits = [t.to(device) for t in raw]
+    try:
+        with _LOCK:
+            by_kernel = torch.zeros((len(bits), 2), dtype=torch.int64, device=device)
+            _fingerprint_triton.run_triton(bits, by_kernel)
+            by_torch = _run_torch(bits, device)
+        agree = bool(torch.equal(by_kernel, by_torch))
+    except Exception:  # a kernel that cannot even run is not trusted either
+        logger.warning(
+            "Triton fingerprint kernel failed on %s; using torch ops", device, exc_info=True
+        )
+        return False
+    if not agree:
+        logger.warning("Triton fingerprint kernel disagrees with torch ops on %s; not used", device)
+    return agree
+
+
+def _run_torch(bits: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The torch path (row/column kernel + generic kernel); caller holds the lock."""
+    out = torch.zeros((len(bits), 2), dtype=torch.int64, device=device)
+    plan = _plan(device, _signature(bits))
+    k = plan.tuning.lanes_per_row
+    lanes = []
+    for tensor in plan.fast:
+        flat = bits[tensor.index]
+        if tensor.pairs:
+            flat = flat[: 2 * tensor.rows * k].view(torch.int32)
+        lanes.append(flat[: tensor.rows * k].view(tensor.rows, k))
+    run_fast(plan, lanes, out)
+    run_generic(plan, list(bits), out)
+    return out
+
+
 def _fingerprint_same_device(bits: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The [len(bits), 2] table of tensors that all live on ``device``."""
-    out = torch.zeros((len(bits), 2), dtype=torch.int64, device=device)
+    backend = _backend(device)
     with _LOCK:
-        plan = _plan(device, _signature(bits))
-        k = plan.tuning.lanes_per_row
-        lanes = []
-        for tensor in plan.fast:
-            flat = bits[tensor.index]
-            if tensor.pairs:
-                flat = flat[: 2 * tensor.rows * k].view(torch.int32)
-            lanes.append(flat[: tensor.rows * k].view(tensor.rows, k))
-        run_fast(plan, lanes, out)
-        run_generic(plan, list(bits), out)
-    return out
+        if backend == "triton":
+            out = torch.zeros((len(bits), 2), dtype=torch.int64, device=device)
+            _fingerprint_triton.run_triton(bits, out)
+            return out
+        return _run_torch(bits, device)
 
 
 def fingerprint(tensor: torch.Tensor | None) -> torch.Tensor:
@@ -104,7 +172,9 @@ def fingerprints(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
 
     The table lives on the device of the first tensor (CPU when there is none), so it can go
     straight into a collective. Row i is ``fingerprint(tensors[i])``; None rows are (0, 0).
-    Nothing is read back to the host, so on a GPU the call only queues work.
+    Nothing is read back to the host, so on a GPU the call only queues work (the one exception:
+    the first call on a GPU with Triton installed compares the kernel with the torch path once).
+    Set SDC_FINGERPRINT_BACKEND to auto, torch or triton to choose the GPU path.
     """
     items = list(tensors)
     present = [(i, _bit_patterns(t)) for i, t in enumerate(items) if t is not None]
