@@ -146,8 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         default="100M",
         help="time the eager int64 algorithm only up to this many elements (it is ~20x slower)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "torch", "triton"],
+        default=os.environ.get("SDC_FINGERPRINT_BACKEND", "auto"),
+        help="GPU path (sets SDC_FINGERPRINT_BACKEND); the CPU always uses torch ops",
+    )
     parser.add_argument("--json", type=Path, help="write the summary here")
     args = parser.parse_args(argv)
+    os.environ["SDC_FINGERPRINT_BACKEND"] = args.backend
 
     sizes = [parse_size(s) for s in args.sizes.split(",")] + ([10**9] if args.large else [])
     dtypes = [d.strip() for d in args.dtypes.split(",")]
@@ -156,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--dtypes: unknown {unknown}; choose from {sorted(_DTYPES)}")
     threads = [int(t) for t in args.threads.split(",")]
     devices = [d for d in args.devices.split(",") if d == "cpu" or torch.cuda.is_available()]
+    if args.backend == "triton" and "cpu" in devices:
+        parser.error("--backend triton runs on GPUs only: add --devices cuda")
     reference_max = parse_size(args.reference_max)
 
     summary: dict[str, object] = {
@@ -166,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "loadavg_start": os.getloadavg(),
+            "gpu_backend": args.backend,
         },
         "results": [],
     }
