@@ -55,12 +55,13 @@ class Tuning:
             raise ValueError(f"generic_batch must be positive, got {self.generic_batch}")
 
 
-# Measured on a 2-core AMD EPYC (Zen 5, 1 MiB L2 per core, 32 MiB L3), one thread, best of 7:
-# 512K-lane chunks (2 MiB, plus 2 MiB scratch) 10.8 GB/s; 256K 8.5; 1M 10.3; 2M 7.1 (the
-# smaller pay per-op overhead, the larger fall out of cache). 1024-lane rows keep the per-row
-# finishing work at 1/1024 of the elements.
+# Measured on a 2-core AMD EPYC (Zen 5, 1 MiB L2 per core, 32 MiB L3), one thread, CPU time
+# over a 100M-element list, GB/s fp32/bf16: K=512 x 512 rows 8.4/8.6; 1024 x 256 7.9/8.1;
+# 256 x 1024 7.7/8.3; 128 x 2048 5.8/7.7. A 256K-lane chunk (1 MiB) and its scratch stay in L2;
+# shorter rows make column sums cheaper but the per-row finishing work (1/K of the elements)
+# dearer.
 CPU_TUNING = Tuning(
-    lanes_per_row=1024, rows_per_chunk=512, min_fast_lanes=1 << 15, generic_batch=1 << 20
+    lanes_per_row=512, rows_per_chunk=512, min_fast_lanes=1 << 15, generic_batch=1 << 20
 )
 # On a GPU each op costs a launch: bigger chunks (16M lanes, a 64 MiB scratch buffer) and only
 # really small tensors in the generic kernel. Not measured: no GPU was available (see
