@@ -6,11 +6,13 @@ Variants (each against plain DDP with the same model, batches and process group)
   audit100     ring replay audits every 100 steps with default kernels
   det_audit100 deterministic audits (gradient fingerprints compared) every 100 steps
   det_audit10  deterministic audits every 10 steps
-Runs are interleaved: every round runs plain DDP and each variant for the same N steps (a window
-holding exactly N/10 weight checks and N/100 audits), in one process group. The per-step time of
-a run is its wall time over N steps on rank 0 (DDP keeps the ranks in lock-step), so periodic
-checks are amortised as a training job pays them; the median single step is reported too. Each
-variant's overhead is the median over rounds of (variant / plain of the same round).
+Runs are interleaved step by step: every variant has its own DDP model (same initial weights)
+and, for each training step, plain DDP and every variant take that step in turn, so all of them
+see the same machine load at the same moment (a shared machine's load swings faster than a
+100-step run). A round is N consecutive steps (holding exactly N/10 weight checks and N/100
+audits); a variant's overhead is the median over rounds of (its time / plain's time over the
+same steps) on rank 0 (DDP keeps the ranks in lock-step), so periodic checks are amortised as a
+training job pays them. The mean and the median single step are reported too.
 
     python benchmarks/overhead.py                     # 3 nodes x 1 rank, 3 rounds of 100 steps
     python benchmarks/overhead.py --rounds 5 --json out.json
@@ -19,14 +21,12 @@ variant's overhead is the median over rounds of (variant / plain of the same rou
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,74 +81,83 @@ def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> 
     return F.cross_entropy(model(x), y)
 
 
-def _timed_batches(first: int, count: int, batch: int, stamps: list[float]) -> Iterator[Any]:
-    """Batches for steps first..first+count-1; records the time each one is asked for."""
-    rank = dist.get_rank()
-    for step in range(first, first + count):
-        stamps.append(time.perf_counter())
-        yield make_batch(step, rank, batch)
-    stamps.append(time.perf_counter())  # asked for one more: the last step is done
+class _Runner:
+    """One variant: its own DDP model (same initial weights), optimizer and, unless plain, guard."""
 
+    def __init__(self, name: str, width: int, depth: int, batch: int) -> None:
+        torch.manual_seed(0)  # identical initial weights on every rank and in every variant
+        self.name = name
+        self.batch = batch
+        self.ddp = nn.parallel.DistributedDataParallel(Mlp(width, depth))
+        self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
+        schedule = VARIANTS[name]
+        self.guard = None
+        if schedule is not None:
+            self.guard = sdc.Guard(
+                self.ddp,
+                self.optimizer,
+                compute_loss=compute_loss,
+                rebuild_batch=lambda step, rank: make_batch(step, rank, batch),
+                schedule=sdc.Schedule(
+                    **{"peer_offset": 1, "ckpt_every": 0, "check_on_start": False, **schedule}
+                ),
+            )
 
-def _plain(model: nn.Module, steps: int, batch: int) -> list[float]:
-    ddp = nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    stamps: list[float] = []
-    for b in _timed_batches(1, WARMUP + steps, batch, stamps):
-        loss = compute_loss(ddp, b)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return stamps
-
-
-def _guarded(model: nn.Module, schedule: dict[str, Any], steps: int, batch: int) -> list[float]:
-    ddp = nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    guard = sdc.Guard(
-        ddp,
-        optimizer,
-        compute_loss=compute_loss,
-        rebuild_batch=lambda step, rank: make_batch(step, rank, batch),
-        schedule=sdc.Schedule(peer_offset=1, ckpt_every=0, check_on_start=False, **schedule),
-    )
-    stamps: list[float] = []
-    alarm = guard.train(_timed_batches(1, WARMUP + steps, batch, stamps), start_step=1)
-    if alarm is not None:
-        raise RuntimeError(f"the guard raised an alarm in a fault-free run: {alarm.to_dict()}")
-    return stamps
+    def step(self, step: int) -> float:
+        """One training step (the body of Guard.train); returns its wall time in seconds."""
+        batch = make_batch(step, dist.get_rank(), self.batch)
+        start = time.perf_counter()
+        if self.guard is None:
+            compute_loss(self.ddp, batch).backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return time.perf_counter() - start
+        with self.guard.step(step) as guarded:
+            loss = compute_loss(self.ddp, batch)
+            loss.backward()
+            alarm = guarded.check_gradients(loss)
+            if alarm is None:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                alarm = guarded.after_update()
+        if alarm is not None:
+            raise RuntimeError(f"{self.name}: alarm in a fault-free run: {alarm.to_dict()}")
+        return time.perf_counter() - start
 
 
 def run_rounds(
     *, rounds: int, steps: int, width: int, depth: int, batch: int, variants: list[str]
 ) -> dict[str, Any]:
-    """On every rank: rounds x variants of ``steps`` timed steps; rank 0's step times."""
+    """On every rank: every variant steps in turn (plain, checks, ...) for each training step,
+    so all of them see the same load at the same moment; rank 0's step times per round."""
+    runners = [_Runner(v, width, depth, batch) for v in variants]
+    for step in range(1, WARMUP + 1):
+        for runner in runners:
+            runner.step(step)
     times: dict[str, list[list[float]]] = {v: [] for v in variants}
+    first = WARMUP + 1
     for _ in range(rounds):
-        for variant in variants:
-            torch.manual_seed(0)  # identical initial weights on every rank and in every run
-            model = Mlp(width, depth)
-            schedule = VARIANTS[variant]
-            if schedule is None:
-                stamps = _plain(model, steps, batch)
-            else:
-                stamps = _guarded(model, schedule, steps, batch)
-            measured = stamps[WARMUP:]
-            times[variant].append([b - a for a, b in itertools.pairwise(measured)])
-            dist.barrier()
+        # A window of `steps` consecutive steps holds steps/10 weight checks, steps/100 audits.
+        per_round: dict[str, list[float]] = {v: [] for v in variants}
+        for step in range(first, first + steps):
+            for runner in runners:
+                per_round[runner.name].append(runner.step(step))
+        for v in variants:
+            times[v].append(per_round[v])
+        first += steps
     params = sum(p.numel() for p in Mlp(width, depth).parameters())
     return {"rank": dist.get_rank(), "times": times, "params": params}
 
 
 def summarise(times: dict[str, list[list[float]]]) -> dict[str, dict[str, float]]:
-    """Per variant: median over rounds of the mean step, median single step, ratio to plain."""
-    plain_means = [statistics.fmean(run) for run in times["plain"]]
+    """Per variant: median over rounds of (its time / plain's time over the same steps), the
+    mean step (periodic checks amortised, as a job pays them) and the median single step."""
+    plain_totals = [sum(run) for run in times["plain"]]
     summary = {}
     for variant, runs in times.items():
-        means = [statistics.fmean(run) for run in runs]
-        ratios = [m / p for m, p in zip(means, plain_means, strict=True)]
+        ratios = [sum(run) / p for run, p in zip(runs, plain_totals, strict=True)]
         summary[variant] = {
-            "step_ms": round(statistics.median(means) * 1e3, 2),
+            "step_ms": round(statistics.median(statistics.fmean(r) for r in runs) * 1e3, 2),
             "median_step_ms": round(statistics.median(t for run in runs for t in run) * 1e3, 2),
             "overhead_pct": round((statistics.median(ratios) - 1) * 100, 2),
             "overhead_pct_per_round": [round((r - 1) * 100, 2) for r in ratios],
