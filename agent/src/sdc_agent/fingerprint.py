@@ -8,8 +8,9 @@ element of at most 32 bits): swaps and compensating changes are caught too.
 
 This definition is fixed (other parts compare tables across ranks and jobs). How it is computed
 is not: ``_fingerprint_plan`` lays the tensors out and ``_fingerprint_fast`` computes the sums
-from exact int32 row and column sums, about 20x faster on a CPU than widening every element to
-int64 (docs/performance.md has the measurements).
+from exact int32 row and column sums, 5-20x faster on a CPU than widening every element to
+int64; on a GPU with Triton, ``_fingerprint_triton`` reads each element once (docs/performance.md
+has the measurements).
 """
 
 from __future__ import annotations
