@@ -46,7 +46,7 @@ class _Workers:
     """CPU worker threads that each run torch ops single-threaded.
 
     Two threads streaming their own chunks beat one op at a time on two OpenMP threads: the
-    per-op fork/join costs more than the op on a 4 MiB chunk, and on a busy machine one
+    per-op fork/join is a large share of an op on a 1 MiB chunk, and on a busy machine one
     descheduled OpenMP thread stalls every op (measured 19.6 vs 14.0 GB/s on 2 cores). The
     pool is sized from ``torch.get_num_threads()``, so it never uses more cores than the job
     allows, and is rebuilt after a fork (a child inherits the pool object but not its threads).
