@@ -93,13 +93,19 @@ def _index(plan: Plan, name: str, values: list[int] | list[list[int]]) -> torch.
     return tensor
 
 
-def _arange(plan: Plan, name: str, n: int, start: int = 0) -> torch.Tensor:
-    """A cached int64 ramp start..start+n-1 (never rebuilt per chunk or per call)."""
-    tensor = plan.tensors.get(name)
-    if tensor is None:
-        tensor = torch.arange(start, start + n, dtype=torch.int64, device=plan.device)
-        plan.tensors[name] = tensor
-    return tensor
+# One int64 ramp 0, 1, 2, ... per device, shared by all plans and grown on demand: positions and
+# row numbers are slices of it, so no call (and no chunk) builds an arange, and 64 cached plans do
+# not hold 64 copies of a multi-MiB ramp.
+_RAMPS: dict[torch.device, torch.Tensor] = {}
+
+
+def _ramp(device: torch.device, start: int, n: int) -> torch.Tensor:
+    """The int64 values start..start+n-1 as a slice of the device's shared ramp."""
+    ramp = _RAMPS.get(device)
+    if ramp is None or ramp.numel() < start + n:
+        ramp = torch.arange(max(start + n, 1024), dtype=torch.int64, device=device)
+        _RAMPS[device] = ramp
+    return ramp[start : start + n]
 
 
 def _segment_sums(values: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -162,7 +168,7 @@ def run_fast(plan: Plan, lanes: list[torch.Tensor], out: torch.Tensor) -> None:
     cl = (col_b - (col_h << 16)).to(torch.int64)
 
     # Per row: h, l, and their products with the global row number; per tensor by segments.
-    rows_global = _arange(plan, "rows_global", plan.total_rows)
+    rows_global = _ramp(plan.device, 0, plan.total_rows)
     per_row = torch.stack([rh, rl, rh * rows_global, rl * rows_global], dim=1)
     row_starts = _index(plan, "row_starts", [t.first_row for t in plan.fast])
     row_ends = _index(plan, "row_ends", [t.first_row + t.rows for t in plan.fast])
@@ -173,7 +179,7 @@ def run_fast(plan: Plan, lanes: list[torch.Tensor], out: torch.Tensor) -> None:
     row_l_weighted = sums[:, 3] - row_starts * sum_l
 
     # Per chunk: sum_c c * colsum_c; per tensor by segments of its chunks.
-    columns = _arange(plan, "columns", k)
+    columns = _ramp(plan.device, 0, k)
     per_chunk = torch.stack([(ch * columns).sum(1), (cl * columns).sum(1)], dim=1)
     chunk_starts = _index(plan, "chunk_starts", [t.first_chunk for t in plan.fast])
     chunk_ends = _index(
@@ -204,16 +210,16 @@ def run_generic(plan: Plan, bits: list[torch.Tensor | None], out: torch.Tensor) 
     for number, batch in enumerate(plan.batches):
         parts = [bits[p.index][p.start : p.start + p.length] for p in batch]  # type: ignore[index]
         values = torch.cat(parts).to(torch.int64) if len(parts) > 1 else parts[0].to(torch.int64)
-        positions = _arange(plan, "positions", plan.tuning.generic_batch, start=1)
+        positions = _ramp(plan.device, 1, values.numel())
         if len(batch) == 1:
             # One piece (a small tensor on its own, or a tail): two plain sums, fewer ops.
             piece = batch[0]
-            weighted = (values * positions[: values.numel()]).sum()
+            weighted = (values * positions).sum()
             plain = values.sum()
             row = torch.stack([plain, weighted + piece.start * plain])
             out[piece.index] += row
             continue
-        per_element = torch.stack([values, values * positions[: values.numel()]], dim=1)
+        per_element = torch.stack([values, values * positions], dim=1)
         offsets = [0]
         for piece in batch:
             offsets.append(offsets[-1] + piece.length)
