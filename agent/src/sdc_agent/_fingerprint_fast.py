@@ -219,13 +219,18 @@ def run_generic(plan: Plan, bits: list[torch.Tensor | None], out: torch.Tensor) 
             row = torch.stack([plain, weighted + piece.start * plain])
             out[piece.index] += row
             continue
-        per_element = torch.stack([values, values * positions], dim=1)
         offsets = [0]
         for piece in batch:
             offsets.append(offsets[-1] + piece.length)
         starts = _index(plan, f"batch{number}_starts", offsets[:-1])
         ends = _index(plan, f"batch{number}_ends", offsets[1:])
-        sums = _segment_sums(per_element, starts, ends)
+        # Prefix sums after a leading zero, written in place: segment sums are differences of
+        # two entries, exact modulo 2**64 because the cumsum wraps the same way.
+        prefix = values.new_empty((2, values.numel() + 1))
+        prefix[:, 0] = 0
+        torch.cumsum(values, 0, out=prefix[0, 1:])
+        torch.cumsum(values * positions, 0, out=prefix[1, 1:])
+        sums = prefix[:, ends] - prefix[:, starts]  # [2, pieces]
         # Batch position of element e of a piece is (start_in_batch + e); its position in the
         # tensor is (piece.start + e): subtract (start_in_batch - piece.start) * S0.
         shift = _index(
@@ -233,5 +238,5 @@ def run_generic(plan: Plan, bits: list[torch.Tensor | None], out: torch.Tensor) 
             f"batch{number}_shift",
             [o - p.start for o, p in zip(offsets, batch, strict=False)],
         )
-        result = torch.stack([sums[:, 0], sums[:, 1] - shift * sums[:, 0]], dim=1)
+        result = torch.stack([sums[0], sums[1] - shift * sums[0]], dim=1)
         out.index_add_(0, _index(plan, f"batch{number}_rows", [p.index for p in batch]), result)
