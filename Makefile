@@ -38,6 +38,7 @@ synth: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/fingerprint.py
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/publish.py
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .pytest_cache

@@ -9,6 +9,7 @@ alarm = guard.train(batches, save_checkpoint=save_checkpoint)
 from . import faults
 from .alarm import Alarm, RankInfo, Verdict
 from .divergence import DivergenceReport, find_divergent_ranks
+from .exit import SDC_EXIT_CODE, exit_on_alarm
 from .fingerprint import fingerprint, fingerprints
 from .guard import Guard, GuardedStep
 from .publisher import NullPublisher, Publisher
@@ -16,6 +17,7 @@ from .schedule import Schedule
 from .topology import TopologyError, check_topology, rank_map
 
 __all__ = [
+    "SDC_EXIT_CODE",
     "Alarm",
     "DivergenceReport",
     "Guard",
@@ -27,6 +29,7 @@ __all__ = [
     "TopologyError",
     "Verdict",
     "check_topology",
+    "exit_on_alarm",
     "faults",
     "find_divergent_ranks",
     "fingerprint",

@@ -1,0 +1,231 @@
+"""What goes to CloudWatch, as plain data: the report and rank-map log events, the metric data.
+
+Pure functions, no AWS: the sender delivers a :class:`Delivery` and the spool stores one, so a
+spooled alarm is re-sent exactly as it was built. Names follow docs/CONTRACT.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from ..alarm import Alarm, RankInfo
+
+logger = logging.getLogger(__name__)
+
+RANKMAP_SCHEMA = "sdc.rankmap/v1"
+SPOOL_SCHEMA = "sdc.spool/v1"
+ALARM_METRICS = ("sdc_nonfinite_grad", "sdc_replay_mismatch", "sdc_divergent_tensors")
+AUDIT_PASS_METRIC = "sdc_audit_pass"
+WEIGHT_CHECK_PASS_METRIC = "sdc_weight_check_pass"
+
+# PutMetricData takes at most 1000 metrics per request.
+MAX_METRICS_PER_CALL = 1000
+# A log event may be at most 1 MiB including 26 bytes of overhead; stay well below it.
+MAX_EVENT_BYTES = 900 * 1024
+
+DeliveryKind = Literal["alarm", "rankmap"]
+
+
+def utc_now_iso(now: datetime | None = None) -> str:
+    """ISO 8601 UTC with milliseconds and a ``Z``: the ``time`` field of every event."""
+    now = now or datetime.now(UTC)
+    return now.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def named_ranks(alarm: Alarm) -> list[int]:
+    """The ranks an alarm names: its suspects and its non-finite ranks, sorted, no repeats."""
+    return sorted(set(alarm.suspects or []) | set(alarm.nonfinite))
+
+
+def named_nodes(alarm: Alarm) -> list[str]:
+    """The nodes of the ranks an alarm names, sorted, from the alarm's own rank map."""
+    nodes = set()
+    for rank in named_ranks(alarm):
+        info = alarm.ranks.get(str(rank))
+        if info is None:
+            # The report still carries the rank; only its per-node series cannot be written.
+            logger.warning("sdc: alarm names rank %s but carries no placement for it", rank)
+            continue
+        nodes.add(info.node_name)
+    return sorted(nodes)
+
+
+def report_event(alarm: Alarm, cluster: str, job: str, time: str) -> dict[str, Any]:
+    """The report: ``Alarm.to_dict()`` plus ``cluster``, ``job`` and ``time``."""
+    return {**alarm.to_dict(), "cluster": cluster, "job": job, "time": time}
+
+
+def rankmap_events(
+    ranks: dict[int, RankInfo], cluster: str, job: str, time: str
+) -> list[dict[str, Any]]:
+    """The ``sdc.rankmap/v1`` event(s) for every rank's placement.
+
+    One event up to ~6,000 ranks; a larger job's map is split into several complete events of
+    the same schema (each a subset of ``ranks``) because a log event is limited to 1 MiB.
+    """
+    entries = [(str(rank), ranks[rank].to_dict()) for rank in sorted(ranks)]
+    events: list[dict[str, Any]] = []
+    part: dict[str, Any] = {}
+    size = 0
+    for key, value in entries:
+        entry_size = len(json.dumps({key: value})) + 2
+        if part and size + entry_size > MAX_EVENT_BYTES:
+            events.append(part)
+            part, size = {}, 0
+        part[key] = value
+        size += entry_size
+    events.append(part)
+    return [
+        {"schema": RANKMAP_SCHEMA, "cluster": cluster, "job": job, "time": time, "ranks": part}
+        for part in events
+    ]
+
+
+def alarm_metric_data(alarm: Alarm, cluster: str, job: str) -> list[dict[str, Any]]:
+    """PutMetricData entries (without Timestamp) for one alarm.
+
+    The alarm's count on the {ClusterName} series, which the deployed CloudWatch alarms watch,
+    and the same count on {ClusterName, JobName, NodeName} for every node the alarm names, which
+    the localize step lists. High resolution (1 s) so a 10 s alarm period sees it.
+    """
+    base = {
+        "MetricName": alarm.metric_name,
+        "Value": float(alarm.metric_value),
+        "Unit": "Count",
+        "StorageResolution": 1,
+    }
+    data = [{**base, "Dimensions": [{"Name": "ClusterName", "Value": cluster}]}]
+    for node in named_nodes(alarm):
+        dimensions = [
+            {"Name": "ClusterName", "Value": cluster},
+            {"Name": "JobName", "Value": job},
+            {"Name": "NodeName", "Value": node},
+        ]
+        data.append({**base, "Dimensions": dimensions})
+    return data
+
+
+def liveness_metric_data(
+    cluster: str, job: str, audit_passes: int, weight_check_passes: int
+) -> list[dict[str, Any]]:
+    """PutMetricData entries (without Timestamp) for a batch of passing checks.
+
+    Standard resolution: the batch covers a minute, and a dashboard reads it per minute.
+    """
+    dimensions = [{"Name": "ClusterName", "Value": cluster}, {"Name": "JobName", "Value": job}]
+    return [
+        {
+            "MetricName": name,
+            "Value": float(value),
+            "Unit": "Count",
+            "StorageResolution": 60,
+            "Dimensions": dimensions,
+        }
+        for name, value in (
+            (AUDIT_PASS_METRIC, audit_passes),
+            (WEIGHT_CHECK_PASS_METRIC, weight_check_passes),
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One thing to deliver: a log event and/or metric data, and what is still to send.
+
+    ``message`` is the log event's JSON text; ``metrics`` the PutMetricData entries without a
+    Timestamp. The sender stamps both with the time it actually sends them: a spooled alarm
+    re-sent an hour later must still reach the alarm's current evaluation window (the report's
+    own ``time`` keeps the moment of detection). A part already delivered is set to None / ().
+    """
+
+    kind: DeliveryKind
+    log_group: str
+    log_stream: str
+    namespace: str
+    message: str | None = None
+    metrics: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def done(self) -> bool:
+        """True when nothing is left to send."""
+        return self.message is None and not self.metrics
+
+    def without_message(self) -> Delivery:
+        """This delivery once its log event went through."""
+        return replace(self, message=None)
+
+    def without_metrics(self) -> Delivery:
+        """This delivery once its metric data went through."""
+        return replace(self, metrics=())
+
+    def to_record(self) -> dict[str, Any]:
+        """The spool's JSON record (``sdc.spool/v1``)."""
+        return {
+            "schema": SPOOL_SCHEMA,
+            "kind": self.kind,
+            "log_group": self.log_group,
+            "log_stream": self.log_stream,
+            "namespace": self.namespace,
+            "message": self.message,
+            "metrics": list(self.metrics),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Delivery:
+        """Parse a spool record; ValueError when it is not one."""
+        if not isinstance(record, dict) or record.get("schema") != SPOOL_SCHEMA:
+            raise ValueError(f"not an {SPOOL_SCHEMA} record")
+        kind = record.get("kind")
+        if kind not in ("alarm", "rankmap"):
+            raise ValueError(f"unknown spool record kind {kind!r}")
+        message = record.get("message")
+        metrics = record.get("metrics") or []
+        if message is not None and not isinstance(message, str):
+            raise ValueError("spool record message must be a string or null")
+        if not isinstance(metrics, list) or not all(isinstance(m, dict) for m in metrics):
+            raise ValueError("spool record metrics must be a list of objects")
+        for key in ("log_group", "log_stream", "namespace"):
+            if not isinstance(record.get(key), str) or not record[key]:
+                raise ValueError(f"spool record {key} must be a non-empty string")
+        return cls(
+            kind=kind,
+            log_group=record["log_group"],
+            log_stream=record["log_stream"],
+            namespace=record["namespace"],
+            message=message,
+            metrics=tuple(metrics),
+        )
+
+
+def alarm_delivery(
+    alarm: Alarm, *, cluster: str, job: str, namespace: str, log_group: str, time: str
+) -> Delivery:
+    """Everything one alarm publishes: its report event and its metric data."""
+    return Delivery(
+        kind="alarm",
+        log_group=log_group,
+        log_stream=job,
+        namespace=namespace,
+        message=json.dumps(report_event(alarm, cluster, job, time), separators=(",", ":")),
+        metrics=tuple(alarm_metric_data(alarm, cluster, job)),
+    )
+
+
+def rankmap_deliveries(
+    ranks: dict[int, RankInfo], *, cluster: str, job: str, namespace: str, log_group: str, time: str
+) -> list[Delivery]:
+    """The rank map's log event(s); no metrics."""
+    return [
+        Delivery(
+            kind="rankmap",
+            log_group=log_group,
+            log_stream=job,
+            namespace=namespace,
+            message=json.dumps(event, separators=(",", ":")),
+        )
+        for event in rankmap_events(ranks, cluster, job, time)
+    ]

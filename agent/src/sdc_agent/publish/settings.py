@@ -1,0 +1,201 @@
+"""What the CloudWatch publisher needs to know, from arguments or the pod's environment.
+
+A HyperPod EKS training pod has no standard variable for the cluster or the job, so the agent
+reads its own (``SDC_*``) and falls back to what a Kubeflow PyTorchJob pod always has: its pod
+name ``<job>-<replica type>-<index>`` (POD_NAME from the downward API, else HOSTNAME). Arguments
+win over the environment. Every value is validated here, once, with an error that names it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+ENV_CLUSTER_NAME = "SDC_CLUSTER_NAME"
+ENV_JOB_NAME = "SDC_JOB_NAME"
+ENV_NAMESPACE = "SDC_METRIC_NAMESPACE"
+ENV_LOG_GROUP = "SDC_LOG_GROUP"
+ENV_SPOOL_DIR = "SDC_SPOOL_DIR"
+ENV_SPOOL_MAX_BYTES = "SDC_SPOOL_MAX_BYTES"
+
+DEFAULT_NAMESPACE = "SDC"
+DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
+
+# Kubeflow's training operator names a replica's pod "<job>-<replica type>-<index>".
+_KUBEFLOW_POD = re.compile(r"^(?P<job>.+)-(?:master|worker|launcher)-\d+$")
+# CloudWatch Logs: log group names are [.-_/#A-Za-z0-9]{1,512}; stream names exclude ':' and '*'.
+_LOG_GROUP = re.compile(r"^[.\-_/#A-Za-z0-9]{1,512}$")
+_MAX_DIMENSION_VALUE = 1024
+
+
+class PublishConfigError(ValueError):
+    """The publisher's configuration is missing or invalid; the message names the value."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the background sender retries one AWS call before it spools the alarm."""
+
+    attempts: int = 4
+    """Calls per request, the first included; 1 disables retries."""
+    base_delay: float = 0.25
+    """Seconds; the backoff before retry n is uniform in [0, min(max_delay, base_delay * 2**n)]."""
+    max_delay: float = 5.0
+    """Upper bound of one backoff, in seconds."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise PublishConfigError(
+                f"RetryPolicy.attempts must be an integer >= 1, got {self.attempts!r}"
+            )
+        for name in ("base_delay", "max_delay"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise PublishConfigError(
+                    f"RetryPolicy.{name} must be a finite number >= 0, got {value!r}"
+                )
+
+
+@dataclass(kw_only=True, frozen=True)
+class PublishSettings:
+    """Validated configuration of a CloudWatchPublisher (see :meth:`from_env`)."""
+
+    cluster_name: str
+    """The HyperPod cluster: the ClusterName dimension and the log group ``/sdc/<cluster>``."""
+    job_name: str
+    """The training job: the JobName dimension and the log stream."""
+    namespace: str = DEFAULT_NAMESPACE
+    """CloudWatch metric namespace."""
+    log_group: str = ""
+    """CloudWatch Logs group for reports and the rank map; empty means ``/sdc/<cluster_name>``."""
+    region: str | None = None
+    """AWS region; from_env takes AWS_REGION; None lets boto3 resolve it (AWS_DEFAULT_REGION,
+    config files)."""
+    spool_dir: str = field(default_factory=lambda: default_spool_dir())
+    """Directory of the local spool for alarms that could not be sent."""
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    """The spool refuses records beyond this total size (the report is then logged instead)."""
+    queue_size: int = 1000
+    """Deliveries waiting for the sender; beyond it an alarm is spooled by the caller."""
+    liveness_interval: float = 60.0
+    """Seconds between two liveness PutMetricData calls (at most one per interval)."""
+    connect_timeout: float = 2.0
+    """Seconds to open a connection to AWS before the attempt counts as failed."""
+    read_timeout: float = 5.0
+    """Seconds to wait for AWS to answer before the attempt counts as failed."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Retries of each AWS call in the background sender."""
+
+    def __post_init__(self) -> None:
+        _require_text("cluster_name", ENV_CLUSTER_NAME, self.cluster_name, _MAX_DIMENSION_VALUE)
+        if not _LOG_GROUP.match(f"/sdc/{self.cluster_name}"):
+            raise PublishConfigError(
+                f"cluster_name ({ENV_CLUSTER_NAME}) may only hold letters, digits and . - _ # "
+                f"(it names the log group /sdc/<cluster>), got {self.cluster_name!r}"
+            )
+        _require_text("job_name", ENV_JOB_NAME, self.job_name, 512)
+        if ":" in self.job_name or "*" in self.job_name:
+            raise PublishConfigError(
+                f"job_name ({ENV_JOB_NAME}) names the log stream and may not contain ':' or '*', "
+                f"got {self.job_name!r}"
+            )
+        _require_text("namespace", ENV_NAMESPACE, self.namespace, 255)
+        if self.namespace.startswith("AWS/"):
+            raise PublishConfigError(
+                f"namespace ({ENV_NAMESPACE}) may not start with 'AWS/', got {self.namespace!r}"
+            )
+        if not self.log_group:
+            object.__setattr__(self, "log_group", f"/sdc/{self.cluster_name}")
+        if not _LOG_GROUP.match(self.log_group):
+            raise PublishConfigError(
+                f"log_group ({ENV_LOG_GROUP}) must be 1-512 of letters, digits and . - _ / #, "
+                f"got {self.log_group!r}"
+            )
+        _require_text("spool_dir", ENV_SPOOL_DIR, self.spool_dir, 4096)
+        for name, minimum in (("spool_max_bytes", 1), ("queue_size", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise PublishConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        for name in ("liveness_interval", "connect_timeout", "read_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise PublishConfigError(f"{name} must be a positive number, got {value!r}")
+        if not isinstance(self.retry, RetryPolicy):
+            raise PublishConfigError(f"retry must be a RetryPolicy, got {self.retry!r}")
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        cluster_name: str | None = None,
+        job_name: str | None = None,
+        namespace: str | None = None,
+        log_group: str | None = None,
+        region: str | None = None,
+        spool_dir: str | None = None,
+        **options: object,
+    ) -> PublishSettings:
+        """Settings from arguments, falling back to the environment a HyperPod EKS pod has.
+
+        ``env`` defaults to ``os.environ``. ``options`` are the other fields, passed through.
+        Raises PublishConfigError naming the argument and the variable when a value is missing.
+        """
+        env = os.environ if env is None else env
+        cluster = cluster_name or env.get(ENV_CLUSTER_NAME, "").strip()
+        if not cluster:
+            raise PublishConfigError(
+                f"the cluster name is missing: pass cluster_name=... or set {ENV_CLUSTER_NAME} "
+                "(the HyperPod cluster's name)"
+            )
+        job = job_name or env.get(ENV_JOB_NAME, "").strip() or job_from_pod_name(env)
+        if not job:
+            raise PublishConfigError(
+                f"the job name is missing: pass job_name=... or set {ENV_JOB_NAME} (for a "
+                "PyTorchJob, from the pod label training.kubeflow.org/job-name via the downward "
+                "API); POD_NAME/HOSTNAME did not look like a Kubeflow replica '<job>-worker-<n>'"
+            )
+        if "spool_max_bytes" not in options and env.get(ENV_SPOOL_MAX_BYTES):
+            raw = env[ENV_SPOOL_MAX_BYTES]
+            try:
+                options["spool_max_bytes"] = int(raw)
+            except ValueError:
+                raise PublishConfigError(
+                    f"{ENV_SPOOL_MAX_BYTES} must be an integer number of bytes, got {raw!r}"
+                ) from None
+        return cls(
+            cluster_name=cluster,
+            job_name=job,
+            namespace=namespace or env.get(ENV_NAMESPACE, "").strip() or DEFAULT_NAMESPACE,
+            log_group=log_group or env.get(ENV_LOG_GROUP, "").strip(),
+            # boto3 reads only AWS_DEFAULT_REGION; the other SDKs (and the EKS webhooks) also set
+            # AWS_REGION, which wins over it there, so it wins here too.
+            region=region or env.get("AWS_REGION", "").strip() or None,
+            spool_dir=spool_dir or env.get(ENV_SPOOL_DIR, "").strip() or default_spool_dir(),
+            **options,  # type: ignore[arg-type]
+        )
+
+
+def default_spool_dir() -> str:
+    """``<temp dir>/sdc-spool``: local to the pod unless SDC_SPOOL_DIR points at a volume."""
+    return os.path.join(tempfile.gettempdir(), "sdc-spool")
+
+
+def job_from_pod_name(env: Mapping[str, str]) -> str:
+    """The job name in a Kubeflow replica's pod name (POD_NAME, else HOSTNAME), or ''."""
+    pod = env.get("POD_NAME", "").strip() or env.get("HOSTNAME", "").strip()
+    match = _KUBEFLOW_POD.match(pod)
+    return match.group("job") if match else ""
+
+
+def _require_text(name: str, variable: str, value: object, max_len: int) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise PublishConfigError(f"{name} ({variable}) must be a non-empty string, got {value!r}")
+    if len(value) > max_len:
+        raise PublishConfigError(
+            f"{name} ({variable}) must be at most {max_len} characters, got {len(value)}"
+        )

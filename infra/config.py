@@ -1,0 +1,412 @@
+"""The deployment's settings: read once from cdk.json context (environment variables may
+override), validated into a frozen dataclass, handed down to the constructs.
+
+Every problem is reported as a `ConfigError` that names the context key (and the environment
+variable that can set it), so `npx cdk synth` fails with one line a user can act on. Constructs
+never read context themselves: config flows one way, app.py -> SdcConfig -> constructs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+METRIC_NAMES: tuple[str, ...] = (
+    "sdc_nonfinite_grad",
+    "sdc_replay_mismatch",
+    "sdc_divergent_tensors",
+)
+"""The agent's alarm metrics (docs/CONTRACT.md, "Agent -> CloudWatch"): one deployed alarm each."""
+
+LIVENESS_METRIC_NAMES: tuple[str, ...] = ("sdc_audit_pass", "sdc_weight_check_pass")
+"""Counts the agent publishes per {ClusterName, JobName} while its checks run."""
+
+HEALTH_CHECK_TYPES: frozenset[str] = frozenset(
+    {"InstanceStress", "InstanceConnectivity", "MultiNodeTrainingValidation"}
+)
+"""The DeepHealthChecks values StartClusterHealthCheck accepts."""
+
+REPLACE_MODES: frozenset[str] = frozenset({"api", "label"})
+
+LOG_RETENTION_DAYS: tuple[int, ...] = (
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+    3288, 3653,
+)  # fmt: skip
+"""The retention periods CloudWatch Logs accepts, in days."""
+
+# Name patterns from the service APIs, so a typo fails at synth instead of at 3 a.m.
+_HYPERPOD_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # SageMaker ClusterName
+_HYPERPOD_ARN = re.compile(r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-z0-9]{12}$")
+_EKS_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")  # EKS CreateCluster name
+_NAMESPACE = re.compile(r"^[^:][^:]{0,254}$")  # CloudWatch namespace: no colon, 1..255 chars
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+_SG_ID = re.compile(r"^sg-[0-9a-f]{8,17}$")
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+ENV_PREFIX = "SDC_"
+"""Environment variables override context: key `maxNodesPerHour` <- `SDC_MAX_NODES_PER_HOUR`."""
+
+
+class ConfigError(ValueError):
+    """A context key is missing or has an invalid value; the message names the key."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class SdcConfig:
+    """Validated deployment settings (cdk.json context keys in parentheses)."""
+
+    hyperpod_cluster_name: str
+    """Name of the SageMaker HyperPod cluster to protect (`hyperPodClusterName`)."""
+    eks_cluster_name: str
+    """Name of the EKS cluster that orchestrates it (`eksClusterName`)."""
+    hyperpod_cluster_arn: str | None = None
+    """HyperPod cluster ARN; scopes the SageMaker IAM statements to that cluster. HyperPod ARNs
+    end in a generated id, not the name, so without it they cover `cluster/*` of this account
+    and region (`hyperPodClusterArn`)."""
+    namespace: str = "SDC"
+    """CloudWatch namespace the agent publishes to (`namespace`)."""
+    alarm_period_seconds: int = 10
+    """Alarm period; 10 or 30 (high resolution) or a multiple of 60 (`alarmPeriod`)."""
+    alarm_thresholds: Mapping[str, float] = field(
+        default_factory=lambda: dict.fromkeys(METRIC_NAMES, 1.0)
+    )
+    """Alarm fires when a period's Sum reaches this, per metric (`alarmThresholds`)."""
+    approval_timeout_seconds: int = 86400
+    """How long the workflow waits for a human decision before giving up (`approvalTimeout`)."""
+    health_checks: tuple[str, ...] = ("InstanceStress",)
+    """Deep health checks to run on a suspect (`healthChecks`)."""
+    health_check_timeout_seconds: int = 9000
+    """Give up waiting for the deep health check after this long (`healthCheckTimeout`)."""
+    health_check_poll_seconds: int = 300
+    """Interval between health-check polls (`healthCheckPollInterval`)."""
+    max_nodes_per_hour: int = 2
+    """Blast-radius guard: admissions per hour before the circuit opens (`maxNodesPerHour`)."""
+    max_fraction: float = 0.05
+    """Blast-radius guard: fraction of the cluster in remediation at once (`maxFraction`)."""
+    replace_mode: str = "api"
+    """`api` (BatchReplaceClusterNodes) or `label` (node-health-status label) (`replaceMode`)."""
+    notification_emails: tuple[str, ...] = ()
+    """Email addresses subscribed to the notification topic (`notificationEmails`)."""
+    dry_run: bool = False
+    """Run every step but only log cordon and replace (`dryRun`)."""
+    vpc_id: str | None = None
+    """VPC for the functions that call a private EKS endpoint (`vpcId`)."""
+    subnet_ids: tuple[str, ...] = ()
+    """Private subnets (with a route to AWS APIs) for those functions (`subnetIds`)."""
+    security_group_ids: tuple[str, ...] = ()
+    """Security groups allowed to reach the EKS endpoint; one is created if empty
+    (`securityGroupIds`)."""
+    liveness_job_name: str | None = None
+    """Job whose checks must keep running; enables the liveness alarm (`livenessJobName`)."""
+    liveness_window_seconds: int = 1800
+    """The liveness alarm fires when no check passed for this long (`livenessWindow`)."""
+    log_retention_days: int = 30
+    """Retention of the functions' and the workflow's log groups (`logRetentionDays`)."""
+
+    def __post_init__(self) -> None:
+        _check(
+            bool(_HYPERPOD_NAME.match(self.hyperpod_cluster_name)),
+            "hyperPodClusterName",
+            f"{self.hyperpod_cluster_name!r} is not a valid HyperPod cluster name (letters, digits, hyphens; at most 63)",
+        )
+        _check(
+            bool(_EKS_NAME.match(self.eks_cluster_name)),
+            "eksClusterName",
+            f"{self.eks_cluster_name!r} is not a valid EKS cluster name",
+        )
+        if self.hyperpod_cluster_arn is not None:
+            _check(
+                bool(_HYPERPOD_ARN.match(self.hyperpod_cluster_arn)),
+                "hyperPodClusterArn",
+                f"{self.hyperpod_cluster_arn!r} is not a HyperPod cluster ARN (arn:aws:sagemaker:REGION:ACCOUNT:cluster/ID)",
+            )
+        _check(
+            bool(_NAMESPACE.match(self.namespace)),
+            "namespace",
+            "must be 1-255 characters without ':'",
+        )
+        _check(
+            self.alarm_period_seconds in (10, 30)
+            or (self.alarm_period_seconds > 0 and self.alarm_period_seconds % 60 == 0),
+            "alarmPeriod",
+            f"{self.alarm_period_seconds} s: CloudWatch alarms take 10, 30 or a multiple of 60 seconds",
+        )
+        unknown = set(self.alarm_thresholds) - set(METRIC_NAMES)
+        _check(
+            not unknown,
+            "alarmThresholds",
+            f"unknown metric(s) {sorted(unknown)}; expected {list(METRIC_NAMES)}",
+        )
+        missing = set(METRIC_NAMES) - set(self.alarm_thresholds)
+        _check(not missing, "alarmThresholds", f"missing metric(s) {sorted(missing)}")
+        for metric, threshold in self.alarm_thresholds.items():
+            _check(
+                threshold > 0,
+                "alarmThresholds",
+                f"{metric}: threshold must be > 0, got {threshold}",
+            )
+        # Step Functions caps a task's timeout at the execution's one-year limit; less than a
+        # minute would expire before anyone could read the notification.
+        _check(
+            60 <= self.approval_timeout_seconds <= 365 * 86400,
+            "approvalTimeout",
+            f"{self.approval_timeout_seconds} s is outside 1 minute .. 365 days",
+        )
+        _check(bool(self.health_checks), "healthChecks", "needs at least one check")
+        bad_checks = set(self.health_checks) - HEALTH_CHECK_TYPES
+        _check(
+            not bad_checks,
+            "healthChecks",
+            f"unknown check(s) {sorted(bad_checks)}; expected some of {sorted(HEALTH_CHECK_TYPES)}",
+        )
+        _check(
+            self.health_check_timeout_seconds >= 60,
+            "healthCheckTimeout",
+            "must be at least 60 seconds",
+        )
+        _check(
+            1 <= self.health_check_poll_seconds <= self.health_check_timeout_seconds,
+            "healthCheckPollInterval",
+            "must be between 1 second and healthCheckTimeout",
+        )
+        _check(self.max_nodes_per_hour >= 1, "maxNodesPerHour", "must be at least 1")
+        _check(0 < self.max_fraction <= 1, "maxFraction", f"{self.max_fraction} is outside (0, 1]")
+        _check(
+            self.replace_mode in REPLACE_MODES,
+            "replaceMode",
+            f"{self.replace_mode!r}; expected one of {sorted(REPLACE_MODES)}",
+        )
+        for email in self.notification_emails:
+            _check(
+                bool(_EMAIL.match(email)),
+                "notificationEmails",
+                f"{email!r} is not an email address",
+            )
+        if self.vpc_id is not None:
+            _check(bool(_VPC_ID.match(self.vpc_id)), "vpcId", f"{self.vpc_id!r} is not a VPC id")
+            _check(bool(self.subnet_ids), "subnetIds", "is required when vpcId is set")
+        else:
+            _check(not self.subnet_ids, "vpcId", "is required when subnetIds is set")
+            _check(not self.security_group_ids, "vpcId", "is required when securityGroupIds is set")
+        for subnet in self.subnet_ids:
+            _check(bool(_SUBNET_ID.match(subnet)), "subnetIds", f"{subnet!r} is not a subnet id")
+        for group in self.security_group_ids:
+            _check(
+                bool(_SG_ID.match(group)),
+                "securityGroupIds",
+                f"{group!r} is not a security group id",
+            )
+        _check(
+            300 <= self.liveness_window_seconds <= 86400 and self.liveness_window_seconds % 60 == 0,
+            "livenessWindow",
+            "must be whole minutes between 5 minutes and 1 day (it is the alarm's period)",
+        )
+        _check(
+            self.log_retention_days in LOG_RETENTION_DAYS,
+            "logRetentionDays",
+            f"{self.log_retention_days}: CloudWatch Logs accepts {list(LOG_RETENTION_DAYS)}",
+        )
+
+    @property
+    def resource_prefix(self) -> str:
+        """Prefix of the physical names this stack sets (alarms, state machine)."""
+        return f"sdc-guard-{self.hyperpod_cluster_name}"
+
+    @property
+    def report_log_group(self) -> str:
+        """Log group where the agent writes its reports (docs/CONTRACT.md)."""
+        return f"/sdc/{self.hyperpod_cluster_name}"
+
+    @property
+    def approval_ttl_seconds(self) -> int:
+        """Approval records outlive the task token by a day, so a late CLI call finds the
+        record and says "expired" instead of "not found"."""
+        return self.approval_timeout_seconds + 86400
+
+    @property
+    def uses_vpc(self) -> bool:
+        """Whether the Kubernetes-facing functions run inside the configured VPC."""
+        return self.vpc_id is not None
+
+
+def _check(ok: bool, key: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"context key {key!r} ({env_name(key)}): {problem}")
+
+
+def env_name(key: str) -> str:
+    """Environment variable that overrides context `key` (camelCase -> SDC_UPPER_SNAKE)."""
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).upper()
+    return ENV_PREFIX + snake
+
+
+# ---- parsing raw context values --------------------------------------------------------------
+
+
+def _as_str(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected a non-empty string, got {value!r}"
+        )
+    return value.strip()
+
+
+def _as_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected an integer, got {value!r}"
+        )
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected an integer, got {value!r}"
+        ) from None
+
+
+def _as_float(key: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected a number, got {value!r}"
+        )
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected a number, got {value!r}"
+        ) from None
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ConfigError(
+        f"context key {key!r} ({env_name(key)}): expected true or false, got {value!r}"
+    )
+
+
+def _as_duration(key: str, value: Any) -> int:
+    """Seconds from an integer or a string with a unit: 600, "600s", "10m", "24h", "7d"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected seconds or a duration like '10m', '24h', got {value!r}"
+        )
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _as_list(key: str, value: Any) -> tuple[str, ...]:
+    """A JSON list, or a comma-separated string (what an environment variable can hold)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"context key {key!r} ({env_name(key)}): invalid JSON list: {exc}"
+                ) from None
+        else:
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected a list of strings, got {value!r}"
+        )
+    return tuple(item.strip() for item in value if item.strip())
+
+
+def _as_thresholds(key: str, value: Any) -> dict[str, float]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"context key {key!r} ({env_name(key)}): invalid JSON object: {exc}"
+            ) from None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return dict.fromkeys(METRIC_NAMES, float(value))
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected a number or an object per metric, got {value!r}"
+        )
+    # Metrics left out keep the default threshold of 1.
+    merged = dict.fromkeys(METRIC_NAMES, 1.0)
+    merged.update({str(k): _as_float(f"{key}.{k}", v) for k, v in value.items()})
+    return merged
+
+
+def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    def parse_optional(key: str, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return parse(key, value)
+
+    return parse_optional
+
+
+# context key -> (dataclass field, parser); the single table of what a user can set.
+KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "hyperPodClusterName": ("hyperpod_cluster_name", _as_str),
+    "eksClusterName": ("eks_cluster_name", _as_str),
+    "hyperPodClusterArn": ("hyperpod_cluster_arn", _optional(_as_str)),
+    "namespace": ("namespace", _as_str),
+    "alarmPeriod": ("alarm_period_seconds", _as_duration),
+    "alarmThresholds": ("alarm_thresholds", _as_thresholds),
+    "approvalTimeout": ("approval_timeout_seconds", _as_duration),
+    "healthChecks": ("health_checks", _as_list),
+    "healthCheckTimeout": ("health_check_timeout_seconds", _as_duration),
+    "healthCheckPollInterval": ("health_check_poll_seconds", _as_duration),
+    "maxNodesPerHour": ("max_nodes_per_hour", _as_int),
+    "maxFraction": ("max_fraction", _as_float),
+    "replaceMode": ("replace_mode", _as_str),
+    "notificationEmails": ("notification_emails", _as_list),
+    "dryRun": ("dry_run", _as_bool),
+    "vpcId": ("vpc_id", _optional(_as_str)),
+    "subnetIds": ("subnet_ids", _as_list),
+    "securityGroupIds": ("security_group_ids", _as_list),
+    "livenessJobName": ("liveness_job_name", _optional(_as_str)),
+    "livenessWindow": ("liveness_window_seconds", _as_duration),
+    "logRetentionDays": ("log_retention_days", _as_int),
+}
+REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
+
+assert {f for f, _ in KEYS.values()} == {f.name for f in fields(SdcConfig)}, "KEYS out of sync"
+
+
+def load_config(context: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> SdcConfig:
+    """Validate the CDK context (and `SDC_*` environment overrides) into an `SdcConfig`.
+
+    `context` holds the raw values (cdk.json "context" plus `-c key=value`); a key missing from
+    both context and environment keeps the dataclass default. Raises `ConfigError` naming the
+    first missing or invalid key.
+    """
+    environ = {} if environ is None else environ
+    values: dict[str, Any] = {}
+    for key, (attr, parse) in KEYS.items():
+        raw = environ.get(env_name(key))
+        if raw is None:
+            raw = context.get(key)
+        if raw is None:
+            if key in REQUIRED_KEYS:
+                raise ConfigError(
+                    f"context key {key!r} ({env_name(key)}) is required: set it in cdk.json, "
+                    f"with `npx cdk deploy -c {key}=...`, or in the environment"
+                )
+            continue
+        parsed = parse(key, raw)
+        if parsed is not None:
+            values[attr] = parsed
+    return SdcConfig(**values)

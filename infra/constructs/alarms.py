@@ -1,0 +1,152 @@
+"""CloudWatch alarms: the SDC alarms that start the workflow, the optional liveness alarm, and
+alarms on the pipeline itself (so a broken pipeline is not silent)."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra.config import LIVENESS_METRIC_NAMES, METRIC_NAMES, SdcConfig
+
+
+class SdcAlarms(Construct):
+    """One high-resolution alarm per SDC metric on the cluster-level {ClusterName} series.
+
+    The agent publishes only when a check fails, so no data means healthy (notBreaching). One
+    datapoint at or above the threshold is enough: each datapoint is already a confirmed finding.
+    These alarms have no actions; the EventBridge rule turns their ALARM transitions into
+    workflow executions.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: SdcConfig) -> None:
+        super().__init__(scope, construct_id)
+        self.alarms: dict[str, cloudwatch.Alarm] = {}
+        for metric_name in METRIC_NAMES:
+            metric = cloudwatch.Metric(
+                namespace=config.namespace,
+                metric_name=metric_name,
+                dimensions_map={"ClusterName": config.hyperpod_cluster_name},
+                statistic=cloudwatch.Stats.SUM,
+                period=cdk.Duration.seconds(config.alarm_period_seconds),
+            )
+            self.alarms[metric_name] = cloudwatch.Alarm(
+                self,
+                metric_name,
+                alarm_name=f"{config.resource_prefix}-{metric_name}",
+                alarm_description=(
+                    f"sdc-guard: {metric_name} on HyperPod cluster {config.hyperpod_cluster_name}; "
+                    "ALARM starts the remediation workflow"
+                ),
+                metric=metric,
+                threshold=config.alarm_thresholds[metric_name],
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                evaluation_periods=1,
+                datapoints_to_alarm=1,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+
+
+class LivenessAlarm(Construct):
+    """Fires when the named job published no passing audit or weight check for a whole window:
+    a job whose checks stopped running is unprotected. Notifies; never starts the workflow."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: SdcConfig,
+        job_name: str,
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        window = cdk.Duration.seconds(config.liveness_window_seconds)
+        passes = {
+            f"m{i}": cloudwatch.Metric(
+                namespace=config.namespace,
+                metric_name=name,
+                dimensions_map={"ClusterName": config.hyperpod_cluster_name, "JobName": job_name},
+                statistic=cloudwatch.Stats.SUM,
+                period=window,
+            )
+            for i, name in enumerate(LIVENESS_METRIC_NAMES)
+        }
+        self.alarm = cloudwatch.Alarm(
+            self,
+            "Alarm",
+            alarm_name=f"{config.resource_prefix}-liveness-{job_name}"[:255],
+            alarm_description=f"sdc-guard: no SDC check passed in job {job_name} for {window.to_human_string()}",
+            metric=cloudwatch.MathExpression(
+                expression=" + ".join(f"FILL({key}, 0)" for key in passes),
+                using_metrics=passes,
+                label="checks passed",
+                period=window,
+            ),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=1,
+            # No data at all is exactly the failure this alarm exists for.
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+        self.alarm.add_alarm_action(actions.SnsAction(topic))
+
+
+class PipelineAlarms(Construct):
+    """Alarms on the remediation pipeline: failed executions and undelivered alarm events."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: SdcConfig,
+        state_machine: sfn.IStateMachine,
+        dead_letter_queue: sqs.IQueue,
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        five_minutes = cdk.Duration.minutes(5)
+        self.workflow_failed = cloudwatch.Alarm(
+            self,
+            "WorkflowFailed",
+            alarm_name=f"{config.resource_prefix}-workflow-failed",
+            alarm_description="sdc-guard: a remediation execution failed, timed out or was aborted",
+            metric=cloudwatch.MathExpression(
+                expression="FILL(failed, 0) + FILL(timedout, 0) + FILL(aborted, 0)",
+                using_metrics={
+                    "failed": state_machine.metric_failed(period=five_minutes, statistic="Sum"),
+                    "timedout": state_machine.metric_timed_out(
+                        period=five_minutes, statistic="Sum"
+                    ),
+                    "aborted": state_machine.metric_aborted(period=five_minutes, statistic="Sum"),
+                },
+                label="unsuccessful executions",
+                period=five_minutes,
+            ),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.undelivered = cloudwatch.Alarm(
+            self,
+            "UndeliveredAlarmEvents",
+            alarm_name=f"{config.resource_prefix}-undelivered-alarm-events",
+            alarm_description=(
+                "sdc-guard: an SDC alarm event could not start the workflow (see the rule's dead-letter queue)"
+            ),
+            metric=dead_letter_queue.metric_approximate_number_of_messages_visible(
+                period=five_minutes, statistic="Maximum"
+            ),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        for alarm in (self.workflow_failed, self.undelivered):
+            alarm.add_alarm_action(actions.SnsAction(topic))

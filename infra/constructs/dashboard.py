@@ -1,0 +1,208 @@
+"""The operations dashboard: what the agent sees, whether its checks still run, what the
+workflow did, and which remediations are open."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra.config import LIVENESS_METRIC_NAMES, METRIC_NAMES, SdcConfig
+from infra.constructs.functions import POWERTOOLS_METRICS_NAMESPACE
+
+# Transitions after which the node is back in service or gone (the ledger closes the
+# remediation), and the ones that never opened one.
+CLOSING_TRANSITIONS = ("released", "replaced", "replaced_by_hyperpod")
+NOT_OPENING_TRANSITIONS = ("duplicate", "circuit_open", "ambiguous", "no_suspects")
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
+OPEN_REMEDIATIONS_QUERY = (
+    # The record step logs one "recorded" line per transition (pk = instance id). A node whose
+    # latest transition does not close its remediation is still cordoned and waiting for a human.
+    f'filter message = "recorded" and transition not in [{_quoted(NOT_OPENING_TRANSITIONS)}]\n'
+    "| stats latest(transition) as last_transition, latest(remediation_id) as remediation, "
+    "max(@timestamp) as since by pk\n"
+    f"| filter last_transition not in [{_quoted(CLOSING_TRANSITIONS)}]\n"
+    "| sort since desc"
+)
+
+_ONE_MINUTE = cdk.Duration.minutes(1)
+_FIVE_MINUTES = cdk.Duration.minutes(5)
+
+
+def search(
+    expression: str, statistic: str, period: cdk.Duration, label: str
+) -> cloudwatch.MathExpression:
+    """A CloudWatch SEARCH over a metric schema: one line per job/node, found at view time."""
+    return cloudwatch.MathExpression(
+        expression=f"SEARCH('{expression}', '{statistic}', {int(period.to_seconds())})",
+        using_metrics={},
+        label=label,
+        period=period,
+    )
+
+
+class Dashboard(Construct):
+    """One CloudWatch dashboard per protected cluster."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: SdcConfig,
+        alarms: Mapping[str, cloudwatch.IAlarm],
+        state_machine: sfn.IStateMachine,
+        functions: Sequence[lambda_.IFunction],
+        dead_letter_queue: sqs.IQueue,
+        record_log_group: logs.ILogGroup,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        cluster = config.hyperpod_cluster_name
+        self.dashboard = cloudwatch.Dashboard(
+            self,
+            "Dashboard",
+            dashboard_name=config.resource_prefix,
+            default_interval=cdk.Duration.hours(24),
+        )
+        self.dashboard.add_widgets(
+            cloudwatch.TextWidget(
+                markdown=(
+                    f"# sdc-guard: {cluster}\n"
+                    "Silent-data-corruption findings from the training jobs' agents, and what the "
+                    "remediation workflow did about them. Approve or reject pending replacements "
+                    "with `sdc-remediation pending` / `approve ID` / `reject ID [--release]`."
+                ),
+                width=24,
+                height=2,
+            )
+        )
+        # The cluster series the alarms watch, with their thresholds.
+        self.dashboard.add_widgets(
+            *(
+                cloudwatch.AlarmWidget(alarm=alarm, title=f"{name} (cluster)", width=8, height=6)
+                for name, alarm in alarms.items()
+            )
+        )
+        # The per-node series localize reads: which job and node each finding came from.
+        self.dashboard.add_widgets(
+            *(
+                cloudwatch.GraphWidget(
+                    title=f"{name} by job and node",
+                    left=[
+                        search(
+                            f'{{{config.namespace},ClusterName,JobName,NodeName}} ClusterName="{cluster}" MetricName="{name}"',
+                            "Sum",
+                            _ONE_MINUTE,
+                            label="",
+                        )
+                    ],
+                    width=8,
+                    height=6,
+                    statistic="Sum",
+                )
+                for name in METRIC_NAMES
+            )
+        )
+        # Liveness: a job whose checks stopped running is unprotected.
+        self.dashboard.add_widgets(
+            *(
+                cloudwatch.GraphWidget(
+                    title=f"{name} by job (liveness)",
+                    left=[
+                        search(
+                            f'{{{config.namespace},ClusterName,JobName}} ClusterName="{cluster}" MetricName="{name}"',
+                            "Sum",
+                            _FIVE_MINUTES,
+                            label="",
+                        )
+                    ],
+                    width=12,
+                    height=6,
+                )
+                for name in LIVENESS_METRIC_NAMES
+            )
+        )
+        # Workflow outcomes: executions, and the transitions the record step counted.
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Workflow executions",
+                left=[
+                    state_machine.metric_started(
+                        period=_FIVE_MINUTES, statistic="Sum", label="started"
+                    ),
+                    state_machine.metric_succeeded(
+                        period=_FIVE_MINUTES, statistic="Sum", label="succeeded"
+                    ),
+                    state_machine.metric_failed(
+                        period=_FIVE_MINUTES, statistic="Sum", label="failed"
+                    ),
+                    state_machine.metric_timed_out(
+                        period=_FIVE_MINUTES, statistic="Sum", label="timed out"
+                    ),
+                    dead_letter_queue.metric_approximate_number_of_messages_visible(
+                        period=_FIVE_MINUTES, statistic="Maximum", label="undelivered alarm events"
+                    ),
+                ],
+                width=8,
+                height=6,
+            ),
+            cloudwatch.GraphWidget(
+                title="Remediation transitions",
+                left=[
+                    # The record step counts each transition (metric name = transition) with
+                    # Powertools' service dimension and ClusterName.
+                    search(
+                        f'{{{POWERTOOLS_METRICS_NAMESPACE},ClusterName,service}} ClusterName="{cluster}"',
+                        "Sum",
+                        _FIVE_MINUTES,
+                        label="",
+                    )
+                ],
+                width=8,
+                height=6,
+            ),
+            cloudwatch.LogQueryWidget(
+                title="Open remediations (nodes cordoned, not yet released or replaced)",
+                log_group_names=[record_log_group.log_group_name],
+                query_string=OPEN_REMEDIATIONS_QUERY,
+                view=cloudwatch.LogQueryVisualizationType.TABLE,
+                width=8,
+                height=6,
+            ),
+        )
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Step function errors",
+                left=[fn.metric_errors(period=_FIVE_MINUTES, statistic="Sum") for fn in functions],
+                width=12,
+                height=6,
+            ),
+            cloudwatch.GraphWidget(
+                title="Step function throttles",
+                left=[
+                    fn.metric_throttles(period=_FIVE_MINUTES, statistic="Sum") for fn in functions
+                ],
+                width=12,
+                height=6,
+            ),
+        )
+
+    @property
+    def url(self) -> str:
+        """Console URL of the dashboard."""
+        stack = cdk.Stack.of(self)
+        return (
+            f"https://{stack.region}.console.aws.amazon.com/cloudwatch/home?region={stack.region}"
+            f"#dashboards/dashboard/{self.dashboard.dashboard_name}"
+        )

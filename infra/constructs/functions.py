@@ -1,0 +1,425 @@
+"""The workflow's Lambda functions: one base construct with the shared defaults, and the nine
+steps of docs/CONTRACT.md with exactly the permissions each one needs.
+
+Every function gets its own role (no AWS managed policies), its own log group (retention set,
+write access only to it), JSON logs, X-Ray tracing, the Powertools settings and the contract's
+environment. Code is the `lambdas/` folder; dependencies come from one locally bundled layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from infra import bundling, nag
+from infra.config import LOG_RETENTION_DAYS, SdcConfig
+from infra.constructs.ledger import BY_CLUSTER_INDEX
+
+RUNTIME = lambda_.Runtime.PYTHON_3_14  # the newest: cdk-nag L1 asks for it
+ARCHITECTURE = lambda_.Architecture.ARM_64  # Graviton: cheaper per ms; every wheel we need exists
+POWERTOOLS_SERVICE_NAME = "sdc-remediation"
+POWERTOOLS_METRICS_NAMESPACE = "SDCRemediation"
+LOOKBACK_SECONDS = 600
+
+assert RUNTIME.name == f"python{bundling.PYTHON_VERSION}", "layer wheels must match the runtime"
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What differs between the step functions."""
+
+    description: str
+    timeout_seconds: int = 30
+    memory_mb: int = 256
+    kubernetes: bool = False
+    """Talks to the EKS API: gets eks:DescribeCluster, an access entry, the VPC if configured."""
+    reserved_concurrency: int | None = None
+
+
+# docs/CONTRACT.md "Lambdas: layout": folder -> spec. The handler is `<folder>.handler.handler`.
+STEPS: dict[str, StepSpec] = {
+    "localize": StepSpec(
+        "Map an SDC alarm to suspect nodes (per-node metrics, reports, Kubernetes, HyperPod)",
+        timeout_seconds=120,
+        memory_mb=512,
+        kubernetes=True,
+    ),
+    "admit": StepSpec(
+        "Dedupe per node and apply the blast-radius guard before any cordon",
+        # One at a time: the guard counts open remediations and then admits; two concurrent
+        # admissions (two suspects in one Map, or two alarms at once) could both see room for
+        # one more. Throttled invocations are retried by the workflow (Lambda.TooManyRequests).
+        reserved_concurrency=1,
+    ),
+    "cordon": StepSpec("Cordon and label the suspect node", kubernetes=True),
+    "uncordon": StepSpec("Uncordon a node an approver released", kubernetes=True),
+    "start_health_check": StepSpec("Start a HyperPod deep health check on the suspect"),
+    "poll_health_check": StepSpec(
+        "Poll the deep health check (HyperPod and the node label)", kubernetes=True
+    ),
+    "request_approval": StepSpec("Store the task token under an approval id and notify"),
+    "replace": StepSpec("Replace the node (BatchReplaceClusterNodes or the health label)"),
+    "record": StepSpec("Record a transition in the ledger, emit a metric, notify"),
+}
+
+
+class StepFunction(Construct):
+    """One step's Lambda with the project's defaults (its own role and log group)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        folder: str,
+        spec: StepSpec,
+        code: lambda_.Code,
+        layer: lambda_.ILayerVersion,
+        environment: Mapping[str, str],
+        retention: logs.RetentionDays,
+        vpc: ec2.IVpc | None = None,
+        subnets: Sequence[ec2.ISubnet] = (),
+        security_groups: Sequence[ec2.ISecurityGroup] = (),
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.folder = folder
+        self.in_vpc = vpc is not None
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"sdc-guard {folder} step",
+        )
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            retention=retention,
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        self.log_group.grant_write(self.role)
+        if vpc is not None:
+            # What AWSLambdaVPCAccessExecutionRole grants, inline: the ENI calls have no
+            # resource-level permissions for Describe*, and the others act on ENIs Lambda names.
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="LambdaVpcNetworkInterfaces",
+                    actions=[
+                        "ec2:CreateNetworkInterface",
+                        "ec2:DescribeNetworkInterfaces",
+                        "ec2:DescribeSubnets",
+                        "ec2:DeleteNetworkInterface",
+                        "ec2:AssignPrivateIpAddresses",
+                        "ec2:UnassignPrivateIpAddresses",
+                    ],
+                    resources=["*"],
+                )
+            )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description=f"sdc-guard: {spec.description}",
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            code=code,
+            handler=f"{folder}.handler.handler",
+            layers=[layer],
+            role=self.role,
+            log_group=self.log_group,
+            logging_format=lambda_.LoggingFormat.JSON,
+            application_log_level_v2=lambda_.ApplicationLogLevel.INFO,
+            system_log_level_v2=lambda_.SystemLogLevel.WARN,
+            tracing=lambda_.Tracing.ACTIVE,
+            timeout=cdk.Duration.seconds(spec.timeout_seconds),
+            memory_size=spec.memory_mb,
+            reserved_concurrent_executions=spec.reserved_concurrency,
+            environment=dict(environment),
+            vpc=vpc,
+            vpc_subnets=ec2.SubnetSelection(subnets=list(subnets)) if vpc is not None else None,
+            security_groups=list(security_groups) if vpc is not None else None,
+        )
+
+
+class Functions(Construct):
+    """The nine step functions (`self.steps[folder]`) and their permissions."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: SdcConfig,
+        ledger: dynamodb.ITable,
+        approvals: dynamodb.ITable,
+        topic: sns.ITopic,
+        topic_key: kms.IKey,
+        state_machine_arn: str,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.layer = lambda_.LayerVersion(
+            self,
+            "Dependencies",
+            code=bundling.dependencies_layer_code(ARCHITECTURE),
+            compatible_runtimes=[RUNTIME],
+            compatible_architectures=[ARCHITECTURE],
+            description="sdc-guard Lambda dependencies (boto3 with HyperPod APIs, Powertools, kubernetes)",
+        )
+        code = bundling.handlers_code()
+        environment = self.environment(
+            config,
+            ledger=ledger,
+            approvals=approvals,
+            topic=topic,
+            state_machine_arn=state_machine_arn,
+        )
+
+        vpc, subnets, security_groups = self._network(config)
+        retention = log_retention(config.log_retention_days)
+        # The label replace mode patches the node through Kubernetes instead of the API.
+        self.kubernetes_steps = [
+            folder
+            for folder, spec in STEPS.items()
+            if spec.kubernetes or (folder == "replace" and config.replace_mode == "label")
+        ]
+        self.steps: dict[str, StepFunction] = {}
+        for folder, spec in STEPS.items():
+            in_vpc = folder in self.kubernetes_steps and vpc is not None
+            self.steps[folder] = StepFunction(
+                self,
+                _pascal(folder),
+                folder=folder,
+                spec=spec,
+                code=code,
+                layer=self.layer,
+                environment=environment,
+                retention=retention,
+                vpc=vpc if in_vpc else None,
+                subnets=subnets if in_vpc else (),
+                security_groups=security_groups if in_vpc else (),
+            )
+
+        self._grant(config, ledger=ledger, approvals=approvals, topic=topic, topic_key=topic_key)
+
+    def _grant(
+        self,
+        config: SdcConfig,
+        *,
+        ledger: dynamodb.ITable,
+        approvals: dynamodb.ITable,
+        topic: sns.ITopic,
+        topic_key: kms.IKey,
+    ) -> None:
+        """Each step's statements, on exact ARNs; each remaining wildcard acknowledged with its reason."""
+        stack = cdk.Stack.of(self)
+        hyperpod_arn = config.hyperpod_cluster_arn or stack.format_arn(
+            service="sagemaker", resource="cluster", resource_name="*"
+        )
+        eks_arn = stack.format_arn(
+            service="eks", resource="cluster", resource_name=config.eks_cluster_name
+        )
+        report_logs_arn = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"{config.report_log_group}:*",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+        # Explicit ARNs instead of table.grant()/topic.grant_publish(): those add `index/*` and
+        # `kms:GenerateDataKey*` wildcards; these are the exact resources and actions used.
+        # (TransactWriteItems is authorized per item as PutItem/UpdateItem/ConditionCheckItem.)
+        ledger_arns = [ledger.table_arn, f"{ledger.table_arn}/index/{BY_CLUSTER_INDEX}"]
+        ledger_rw = (
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+            "dynamodb:Query",
+            "dynamodb:ConditionCheckItem",
+        )
+        ledger_read = ("dynamodb:GetItem", "dynamodb:Query")
+
+        def allow(folder: str, sid: str, actions: Sequence[str], resources: Sequence[str]) -> None:
+            self.steps[folder].role.add_to_policy(
+                iam.PolicyStatement(sid=sid, actions=list(actions), resources=list(resources))
+            )
+
+        def allow_hyperpod(folder: str, sid: str, actions: Sequence[str]) -> None:
+            allow(folder, sid, actions, [hyperpod_arn])
+            if config.hyperpod_cluster_arn is None:
+                nag.acknowledge(
+                    self.steps[folder].role,
+                    nag.wildcard_resource_finding(self, hyperpod_arn),
+                    "HyperPod cluster ARNs end in a generated id, not the name; this account and "
+                    "region only. Set the hyperPodClusterArn context key to scope it to the one cluster",
+                )
+
+        def allow_notify(folder: str) -> None:
+            allow(folder, "Notify", ["sns:Publish"], [topic.topic_arn])
+            allow(
+                folder,
+                "EncryptNotifications",
+                ["kms:GenerateDataKey", "kms:Decrypt"],
+                [topic_key.key_arn],
+            )
+
+        allow(
+            "localize",
+            "ReadSdcMetrics",
+            ["cloudwatch:ListMetrics", "cloudwatch:GetMetricData"],
+            ["*"],
+        )
+        allow(
+            "localize",
+            "ReadAgentReports",
+            ["logs:FilterLogEvents", "logs:GetLogEvents"],
+            [report_logs_arn],
+        )
+        nag.acknowledge(
+            self.steps["localize"].role,
+            nag.wildcard_resource_finding(self, report_logs_arn),
+            "Read-only on the agent's report log group; the agent names one stream per training job at run time",
+        )
+        allow_hyperpod(
+            "localize",
+            "DescribeHyperPodNodes",
+            ["sagemaker:DescribeClusterNode", "sagemaker:ListClusterNodes"],
+        )
+
+        allow("admit", "Ledger", ledger_rw, ledger_arns)
+        allow_hyperpod("admit", "CountClusterNodes", ["sagemaker:ListClusterNodes"])
+
+        allow_hyperpod(
+            "start_health_check",
+            "StartDeepHealthCheck",
+            ["sagemaker:StartClusterHealthCheck", "sagemaker:DescribeClusterNode"],
+        )
+        allow_hyperpod(
+            "poll_health_check", "PollDeepHealthCheck", ["sagemaker:DescribeClusterNode"]
+        )
+
+        allow(
+            "request_approval",
+            "Approvals",
+            ["dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+            [approvals.table_arn],
+        )
+        allow("request_approval", "ReadLedger", ledger_read, ledger_arns)
+        allow_notify("request_approval")
+
+        allow_hyperpod(
+            "replace",
+            "ReplaceNode",
+            ["sagemaker:BatchReplaceClusterNodes", "sagemaker:DescribeClusterNode"],
+        )
+
+        allow("record", "Ledger", ledger_rw, ledger_arns)
+        allow_notify("record")
+
+        for folder in self.kubernetes_steps:
+            allow(folder, "DescribeEksCluster", ["eks:DescribeCluster"], [eks_arn])
+
+        for folder, step in self.steps.items():
+            reasons = [
+                "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) have no resource-level permissions"
+            ]
+            if folder == "localize":
+                reasons.append(
+                    "CloudWatch ListMetrics/GetMetricData have no resource-level permissions (read only)"
+                )
+            if step.in_vpc:
+                reasons.append(
+                    "the Lambda VPC network-interface calls have no resource-level permissions for Describe*"
+                )
+            nag.acknowledge(step.role, nag.ANY_RESOURCE, "; ".join(reasons))
+
+    @property
+    def kubernetes_roles(self) -> dict[str, iam.IRole]:
+        """Roles (by step folder) that need an EKS access entry in the `sdc-remediator` group."""
+        return {folder: self.steps[folder].role for folder in self.kubernetes_steps}
+
+    @staticmethod
+    def environment(
+        config: SdcConfig,
+        *,
+        ledger: dynamodb.ITable,
+        approvals: dynamodb.ITable,
+        topic: sns.ITopic,
+        state_machine_arn: str,
+    ) -> dict[str, str]:
+        """The environment docs/CONTRACT.md ("Lambdas: environment") promises every handler."""
+        return {
+            "HYPERPOD_CLUSTER_NAME": config.hyperpod_cluster_name,
+            "EKS_CLUSTER_NAME": config.eks_cluster_name,
+            "METRIC_NAMESPACE": config.namespace,
+            "REPORT_LOG_GROUP": config.report_log_group,
+            "LOOKBACK_SECONDS": str(LOOKBACK_SECONDS),
+            "LEDGER_TABLE": ledger.table_name,
+            "APPROVALS_TABLE": approvals.table_name,
+            "TOPIC_ARN": topic.topic_arn,
+            "MAX_NODES_PER_HOUR": str(config.max_nodes_per_hour),
+            "MAX_FRACTION": str(config.max_fraction),
+            "HEALTH_CHECKS": ",".join(config.health_checks),
+            "HEALTH_CHECK_TIMEOUT_SECONDS": str(config.health_check_timeout_seconds),
+            "REPLACE_MODE": config.replace_mode,
+            "APPROVAL_TTL_SECONDS": str(config.approval_ttl_seconds),
+            "DRY_RUN": "true" if config.dry_run else "false",
+            "STATE_MACHINE_ARN": state_machine_arn,
+            "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,
+            "POWERTOOLS_METRICS_NAMESPACE": POWERTOOLS_METRICS_NAMESPACE,
+            "LOG_LEVEL": "INFO",
+        }
+
+    def _network(
+        self, config: SdcConfig
+    ) -> tuple[ec2.IVpc | None, list[ec2.ISubnet], list[ec2.ISecurityGroup]]:
+        """The VPC placement for private EKS endpoints, from ids only (no lookup at synth)."""
+        if config.vpc_id is None:
+            return None, [], []
+        vpc = ec2.Vpc.from_vpc_attributes(
+            self, "Vpc", vpc_id=config.vpc_id, availability_zones=cdk.Fn.get_azs()
+        )
+        subnets = [
+            ec2.Subnet.from_subnet_id(self, f"Subnet{i}", subnet_id)
+            for i, subnet_id in enumerate(config.subnet_ids)
+        ]
+        groups: list[ec2.ISecurityGroup] = [
+            ec2.SecurityGroup.from_security_group_id(self, f"SecurityGroup{i}", group_id)
+            for i, group_id in enumerate(config.security_group_ids)
+        ]
+        if not groups:
+            # Outbound only: HTTPS to the EKS endpoint and the AWS APIs; nothing calls in.
+            groups = [
+                ec2.SecurityGroup(
+                    self,
+                    "SecurityGroup",
+                    vpc=vpc,
+                    description="sdc-guard functions calling the EKS API",
+                    allow_all_outbound=True,
+                )
+            ]
+        return vpc, subnets, groups
+
+
+def _pascal(folder: str) -> str:
+    return "".join(part.capitalize() for part in folder.split("_"))
+
+
+def log_retention(days: int) -> logs.RetentionDays:
+    """The RetentionDays member for a day count config already checked against the allowed set."""
+    return logs.RetentionDays[RETENTION_NAMES[LOG_RETENTION_DAYS.index(days)]]
+
+
+# CloudWatch Logs' allowed retentions, in the order of logs.RetentionDays' members.
+RETENTION_NAMES: tuple[str, ...] = (
+    "ONE_DAY", "THREE_DAYS", "FIVE_DAYS", "ONE_WEEK", "TWO_WEEKS", "ONE_MONTH", "TWO_MONTHS",
+    "THREE_MONTHS", "FOUR_MONTHS", "FIVE_MONTHS", "SIX_MONTHS", "ONE_YEAR", "THIRTEEN_MONTHS",
+    "EIGHTEEN_MONTHS", "TWO_YEARS", "THREE_YEARS", "FIVE_YEARS", "SIX_YEARS", "SEVEN_YEARS",
+    "EIGHT_YEARS", "NINE_YEARS", "TEN_YEARS",
+)  # fmt: skip

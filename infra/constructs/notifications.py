@@ -1,0 +1,50 @@
+"""The notification topic: encrypted SNS with the configured email subscriptions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from constructs import Construct
+
+
+class Notifications(Construct):
+    """SNS topic for humans: cordons, approval requests, failures, alarms on the pipeline itself.
+
+    Encrypted with a customer managed key because CloudWatch alarms (liveness, workflow
+    failures, the rule's dead-letter queue) publish to it too, and the AWS managed `aws/sns` key
+    cannot grant that to the CloudWatch service.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, emails: Sequence[str]) -> None:
+        super().__init__(scope, construct_id)
+        self.key = kms.Key(
+            self,
+            "Key",
+            description="sdc-guard notification topic",
+            enable_key_rotation=True,
+            # SNS keeps no messages at rest; nothing needs the key once the stack is gone.
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+            pending_window=cdk.Duration.days(7),
+        )
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchAlarmsToPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],  # in a key policy "*" means this key
+            )
+        )
+        self.topic = sns.Topic(
+            self,
+            "Topic",
+            display_name="sdc-guard",
+            master_key=self.key,
+            enforce_ssl=True,
+        )
+        for email in emails:
+            self.topic.add_subscription(subscriptions.EmailSubscription(email))

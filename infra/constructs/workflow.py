@@ -1,0 +1,395 @@
+"""The remediation workflow (DESIGN.md "The workflow"): a Standard state machine of Lambda steps.
+
+    Localize -> any suspects? -> Map over suspects:
+        Admit -> Cordon -> StartHealthCheck -> (Wait -> PollHealthCheck)* -> RequestApproval
+              -> Replace | Uncordon (rejected with release) | stay cordoned
+
+Contracts this file keeps (docs/CONTRACT.md):
+- Each Map item's state starts as {alarm, suspect, execution}; each step's result is added under
+  its own key ($.admission, $.cordon, $.health, $.approval, $.replacement, $.uncordon).
+- Retry/Catch match the exception class names the Lambdas raise. Transient ones are retried with
+  backoff; anything else is caught, recorded as `failed` with a notification, and the item ends
+  where it is: the workflow never uncordons or replaces on an error path.
+- Plain JSONPath ASL (lambda:invoke, Wait, Choice, Map, Pass, Fail) so the end-to-end tests can
+  run the synthesized definition on moto's executor.
+
+A `lambda:invoke` task returns {Payload, StatusCode, ...}; JSONPath cannot put just the Payload at
+a ResultPath in one state, so every step task is followed by a Pass that moves
+`$.<key>.Payload` up to `$.<key>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import aws_cdk as cdk
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from infra import nag
+from infra.constructs.approval import request_approval_task
+
+# ---- the error contract (lambdas/sdc_remediation/errors.py) -------------------------------------
+TRANSIENT_ERRORS: tuple[str, ...] = (
+    "ClusterApiUnavailable",
+    "AwsApiUnavailable",
+    "ReportNotYetVisible",
+    # Throttling of our own functions (admit runs one at a time on purpose).
+    "Lambda.TooManyRequestsException",
+)
+"""Retried with exponential backoff; CDK adds the other Lambda service exceptions itself."""
+
+TERMINAL_ERRORS: tuple[str, ...] = (
+    "InvalidAlarmEvent",
+    "InvalidStepInput",
+    "NodeNotFound",
+    "InstanceNotInCluster",
+    "HealthCheckRejected",
+    "ReplaceFailed",
+    "ConfigurationError",
+)
+"""Never retried: caught, recorded as `failed`, humans notified."""
+
+# 5 s doubling to 6 attempts: about 5 minutes, enough for CloudWatch's eventual consistency
+# (ReportNotYetVisible) and a Kubernetes API server restart, short next to a training job's hour.
+RETRY_INTERVAL = cdk.Duration.seconds(5)
+RETRY_MAX_ATTEMPTS = 6
+RETRY_BACKOFF_RATE = 2.0
+
+ERROR_PATH = "$.error"
+"""Where a Catch puts {Error, Cause}; the record step reads it."""
+
+
+class Workflow(Construct):
+    """The state machine and its log group.
+
+    `functions` maps the docs/CONTRACT.md folder names to the functions that implement them.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        functions: Mapping[str, lambda_.IFunction],
+        state_machine_name: str,
+        approval_timeout: cdk.Duration,
+        health_check_poll: cdk.Duration,
+        execution_timeout: cdk.Duration,
+        log_retention: logs.RetentionDays,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._functions = functions
+
+        definition = self._definition(
+            approval_timeout=approval_timeout, health_check_poll=health_check_poll
+        )
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            # The /aws/vendedlogs/ prefix keeps the account's CloudWatch Logs resource policy
+            # small (AWS guidance for Step Functions logging).
+            log_group_name=f"/aws/vendedlogs/states/{state_machine_name}",
+            retention=log_retention,
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            state_machine_name=state_machine_name,
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            definition_body=sfn.DefinitionBody.from_chainable(definition),
+            timeout=execution_timeout,
+            tracing_enabled=True,
+            logs=sfn.LogOptions(
+                destination=self.log_group,
+                level=sfn.LogLevel.ALL,
+                # Every transition is logged, without payloads: RequestApproval's input holds
+                # the task token, and whoever reads the logs must not be able to approve. The
+                # payloads stay in the execution history (states:GetExecutionHistory).
+                include_execution_data=False,
+            ),
+            comment="sdc-guard: localize, admit, cordon, health-check, approve and replace suspect GPU nodes",
+        )
+        role = self.state_machine.role
+        nag.acknowledge(
+            role,
+            nag.ANY_RESOURCE,
+            "X-Ray tracing and CloudWatch Logs delivery (logs:*LogDelivery*, DescribeResourcePolicies, "
+            "DescribeLogGroups) have no resource-level permissions; CDK grants exactly those",
+        )
+        for function in functions.values():
+            nag.acknowledge(
+                role,
+                nag.wildcard_resource_finding(self, f"{function.function_arn}:*"),
+                "lambda:InvokeFunction on this step's function and its versions/aliases (`:*`), as "
+                "LambdaInvoke grants; no other function",
+            )
+
+    # ---- building blocks -----------------------------------------------------------------------
+
+    def _step(self, name: str, folder: str, result_key: str) -> tuple[tasks.LambdaInvoke, sfn.Pass]:
+        """A step task that passes the whole state and stores the step's result at `$.<key>`.
+
+        Returns (task, unwrap); chain from `unwrap`, attach Catch to `task`.
+        """
+        task = tasks.LambdaInvoke(
+            self,
+            name,
+            lambda_function=self._functions[folder],
+            payload=sfn.TaskInput.from_json_path_at("$"),
+            result_selector={"Payload": sfn.JsonPath.object_at("$.Payload")},
+            result_path=f"$.{result_key}",
+        )
+        _retry_transient(task)
+        unwrap = sfn.Pass(
+            self,
+            f"{name}Result",
+            input_path=f"$.{result_key}.Payload",
+            result_path=f"$.{result_key}",
+        )
+        task.next(unwrap)
+        return task, unwrap
+
+    def _record(
+        self, name: str, transition: str, *, notify: bool, with_error: bool = False
+    ) -> tasks.LambdaInvoke:
+        """A Record task: {transition, notify, state: <the whole state>, error?}; result dropped."""
+        payload: dict[str, object] = {
+            "transition": transition,
+            "notify": notify,
+            "state": sfn.JsonPath.object_at("$"),
+        }
+        if with_error:
+            payload["error"] = sfn.JsonPath.object_at(ERROR_PATH)
+        task = tasks.LambdaInvoke(
+            self,
+            name,
+            lambda_function=self._functions["record"],
+            payload=sfn.TaskInput.from_object(payload),
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        _retry_transient(task)
+        return task
+
+    def _unexpected(self, name: str, cause: str) -> sfn.Pass:
+        """A Choice's default: describe the surprise as an error so it is recorded as failed."""
+        return sfn.Pass(
+            self,
+            name,
+            result=sfn.Result.from_object({"Error": "UnexpectedStepResult", "Cause": cause}),
+            result_path=ERROR_PATH,
+        )
+
+    # ---- the definition ------------------------------------------------------------------------
+
+    def _definition(
+        self, *, approval_timeout: cdk.Duration, health_check_poll: cdk.Duration
+    ) -> sfn.IChainable:
+        execution_failed = sfn.Fail(
+            self,
+            "RemediationFailed",
+            error="RemediationFailed",
+            cause="A step failed; the failure is in the ledger and was notified. No node was uncordoned or replaced.",
+        )
+        record_failed = self._record("RecordFailed", "failed", notify=True, with_error=True)
+        record_failed.add_catch(execution_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
+        record_failed.next(execution_failed)
+
+        localize = tasks.LambdaInvoke(
+            self,
+            "Localize",
+            lambda_function=self._functions["localize"],
+            payload=sfn.TaskInput.from_json_path_at("$"),
+            # The state becomes {alarm, suspects, ambiguous, reports}.
+            output_path="$.Payload",
+        )
+        _retry_transient(localize)
+        _catch_terminal(localize, record_failed)
+
+        remediate = sfn.Map(
+            self,
+            "RemediateSuspects",
+            items_path="$.suspects",
+            item_selector={
+                "alarm": sfn.JsonPath.object_at("$.alarm"),
+                "suspect": sfn.JsonPath.object_at("$$.Map.Item.Value"),
+                "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
+                # admit refuses a whole alarm that names more nodes than the blast radius allows.
+                "suspects_in_alarm": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.suspects")),
+            },
+            result_path="$.remediations",
+            comment="One remediation per suspect node, independent of the others",
+        )
+        remediate.item_processor(self._remediate_one(approval_timeout, health_check_poll))
+        remediate.add_catch(record_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
+
+        record_ambiguous = self._record("RecordAmbiguous", "ambiguous", notify=True)
+        record_no_suspects = self._record("RecordNoSuspects", "no_suspects", notify=True)
+        for task in (record_ambiguous, record_no_suspects):
+            _catch_terminal(task, record_failed)
+        suspects = (
+            sfn.Choice(self, "AnySuspects")
+            .when(sfn.Condition.boolean_equals("$.ambiguous", True), record_ambiguous)
+            .when(sfn.Condition.is_not_present("$.suspects[0]"), record_no_suspects)
+            .otherwise(remediate)
+        )
+        return localize.next(suspects)
+
+    def _remediate_one(
+        self, approval_timeout: cdk.Duration, health_check_poll: cdk.Duration
+    ) -> sfn.IChainable:
+        """The per-suspect chain (a Map item)."""
+        item_failed = sfn.Fail(
+            self,
+            "ItemFailed",
+            error="RemediationFailed",
+            cause="Recording a failure failed; the node was left as it was.",
+        )
+        record_failed = self._record("RecordItemFailed", "failed", notify=True, with_error=True)
+        record_failed.add_catch(item_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
+
+        def record(name: str, transition: str, *, notify: bool) -> tasks.LambdaInvoke:
+            task = self._record(name, transition, notify=notify)
+            _catch_terminal(task, record_failed)
+            return task
+
+        def step(name: str, folder: str, key: str) -> tuple[tasks.LambdaInvoke, sfn.Pass]:
+            task, unwrap = self._step(name, folder, key)
+            _catch_terminal(task, record_failed)
+            return task, unwrap
+
+        # Admit: dedupe and the blast-radius guard, before anything touches the node.
+        admit, admitted = step("Admit", "admit", "admission")
+        cordon, cordoned = step("Cordon", "cordon", "cordon")
+        start_check, started = step("StartHealthCheck", "start_health_check", "health")
+        poll_check, polled = step("PollHealthCheck", "poll_health_check", "health")
+        replace, replaced = step("Replace", "replace", "replacement")
+        uncordon, uncordoned = step("Uncordon", "uncordon", "uncordon")
+
+        admitted.next(
+            sfn.Choice(self, "AdmissionDecision")
+            .when(
+                sfn.Condition.string_equals("$.admission.decision", "duplicate"),
+                record("RecordDuplicate", "duplicate", notify=False),
+            )
+            .when(
+                sfn.Condition.string_equals("$.admission.decision", "circuit_open"),
+                record("RecordCircuitOpen", "circuit_open", notify=True),
+            )
+            .when(sfn.Condition.string_equals("$.admission.decision", "admitted"), cordon)
+            .otherwise(
+                self._unexpected("UnknownAdmission", "admit returned an unknown decision").next(
+                    record_failed
+                )
+            )
+        )
+
+        # Cordon, then the deep health check and its poll loop.
+        wait = sfn.Wait(self, "WaitForHealthCheck", time=sfn.WaitTime.duration(health_check_poll))
+        cordoned.next(record("RecordCordoned", "cordoned", notify=True)).next(start_check)
+        started.next(wait)
+        wait.next(poll_check)
+
+        # Approval: the decision comes back as the task's output at $.approval.
+        approval = request_approval_task(
+            self, self._functions["request_approval"], timeout=approval_timeout
+        )
+        _retry_transient(approval)
+        approval.add_catch(
+            record("RecordApprovalTimedOut", "approval_timed_out", notify=True),
+            errors=[sfn.Errors.TIMEOUT],
+            result_path=ERROR_PATH,
+        )
+        _catch_terminal(approval, record_failed)
+        awaiting = record("RecordAwaitingApproval", "awaiting_approval", notify=False).next(
+            approval
+        )
+
+        polled.next(
+            sfn.Choice(self, "HealthCheckStatus")
+            .when(sfn.Condition.string_equals("$.health.status", "in_progress"), wait)
+            .when(
+                # HyperPod's automatic node recovery already replaced the node: nothing to
+                # approve.
+                sfn.Condition.string_equals("$.health.status", "replaced_by_hyperpod"),
+                record("RecordReplacedByHyperPod", "replaced_by_hyperpod", notify=True),
+            )
+            .when(
+                sfn.Condition.string_equals("$.health.status", "passed"),
+                # A passed check does not clear an SDC suspect (deep health checks rarely
+                # reproduce silent corruption): a human still decides.
+                record("RecordHealthCheckPassed", "health_check_passed", notify=False).next(
+                    awaiting
+                ),
+            )
+            .when(
+                sfn.Condition.string_equals("$.health.status", "failed"),
+                record("RecordHealthCheckFailed", "health_check_failed", notify=False).next(
+                    awaiting
+                ),
+            )
+            .when(
+                sfn.Condition.string_equals("$.health.status", "timed_out"),
+                record("RecordHealthCheckTimedOut", "health_check_timed_out", notify=False).next(
+                    awaiting
+                ),
+            )
+            .otherwise(
+                self._unexpected(
+                    "UnknownHealthStatus", "poll_health_check returned an unknown status"
+                ).next(record_failed)
+            )
+        )
+
+        record_rejected = record("RecordRejected", "rejected", notify=True)
+        approval.next(
+            sfn.Choice(self, "ApprovalDecision")
+            .when(
+                sfn.Condition.string_equals("$.approval.decision", "approve"),
+                record("RecordApproved", "approved", notify=False).next(replace),
+            )
+            # Conditions are tried in order; `release` is checked for presence before its value
+            # so a decision without it reads as "stay cordoned", never as a runtime error.
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.string_equals("$.approval.decision", "reject"),
+                    sfn.Condition.is_not_present("$.approval.release"),
+                ),
+                record_rejected,
+            )
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.string_equals("$.approval.decision", "reject"),
+                    sfn.Condition.boolean_equals("$.approval.release", True),
+                ),
+                uncordon,
+            )
+            .when(sfn.Condition.string_equals("$.approval.decision", "reject"), record_rejected)
+            .otherwise(
+                self._unexpected(
+                    "UnknownDecision", "the approval carried an unknown decision"
+                ).next(record_failed)
+            )
+        )
+        replaced.next(record("RecordReplaced", "replaced", notify=True))
+        uncordoned.next(record("RecordReleased", "released", notify=True))
+        return admit
+
+
+def _retry_transient(task: sfn.TaskStateBase) -> None:
+    task.add_retry(
+        errors=list(TRANSIENT_ERRORS),
+        interval=RETRY_INTERVAL,
+        max_attempts=RETRY_MAX_ATTEMPTS,
+        backoff_rate=RETRY_BACKOFF_RATE,
+    )
+
+
+def _catch_terminal(task: sfn.TaskStateBase, handler: sfn.IChainable) -> None:
+    """Terminal errors by name, then States.ALL as the last resort (a bug, a timeout)."""
+    task.add_catch(handler, errors=list(TERMINAL_ERRORS), result_path=ERROR_PATH)
+    task.add_catch(handler, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)

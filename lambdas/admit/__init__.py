@@ -1,0 +1,1 @@
+"""Lambda package of the admit workflow step (handler string: admit.handler.handler)."""

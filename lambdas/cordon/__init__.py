@@ -1,0 +1,1 @@
+"""Lambda package of the cordon workflow step (handler string: cordon.handler.handler)."""

@@ -1,0 +1,1 @@
+"""Lambda package of the localize workflow step (handler string: localize.handler.handler)."""

@@ -1,0 +1,1 @@
+"""Lambda package of the record workflow step (handler string: record.handler.handler)."""

@@ -1,0 +1,1 @@
+"""Lambda package of the replace workflow step (handler string: replace.handler.handler)."""

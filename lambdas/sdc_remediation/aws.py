@@ -1,0 +1,105 @@
+"""Lazily built boto3 clients and the one place AWS errors become typed errors.
+
+Clients are created on first use and cached per process (a warm Lambda reuses them), never at
+import, so moto and botocore's Stubber can attach in tests. They are built with boto3's standard
+configuration chain, so AWS_REGION, AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_<SERVICE> apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import botocore.exceptions
+import botocore.loaders
+import botocore.session
+from botocore.config import Config
+
+from .errors import AwsApiUnavailable, ConfigurationError
+
+_CONFIG = Config(
+    # Standard mode retries throttling and 5xx a few times with backoff before we see them;
+    # what still fails becomes AwsApiUnavailable and the workflow retries the whole step.
+    retries={"mode": "standard", "max_attempts": 3},
+    connect_timeout=5,
+    read_timeout=20,
+)
+
+_clients: dict[str, Any] = {}
+# Parsed service models are shared by every session this process creates: parsing the JSON
+# models is most of the cost of a new client, and they never change within a process.
+_loader = botocore.loaders.create_loader()
+
+_TRANSIENT_CODES = {
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "TooManyRequestsException",
+    "RequestLimitExceeded",
+    "ProvisionedThroughputExceededException",
+    "RequestThrottled",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "InternalFailure",
+    "InternalServerError",
+    "InternalError",
+    "LimitExceededException",
+}
+_DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
+
+
+def client(service: str) -> Any:
+    """The process-wide boto3 client for ``service``, created on first use."""
+    if service not in _clients:
+        _clients[service] = session().client(service, config=_CONFIG)
+    return _clients[service]
+
+
+def session() -> boto3.session.Session:
+    """A new boto3 session (fresh credential chain) sharing the parsed service models."""
+    core = botocore.session.get_session()
+    core.register_component("data_loader", _loader)
+    # botocore reads AWS_DEFAULT_REGION; Lambda also sets AWS_REGION, and so do most harnesses.
+    region = None if os.environ.get("AWS_DEFAULT_REGION") else os.environ.get("AWS_REGION")
+    return boto3.session.Session(botocore_session=core, region_name=region or None)
+
+
+def reset_clients() -> None:
+    """Forget cached clients (tests switch moto contexts and environments between cases)."""
+    _clients.clear()
+
+
+def error_code(exc: botocore.exceptions.ClientError) -> str:
+    """The AWS error code of a ClientError ('' when absent)."""
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+@contextlib.contextmanager
+def aws_errors(what: str) -> Iterator[None]:
+    """Translate throttling/5xx/network errors into ``AwsApiUnavailable``, denials into
+    ``ConfigurationError``; any other ClientError propagates for the caller to interpret.
+
+    ``what`` names the call in the message, e.g. "sagemaker:DescribeClusterNode".
+    """
+    try:
+        yield
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in _TRANSIENT_CODES or status >= 500:
+            raise AwsApiUnavailable(f"{what} failed transiently ({code or status}): {exc}") from exc
+        if code in _DENIED_CODES:
+            raise ConfigurationError(
+                f"{what} was denied; check the function's IAM policy: {exc}"
+            ) from exc
+        raise
+    except botocore.exceptions.NoCredentialsError as exc:
+        raise ConfigurationError(f"{what}: no AWS credentials available") from exc
+    except (
+        botocore.exceptions.ConnectionError,
+        botocore.exceptions.HTTPClientError,
+    ) as exc:
+        raise AwsApiUnavailable(f"{what} could not reach AWS: {exc}") from exc

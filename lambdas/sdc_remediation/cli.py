@@ -1,0 +1,167 @@
+"""The operator CLI: ``sdc-remediation pending | approve | reject | history``.
+
+A thin layer over ``approvals`` and ``ledger``: every domain error ends with one line on stderr
+and exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import botocore.exceptions
+import click
+
+from .approvals import Approvals
+from .errors import ConfigurationError, NoCredentials, RemediationError
+from .ledger import Ledger
+
+
+def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn domain and AWS errors into ``Error: <one line>`` and exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigurationError as exc:
+            if isinstance(exc.__cause__, botocore.exceptions.NoCredentialsError):
+                exc = NoCredentials(
+                    "no AWS credentials found (configure a profile, SSO login or AWS_* variables)"
+                )
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+        except RemediationError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+        except botocore.exceptions.NoRegionError:
+            raise click.ClickException("NoRegion: pass --region or set AWS_REGION") from None
+        except botocore.exceptions.NoCredentialsError:
+            raise click.ClickException("NoCredentials: no AWS credentials found") from None
+        except botocore.exceptions.ClientError as exc:
+            raise click.ClickException(
+                f"{exc.response.get('Error', {}).get('Code', 'AWS')}: {exc}"
+            ) from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+
+    return wrapper
+
+
+def _approvals(ctx: click.Context) -> Approvals:
+    table = ctx.obj["approvals_table"]
+    if not table:
+        raise ConfigurationError(
+            "the approvals table is unknown: pass --approvals-table or set SDC_APPROVALS_TABLE"
+        )
+    return Approvals(table)
+
+
+def _ledger(ctx: click.Context) -> Ledger:
+    table = ctx.obj["ledger_table"]
+    if not table:
+        raise ConfigurationError(
+            "the ledger table is unknown: pass --ledger-table or set SDC_LEDGER_TABLE"
+        )
+    return Ledger(table)
+
+
+@click.group()
+@click.option(
+    "--approvals-table",
+    envvar="SDC_APPROVALS_TABLE",
+    help="DynamoDB approvals table (env SDC_APPROVALS_TABLE).",
+)
+@click.option(
+    "--ledger-table",
+    envvar="SDC_LEDGER_TABLE",
+    help="DynamoDB ledger table (env SDC_LEDGER_TABLE).",
+)
+@click.option("--region", help="AWS region (default: your AWS configuration).")
+@click.pass_context
+def main(
+    ctx: click.Context, approvals_table: str | None, ledger_table: str | None, region: str | None
+) -> None:
+    """Review and decide sdc-guard remediations (approvals wait 24 h by default)."""
+    if region:
+        # boto3 picks the region up from here for every client this process creates.
+        os.environ["AWS_DEFAULT_REGION"] = region
+        os.environ["AWS_REGION"] = region
+    ctx.obj = {"approvals_table": approvals_table, "ledger_table": ledger_table}
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the requests as JSON.")
+@click.pass_context
+@_fail_cleanly
+def pending(ctx: click.Context, as_json: bool) -> None:
+    """List approval requests waiting for a decision, with their evidence."""
+    items = _approvals(ctx).pending()
+    if as_json:
+        click.echo(json.dumps(items, indent=2, default=str))
+        return
+    if not items:
+        click.echo("No pending approvals.")
+        return
+    for item in items:
+        ev = item["evidence"]
+        health = (ev.get("health_check") or {}).get("status", "not run")
+        click.echo(
+            f"{item['approval_id']}  {item['node_name']} ({item['instance_id']})  "
+            f"check={ev.get('check')} step={ev.get('step')} verdict={ev.get('verdict')} "
+            f"window={ev.get('suspect_window')} health={health} "
+            f"earlier={len(ev.get('previous_remediations', []))}  requested {item['created_at']}"
+        )
+        click.echo(f"    suggested: {ev.get('suggested_action', '')}")
+
+
+@main.command()
+@click.argument("approval_id")
+@click.option("--reason", default="", help="Why (recorded in the ledger and the workflow).")
+@click.pass_context
+@_fail_cleanly
+def approve(ctx: click.Context, approval_id: str, reason: str) -> None:
+    """Approve replacing the node of APPROVAL_ID."""
+    result = _approvals(ctx).decide(approval_id, "approve", reason=reason)
+    click.echo(f"Approved {approval_id} as {result.approver}: the node will be replaced.")
+
+
+@main.command()
+@click.argument("approval_id")
+@click.option(
+    "--release", is_flag=True, help="Also uncordon the node (default: it stays cordoned)."
+)
+@click.option("--reason", default="", help="Why (recorded in the ledger and the workflow).")
+@click.pass_context
+@_fail_cleanly
+def reject(ctx: click.Context, approval_id: str, release: bool, reason: str) -> None:
+    """Reject replacing the node of APPROVAL_ID."""
+    result = _approvals(ctx).decide(approval_id, "reject", release=release, reason=reason)
+    outcome = "it will be uncordoned" if release else "it stays cordoned"
+    click.echo(f"Rejected {approval_id} as {result.approver}: {outcome}.")
+
+
+@main.command()
+@click.option("--node", help="Only this node (a node name like hyperpod-i-... or an instance id).")
+@click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
+@click.pass_context
+@_fail_cleanly
+def history(ctx: click.Context, node: str | None, as_json: bool) -> None:
+    """Show recorded transitions (repeat offenders show up here)."""
+    ledger = _ledger(ctx)
+    if node:
+        events = sorted(ledger.events(node.removeprefix("hyperpod-")), key=lambda e: e["at"])
+    else:
+        events = ledger.all_events()
+    if as_json:
+        click.echo(json.dumps(events, indent=2, default=str))
+        return
+    if not events:
+        click.echo("No recorded transitions.")
+        return
+    for e in events:
+        who = f" by {e['approver']}" if e.get("approver") else ""
+        click.echo(
+            f"{e['at']}  {e['pk']}  {e.get('node_name') or '-'}  {e['transition']}{who}  {e['remediation_id']}"
+        )

@@ -1,0 +1,190 @@
+"""Settings from the environment, read lazily and validated with errors that name the variable.
+
+Nothing is read at import time: a Lambda's handler module imports this package during its init
+phase, and tests set the environment per test. Each property reads its variable when first used,
+so a function that never cordons does not need the Kubernetes settings. See docs/CONTRACT.md
+("Lambdas: environment") for the list the CDK app sets.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+from .errors import ConfigurationError
+
+HEALTH_CHECK_TYPES = ("InstanceStress", "InstanceConnectivity", "MultiNodeTrainingValidation")
+"""DeepHealthCheckType values in the SageMaker service model (botocore 1.44)."""
+
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no", ""}
+
+
+class Settings:
+    """Typed, validated view of the remediation environment variables.
+
+    Every property raises ``ConfigurationError`` naming the variable when it is missing or invalid.
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._env = os.environ if environ is None else environ
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _required(self, name: str) -> str:
+        value = self._env.get(name, "").strip()
+        if not value:
+            raise ConfigurationError(f"environment variable {name} is required but not set")
+        return value
+
+    def _optional(self, name: str) -> str | None:
+        value = self._env.get(name, "").strip()
+        return value or None
+
+    def _int(self, name: str, default: int, minimum: int = 1) -> int:
+        raw = self._optional(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
+        if value < minimum:
+            raise ConfigurationError(f"{name} must be >= {minimum}, got {value}")
+        return value
+
+    # -- cluster ------------------------------------------------------------------------------
+
+    @property
+    def hyperpod_cluster_name(self) -> str:
+        """HYPERPOD_CLUSTER_NAME: the HyperPod cluster (name or ARN) this workflow guards."""
+        return self._required("HYPERPOD_CLUSTER_NAME")
+
+    @property
+    def eks_cluster_name(self) -> str:
+        """EKS_CLUSTER_NAME: the EKS cluster that orchestrates it (token audience, endpoint)."""
+        return self._required("EKS_CLUSTER_NAME")
+
+    @property
+    def k8s_api_endpoint(self) -> str | None:
+        """K8S_API_ENDPOINT: overrides the endpoint eks:DescribeCluster returns (optional)."""
+        value = self._optional("K8S_API_ENDPOINT")
+        if value is not None and not value.startswith("https://"):
+            raise ConfigurationError(f"K8S_API_ENDPOINT must be an https:// URL, got {value!r}")
+        return value
+
+    @property
+    def k8s_api_ca_data(self) -> str | None:
+        """K8S_API_CA_DATA: base64 PEM CA bundle overriding eks:DescribeCluster's (optional)."""
+        return self._optional("K8S_API_CA_DATA")
+
+    # -- localize -----------------------------------------------------------------------------
+
+    @property
+    def metric_namespace(self) -> str:
+        """METRIC_NAMESPACE: the agent's CloudWatch namespace (default SDC)."""
+        return self._optional("METRIC_NAMESPACE") or "SDC"
+
+    @property
+    def report_log_group(self) -> str:
+        """REPORT_LOG_GROUP: where the agent writes reports (default /sdc/<HyperPod cluster>)."""
+        return self._optional("REPORT_LOG_GROUP") or f"/sdc/{self.hyperpod_cluster_name}"
+
+    @property
+    def lookback_seconds(self) -> int:
+        """LOOKBACK_SECONDS: how far before the alarm to look for series and reports (600)."""
+        return self._int("LOOKBACK_SECONDS", 600, minimum=10)
+
+    # -- ledger, approvals, notifications -----------------------------------------------------
+
+    @property
+    def ledger_table(self) -> str:
+        """LEDGER_TABLE: the DynamoDB remediation ledger."""
+        return self._required("LEDGER_TABLE")
+
+    @property
+    def approvals_table(self) -> str:
+        """APPROVALS_TABLE: the DynamoDB table holding task tokens under approval ids."""
+        return self._required("APPROVALS_TABLE")
+
+    @property
+    def topic_arn(self) -> str:
+        """TOPIC_ARN: the SNS topic humans subscribe to."""
+        value = self._required("TOPIC_ARN")
+        if not value.startswith("arn:"):
+            raise ConfigurationError(f"TOPIC_ARN must be an SNS topic ARN, got {value!r}")
+        return value
+
+    @property
+    def state_machine_arn(self) -> str | None:
+        """STATE_MACHINE_ARN: informational, quoted in messages."""
+        return self._optional("STATE_MACHINE_ARN")
+
+    @property
+    def approval_ttl_seconds(self) -> int:
+        """APPROVAL_TTL_SECONDS: lifetime of an approval request (default 24 h + 1 h margin)."""
+        return self._int("APPROVAL_TTL_SECONDS", 86400 + 3600, minimum=60)
+
+    # -- blast-radius guard -------------------------------------------------------------------
+
+    @property
+    def max_nodes_per_hour(self) -> int:
+        """MAX_NODES_PER_HOUR: admissions allowed per rolling hour (default 2)."""
+        return self._int("MAX_NODES_PER_HOUR", 2, minimum=1)
+
+    @property
+    def max_fraction(self) -> float:
+        """MAX_FRACTION: largest share of the cluster's nodes open at once (default 0.05)."""
+        raw = self._optional("MAX_FRACTION")
+        if raw is None:
+            return 0.05
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigurationError(f"MAX_FRACTION must be a number, got {raw!r}") from None
+        if not 0.0 < value <= 1.0:
+            raise ConfigurationError(f"MAX_FRACTION must be in (0, 1], got {value}")
+        return value
+
+    # -- health check and replacement ---------------------------------------------------------
+
+    @property
+    def health_checks(self) -> list[str]:
+        """HEALTH_CHECKS: comma list of DeepHealthCheckType (default InstanceStress)."""
+        raw = self._optional("HEALTH_CHECKS") or "InstanceStress"
+        checks = [c.strip() for c in raw.split(",") if c.strip()]
+        unknown = [c for c in checks if c not in HEALTH_CHECK_TYPES]
+        if unknown or not checks or len(checks) > 3:
+            raise ConfigurationError(
+                f"HEALTH_CHECKS must be 1-3 of {', '.join(HEALTH_CHECK_TYPES)}; got {raw!r}"
+            )
+        return checks
+
+    @property
+    def health_check_timeout_seconds(self) -> int:
+        """HEALTH_CHECK_TIMEOUT_SECONDS: give up polling after this long (default 9000)."""
+        return self._int("HEALTH_CHECK_TIMEOUT_SECONDS", 9000, minimum=60)
+
+    @property
+    def replace_mode(self) -> Literal["api", "label"]:
+        """REPLACE_MODE: `api` (BatchReplaceClusterNodes) or `label` (HyperPod's node label)."""
+        value = (self._optional("REPLACE_MODE") or "api").lower()
+        if value not in ("api", "label"):
+            raise ConfigurationError(f"REPLACE_MODE must be 'api' or 'label', got {value!r}")
+        return value  # type: ignore[return-value]
+
+    @property
+    def dry_run(self) -> bool:
+        """DRY_RUN: `true` runs every step but only logs cordon, uncordon and replace."""
+        raw = (self._optional("DRY_RUN") or "false").lower()
+        if raw in _TRUE:
+            return True
+        if raw in _FALSE:
+            return False
+        raise ConfigurationError(f"DRY_RUN must be 'true' or 'false', got {raw!r}")
+
+
+def settings() -> Settings:
+    """The settings of the current process environment (cheap: nothing is read until used)."""
+    return Settings()

@@ -1,0 +1,100 @@
+"""Typed errors: the exception class name is the contract with the workflow.
+
+Step Functions matches Retry/Catch on the error type, which for a Python Lambda is the exception's
+class name. Handlers therefore let these propagate; they never turn one into a return value.
+See docs/CONTRACT.md ("Errors").
+"""
+
+from __future__ import annotations
+
+
+class RemediationError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+# --- Transient: the workflow retries these with backoff. ---------------------------------------
+
+
+class ClusterApiUnavailable(RemediationError):
+    """The Kubernetes API answered 5xx/429/409, timed out or could not be reached."""
+
+
+class AwsApiUnavailable(RemediationError):
+    """An AWS API throttled, answered 5xx, timed out or could not be reached."""
+
+
+class ReportNotYetVisible(RemediationError):
+    """The per-node metrics or the agent's report are not visible yet (eventual consistency)."""
+
+
+# --- Terminal: caught by the workflow, recorded as `failed`, humans notified. ------------------
+
+
+class InvalidAlarmEvent(RemediationError):
+    """The workflow input is not an ALARM state change of one of this cluster's SDC alarms."""
+
+
+class InvalidStepInput(RemediationError):
+    """A step received a state object it cannot parse (a wiring error in the workflow)."""
+
+
+class NodeNotFound(RemediationError):
+    """Kubernetes has no node (or pod) of that name (HTTP 404)."""
+
+
+class InstanceNotInCluster(RemediationError):
+    """HyperPod has no such instance in the cluster: never guess another node."""
+
+
+class HealthCheckRejected(RemediationError):
+    """StartClusterHealthCheck refused the request."""
+
+
+class ReplaceFailed(RemediationError):
+    """BatchReplaceClusterNodes reported the node in Failed[] (or refused the call)."""
+
+
+class ConfigurationError(RemediationError):
+    """A setting is missing or invalid, or an IAM/RBAC permission is missing."""
+
+
+# --- Operator CLI only. -------------------------------------------------------------------------
+
+
+class ApprovalNotFound(RemediationError):
+    """No approval with that id (never existed, or its TTL removed it)."""
+
+
+class ApprovalExpired(RemediationError):
+    """The approval's TTL passed or Step Functions no longer waits for its task token."""
+
+
+class ApprovalAlreadyDecided(RemediationError):
+    """Someone already approved or rejected this request."""
+
+
+class NoCredentials(RemediationError):
+    """No AWS credentials were found for the CLI."""
+
+
+TRANSIENT = (ClusterApiUnavailable, AwsApiUnavailable, ReportNotYetVisible)
+"""The errors the workflow retries; everything else ends cordoned-and-notified."""
+
+__all__ = [
+    "TRANSIENT",
+    "ApprovalAlreadyDecided",
+    "ApprovalExpired",
+    "ApprovalNotFound",
+    "AwsApiUnavailable",
+    "ClusterApiUnavailable",
+    "ConfigurationError",
+    "HealthCheckRejected",
+    "InstanceNotInCluster",
+    "InvalidAlarmEvent",
+    "InvalidStepInput",
+    "NoCredentials",
+    "NodeNotFound",
+    "RemediationError",
+    "ReplaceFailed",
+    "ReportNotYetVisible",
+]

@@ -1,0 +1,143 @@
+"""HyperPod deep health check: start it for the suspect's instance, then poll its outcome.
+
+Progress is read from two places, since either can lag: DescribeClusterNode's instance status
+(``DeepHealthCheckInProgress``, ``Failure``, ...) and the node labels HyperPod maintains
+(``sagemaker.amazonaws.com/deep-health-check-status``: InProgress | Passed | Failed, and
+``sagemaker.amazonaws.com/node-health-status``). An instance that disappears from the cluster
+after the check was started was replaced by HyperPod's automatic node recovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import botocore.exceptions
+
+from . import aws, clock
+from .config import Settings
+from .errors import HealthCheckRejected, InstanceNotInCluster, NodeNotFound
+from .kube import KubeApi, node_labels
+from .models import HealthResult, HealthStatus, PollInput, Suspect
+from .observability import logger
+
+DHC_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
+HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+_GONE_STATUSES = {"ShuttingDown", "NotFound"}
+_FAILED_HEALTH = {"UnschedulablePendingReplacement", "UnschedulablePendingReboot"}
+
+
+def describe_node(cluster: str, instance_id: str) -> dict[str, Any] | None:
+    """DescribeClusterNode's NodeDetails, or None when the instance is not in the cluster."""
+    sm = aws.client("sagemaker")
+    with aws.aws_errors("sagemaker:DescribeClusterNode"):
+        try:
+            return sm.describe_cluster_node(ClusterName=cluster, NodeId=instance_id)["NodeDetails"]
+        except botocore.exceptions.ClientError as exc:
+            if aws.error_code(exc) in ("ResourceNotFound", "ValidationException"):
+                return None
+            raise
+
+
+def start(settings: Settings, suspect: Suspect) -> HealthResult:
+    """Start the configured deep health checks on the suspect's instance (idempotent)."""
+    cluster = settings.hyperpod_cluster_name
+    checks = settings.health_checks
+    started_at = clock.iso(clock.now())
+    if settings.dry_run:
+        logger.info(
+            "dry run: would start deep health check",
+            extra={"instance": suspect.instance_id, "checks": checks},
+        )
+        return HealthResult(
+            status="in_progress",
+            started_at=started_at,
+            checks=checks,
+            dry_run=True,
+            detail="dry run: no health check started",
+        )
+    details = describe_node(cluster, suspect.instance_id)
+    if details is None:
+        raise InstanceNotInCluster(
+            f"instance {suspect.instance_id} is not in HyperPod cluster {cluster}"
+        )
+    if details.get("InstanceStatus", {}).get("Status") == "DeepHealthCheckInProgress":
+        # A retry after our own successful call, or someone else's check: don't start another.
+        return HealthResult(
+            status="in_progress",
+            started_at=started_at,
+            checks=checks,
+            detail="a deep health check was already in progress",
+        )
+    request = {
+        "ClusterName": cluster,
+        "DeepHealthCheckConfigurations": [
+            {
+                "InstanceGroupName": suspect.instance_group,
+                "InstanceIds": [suspect.instance_id],
+                "DeepHealthChecks": checks,
+            }
+        ],
+    }
+    sm = aws.client("sagemaker")
+    with aws.aws_errors("sagemaker:StartClusterHealthCheck"):
+        try:
+            sm.start_cluster_health_check(**request)
+        except botocore.exceptions.ClientError as exc:
+            raise HealthCheckRejected(
+                f"StartClusterHealthCheck refused {suspect.instance_id}: {aws.error_code(exc)}: "
+                f"{exc.response.get('Error', {}).get('Message', '')}"
+            ) from exc
+    logger.info("started deep health check", extra={"request": request})
+    return HealthResult(status="in_progress", started_at=started_at, checks=checks)
+
+
+def _label(kube: KubeApi, node_name: str) -> dict[str, str]:
+    try:
+        return node_labels(kube.get_node(node_name))
+    except NodeNotFound:
+        return {}
+
+
+def classify(status: str | None, labels: dict[str, str]) -> tuple[HealthStatus, str]:
+    """The outcome from the instance status (None: instance gone) and the node labels."""
+    dhc, health = labels.get(DHC_LABEL), labels.get(HEALTH_LABEL)
+    detail = f"instance status={status}, {DHC_LABEL}={dhc}, {HEALTH_LABEL}={health}"
+    if status is None or status in _GONE_STATUSES:
+        return "replaced_by_hyperpod", detail
+    if dhc == "Failed" or status == "Failure" or health in _FAILED_HEALTH:
+        return "failed", detail
+    if status == "DeepHealthCheckInProgress" or dhc == "InProgress":
+        return "in_progress", detail
+    if dhc == "Passed" and status == "Running":
+        return "passed", detail
+    # Running without a verdict label: HyperPod has not picked the request up yet.
+    return "in_progress", detail
+
+
+def poll(settings: Settings, state: PollInput, kube: Callable[[], KubeApi]) -> HealthResult:
+    """One poll: in_progress, passed, failed, replaced_by_hyperpod or timed_out."""
+    previous = state.health
+    if previous.dry_run:
+        # Nothing was started; report a pass so the dry run walks the approval path too.
+        return previous.model_copy(
+            update={"status": "passed", "detail": "dry run: no health check was started"}
+        )
+    details = describe_node(settings.hyperpod_cluster_name, state.suspect.instance_id)
+    status = None if details is None else details.get("InstanceStatus", {}).get("Status")
+    labels = _label(kube(), state.suspect.node_name) if details is not None else {}
+    outcome, detail = classify(status, labels)
+    if outcome == "in_progress":
+        deadline = clock.parse_iso(previous.started_at) + timedelta(
+            seconds=settings.health_check_timeout_seconds
+        )
+        if clock.now() >= deadline:
+            outcome, detail = (
+                "timed_out",
+                f"no result after {settings.health_check_timeout_seconds}s; {detail}",
+            )
+    logger.info("health check poll", extra={"outcome": outcome, "detail": detail})
+    return HealthResult(
+        status=outcome, started_at=previous.started_at, checks=previous.checks, detail=detail
+    )

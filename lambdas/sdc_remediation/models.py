@@ -1,0 +1,356 @@
+"""Pydantic models: the workflow's inputs and outputs, the agent's report, the alarm event.
+
+Parse once at the edge (``parse_step``), then logic code works on typed objects. Every model of a
+workflow state ignores extra keys: each step receives the whole Map item state and reads only what
+it needs (docs/CONTRACT.md, "Workflow state").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from aws_lambda_powertools.utilities.parser import parse
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import InvalidAlarmEvent, InvalidStepInput
+
+SDC_METRICS = ("sdc_nonfinite_grad", "sdc_replay_mismatch", "sdc_divergent_tensors")
+ALARM_SCHEMA = "sdc.alarm/v1"
+RANKMAP_SCHEMA = "sdc.rankmap/v1"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# --- The EventBridge "CloudWatch Alarm State Change" event -------------------------------------
+
+
+class MetricRef(_Model):
+    """``configuration.metrics[].metricStat.metric`` of the alarm event."""
+
+    namespace: str
+    name: str
+    dimensions: dict[str, str] = Field(default_factory=dict)
+
+
+class MetricStat(_Model):
+    """``metricStat``: the metric, its period and statistic."""
+
+    metric: MetricRef
+    period: int | None = None
+    stat: str | None = None
+
+
+class MetricQuery(_Model):
+    """One entry of ``configuration.metrics``; math expressions have no metricStat."""
+
+    id: str
+    metric_stat: MetricStat | None = Field(default=None, alias="metricStat")
+    expression: str | None = None
+
+
+class AlarmConfiguration(_Model):
+    """``detail.configuration``."""
+
+    description: str | None = None
+    metrics: list[MetricQuery] = Field(default_factory=list)
+
+
+class AlarmStateValue(_Model):
+    """``detail.state`` / ``detail.previousState``."""
+
+    value: str
+    reason: str = ""
+    timestamp: datetime
+
+
+class AlarmDetail(_Model):
+    """``detail`` of a CloudWatch Alarm State Change event."""
+
+    alarm_name: str = Field(alias="alarmName")
+    state: AlarmStateValue
+    previous_state: AlarmStateValue | None = Field(default=None, alias="previousState")
+    configuration: AlarmConfiguration = Field(default_factory=AlarmConfiguration)
+
+
+class AlarmStateChangeEvent(EventBridgeModel):
+    """The workflow input: Powertools' EventBridge envelope with a typed alarm detail."""
+
+    source: Literal["aws.cloudwatch"]
+    detail_type: Literal["CloudWatch Alarm State Change"] = Field(alias="detail-type")
+    detail: AlarmDetail  # type: ignore[assignment]
+
+
+# --- The agent's report (schema sdc.alarm/v1) ---------------------------------------------------
+
+
+class RankInfo(_Model):
+    """Where one global rank runs, as the agent reports it."""
+
+    node_name: str | None = None
+    instance_id: str | None = None
+    gpu_uuid: str | None = None
+    local_rank: int | None = None
+    pod_name: str | None = None
+
+
+class VerdictEntry(_Model):
+    """One confirmation result: the pair replayed, the third GPU, whom it blames, and how."""
+
+    pair: list[int]
+    third: int | None = None
+    suspect: int | None = None
+    kind: str
+
+
+class ReportMetric(_Model):
+    """Which SDC metric the report incremented and by how much."""
+
+    name: str
+    value: float
+
+
+class Report(_Model):
+    """One ``sdc.alarm/v1`` log event, written by the agent next to the metrics."""
+
+    report_schema: Literal["sdc.alarm/v1"] = Field(alias="schema")
+    cluster: str
+    job: str
+    time: datetime
+    step: int
+    check: Literal["compute", "reduced_gradient", "weights"]
+    nonfinite: list[int] = Field(default_factory=list)
+    mismatched_pairs: list[list[int]] = Field(default_factory=list)
+    culprits: list[int] = Field(default_factory=list)
+    verdicts: list[VerdictEntry] = Field(default_factory=list)
+    suspects: list[int] | None = None
+    suspect_window: list[int] = Field(default_factory=lambda: [0, 0])
+    last_audit_pass: int | None = None
+    last_weight_check_pass: int | None = None
+    divergent_tensors: list[str] = Field(default_factory=list)
+    ranks: dict[str, RankInfo] = Field(default_factory=dict)
+    metric: ReportMetric | None = None
+
+
+class RankMap(_Model):
+    """The ``sdc.rankmap/v1`` event the agent writes at job start."""
+
+    report_schema: Literal["sdc.rankmap/v1"] = Field(alias="schema")
+    cluster: str
+    job: str
+    time: datetime
+    ranks: dict[str, RankInfo] = Field(default_factory=dict)
+
+
+# --- Workflow state ---------------------------------------------------------------------------
+
+
+class Alarm(_Model):
+    """The alarm as localize normalises it; every later step carries it."""
+
+    alarm_name: str
+    alarm_arn: str
+    state: str
+    reason: str
+    time: str
+    metric_name: str | None
+    namespace: str
+    cluster_name: str
+    window_start: str
+    window_end: str
+
+
+class Suspect(_Model):
+    """One node to contain, with the evidence that names it."""
+
+    node_name: str
+    instance_id: str
+    instance_group: str
+    job: str
+    ranks: dict[str, RankInfo]
+    check: str
+    verdict: str
+    step: int
+    suspect_window: list[int]
+    last_audit_pass: int | None = None
+    last_weight_check_pass: int | None = None
+    divergent_tensors: list[str] = Field(default_factory=list)
+
+
+class LocalizeResult(_Model):
+    """Output of localize."""
+
+    alarm: Alarm
+    suspects: list[Suspect]
+    ambiguous: bool
+    reports: int
+
+
+class Admission(_Model):
+    """Output of admit."""
+
+    decision: Literal["admitted", "duplicate", "circuit_open"]
+    remediation_id: str | None
+    reason: str
+
+
+class CordonResult(_Model):
+    """Output of cordon and uncordon."""
+
+    node_name: str
+    cordoned: bool
+    changed: bool
+    dry_run: bool
+
+
+HealthStatus = Literal["in_progress", "passed", "failed", "replaced_by_hyperpod", "timed_out"]
+
+
+class HealthResult(_Model):
+    """Output of start_health_check / poll_health_check."""
+
+    status: HealthStatus
+    started_at: str
+    checks: list[str] = Field(default_factory=list)
+    dry_run: bool = False
+    detail: str = ""
+
+
+class ApprovalDecision(_Model):
+    """What the CLI sends with SendTaskSuccess: the request_approval task's output."""
+
+    decision: Literal["approve", "reject"]
+    release: bool = False
+    approver: str
+    reason: str = ""
+    approval_id: str
+
+
+class ReplaceResult(_Model):
+    """Output of replace."""
+
+    mode: Literal["api", "label"]
+    requested: bool
+    dry_run: bool
+    detail: str
+
+
+class ItemState(_Model):
+    """The Map item's state: what every per-node step receives."""
+
+    alarm: Alarm
+    suspect: Suspect
+    execution: str = ""
+    suspects_in_alarm: int = Field(default=1, ge=1)
+    """How many nodes the same alarm names (the Map's item count)."""
+    admission: Admission | None = None
+    cordon: CordonResult | None = None
+    health: HealthResult | None = None
+    approval: ApprovalDecision | None = None
+    replacement: ReplaceResult | None = None
+    uncordon: CordonResult | None = None
+
+
+class PollInput(ItemState):
+    """poll_health_check needs the previous health result."""
+
+    health: HealthResult
+
+
+class ApprovalRequestInput(ItemState):
+    """request_approval receives the task token beside the item state."""
+
+    task_token: str = Field(min_length=1)
+
+
+Transition = Literal[
+    "ambiguous",
+    "no_suspects",
+    "duplicate",
+    "circuit_open",
+    "cordoned",
+    "health_check_passed",
+    "health_check_failed",
+    "health_check_timed_out",
+    "replaced_by_hyperpod",
+    "awaiting_approval",
+    "approved",
+    "rejected",
+    "released",
+    "approval_timed_out",
+    "replaced",
+    "failed",
+]
+
+
+class StepError(_Model):
+    """The ``{Error, Cause}`` object a Catch puts in the state."""
+
+    error: str = Field(default="", alias="Error")
+    cause: str = Field(default="", alias="Cause")
+
+
+class RecordState(_Model):
+    """The state record receives: a Map item's state, localize's output, or the raw event."""
+
+    alarm: Alarm | None = None
+    suspect: Suspect | None = None
+    suspects: list[Suspect] = Field(default_factory=list)
+    execution: str = ""
+    admission: Admission | None = None
+    cordon: CordonResult | None = None
+    health: HealthResult | None = None
+    approval: ApprovalDecision | None = None
+    replacement: ReplaceResult | None = None
+    uncordon: CordonResult | None = None
+
+
+class RecordInput(_Model):
+    """Input of record."""
+
+    transition: Transition
+    notify: bool = False
+    state: RecordState = Field(default_factory=RecordState)
+    error: StepError | None = None
+
+
+class RecordResult(_Model):
+    """Output of record."""
+
+    recorded: bool = True
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_step(event: Any, model: type[M]) -> M:
+    """Parse a step's input with Powertools Parser; a mismatch is ``InvalidStepInput``."""
+    try:
+        return parse(event=event, model=model)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise InvalidStepInput(f"{model.__name__}: {_first_errors(exc)}") from exc
+
+
+def parse_alarm_event(event: Any) -> AlarmStateChangeEvent:
+    """Parse the workflow input; anything but a CloudWatch alarm state change is rejected."""
+    try:
+        return parse(event=event, model=AlarmStateChangeEvent)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise InvalidAlarmEvent(
+            f"not a CloudWatch Alarm State Change event: {_first_errors(exc)}"
+        ) from exc
+
+
+def _first_errors(exc: Exception, limit: int = 3) -> str:
+    """A short, one-line description of a validation failure."""
+    cause = exc.__cause__ if not isinstance(exc, ValidationError) else exc
+    if isinstance(cause, ValidationError):
+        parts = [
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in cause.errors()[:limit]
+        ]
+        return "; ".join(parts)
+    return str(exc)

@@ -1,0 +1,204 @@
+"""The workflow steps as functions of typed input: what each thin handler calls.
+
+One function per step; each takes the parsed input and the settings and returns the step's
+output model. Kubernetes access is passed as a factory so steps that may not need it (localize
+without pods to resolve, replace in api mode) never connect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import approvals as approvals_mod
+from . import aws, health, notify
+from . import cordon as cordon_mod
+from . import localize as localize_mod
+from . import replace as replace_mod
+from .config import Settings
+from .errors import InvalidStepInput
+from .kube import KubeApi
+from .ledger import AdmitRequest, Ledger, cluster_pk, encode_detail
+from .models import (
+    Admission,
+    AlarmStateChangeEvent,
+    ApprovalRequestInput,
+    CordonResult,
+    HealthResult,
+    ItemState,
+    LocalizeResult,
+    PollInput,
+    RecordInput,
+    RecordResult,
+    ReplaceResult,
+)
+from .observability import logger, metrics
+
+KubeFactory = Callable[[], KubeApi]
+
+# Transitions after which the node is no longer in remediation (frees its place in the guard).
+CLOSING_TRANSITIONS = {"released", "replaced", "replaced_by_hyperpod"}
+# Transitions about an alarm that was NOT admitted: recorded in the node's history, but they must
+# not overwrite the status of the remediation that is open on the node.
+NOT_ADMITTED = {"duplicate", "circuit_open"}
+
+
+def kube_factory(settings: Settings) -> KubeFactory:
+    """A factory that connects on first call (token, endpoint and CA resolved then)."""
+    return lambda: KubeApi.from_settings(settings)
+
+
+def localize(event: AlarmStateChangeEvent, settings: Settings, kube: KubeFactory) -> LocalizeResult:
+    """Localize step."""
+    return localize_mod.localize(event, settings, kube)
+
+
+def cluster_size(cluster: str) -> int:
+    """How many nodes the HyperPod cluster has (the base of MAX_FRACTION)."""
+    sm = aws.client("sagemaker")
+    count = 0
+    with aws.aws_errors("sagemaker:ListClusterNodes"):
+        for page in sm.get_paginator("list_cluster_nodes").paginate(ClusterName=cluster):
+            count += len(page.get("ClusterNodeSummaries", []))
+    return count
+
+
+def admit(state: ItemState, settings: Settings) -> Admission:
+    """Admit step: one open remediation per node, under the blast-radius guard."""
+    cluster = settings.hyperpod_cluster_name
+    decision = Ledger(settings.ledger_table).admit(
+        AdmitRequest(
+            cluster=cluster,
+            instance_id=state.suspect.instance_id,
+            node_name=state.suspect.node_name,
+            execution=state.execution,
+            cluster_nodes=cluster_size(cluster),
+            max_nodes_per_hour=settings.max_nodes_per_hour,
+            max_fraction=settings.max_fraction,
+            suspects_in_alarm=state.suspects_in_alarm,
+        )
+    )
+    logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})
+    return Admission(
+        decision=decision.decision, remediation_id=decision.remediation_id, reason=decision.reason
+    )  # type: ignore[arg-type]
+
+
+def cordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonResult:
+    """Cordon step."""
+    return cordon_mod.cordon(kube(), state.alarm, state.suspect, settings.dry_run)
+
+
+def uncordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonResult:
+    """Uncordon step (only after a rejection that asked for release)."""
+    if state.approval is None or state.approval.decision != "reject" or not state.approval.release:
+        raise InvalidStepInput("uncordon needs $.approval with decision 'reject' and release true")
+    return cordon_mod.uncordon(kube(), state.suspect, state.approval.approver, settings.dry_run)
+
+
+def start_health_check(state: ItemState, settings: Settings) -> HealthResult:
+    """StartHealthCheck step."""
+    return health.start(settings, state.suspect)
+
+
+def poll_health_check(state: PollInput, settings: Settings, kube: KubeFactory) -> HealthResult:
+    """PollHealthCheck step."""
+    return health.poll(settings, state, kube)
+
+
+def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
+    """RequestApproval step: store the token, publish the evidence; returns the approval id."""
+    ledger = Ledger(settings.ledger_table)
+    history = [
+        h
+        for h in ledger.offender_history(state.suspect.instance_id)
+        if not state.admission or h["remediation_id"] != state.admission.remediation_id
+    ]
+    ev = notify.evidence(state, history)
+    approvals = approvals_mod.Approvals(settings.approvals_table)
+    approval_id, announce = approvals.create(
+        task_token=state.task_token,
+        remediation_id=state.admission.remediation_id if state.admission else None,
+        instance_id=state.suspect.instance_id,
+        node_name=state.suspect.node_name,
+        evidence=ev,
+        ttl_seconds=settings.approval_ttl_seconds,
+        execution=state.execution,
+    )
+    if announce:
+        prefix = f"sdc-remediation --approvals-table {settings.approvals_table}"
+        subject, body = notify.approval_message(approval_id, ev, prefix)
+        notify.publish(settings.topic_arn, subject, body)
+        approvals.mark_notified(approval_id)
+    logger.info(
+        "approval requested", extra={"approval_id": approval_id, "node": state.suspect.node_name}
+    )
+    return approval_id
+
+
+def replace(state: ItemState, settings: Settings, kube: KubeFactory) -> ReplaceResult:
+    """Replace step (api mode never connects to Kubernetes)."""
+    needs_kube = settings.replace_mode == "label" and not settings.dry_run
+    return replace_mod.replace(settings, state, kube() if needs_kube else None)
+
+
+def record(inp: RecordInput, settings: Settings) -> RecordResult:
+    """Record step: ledger entry, metric, and a notification when asked."""
+    st = inp.state
+    cluster = st.alarm.cluster_name if st.alarm else settings.hyperpod_cluster_name
+    remediation_id = (
+        st.admission.remediation_id if st.admission else None
+    ) or f"x-{st.execution or 'unknown'}"
+    pk = st.suspect.instance_id if st.suspect else cluster_pk(cluster)
+    detail = {
+        key: getattr(st, key).model_dump(by_alias=True)
+        for key in ("admission", "cordon", "health", "replacement", "uncordon")
+        if getattr(st, key) is not None
+    }
+    if st.suspects:
+        detail["suspects"] = [s.node_name for s in st.suspects]
+    attrs = {
+        "cluster": cluster,
+        "node_name": st.suspect.node_name if st.suspect else None,
+        "execution": st.execution or None,
+        "alarm": st.alarm.alarm_name if st.alarm else None,
+        "approver": st.approval.approver if st.approval else None,
+        "reason": st.approval.reason if st.approval else None,
+        "error": f"{inp.error.error}: {inp.error.cause[:1000]}" if inp.error else None,
+        "dry_run": settings.dry_run,
+        "detail": encode_detail(detail),
+    }
+    ledger = Ledger(settings.ledger_table)
+    ledger.record(
+        pk, remediation_id, inp.transition, attrs, update_status=inp.transition not in NOT_ADMITTED
+    )
+    if (
+        inp.transition in CLOSING_TRANSITIONS
+        and st.suspect
+        and st.admission
+        and st.admission.remediation_id
+    ):
+        ledger.close(cluster, st.suspect.instance_id, st.admission.remediation_id, inp.transition)
+    metrics.add_dimension(name="ClusterName", value=cluster)
+    metrics.add_metric(name=inp.transition, unit="Count", value=1)
+    if inp.notify:
+        subject, body = notify.transition_message(inp, cluster)
+        notify.publish(settings.topic_arn, subject, body)
+    logger.info(
+        "recorded", extra={"transition": inp.transition, "pk": pk, "remediation_id": remediation_id}
+    )
+    return RecordResult(recorded=True)
+
+
+__all__ = [
+    "CLOSING_TRANSITIONS",
+    "admit",
+    "cordon",
+    "kube_factory",
+    "localize",
+    "poll_health_check",
+    "record",
+    "replace",
+    "request_approval",
+    "start_health_check",
+    "uncordon",
+]

@@ -1,0 +1,1 @@
+"""Lambda package of the uncordon workflow step (handler string: uncordon.handler.handler)."""

@@ -1,0 +1,21 @@
+"""Release a node after a rejection that asked for it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from sdc_remediation import steps
+from sdc_remediation.config import settings
+from sdc_remediation.models import ItemState, parse_step
+from sdc_remediation.observability import logger, tracer
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """Release a node after a rejection that asked for it."""
+    state = parse_step(event, ItemState)
+    current = settings()
+    return steps.uncordon(state, current, steps.kube_factory(current)).model_dump(mode="json")

@@ -1,0 +1,212 @@
+"""AWS out of reach: training never waits, the alarm is spooled, and a later publisher sends it.
+
+Two ways of being unreachable: a closed loopback port (connection refused at once) and a
+loopback socket that accepts connections and never answers (the read timeout is what ends it).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+import torch
+from moto import mock_aws
+
+from sdc_agent.alarm import Alarm
+from sdc_agent.publish import CloudWatchPublisher, RetryPolicy, Spool
+from tests.agent.test_publish_cloudwatch import (  # noqa: F401  (aws_env is an autouse fixture)
+    NODE1,
+    RANKS,
+    REGION,
+    aws_env,
+    metric_sum,
+    stream_messages,
+)
+
+FAST_RETRY = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
+
+
+def closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """A socket that completes TCP handshakes (the listen backlog) and never says a word."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+
+
+def nonfinite_alarm(step: int = 7) -> Alarm:
+    return Alarm(
+        step=step,
+        check="compute",
+        nonfinite=[3],
+        suspects=[3],
+        suspect_window=(step - 1, step),
+        ranks={"3": RANKS[3]},
+    )
+
+
+def train_steps(publisher: CloudWatchPublisher, steps: int, alarm_at: int) -> list[float]:
+    """A small step loop that publishes like the guard does; returns each publish call's time."""
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64)
+    publish_times = []
+    publisher_calls = [lambda s: publisher.publish_rank_map(RANKS)]
+    for step in range(steps):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        calls = [*publisher_calls, lambda s: publisher.publish_liveness(s, 1, 0)]
+        if step == alarm_at:
+            calls.append(lambda s: publisher.publish_alarm(nonfinite_alarm(s)))
+        for call in calls:
+            started = time.perf_counter()
+            call(step)
+            publish_times.append(time.perf_counter() - started)
+        publisher_calls = []
+    return publish_times
+
+
+def spooled(spool_dir: Any) -> list[dict[str, Any]]:
+    """The records in the spool now (one a drainer claims meanwhile is not counted)."""
+    spool = Spool(spool_dir, 1 << 30)
+    records = []
+    for path in spool.records():
+        try:
+            records.append(spool.read(path).to_record())
+        except FileNotFoundError:
+            continue
+    return records
+
+
+@pytest.mark.parametrize("endpoint_kind", ["closed_port", "silent"])
+def test_unreachable_aws_never_slows_steps_and_the_alarm_is_spooled_then_sent_later(
+    endpoint_kind, tmp_path, monkeypatch, request
+):
+    # Given AWS_ENDPOINT_URL pointing at a dead endpoint, short timeouts and fast retries
+    endpoint = (
+        closed_port()
+        if endpoint_kind == "closed_port"
+        else request.getfixturevalue("silent_endpoint")
+    )
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    publisher = CloudWatchPublisher(
+        cluster_name="ml",
+        job_name="llama",
+        spool_dir=str(tmp_path),
+        connect_timeout=0.3,
+        read_timeout=0.3,
+        retry=FAST_RETRY,
+    )
+    # When 30 training steps publish the rank map, liveness and (at step 7) an alarm
+    started = time.perf_counter()
+    publish_times = train_steps(publisher, steps=30, alarm_at=7)
+    loop_seconds = time.perf_counter() - started
+    # Then no publish call waited on the network: each returned in far less than one timeout
+    assert max(publish_times) < 0.05, max(publish_times)
+    # And the exit-path flush reports that not everything got through
+    assert publisher.flush(10) is False
+    flush_seconds = time.perf_counter() - started - loop_seconds
+    # And the rank map and the alarm are in the spool, whole
+    records = spooled(tmp_path)
+    kinds = sorted(r["kind"] for r in records)
+    assert kinds == ["alarm", "rankmap"]
+    (alarm_record,) = [r for r in records if r["kind"] == "alarm"]
+    report = json.loads(alarm_record["message"])
+    assert (report["step"], report["nonfinite"], report["cluster"]) == (7, [3], "ml")
+    assert alarm_record["metrics"][0]["MetricName"] == "sdc_nonfinite_grad"
+    # (closing waits for its sender thread, so no attempt of it overlaps the next publisher)
+    publisher.close(5)
+    print(f"{endpoint_kind}: loop {loop_seconds:.3f}s, flush {flush_seconds:.3f}s")
+
+    # When a later publisher starts (the restarted job, AWS reachable again)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    with mock_aws():
+        cloudwatch = boto3.client("cloudwatch", region_name=REGION)
+        logs = boto3.client("logs", region_name=REGION)
+        later = CloudWatchPublisher(
+            cluster_name="ml",
+            job_name="llama-restarted",
+            spool_dir=str(tmp_path),
+            cloudwatch_client=cloudwatch,
+            logs_client=logs,
+        )
+        # Then it sends the spool without being called (as on a rank other than DP rank 0)
+        deadline = time.monotonic() + 10
+        while spooled(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert later.flush(10) is True
+        # And the report arrives intact in the original job's stream, with its metrics
+        messages = stream_messages(logs, "/sdc/ml", "llama")
+        assert [m["schema"] for m in messages].count("sdc.alarm/v1") == 1
+        (delivered,) = [m for m in messages if m["schema"] == "sdc.alarm/v1"]
+        assert delivered == report
+        node = {"ClusterName": "ml", "JobName": "llama", "NodeName": NODE1}
+        assert metric_sum(cloudwatch, "sdc_nonfinite_grad", {"ClusterName": "ml"}) == (1.0, 1.0)
+        assert metric_sum(cloudwatch, "sdc_nonfinite_grad", node) == (1.0, 1.0)
+        # And the spool is empty
+        assert spooled(tmp_path) == []
+        later.close(1)
+
+
+def test_a_full_queue_spools_from_the_caller_and_loses_nothing(
+    tmp_path, monkeypatch, silent_endpoint
+):
+    # Given a queue of one and a sender stuck on an endpoint that never answers
+    monkeypatch.setenv("AWS_ENDPOINT_URL", silent_endpoint)
+    publisher = CloudWatchPublisher(
+        cluster_name="ml",
+        job_name="llama",
+        spool_dir=str(tmp_path),
+        queue_size=1,
+        read_timeout=0.5,
+        retry=RetryPolicy(attempts=1),
+    )
+    # When five alarms are published at once
+    started = time.perf_counter()
+    for step in range(5):
+        publisher.publish_alarm(nonfinite_alarm(step + 1))
+    assert time.perf_counter() - started < 0.5
+    # And the exit path gives up waiting after 0.1 s
+    assert publisher.flush(0.1) is False
+    publisher.close(2)
+    # Then every alarm is in the spool (one may be there twice: never zero times)
+    steps = {json.loads(r["message"])["step"] for r in spooled(tmp_path)}
+    assert steps == {1, 2, 3, 4, 5}
+
+
+def test_when_the_spool_cannot_take_it_the_whole_report_is_logged(tmp_path, monkeypatch, caplog):
+    # Given an unreachable endpoint and a spool directory that cannot exist
+    monkeypatch.setenv("AWS_ENDPOINT_URL", closed_port())
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    publisher = CloudWatchPublisher(
+        cluster_name="ml", job_name="llama", spool_dir=str(blocker / "spool"), retry=FAST_RETRY
+    )
+    alarm = nonfinite_alarm(42)
+    # When the alarm cannot be sent
+    publisher.publish_alarm(alarm)
+    assert publisher.flush(10) is False
+    # Then an error log line holds the whole report, so the alarm is not lost silently
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    (line,) = [e for e in errors if "could not deliver or spool" in e]
+    record = json.loads(line.split("follows: ", 1)[1])
+    report = json.loads(record["message"])
+    report.pop("time")
+    assert report == {**alarm.to_dict(), "cluster": "ml", "job": "llama"}
+    publisher.close(0.5)

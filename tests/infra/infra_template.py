@@ -1,0 +1,54 @@
+"""Helpers to read a synthesized CloudFormation template in the infra tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def resources(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
+    """Logical id -> resource, for one resource type."""
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == resource_type}
+
+
+def flatten(node: Any) -> str:
+    """A CloudFormation value as text: GetAtt -> <Id.Attr>, Ref -> <Id>, Join joined."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, dict):
+        if "Fn::Join" in node:
+            delimiter, items = node["Fn::Join"]
+            return delimiter.join(flatten(item) for item in items)
+        if "Fn::GetAtt" in node:
+            return "<{}.{}>".format(*node["Fn::GetAtt"])
+        if "Ref" in node:
+            return f"<{node['Ref']}>"
+    return json.dumps(node)
+
+
+def definition(template: dict[str, Any]) -> dict[str, Any]:
+    """The state machine's ASL, with references rendered as <LogicalId.Arn> strings."""
+    (machine,) = resources(template, "AWS::StepFunctions::StateMachine").values()
+    return json.loads(flatten(machine["Properties"]["DefinitionString"]))
+
+
+def function_ids(template: dict[str, Any]) -> dict[str, str]:
+    """Step folder (from the handler string) -> the function's logical id."""
+    return {
+        fn["Properties"]["Handler"].split(".")[0]: logical_id
+        for logical_id, fn in resources(template, "AWS::Lambda::Function").items()
+    }
+
+
+def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, Any]]:
+    """Every statement of the inline policies attached to a role."""
+    statements = []
+    for policy in resources(template, "AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            statements.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return statements
+
+
+def as_list(value: Any) -> list[Any]:
+    """An IAM Action/Resource value as a list."""
+    return value if isinstance(value, list) else [value]

@@ -1,0 +1,709 @@
+"""The synthesized stack: what a deployment will contain, checked on the template."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from infra.config import METRIC_NAMES
+from infra.constructs.eks_access import KUBERNETES_GROUP
+from infra.constructs.functions import STEPS
+from tests.infra.infra_template import (
+    as_list,
+    definition,
+    flatten,
+    function_ids,
+    resources,
+    role_statements,
+)
+
+pytestmark = pytest.mark.slow
+
+CONTRACT_ENV = {
+    "HYPERPOD_CLUSTER_NAME",
+    "EKS_CLUSTER_NAME",
+    "METRIC_NAMESPACE",
+    "REPORT_LOG_GROUP",
+    "LOOKBACK_SECONDS",
+    "LEDGER_TABLE",
+    "APPROVALS_TABLE",
+    "TOPIC_ARN",
+    "MAX_NODES_PER_HOUR",
+    "MAX_FRACTION",
+    "HEALTH_CHECKS",
+    "HEALTH_CHECK_TIMEOUT_SECONDS",
+    "REPLACE_MODE",
+    "APPROVAL_TTL_SECONDS",
+    "DRY_RUN",
+    "STATE_MACHINE_ARN",
+    "POWERTOOLS_SERVICE_NAME",
+    "POWERTOOLS_METRICS_NAMESPACE",
+    "LOG_LEVEL",
+}
+
+
+def test_cdk_nag_reports_no_unacknowledged_finding(default_synth: Any, variant_synth: Any) -> None:
+    # Given the stack as shipped and with every option on, synthesized with AwsSolutionsChecks
+    # Then neither synthesis failed validation
+    assert default_synth.nag_error is None, default_synth.nag_error
+    assert variant_synth.nag_error is None, variant_synth.nag_error
+
+
+@pytest.mark.parametrize("which", ["default_synth", "variant_synth"])
+def test_cfn_lint_is_clean(which: str, request: pytest.FixtureRequest) -> None:
+    # Given a synthesized template written to disk
+    synth = request.getfixturevalue(which)
+    path = synth.outdir / "template-for-lint.json"
+    path.write_text(json.dumps(synth.template), encoding="utf-8")
+    # When cfn-lint checks it (W3005: CDK's explicit DependsOn duplicates, noise)
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "cfn-lint"),
+            "--ignore-checks",
+            "W3005",
+            "--",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    # Then it reports nothing
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_resource_counts(default_synth: Any) -> None:
+    # Given the default stack / Then it holds exactly the pipeline's resources
+    template = Template.from_json(default_synth.template)
+    template.resource_count_is("AWS::Lambda::Function", 9)
+    template.resource_count_is("AWS::Lambda::LayerVersion", 1)
+    template.resource_count_is("AWS::StepFunctions::StateMachine", 1)
+    template.resource_count_is("AWS::Events::Rule", 1)
+    template.resource_count_is("AWS::DynamoDB::Table", 2)
+    template.resource_count_is("AWS::SNS::Topic", 1)
+    template.resource_count_is("AWS::SQS::Queue", 1)
+    template.resource_count_is("AWS::CloudWatch::Dashboard", 1)
+    # 3 SDC alarms + workflow failures + undelivered events (no liveness job configured)
+    template.resource_count_is("AWS::CloudWatch::Alarm", 5)
+    template.resource_count_is("AWS::IAM::ManagedPolicy", 2)  # operators, agent
+
+
+def sdc_alarms(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        alarm["Properties"]["MetricName"]: alarm["Properties"]
+        for alarm in resources(template, "AWS::CloudWatch::Alarm").values()
+        if alarm["Properties"].get("MetricName") in METRIC_NAMES
+    }
+
+
+def test_one_high_resolution_alarm_per_sdc_metric_on_the_cluster_series(default_synth: Any) -> None:
+    # Given the default stack
+    alarms = sdc_alarms(default_synth.template)
+    # Then each SDC metric has one alarm on {ClusterName}, 10 s, missing data = healthy
+    assert set(alarms) == set(METRIC_NAMES)
+    for name, alarm in alarms.items():
+        assert alarm["Namespace"] == "SDC"
+        assert alarm["Dimensions"] == [{"Name": "ClusterName", "Value": "example-hyperpod-cluster"}]
+        assert alarm["Period"] == 10
+        assert alarm["Statistic"] == "Sum"
+        assert alarm["Threshold"] == 1
+        assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert alarm["EvaluationPeriods"] == 1
+        assert alarm["TreatMissingData"] == "notBreaching"
+        assert alarm["AlarmName"] == f"sdc-guard-example-hyperpod-cluster-{name}"
+        # The rule starts the workflow; an alarm action would notify before localization.
+        assert "AlarmActions" not in alarm
+
+
+def test_thresholds_follow_the_config(variant_synth: Any) -> None:
+    # Given a config raising the replay-mismatch threshold to 2 / Then only that alarm changes
+    alarms = sdc_alarms(variant_synth.template)
+    assert alarms["sdc_replay_mismatch"]["Threshold"] == 2
+    assert alarms["sdc_nonfinite_grad"]["Threshold"] == 1
+
+
+def test_rule_matches_exactly_our_alarms_entering_alarm_and_starts_the_workflow(
+    default_synth: Any,
+) -> None:
+    # Given the default stack
+    template = default_synth.template
+    (rule,) = resources(template, "AWS::Events::Rule").values()
+    pattern = rule["Properties"]["EventPattern"]
+    alarm_ids = {
+        logical_id
+        for logical_id, alarm in resources(template, "AWS::CloudWatch::Alarm").items()
+        if alarm["Properties"].get("MetricName") in METRIC_NAMES
+    }
+    # Then it matches the CloudWatch state change of these three alarms to ALARM only
+    assert pattern["source"] == ["aws.cloudwatch"]
+    assert pattern["detail-type"] == ["CloudWatch Alarm State Change"]
+    assert pattern["detail"] == {"state": {"value": ["ALARM"]}}
+    assert {res["Fn::GetAtt"][0] for res in pattern["resources"]} == alarm_ids
+    # And its one target is the state machine, with retries and a dead-letter queue
+    (target,) = rule["Properties"]["Targets"]
+    (machine_id,) = resources(template, "AWS::StepFunctions::StateMachine")
+    (queue_id,) = resources(template, "AWS::SQS::Queue")
+    assert target["Arn"] == {"Ref": machine_id}
+    assert target["DeadLetterConfig"]["Arn"] == {"Fn::GetAtt": [queue_id, "Arn"]}
+    assert target["RetryPolicy"]["MaximumRetryAttempts"] >= 1
+
+
+def test_state_machine_is_standard_logged_and_traced(default_synth: Any) -> None:
+    # Given the default stack
+    (machine,) = resources(default_synth.template, "AWS::StepFunctions::StateMachine").values()
+    props = machine["Properties"]
+    # Then it is a Standard workflow with X-Ray, logging every event without payloads
+    assert props["StateMachineType"] == "STANDARD"
+    assert props["TracingConfiguration"] == {"Enabled": True}
+    assert props["LoggingConfiguration"]["Level"] == "ALL"
+    assert props["LoggingConfiguration"]["IncludeExecutionData"] is False
+
+
+def item_states(asl: dict[str, Any]) -> dict[str, Any]:
+    return asl["States"]["RemediateSuspects"]["ItemProcessor"]["States"]
+
+
+def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> None:
+    # Given the default stack's definition
+    asl = definition(default_synth.template)
+    ids = function_ids(default_synth.template)
+    states = {**asl["States"], **item_states(asl)}
+    expected = {
+        "Localize": "localize",
+        "Admit": "admit",
+        "Cordon": "cordon",
+        "StartHealthCheck": "start_health_check",
+        "PollHealthCheck": "poll_health_check",
+        "RequestApproval": "request_approval",
+        "Replace": "replace",
+        "Uncordon": "uncordon",
+        "RecordCordoned": "record",
+        "RecordFailed": "record",
+    }
+    # Then every step is a plain lambda:invoke task on the function of its contract folder
+    for state_name, folder in expected.items():
+        state = states[state_name]
+        assert state["Type"] == "Task"
+        assert state["Resource"].startswith("arn:<AWS::Partition>:states:::lambda:invoke")
+        assert state["Parameters"]["FunctionName"] == f"<{ids[folder]}.Arn>"
+    # And the Map iterates the suspects, each item starting as {alarm, suspect, execution}
+    remediate = asl["States"]["RemediateSuspects"]
+    assert remediate["Type"] == "Map"
+    assert remediate["ItemsPath"] == "$.suspects"
+    assert remediate["ItemSelector"] == {
+        "alarm.$": "$.alarm",
+        "suspect.$": "$$.Map.Item.Value",
+        "execution.$": "$$.Execution.Id",
+    }
+
+
+def test_step_results_land_under_their_contract_keys(default_synth: Any) -> None:
+    # Given the per-item states
+    states = item_states(definition(default_synth.template))
+    # Then each step's Payload ends up at its own key of the item state
+    for step, key in [
+        ("Admit", "admission"),
+        ("Cordon", "cordon"),
+        ("StartHealthCheck", "health"),
+        ("PollHealthCheck", "health"),
+        ("Replace", "replacement"),
+        ("Uncordon", "uncordon"),
+    ]:
+        assert states[step]["ResultPath"] == f"$.{key}"
+        unwrap = states[states[step]["Next"]]
+        assert unwrap == {
+            "Type": "Pass",
+            "InputPath": f"$.{key}.Payload",
+            "ResultPath": f"$.{key}",
+            "Next": unwrap["Next"],
+        }
+    assert states["RequestApproval"]["ResultPath"] == "$.approval"
+
+
+def test_every_task_retries_transient_errors_and_catches_terminal_ones(default_synth: Any) -> None:
+    # Given every Lambda task of the definition
+    asl = definition(default_synth.template)
+    tasks = {
+        name: s for name, s in {**asl["States"], **item_states(asl)}.items() if s["Type"] == "Task"
+    }
+    assert len(tasks) >= 20
+    terminal = {
+        "InvalidAlarmEvent",
+        "InvalidStepInput",
+        "NodeNotFound",
+        "InstanceNotInCluster",
+        "HealthCheckRejected",
+        "ReplaceFailed",
+        "ConfigurationError",
+    }
+    for name, task in tasks.items():
+        retried = {error for retrier in task["Retry"] for error in retrier["ErrorEquals"]}
+        # Then the transient errors (and Lambda throttling) are retried with backoff
+        assert {"ClusterApiUnavailable", "AwsApiUnavailable", "ReportNotYetVisible"} <= retried, (
+            name
+        )
+        assert "Lambda.TooManyRequestsException" in retried, name
+        assert not retried & terminal, name
+        assert all(r["BackoffRate"] > 1 for r in task["Retry"]), name
+        # And everything else is caught into the state, with States.ALL last
+        caught = [catcher["ErrorEquals"] for catcher in task["Catch"]]
+        assert caught[-1] == ["States.ALL"], name
+        assert all(catcher["ResultPath"] == "$.error" for catcher in task["Catch"]), name
+        if name not in ("RecordFailed", "RecordItemFailed"):  # these end in a Fail state
+            assert terminal <= {e for errors in caught for e in errors}, name
+
+
+def test_errors_never_lead_to_uncordon_or_replace(default_synth: Any) -> None:
+    # Given the per-item states, as a graph
+    states = item_states(definition(default_synth.template))
+
+    def successors(name: str) -> set[str]:
+        state = states[name]
+        nxt = {state["Next"]} if "Next" in state else set()
+        nxt |= {choice["Next"] for choice in state.get("Choices", [])}
+        nxt |= {state["Default"]} if "Default" in state else set()
+        nxt |= {catcher["Next"] for catcher in state.get("Catch", [])}
+        return nxt
+
+    # When following every path that starts at a Catch or a Choice's default
+    frontier = [c["Next"] for s in states.values() for c in s.get("Catch", [])]
+    frontier += [s["Default"] for s in states.values() if "Default" in s]
+    seen: set[str] = set()
+    while frontier:
+        name = frontier.pop()
+        if name not in seen:
+            seen.add(name)
+            frontier.extend(successors(name))
+    # Then none reaches a state that uncordons or replaces a node
+    assert seen, "expected error paths"
+    assert not seen & {"Uncordon", "Replace", "Cordon"}, seen
+
+
+def test_approval_waits_for_the_task_token_with_the_configured_timeout(
+    default_synth: Any, variant_synth: Any
+) -> None:
+    # Given the RequestApproval state of the default (24 h) and variant (2 h) configs
+    default = item_states(definition(default_synth.template))["RequestApproval"]
+    variant = item_states(definition(variant_synth.template))["RequestApproval"]
+    # Then it is a waitForTaskToken invoke passing the token and the item's keys
+    assert default["Resource"].endswith(":states:::lambda:invoke.waitForTaskToken")
+    payload = default["Parameters"]["Payload"]
+    assert payload["task_token.$"] == "$$.Task.Token"
+    for key in ("alarm", "suspect", "execution", "admission", "cordon", "health"):
+        assert payload[f"{key}.$"] == f"$.{key}"
+    assert default["TimeoutSeconds"] == 86400
+    assert variant["TimeoutSeconds"] == 7200
+    # And a timeout is recorded (and notified) as approval_timed_out, leaving the node cordoned
+    (timeout_catch,) = [c for c in default["Catch"] if c["ErrorEquals"] == ["States.Timeout"]]
+    states = item_states(definition(default_synth.template))
+    timed_out = states[timeout_catch["Next"]]
+    assert timed_out["Parameters"]["Payload"]["transition"] == "approval_timed_out"
+    assert timed_out["Parameters"]["Payload"]["notify"] is True
+    assert timed_out.get("End") is True
+
+
+def test_decision_branches(default_synth: Any) -> None:
+    # Given the ApprovalDecision and HealthCheckStatus choices
+    states = item_states(definition(default_synth.template))
+    decision = states["ApprovalDecision"]["Choices"]
+
+    def target(choice: dict[str, Any]) -> str:
+        return choice["Next"]
+
+    # Then approve -> record approved -> Replace; reject+release -> Uncordon; reject -> rejected
+    assert target(decision[0]) == "RecordApproved" and states["RecordApproved"]["Next"] == "Replace"
+    assert {target(c) for c in decision[1:]} == {"RecordRejected", "Uncordon"}
+    assert states["UncordonResult"]["Next"] == "RecordReleased"
+    assert states["ReplaceResult"]["Next"] == "RecordReplaced"
+    # And the health poll loops while in progress, and skips approval when HyperPod replaced it
+    health = {c["StringEquals"]: c["Next"] for c in states["HealthCheckStatus"]["Choices"]}
+    assert health["in_progress"] == "WaitForHealthCheck"
+    assert states["WaitForHealthCheck"]["Next"] == "PollHealthCheck"
+    assert states[health["replaced_by_hyperpod"]].get("End") is True
+    for status in ("passed", "failed", "timed_out"):
+        assert states[states[health[status]]["Next"]]["Next"] == "RequestApproval"
+
+
+def test_record_payloads_use_the_contract_transitions(default_synth: Any) -> None:
+    # Given every Record task
+    asl = definition(default_synth.template)
+    records = [
+        s for n, s in {**asl["States"], **item_states(asl)}.items() if n.startswith("Record")
+    ]
+    transitions = {r["Parameters"]["Payload"]["transition"] for r in records}
+    # Then each uses a transition name of docs/CONTRACT.md and passes the whole state
+    contract = {
+        "ambiguous", "no_suspects", "duplicate", "circuit_open", "cordoned", "health_check_passed",
+        "health_check_failed", "health_check_timed_out", "replaced_by_hyperpod", "awaiting_approval",
+        "approved", "rejected", "released", "approval_timed_out", "replaced", "failed",
+    }  # fmt: skip
+    assert transitions == contract
+    for record in records:
+        payload = record["Parameters"]["Payload"]
+        assert payload["state.$"] == "$"
+        assert isinstance(payload["notify"], bool)
+        assert record["ResultPath"] is None
+        if payload["transition"] == "failed":
+            assert payload["error.$"] == "$.error"
+
+
+def test_functions_share_the_defaults_and_the_contract_environment(default_synth: Any) -> None:
+    # Given the nine functions
+    functions = resources(default_synth.template, "AWS::Lambda::Function")
+    handlers = sorted(fn["Properties"]["Handler"] for fn in functions.values())
+    # Then one per contract folder, handler <folder>.handler.handler
+    assert handlers == sorted(f"{folder}.handler.handler" for folder in STEPS)
+    for fn in functions.values():
+        props = fn["Properties"]
+        assert props["Runtime"] == "python3.14"
+        assert props["Architectures"] == ["arm64"]
+        assert props["TracingConfig"] == {"Mode": "Active"}
+        assert props["LoggingConfig"]["LogFormat"] == "JSON"
+        assert len(props["Layers"]) == 1
+        env = props["Environment"]["Variables"]
+        assert set(env) == CONTRACT_ENV
+        assert env["REPORT_LOG_GROUP"] == "/sdc/example-hyperpod-cluster"
+        assert env["MAX_NODES_PER_HOUR"] == "2"
+        assert env["HEALTH_CHECKS"] == "InstanceStress"
+        assert env["DRY_RUN"] == "false"
+        assert env["POWERTOOLS_METRICS_NAMESPACE"] == "SDCRemediation"
+        assert int(env["APPROVAL_TTL_SECONDS"]) > 86400
+        assert "stateMachine:sdc-guard-example-hyperpod-cluster" in flatten(
+            env["STATE_MACHINE_ARN"]
+        )
+    # And admit runs one at a time, so the blast-radius guard cannot race itself
+    admit = functions[function_ids(default_synth.template)["admit"]]
+    assert admit["Properties"]["ReservedConcurrentExecutions"] == 1
+
+
+def test_tables_have_the_contract_keys_and_protection(default_synth: Any) -> None:
+    # Given the two tables
+    template = Template.from_json(default_synth.template)
+    # Then the ledger is pk/sk with the by_cluster index, PITR and KMS encryption
+    template.has_resource(
+        "AWS::DynamoDB::Table",
+        {
+            "DeletionPolicy": "Retain",
+            "Properties": Match.object_like(
+                {
+                    "KeySchema": [
+                        {"AttributeName": "pk", "KeyType": "HASH"},
+                        {"AttributeName": "sk", "KeyType": "RANGE"},
+                    ],
+                    "GlobalSecondaryIndexes": [
+                        Match.object_like(
+                            {
+                                "IndexName": "by_cluster",
+                                "KeySchema": [
+                                    {"AttributeName": "cluster", "KeyType": "HASH"},
+                                    {"AttributeName": "admitted_at", "KeyType": "RANGE"},
+                                ],
+                            }
+                        )
+                    ],
+                    "BillingMode": "PAY_PER_REQUEST",
+                    "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+                    "SSESpecification": {"SSEEnabled": True},  # the AWS managed KMS key
+                }
+            ),
+        },
+    )
+    # And approvals are keyed by approval_id with a TTL on expires_at
+    template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "KeySchema": [{"AttributeName": "approval_id", "KeyType": "HASH"}],
+            "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
+            "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+            "SSESpecification": {"SSEEnabled": True},  # the AWS managed KMS key
+        },
+    )
+
+
+def test_topic_is_encrypted_and_subscribes_the_configured_emails(
+    default_synth: Any, variant_synth: Any
+) -> None:
+    # Given both configs
+    (topic,) = resources(default_synth.template, "AWS::SNS::Topic").values()
+    (key_id,) = resources(default_synth.template, "AWS::KMS::Key")
+    # Then the topic uses the stack's rotating key
+    assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+    assert (
+        resources(default_synth.template, "AWS::KMS::Key")[key_id]["Properties"][
+            "EnableKeyRotation"
+        ]
+        is True
+    )
+    # And exactly the configured addresses are subscribed
+    assert resources(default_synth.template, "AWS::SNS::Subscription") == {}
+    subscriptions = resources(variant_synth.template, "AWS::SNS::Subscription").values()
+    assert sorted(s["Properties"]["Endpoint"] for s in subscriptions) == [
+        "ml-platform@example.com",
+        "oncall@example.com",
+    ]
+    assert all(s["Properties"]["Protocol"] == "email" for s in subscriptions)
+
+
+# Actions that have no resource-level permissions, the only ones allowed on "*".
+STAR_ALLOWED = {
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "xray:GetSamplingRules",
+    "xray:GetSamplingTargets",
+    "cloudwatch:ListMetrics",
+    "cloudwatch:GetMetricData",
+    "logs:CreateLogDelivery",
+    "logs:GetLogDelivery",
+    "logs:UpdateLogDelivery",
+    "logs:DeleteLogDelivery",
+    "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy",
+    "logs:DescribeResourcePolicies",
+    "logs:DescribeLogGroups",
+    "ec2:CreateNetworkInterface",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSubnets",
+    "ec2:DeleteNetworkInterface",
+    "ec2:AssignPrivateIpAddresses",
+    "ec2:UnassignPrivateIpAddresses",
+}
+
+
+@pytest.mark.parametrize("which", ["default_synth", "variant_synth"])
+def test_star_resources_only_for_actions_without_resource_permissions(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    # Given every IAM statement of the stack (inline and managed policies)
+    template = request.getfixturevalue(which).template
+    docs = [
+        p["Properties"]["PolicyDocument"] for p in resources(template, "AWS::IAM::Policy").values()
+    ]
+    docs += [
+        p["Properties"]["PolicyDocument"]
+        for p in resources(template, "AWS::IAM::ManagedPolicy").values()
+    ]
+    for statement in (s for doc in docs for s in doc["Statement"]):
+        if "*" in as_list(statement["Resource"]):
+            actions = set(as_list(statement["Action"]))
+            # Then "*" appears only with those actions, or PutMetricData fenced by namespace
+            if actions == {"cloudwatch:PutMetricData"}:
+                assert statement["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SDC"}}
+            else:
+                assert actions <= STAR_ALLOWED, statement
+
+
+def statements_by_step(template: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    functions = resources(template, "AWS::Lambda::Function")
+    return {
+        folder: role_statements(
+            template, functions[logical_id]["Properties"]["Role"]["Fn::GetAtt"][0]
+        )
+        for folder, logical_id in function_ids(template).items()
+    }
+
+
+def actions_of(statements: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """action -> flattened resources it is allowed on."""
+    allowed: dict[str, list[str]] = {}
+    for statement in statements:
+        for action in as_list(statement["Action"]):
+            allowed.setdefault(action, []).extend(
+                flatten(r) for r in as_list(statement["Resource"])
+            )
+    return allowed
+
+
+def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synth: Any) -> None:
+    # Given the variant (cluster ARN known, label replacement)
+    template = variant_synth.template
+    by_step = {folder: actions_of(s) for folder, s in statements_by_step(template).items()}
+    (ledger_id,) = [
+        k
+        for k, t in resources(template, "AWS::DynamoDB::Table").items()
+        if "GlobalSecondaryIndexes" in t["Properties"]
+    ]
+    (topic_id,) = resources(template, "AWS::SNS::Topic")
+    cluster_arn = "arn:aws:sagemaker:us-west-2:123456789012:cluster/abcdef123456"
+    # Then HyperPod calls are scoped to the cluster ARN, by the steps that need them only
+    assert by_step["start_health_check"]["sagemaker:StartClusterHealthCheck"] == [cluster_arn]
+    assert by_step["replace"]["sagemaker:BatchReplaceClusterNodes"] == [cluster_arn]
+    only = {
+        "sagemaker:StartClusterHealthCheck": {"start_health_check"},
+        "sagemaker:BatchReplaceClusterNodes": {"replace"},
+    }
+    for action, owners in only.items():
+        assert {f for f, acts in by_step.items() if action in acts} == owners
+    # And the ledger is written only by admit and record, on the table and its index
+    writers = {
+        f
+        for f, acts in by_step.items()
+        if "dynamodb:PutItem" in acts and any(ledger_id in r for r in acts["dynamodb:PutItem"])
+    }
+    assert writers == {"admit", "record"}
+    assert by_step["admit"]["dynamodb:Query"] == [
+        f"<{ledger_id}.Arn>",
+        f"<{ledger_id}.Arn>/index/by_cluster",
+    ]
+    # And notifications are published only by record and request_approval, to our topic
+    assert {f for f, acts in by_step.items() if "sns:Publish" in acts} == {
+        "record",
+        "request_approval",
+    }
+    assert by_step["record"]["sns:Publish"] == [f"<{topic_id}>"]
+    # And eks:DescribeCluster is on the named cluster, for the Kubernetes-facing steps only
+    eks_users = {f for f, acts in by_step.items() if "eks:DescribeCluster" in acts}
+    assert eks_users == {"localize", "cordon", "uncordon", "poll_health_check", "replace"}
+    assert all(r.endswith(":cluster/ml-prod-eks") for r in by_step["cordon"]["eks:DescribeCluster"])
+    # And no step may write to the approvals table except request_approval
+    assert {f for f, acts in by_step.items() if "dynamodb:PutItem" in acts} == {
+        "admit",
+        "record",
+        "request_approval",
+    }
+
+
+def test_eks_access_entries_put_the_kubernetes_steps_in_the_rbac_group(
+    default_synth: Any, variant_synth: Any
+) -> None:
+    # Given both configs (the variant replaces by node label, so replace talks to Kubernetes)
+    def entries(template: dict[str, Any]) -> set[str]:
+        roles = {
+            fn["Properties"]["Role"]["Fn::GetAtt"][0]: fn["Properties"]["Handler"].split(".")[0]
+            for fn in resources(template, "AWS::Lambda::Function").values()
+        }
+        found = set()
+        for entry in resources(template, "AWS::EKS::AccessEntry").values():
+            props = entry["Properties"]
+            assert props["KubernetesGroups"] == [KUBERNETES_GROUP]
+            assert props["Type"] == "STANDARD"
+            found.add(roles[props["PrincipalArn"]["Fn::GetAtt"][0]])
+        return found
+
+    # Then the entries cover exactly the steps that read or patch nodes
+    assert entries(default_synth.template) == {
+        "localize",
+        "cordon",
+        "uncordon",
+        "poll_health_check",
+    }
+    assert entries(variant_synth.template) == {
+        "localize",
+        "cordon",
+        "uncordon",
+        "poll_health_check",
+        "replace",
+    }
+    (entry,) = [e for e in resources(variant_synth.template, "AWS::EKS::AccessEntry").values()][:1]
+    assert entry["Properties"]["ClusterName"] == "ml-prod-eks"
+
+
+def test_only_kubernetes_steps_run_in_the_configured_vpc(variant_synth: Any) -> None:
+    # Given the variant with a VPC for the private EKS endpoint
+    functions = resources(variant_synth.template, "AWS::Lambda::Function").values()
+    in_vpc = {
+        fn["Properties"]["Handler"].split(".")[0]
+        for fn in functions
+        if "VpcConfig" in fn["Properties"]
+    }
+    # Then exactly the steps calling the EKS API are placed in its subnets
+    assert in_vpc == {"localize", "cordon", "uncordon", "poll_health_check", "replace"}
+    for fn in functions:
+        if "VpcConfig" in fn["Properties"]:
+            assert fn["Properties"]["VpcConfig"]["SubnetIds"] == [
+                "subnet-0123456789abcdef0",
+                "subnet-0fedcba9876543210",
+            ]
+
+
+def test_liveness_alarm_notifies_when_the_job_stops_checking(variant_synth: Any) -> None:
+    # Given the variant with livenessJobName
+    (alarm,) = [
+        a["Properties"]
+        for a in resources(variant_synth.template, "AWS::CloudWatch::Alarm").values()
+        if "liveness" in a["Properties"].get("AlarmName", "")
+    ]
+    # Then missing data breaches (no checks = unprotected), and it notifies the topic
+    assert alarm["TreatMissingData"] == "breaching"
+    assert alarm["ComparisonOperator"] == "LessThanThreshold"
+    dims = [m["MetricStat"]["Metric"]["Dimensions"] for m in alarm["Metrics"] if "MetricStat" in m]
+    assert all({"Name": "JobName", "Value": "llama-70b"} in d for d in dims) and len(dims) == 2
+    (topic_id,) = resources(variant_synth.template, "AWS::SNS::Topic")
+    assert alarm["AlarmActions"] == [{"Ref": topic_id}]
+
+
+def test_operator_policy_can_answer_the_workflow_and_decide_approvals(default_synth: Any) -> None:
+    # Given the operators' managed policy
+    template = default_synth.template
+    (machine_id,) = resources(template, "AWS::StepFunctions::StateMachine")
+    policies = [p["Properties"] for p in resources(template, "AWS::IAM::ManagedPolicy").values()]
+    (operators,) = [p for p in policies if "operators" in p["Description"]]
+    allowed = actions_of(operators["PolicyDocument"]["Statement"])
+    # Then SendTaskSuccess is allowed on this state machine only, and approvals can be updated
+    assert allowed["states:SendTaskSuccess"] == [f"<{machine_id}>"]
+    assert "dynamodb:UpdateItem" in allowed
+    assert not any(r == "*" for rs in allowed.values() for r in rs)
+
+
+def test_outputs_tell_the_user_what_to_run(default_synth: Any) -> None:
+    # Given the stack outputs
+    outputs = default_synth.template["Outputs"]
+    # Then the names the CLI and docs refer to are there
+    for name in (
+        "StateMachineArn",
+        "LedgerTableName",
+        "ApprovalsTableName",
+        "TopicArn",
+        "DashboardUrl",
+        "ApproveCommand",
+        "OperatorPolicyArn",
+        "AgentPolicyArn",
+    ):
+        assert name in outputs, name
+    command = flatten(outputs["ApproveCommand"]["Value"])
+    assert command.startswith("sdc-remediation approve APPROVAL_ID --approvals-table <")
+    assert "--ledger-table <" in command
+
+
+def test_dashboard_shows_sdc_metrics_liveness_outcomes_and_open_remediations(
+    default_synth: Any,
+) -> None:
+    # Given the dashboard body
+    (dashboard,) = resources(default_synth.template, "AWS::CloudWatch::Dashboard").values()
+    body = flatten(dashboard["Properties"]["DashboardBody"])
+    # Then it graphs each SDC metric per job and node, liveness per job, the workflow and open items
+    for name in METRIC_NAMES:
+        assert (
+            f'{{SDC,ClusterName,JobName,NodeName}} ClusterName=\\"example-hyperpod-cluster\\" MetricName=\\"{name}\\"'
+            in body
+        )
+    for name in ("sdc_audit_pass", "sdc_weight_check_pass"):
+        assert f'MetricName=\\"{name}\\"' in body
+    assert "ExecutionsFailed" in body
+    (record_logs,) = [
+        k
+        for k, v in resources(default_synth.template, "AWS::Lambda::Function").items()
+        if v["Properties"]["Handler"] == "record.handler.handler"
+    ]
+    record_group = resources(default_synth.template, "AWS::Lambda::Function")[record_logs][
+        "Properties"
+    ]["LoggingConfig"]["LogGroup"]
+    assert f"SOURCE '{flatten(record_group)}'" in body
+    assert 'filter message = \\"recorded\\"' in body
+
+
+def test_code_asset_is_the_lambdas_folder_without_build_leftovers(default_synth: Any) -> None:
+    # Given the staged function code asset (bundling is skipped only for the layer)
+    staged = [p for p in default_synth.outdir.glob("asset.*") if (p / "sdc_remediation").is_dir()]
+    assert len(staged) == 1
+    files = [p.relative_to(staged[0]).as_posix() for p in staged[0].rglob("*")]
+    # Then it holds the domain package but no tests, caches, metadata or packaging files
+    assert "sdc_remediation/__init__.py" in files
+    assert not [f for f in files if "__pycache__" in f or ".egg-info" in f or f.endswith(".pyc")]
+    assert not [f for f in files if f == "tests" or f.startswith("tests/") or "/tests/" in f]
+    assert "pyproject.toml" not in files

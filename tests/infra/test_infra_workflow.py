@@ -1,0 +1,299 @@
+"""The synthesized workflow, executed on moto's Step Functions interpreter with stand-in steps:
+each path of DESIGN.md's workflow does what the contract says, and errors never uncordon or
+replace."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.infra.infra_synth import Synth, synthesize
+from tests.infra.workflow_harness import finish, start, wait_for, workflow
+
+pytestmark = pytest.mark.slow
+
+ALARM = {
+    "alarm_name": "sdc-guard-example-hyperpod-cluster-sdc_replay_mismatch",
+    "alarm_arn": "arn:aws:cloudwatch:us-east-1:123456789012:alarm:sdc-guard-example-hyperpod-cluster-sdc_replay_mismatch",
+    "state": "ALARM",
+    "reason": "Threshold Crossed",
+    "time": "2026-11-29T10:00:00Z",
+    "metric_name": "sdc_replay_mismatch",
+    "namespace": "SDC",
+    "cluster_name": "example-hyperpod-cluster",
+    "window_start": "2026-11-29T09:59:50Z",
+    "window_end": "2026-11-29T10:00:00Z",
+}
+SUSPECT = {
+    "node_name": "hyperpod-i-0123456789abcdef0",
+    "instance_id": "i-0123456789abcdef0",
+    "instance_group": "workers",
+    "job": "llama",
+    "ranks": [5],
+    "check": "compute",
+    "verdict": "persistent",
+    "step": 1200,
+    "suspect_window": [1190, 1200],
+}
+EVENT = {
+    "source": "aws.cloudwatch",
+    "detail-type": "CloudWatch Alarm State Change",
+    "detail": {"state": {"value": "ALARM"}},
+}
+
+
+class NodeNotFound(Exception):
+    """Stands in for sdc_remediation.errors.NodeNotFound (the class name is the contract)."""
+
+
+@pytest.fixture(scope="module")
+def fast_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """The shipped config with a 1-second health-check poll, so the loop runs in a test."""
+    return synthesize(tmp_path_factory, "fast", {"healthCheckPollInterval": "1s"})
+
+
+def localized(suspects: list[dict[str, Any]], ambiguous: bool = False) -> Any:
+    return lambda event: {
+        "alarm": ALARM,
+        "suspects": suspects,
+        "ambiguous": ambiguous,
+        "reports": 1,
+    }
+
+
+def happy_steps(polls: list[str]) -> dict[str, Any]:
+    """Stand-ins for an admitted suspect whose health check reports `polls` in turn."""
+    remaining = list(polls)
+    return {
+        "localize": localized([SUSPECT]),
+        "admit": lambda s: {"decision": "admitted", "remediation_id": "r-1", "reason": "first"},
+        "cordon": lambda s: {
+            "node_name": s["suspect"]["node_name"],
+            "cordoned": True,
+            "changed": True,
+            "dry_run": False,
+        },
+        "start_health_check": lambda s: {
+            "status": "in_progress",
+            "started_at": "t0",
+            "checks": ["InstanceStress"],
+            "dry_run": False,
+        },
+        "poll_health_check": lambda s: {
+            "status": remaining.pop(0),
+            "started_at": "t0",
+            "detail": "",
+        },
+        "request_approval": lambda s: None,
+        "replace": lambda s: {"mode": "api", "requested": True, "dry_run": False, "detail": ""},
+        "uncordon": lambda s: {
+            "node_name": s["suspect"]["node_name"],
+            "cordoned": False,
+            "changed": True,
+            "dry_run": False,
+        },
+    }
+
+
+def decide(sfn: Any, run: Any, decision: dict[str, Any]) -> None:
+    wait_for(lambda: bool(run.tokens))
+    sfn.send_task_success(taskToken=run.tokens[0], output=json.dumps(decision))
+
+
+def test_approved_suspect_is_cordoned_checked_and_replaced(fast_synth: Synth) -> None:
+    # Given an alarm with one suspect whose health check passes on the second poll
+    with workflow(fast_synth.template, happy_steps(["in_progress", "passed"])) as (
+        sfn,
+        machine,
+        run,
+    ):
+        execution = start(sfn, machine, EVENT, "approve")
+        # When the operator approves
+        decide(
+            sfn,
+            run,
+            {
+                "decision": "approve",
+                "release": False,
+                "approver": "arn:aws:iam::1:user/op",
+                "reason": "",
+                "approval_id": "a-1",
+            },
+        )
+        result = finish(sfn, execution)
+    # Then the workflow cordons, polls until done, waits, replaces, and records each transition
+    assert result["status"] == "SUCCEEDED"
+    assert run.transitions() == [
+        "cordoned",
+        "health_check_passed",
+        "awaiting_approval",
+        "approved",
+        "replaced",
+    ]
+    assert len(run.inputs("poll_health_check")) == 2
+    assert run.inputs("uncordon") == []
+    # And each step saw the item state with the previous results under their contract keys
+    (replace_input,) = run.inputs("replace")
+    assert replace_input["suspect"] == SUSPECT and replace_input["alarm"] == ALARM
+    assert replace_input["admission"]["decision"] == "admitted"
+    assert replace_input["cordon"]["cordoned"] is True
+    assert replace_input["health"]["status"] == "passed"
+    assert replace_input["approval"]["decision"] == "approve"
+    assert replace_input["execution"].endswith(":approve")
+    (approval_input,) = run.inputs("request_approval")
+    assert approval_input["task_token"] == run.tokens[0]
+    assert set(approval_input) == {
+        "alarm",
+        "suspect",
+        "execution",
+        "admission",
+        "cordon",
+        "health",
+        "task_token",
+    }
+
+
+def test_rejected_with_release_uncordons_and_without_stays_cordoned(fast_synth: Synth) -> None:
+    outcomes = {}
+    for release in (True, False):
+        # Given a suspect waiting for approval
+        with workflow(fast_synth.template, happy_steps(["failed"])) as (sfn, machine, run):
+            execution = start(sfn, machine, EVENT, f"reject-{release}")
+            # When the operator rejects, with or without asking for release
+            decide(
+                sfn,
+                run,
+                {
+                    "decision": "reject",
+                    "release": release,
+                    "approver": "op",
+                    "reason": "false alarm",
+                    "approval_id": "a-1",
+                },
+            )
+            assert finish(sfn, execution)["status"] == "SUCCEEDED"
+            outcomes[release] = (
+                run.transitions(),
+                len(run.inputs("uncordon")),
+                len(run.inputs("replace")),
+            )
+    # Then only the release uncordons, and nothing is replaced
+    assert outcomes[True] == (
+        ["cordoned", "health_check_failed", "awaiting_approval", "released"],
+        1,
+        0,
+    )
+    assert outcomes[False] == (
+        ["cordoned", "health_check_failed", "awaiting_approval", "rejected"],
+        0,
+        0,
+    )
+
+
+def test_terminal_error_is_recorded_and_notified_and_nothing_is_undone(fast_synth: Synth) -> None:
+    # Given a cordoned node whose health check start fails for good
+    steps = happy_steps([])
+    steps["start_health_check"] = lambda s: (_ for _ in ()).throw(NodeNotFound("node vanished"))
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "terminal"))
+    # Then the failure is recorded with the error and a notification, once, and the node is
+    # left cordoned: no retry of a terminal error, no uncordon, no replacement
+    assert result["status"] == "SUCCEEDED"
+    assert run.transitions() == ["cordoned", "failed"]
+    failed = run.inputs("record")[-1]
+    assert failed["notify"] is True
+    assert failed["error"]["Error"] == "NodeNotFound"
+    assert failed["state"]["cordon"]["cordoned"] is True
+    assert len(run.inputs("start_health_check")) == 1
+    assert run.inputs("uncordon") == [] and run.inputs("replace") == []
+
+
+def test_duplicate_and_circuit_open_never_cordon(fast_synth: Synth) -> None:
+    for decision, transition, notify in (
+        ("duplicate", "duplicate", False),
+        ("circuit_open", "circuit_open", True),
+    ):
+        # Given admit refusing the suspect
+        steps = happy_steps([])
+        steps["admit"] = lambda s, d=decision: {
+            "decision": d,
+            "remediation_id": None,
+            "reason": "guard",
+        }
+        with workflow(fast_synth.template, steps) as (sfn, machine, run):
+            assert finish(sfn, start(sfn, machine, EVENT, decision))["status"] == "SUCCEEDED"
+        # Then it is recorded (circuit_open notifies) and the node is never touched
+        assert run.transitions() == [transition]
+        assert run.inputs("record")[0]["notify"] is notify
+        assert run.inputs("cordon") == []
+
+
+@pytest.mark.parametrize(
+    ("suspects", "ambiguous", "transition"),
+    [([SUSPECT], True, "ambiguous"), ([], False, "no_suspects")],
+)
+def test_nobody_is_named_when_localization_is_ambiguous_or_empty(
+    fast_synth: Synth, suspects: list[dict[str, Any]], ambiguous: bool, transition: str
+) -> None:
+    # Given localize finding no attributable suspect
+    with workflow(fast_synth.template, {"localize": localized(suspects, ambiguous)}) as (
+        sfn,
+        machine,
+        run,
+    ):
+        result = finish(sfn, start(sfn, machine, EVENT, transition))
+    # Then the alarm is recorded with a notification and no step after localize runs
+    assert result["status"] == "SUCCEEDED"
+    assert run.transitions() == [transition]
+    assert run.inputs("record")[0]["notify"] is True
+    assert [name for name, _ in run.calls] == ["localize", "record"]
+
+
+def test_each_suspect_is_remediated_independently(fast_synth: Synth) -> None:
+    # Given two suspects, the second of which is already in remediation
+    other = {
+        **SUSPECT,
+        "node_name": "hyperpod-i-0fedcba9876543210",
+        "instance_id": "i-0fedcba9876543210",
+    }
+    steps = happy_steps(["replaced_by_hyperpod"])
+    steps["localize"] = localized([SUSPECT, other])
+    steps["admit"] = lambda s: {
+        "decision": "admitted"
+        if s["suspect"]["instance_id"] == SUSPECT["instance_id"]
+        else "duplicate",
+        "remediation_id": "r-1",
+        "reason": "",
+    }
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "two"))
+    # Then the first goes through cordon and HyperPod's own replacement (no approval needed),
+    # and the second is only recorded as a duplicate
+    assert result["status"] == "SUCCEEDED"
+    assert sorted(run.transitions()) == ["cordoned", "duplicate", "replaced_by_hyperpod"]
+    assert [s["suspect"]["instance_id"] for s in run.inputs("cordon")] == [SUSPECT["instance_id"]]
+    assert run.inputs("request_approval") == []
+    assert len(json.loads(result["output"])["remediations"]) == 2
+
+
+def test_approval_timeout_leaves_the_node_cordoned_and_notifies(fast_synth: Synth) -> None:
+    # Given the approval wait shortened to 1 s (the config's minimum is a minute)
+    def shorten(asl: dict[str, Any]) -> None:
+        asl["States"]["RemediateSuspects"]["ItemProcessor"]["States"]["RequestApproval"][
+            "TimeoutSeconds"
+        ] = 1
+
+    with workflow(fast_synth.template, happy_steps(["passed"]), patch_definition=shorten) as (
+        sfn,
+        machine,
+        run,
+    ):
+        # When nobody decides
+        result = finish(sfn, start(sfn, machine, EVENT, "timeout"))
+    # Then approval_timed_out is recorded with a notification; no replace, no uncordon
+    assert result["status"] == "SUCCEEDED"
+    assert run.transitions()[-1] == "approval_timed_out"
+    assert run.inputs("record")[-1]["notify"] is True
+    assert run.inputs("replace") == [] and run.inputs("uncordon") == []

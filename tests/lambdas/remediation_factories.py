@@ -1,0 +1,234 @@
+"""Builders for the remediation tests: alarm events, agent reports, workflow item states."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+CLUSTER = "hp-test"
+EKS_CLUSTER = "eks-test"
+NAMESPACE = "SDC"
+JOB = "llama-pretrain"
+REGION = "us-east-1"
+LEDGER = "sdc-ledger"
+APPROVALS = "sdc-approvals"
+TOPIC = "sdc-remediation"
+NODES = 40  # HyperPod nodes in the moto cluster: MAX_FRACTION 0.05 then allows 2 open
+
+
+def iso(moment: datetime) -> str:
+    """ISO 8601 UTC as the agent writes it."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def alarm_event(
+    *,
+    time: datetime,
+    cluster: str = CLUSTER,
+    metric: str = "sdc_replay_mismatch",
+    state: str = "ALARM",
+    namespace: str = NAMESPACE,
+    alarm_name: str = "sdc-replay-mismatch-hp-test",
+) -> dict[str, Any]:
+    """An EventBridge "CloudWatch Alarm State Change" event as CloudWatch sends it."""
+    stamp = time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "+0000"
+    return {
+        "version": "0",
+        "id": "c4c1c1c9-6542-e61b-6ef0-8c4d36933a92",
+        "detail-type": "CloudWatch Alarm State Change",
+        "source": "aws.cloudwatch",
+        "account": "123456789012",
+        "time": iso(time),
+        "region": REGION,
+        "resources": [f"arn:aws:cloudwatch:{REGION}:123456789012:alarm:{alarm_name}"],
+        "detail": {
+            "alarmName": alarm_name,
+            "state": {
+                "value": state,
+                "reason": "Threshold Crossed: 1 datapoint [1.0] was greater than the threshold (0.0).",
+                "reasonData": "{}",
+                "timestamp": stamp,
+            },
+            "previousState": {"value": "OK", "reason": "", "timestamp": stamp},
+            "configuration": {
+                "description": "SDC",
+                "metrics": [
+                    {
+                        "id": "m1",
+                        "metricStat": {
+                            "metric": {
+                                "namespace": namespace,
+                                "name": metric,
+                                "dimensions": {"ClusterName": cluster},
+                            },
+                            "period": 10,
+                            "stat": "Maximum",
+                        },
+                        "returnData": True,
+                    }
+                ],
+            },
+        },
+    }
+
+
+def rank(
+    node: str,
+    instance: str | None,
+    local_rank: int = 0,
+    pod: str | None = None,
+    with_node: bool = True,
+) -> dict[str, Any]:
+    """One entry of a report's ``ranks``."""
+    out: dict[str, Any] = {"gpu_uuid": f"GPU-{node}-{local_rank}", "local_rank": local_rank}
+    if with_node:
+        out["node_name"] = node
+    if instance:
+        out["instance_id"] = instance
+    if pod:
+        out["pod_name"] = pod
+    return out
+
+
+def report(
+    *,
+    time: datetime,
+    suspects: list[int] | None,
+    ranks: dict[str, dict[str, Any]],
+    check: str = "compute",
+    step: int = 120,
+    cluster: str = CLUSTER,
+    job: str = JOB,
+    verdicts: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """An ``sdc.alarm/v1`` report like ``Alarm.to_dict()`` plus cluster, job and time."""
+    return {
+        "schema": "sdc.alarm/v1",
+        "step": step,
+        "check": check,
+        "nonfinite": [],
+        "mismatched_pairs": [[s, (s + 1) % 8] for s in suspects or []],
+        "culprits": [],
+        "verdicts": verdicts
+        if verdicts is not None
+        else [
+            {"pair": [s, (s + 1) % 8], "third": (s + 2) % 8, "suspect": s, "kind": "persistent"}
+            for s in suspects or []
+        ],
+        "suspects": suspects,
+        "suspect_window": [step - 20, step],
+        "last_audit_pass": step - 20,
+        "last_weight_check_pass": step - 50,
+        "divergent_tensors": [],
+        "ranks": ranks,
+        "metric": {"name": "sdc_replay_mismatch", "value": max(1, len(suspects or []))},
+        "cluster": cluster,
+        "job": job,
+        "time": iso(time),
+    }
+
+
+def put_report(
+    logs: Any, group: str, body: dict[str, Any], at: datetime, stream: str = JOB
+) -> None:
+    """Write a report (or rank map) as the agent does: one JSON log event in stream <JobName>."""
+    with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+        logs.create_log_stream(logGroupName=group, logStreamName=stream)
+    logs.put_log_events(
+        logGroupName=group,
+        logStreamName=stream,
+        logEvents=[{"timestamp": int(at.timestamp() * 1000), "message": json.dumps(body)}],
+    )
+
+
+def put_node_metric(
+    cw: Any,
+    node: str,
+    at: datetime,
+    value: float = 1.0,
+    metric: str = "sdc_replay_mismatch",
+    job: str = JOB,
+    cluster: str = CLUSTER,
+) -> None:
+    """The per-node series and the cluster series, as the agent publishes them."""
+    cw.put_metric_data(
+        Namespace=NAMESPACE,
+        MetricData=[
+            {
+                "MetricName": metric,
+                "Dimensions": [
+                    {"Name": "ClusterName", "Value": cluster},
+                    {"Name": "JobName", "Value": job},
+                    {"Name": "NodeName", "Value": node},
+                ],
+                "Timestamp": at,
+                "Value": value,
+                "Unit": "Count",
+                "StorageResolution": 1,
+            },
+            {
+                "MetricName": metric,
+                "Dimensions": [{"Name": "ClusterName", "Value": cluster}],
+                "Timestamp": at,
+                "Value": value,
+                "Unit": "Count",
+                "StorageResolution": 1,
+            },
+        ],
+    )
+
+
+def alarm_state(time: datetime | None = None) -> dict[str, Any]:
+    """localize's ``alarm`` object."""
+    t = time or datetime.now(UTC)
+    return {
+        "alarm_name": "sdc-replay-mismatch-hp-test",
+        "alarm_arn": f"arn:aws:cloudwatch:{REGION}:123456789012:alarm:sdc-replay-mismatch-hp-test",
+        "state": "ALARM",
+        "reason": "Threshold Crossed",
+        "time": iso(t),
+        "metric_name": "sdc_replay_mismatch",
+        "namespace": NAMESPACE,
+        "cluster_name": CLUSTER,
+        "window_start": iso(t - timedelta(seconds=600)),
+        "window_end": iso(t + timedelta(seconds=120)),
+    }
+
+
+def suspect_state(
+    instance_id: str, group: str = "workers", node_name: str | None = None
+) -> dict[str, Any]:
+    """localize's ``suspect`` object for an instance."""
+    node = node_name or f"hyperpod-{instance_id}"
+    return {
+        "node_name": node,
+        "instance_id": instance_id,
+        "instance_group": group,
+        "job": JOB,
+        "ranks": {
+            "3": {
+                "node_name": node,
+                "instance_id": instance_id,
+                "gpu_uuid": "GPU-3",
+                "local_rank": 3,
+            }
+        },
+        "check": "compute",
+        "verdict": "persistent",
+        "step": 120,
+        "suspect_window": [100, 120],
+        "last_audit_pass": 100,
+        "last_weight_check_pass": 70,
+    }
+
+
+def item_state(instance_id: str, execution: str = "exec-1", **results: Any) -> dict[str, Any]:
+    """A Map item's state: alarm, suspect, execution, plus step results by key."""
+    return {
+        "alarm": alarm_state(),
+        "suspect": suspect_state(instance_id),
+        "execution": execution,
+        **results,
+    }

@@ -1,0 +1,31 @@
+"""The exception class names are the contract between the Lambdas and the workflow."""
+
+from __future__ import annotations
+
+from infra.constructs.workflow import TERMINAL_ERRORS, TRANSIENT_ERRORS
+from sdc_remediation import errors
+
+
+def test_every_error_the_workflow_retries_or_catches_is_raised_by_the_lambdas():
+    # Given the names the state machine's Retry and Catch clauses match on
+    names = [
+        n for n in (*TRANSIENT_ERRORS, *TERMINAL_ERRORS) if not n.startswith(("States.", "Lambda."))
+    ]
+    # Then each is a RemediationError class in lambdas/sdc_remediation/errors.py
+    for name in names:
+        cls = getattr(errors, name, None)
+        assert isinstance(cls, type) and issubclass(cls, errors.RemediationError), name
+
+
+def test_every_lambda_error_is_either_retried_or_caught():
+    # Given every domain error the workflow can see (CLI-only errors never reach it)
+    cli_only = {"ApprovalNotFound", "ApprovalExpired", "ApprovalAlreadyDecided", "NoCredentials"}
+    raised = {
+        name
+        for name, cls in vars(errors).items()
+        if isinstance(cls, type)
+        and issubclass(cls, errors.RemediationError)
+        and cls is not errors.RemediationError
+    } - cli_only
+    # Then the workflow has a Retry or a Catch for each by name
+    assert raised <= set(TRANSIENT_ERRORS) | set(TERMINAL_ERRORS)

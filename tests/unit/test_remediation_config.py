@@ -1,0 +1,77 @@
+"""Settings: defaults from docs/CONTRACT.md, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdc_remediation.config import Settings
+from sdc_remediation.errors import ConfigurationError
+
+
+def test_defaults_match_the_contract():
+    # Given only the required names
+    s = Settings({"HYPERPOD_CLUSTER_NAME": "hp"})
+
+    # Then
+    assert s.metric_namespace == "SDC"
+    assert s.report_log_group == "/sdc/hp"
+    assert s.lookback_seconds == 600
+    assert s.max_nodes_per_hour == 2
+    assert s.max_fraction == 0.05
+    assert s.health_checks == ["InstanceStress"]
+    assert s.health_check_timeout_seconds == 9000
+    assert s.replace_mode == "api"
+    assert s.approval_ttl_seconds > 86400
+    assert s.dry_run is False
+    assert s.k8s_api_endpoint is None and s.k8s_api_ca_data is None
+
+
+def test_nothing_is_read_until_used():
+    # Given an empty environment, building the settings is fine
+    s = Settings({})
+
+    # When a required value is used, the error names it
+    with pytest.raises(ConfigurationError, match="LEDGER_TABLE"):
+        _ = s.ledger_table
+
+
+@pytest.mark.parametrize(
+    ("env", "attribute", "match"),
+    [
+        (
+            {"MAX_NODES_PER_HOUR": "two"},
+            "max_nodes_per_hour",
+            "MAX_NODES_PER_HOUR must be an integer",
+        ),
+        ({"MAX_NODES_PER_HOUR": "0"}, "max_nodes_per_hour", "MAX_NODES_PER_HOUR must be >= 1"),
+        ({"MAX_FRACTION": "1.5"}, "max_fraction", r"MAX_FRACTION must be in \(0, 1\]"),
+        ({"MAX_FRACTION": "lots"}, "max_fraction", "MAX_FRACTION must be a number"),
+        ({"HEALTH_CHECKS": "InstanceStress,Vibes"}, "health_checks", "HEALTH_CHECKS must be"),
+        ({"REPLACE_MODE": "nuke"}, "replace_mode", "REPLACE_MODE must be 'api' or 'label'"),
+        ({"DRY_RUN": "maybe"}, "dry_run", "DRY_RUN must be 'true' or 'false'"),
+        ({"TOPIC_ARN": "my-topic"}, "topic_arn", "TOPIC_ARN must be an SNS topic ARN"),
+        (
+            {"K8S_API_ENDPOINT": "http://10.0.0.1"},
+            "k8s_api_endpoint",
+            "K8S_API_ENDPOINT must be an https",
+        ),
+        ({}, "eks_cluster_name", "EKS_CLUSTER_NAME is required"),
+    ],
+)
+def test_invalid_values_name_the_variable(env, attribute, match):
+    # Given a bad value / When it is read / Then the error says which variable and why
+    with pytest.raises(ConfigurationError, match=match):
+        getattr(Settings(env), attribute)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("true", True), ("TRUE", True), ("1", True), ("false", False), ("", False)],
+)
+def test_dry_run_spellings(raw, expected):
+    assert Settings({"DRY_RUN": raw}).dry_run is expected
+
+
+def test_health_checks_list_is_parsed_in_order():
+    s = Settings({"HEALTH_CHECKS": " InstanceConnectivity , InstanceStress "})
+    assert s.health_checks == ["InstanceConnectivity", "InstanceStress"]
