@@ -1,0 +1,259 @@
+"""Per-step cost of the guard over plain DDP, on the CPU (gloo, one process per simulated node).
+
+Variants (each against plain DDP with the same model, batches and process group):
+  checks       non-finite gradient check only (no audits, no weight checks)
+  weights10    the same plus a weight fingerprint check every 10 steps
+  audit100     ring replay audits every 100 steps with default kernels
+  det_audit100 deterministic audits (gradient fingerprints compared) every 100 steps
+  det_audit10  deterministic audits every 10 steps
+Runs are interleaved step by step: every variant has its own DDP model (same initial weights)
+and, for each training step, plain DDP and every variant take that step in turn, so all of them
+see the same machine load at the same moment (a shared machine's load swings faster than a
+100-step run). A round is N consecutive steps (holding exactly N/10 weight checks and N/100
+audits); a variant's overhead is the median over rounds of (its time / plain's time over the
+same steps) on rank 0 (DDP keeps the ranks in lock-step), so periodic checks are amortised as a
+training job pays them. The mean and the median single step are reported too.
+
+    python benchmarks/overhead.py                     # 3 nodes x 1 rank, 3 rounds of 100 steps
+    python benchmarks/overhead.py --rounds 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import sdc_agent as sdc
+from sdc_agent.drill import launch
+
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "plain": None,
+    "checks": {"audit_every": 0, "check_every": 0},
+    "weights10": {"audit_every": 0, "check_every": 10},
+    "audit100": {"audit_every": 100, "check_every": 0, "deterministic_audits": False},
+    "det_audit100": {"audit_every": 100, "check_every": 0, "deterministic_audits": True},
+    "det_audit10": {"audit_every": 10, "check_every": 0, "deterministic_audits": True},
+}
+WARMUP = 3  # steps 1..3: DDP rebuilds its buckets after the first one; no check falls on them
+
+
+def _job_path() -> str:
+    """'module:function' of :func:`run_rounds` as the spawned workers can import it."""
+    module = __spec__.name if __spec__ and __name__ != "__main__" else Path(__file__).stem
+    return f"{module}:run_rounds"
+
+
+class Mlp(nn.Module):
+    """Enough work per step (~100 ms on one core) for the guard's fixed costs to show."""
+
+    def __init__(self, width: int, depth: int, d_in: int = 256, classes: int = 16) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(d_in, width), nn.GELU()]
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()]
+        layers.append(nn.Linear(width, classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def make_batch(step: int, rank: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The micro-batch of ``rank`` at ``step`` (a pure function: replays can rebuild it)."""
+    g = torch.Generator().manual_seed(step * 7919 + rank)
+    return torch.randn(batch, 256, generator=g), torch.randint(0, 16, (batch,), generator=g)
+
+
+def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+class _Runner:
+    """One variant: its own DDP model (same initial weights), optimizer and, unless plain, guard."""
+
+    def __init__(self, name: str, width: int, depth: int, batch: int) -> None:
+        torch.manual_seed(0)  # identical initial weights on every rank and in every variant
+        self.name = name
+        self.batch = batch
+        self.ddp = nn.parallel.DistributedDataParallel(Mlp(width, depth))
+        self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
+        schedule = VARIANTS[name]
+        self.guard = None
+        if schedule is not None:
+            self.guard = sdc.Guard(
+                self.ddp,
+                self.optimizer,
+                compute_loss=compute_loss,
+                rebuild_batch=lambda step, rank: make_batch(step, rank, batch),
+                schedule=sdc.Schedule(
+                    **{"peer_offset": 1, "ckpt_every": 0, "check_on_start": False, **schedule}
+                ),
+            )
+
+    def step(self, step: int) -> float:
+        """One training step (the body of Guard.train); returns its wall time in seconds."""
+        batch = make_batch(step, dist.get_rank(), self.batch)
+        start = time.perf_counter()
+        if self.guard is None:
+            compute_loss(self.ddp, batch).backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return time.perf_counter() - start
+        with self.guard.step(step) as guarded:
+            loss = compute_loss(self.ddp, batch)
+            loss.backward()
+            alarm = guarded.check_gradients(loss)
+            if alarm is None:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                alarm = guarded.after_update()
+        if alarm is not None:
+            raise RuntimeError(f"{self.name}: alarm in a fault-free run: {alarm.to_dict()}")
+        return time.perf_counter() - start
+
+
+def run_rounds(
+    *, rounds: int, steps: int, width: int, depth: int, batch: int, variants: list[str]
+) -> dict[str, Any]:
+    """On every rank: every variant steps in turn (plain, checks, ...) for each training step,
+    so all of them see the same load at the same moment; rank 0's step times per round."""
+    runners = [_Runner(v, width, depth, batch) for v in variants]
+    for step in range(1, WARMUP + 1):
+        for runner in runners:
+            runner.step(step)
+    times: dict[str, list[list[float]]] = {v: [] for v in variants}
+    first = WARMUP + 1
+    for _ in range(rounds):
+        # A window of `steps` consecutive steps holds steps/10 weight checks, steps/100 audits.
+        per_round: dict[str, list[float]] = {v: [] for v in variants}
+        for step in range(first, first + steps):
+            for runner in runners:
+                per_round[runner.name].append(runner.step(step))
+        for v in variants:
+            times[v].append(per_round[v])
+        first += steps
+    params = sum(p.numel() for p in Mlp(width, depth).parameters())
+    return {"rank": dist.get_rank(), "times": times, "params": params}
+
+
+def summarise(times: dict[str, list[list[float]]]) -> dict[str, dict[str, float]]:
+    """Per variant: median over rounds of (its time / plain's time over the same steps), the
+    mean step (periodic checks amortised, as a job pays them) and the median single step."""
+    plain_totals = [sum(run) for run in times["plain"]]
+    summary = {}
+    for variant, runs in times.items():
+        ratios = [sum(run) / p for run, p in zip(runs, plain_totals, strict=True)]
+        summary[variant] = {
+            "step_ms": round(statistics.median(statistics.fmean(r) for r in runs) * 1e3, 2),
+            "median_step_ms": round(statistics.median(t for run in runs for t in run) * 1e3, 2),
+            "overhead_pct": round((statistics.median(ratios) - 1) * 100, 2),
+            "overhead_pct_per_round": [round((r - 1) * 100, 2) for r in ratios],
+        }
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=3, help="simulated nodes (>= 3 for audits)")
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="processes per node")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per run (x100)")
+    parser.add_argument("--width", type=int, default=1024, help="MLP width")
+    parser.add_argument("--depth", type=int, default=4, help="hidden layers")
+    parser.add_argument("--batch", type=int, default=64, help="micro-batch size per rank")
+    parser.add_argument(
+        "--variants", default=",".join(v for v in VARIANTS if v != "plain"), help="which to run"
+    )
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
+    parser.add_argument("--json", type=Path, help="write the summary here")
+    args = parser.parse_args(argv)
+    if args.nodes < 3:
+        parser.error("--nodes must be >= 3: an audit needs the replayer and a third GPU elsewhere")
+    if args.steps <= 0 or args.steps % 100:
+        parser.error("--steps must be a positive multiple of 100 (whole audit periods)")
+    variants = ["plain", *(v.strip() for v in args.variants.split(",") if v.strip() != "plain")]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
+    if args.ranks_per_node != 1:
+        # peer_offset must be one node's worth of ranks so replays cross nodes.
+        VARIANTS.update(
+            {
+                k: {**v, "peer_offset": args.ranks_per_node}
+                for k, v in VARIANTS.items()
+                if v is not None
+            }
+        )
+
+    kwargs = {
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "width": args.width,
+        "depth": args.depth,
+        "batch": args.batch,
+        "variants": variants,
+    }
+    world = args.nodes * args.ranks_per_node
+    loadavg_start = os.getloadavg()
+    start = time.monotonic()
+    [per_rank] = launch(
+        [(_job_path(), kwargs)],
+        world=world,
+        ranks_per_node=args.ranks_per_node,
+        timeout_s=args.timeout,
+    )
+    errors = [r for r in per_rank if "error" in r]
+    if errors:
+        print(errors[0]["trace"], file=sys.stderr)
+        return 1
+    rank0 = next(r for r in per_rank if r["rank"] == 0)
+    summary = summarise(rank0["times"])
+    print(
+        f"{world} processes ({args.nodes} nodes), MLP {args.width}x{args.depth} "
+        f"({rank0['params'] / 1e6:.1f}M parameters), batch {args.batch}, "
+        f"{args.rounds} rounds x {args.steps} steps, {time.monotonic() - start:.0f} s"
+    )
+    print(f"{'variant':14} {'step ms':>8} {'median':>8} {'overhead':>9}   per round")
+    for variant, row in summary.items():
+        rounds = " ".join(f"{p:+.1f}" for p in row["overhead_pct_per_round"])
+        print(
+            f"{variant:14} {row['step_ms']:>8.1f} {row['median_step_ms']:>8.1f} "
+            f"{row['overhead_pct']:>+8.2f}%   {rounds}"
+        )
+    load = max(loadavg_start[0], os.getloadavg()[0])
+    if load > (os.cpu_count() or 1):
+        print(f"note: load average {load:.1f} on {os.cpu_count()} CPUs: other work was running")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        document = {
+            "machine": {
+                "platform": platform.platform(),
+                "cpu_count": os.cpu_count(),
+                "torch": torch.__version__,
+                "loadavg_start": loadavg_start,
+                "loadavg_end": os.getloadavg(),
+            },
+            "config": {**kwargs, "nodes": args.nodes, "ranks_per_node": args.ranks_per_node},
+            "params": rank0["params"],
+            "variants": summary,
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"summary written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
