@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from .fingerprint import fingerprint
+from .fingerprint import fingerprints
 
 ReducedTap = Callable[[dist.GradBucket, torch.Tensor], None]
 
@@ -57,8 +57,10 @@ def grad_stats_hook(
     sq = torch.linalg.vector_norm(buffer, dtype=torch.float32).square()
     state.local_sq_norm = sq if state.local_sq_norm is None else state.local_sq_norm + sq
     if state.capture_fingerprints and state.local_fingerprints is not None:
-        for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
-            state.local_fingerprints[state.param_index[id(param)]] = fingerprint(grad)
+        # One batched call per bucket: the per-call overhead dominates for small parameters.
+        rows = [state.param_index[id(param)] for param in bucket.parameters()]
+        table = fingerprints(bucket.gradients())
+        state.local_fingerprints[rows] = table.to(state.local_fingerprints.device)
     future = default_hooks.allreduce_hook(state.process_group, bucket)
     if not state.reduced_taps:
         return future
