@@ -107,3 +107,27 @@ def own_loop(*, steps: int, fault: dict[str, Any] | None) -> dict[str, Any]:
         "applied": applied,
         "deterministic_after": torch.are_deterministic_algorithms_enabled(),
     }
+
+
+def broken_rebuild(*, steps: int, fail_rank: int, fail_step: int) -> dict[str, Any]:
+    """rebuild_batch raises on one rank during one audit (a bug in the user's code)."""
+    publisher = CountingPublisher()
+    _, optimizer, guard = build(SCHEDULE, publisher=publisher)
+    rebuild = guard.rebuild_batch
+
+    def flaky(step: int, rank: int) -> Any:
+        if dist.get_rank() == fail_rank and step == fail_step:
+            raise KeyError(f"no batch cached for step {step}")
+        return rebuild(step, rank)
+
+    guard.rebuild_batch = flaky
+    updates: list[int] = []
+    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
+    alarm = guard.train(make_batch(s, dist.get_rank()) for s in range(steps))
+    return {
+        "alarm": alarm.to_dict() if alarm else None,
+        "updates": updates,
+        "audit_passes": publisher.audit_passes,
+        "last_audit_pass": guard.last_audit_pass,
+        "dp_rank": guard.dp_rank,
+    }

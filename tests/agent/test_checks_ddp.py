@@ -141,13 +141,14 @@ JOBS: dict[str, tuple[str, dict]] = {
     ),
     "own_loop_fault": (f"{SCEN}:own_loop", {"steps": 12, "fault": out_scale(step=3)}),
     "own_loop_clean": (f"{SCEN}:own_loop", {"steps": 12, "fault": None}),
+    "broken_rebuild": (f"{SCEN}:broken_rebuild", {"steps": 12, "fail_rank": 2, "fail_step": 5}),
 }
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, Any]]]:
     names = list(JOBS)
-    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=600)
+    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=240)
     return dict(zip(names, per_job, strict=True))
 
 
@@ -341,3 +342,14 @@ def test_step_api_in_a_loop_the_user_owns(results):
     # A clean loop applies every step and leaves the kernel flags as they were
     assert all(r["alarm"] is None and r["applied"] == 12 for r in clean)
     assert not any(r["deterministic_after"] for r in faulty + clean)
+
+
+def test_a_replay_that_raises_skips_that_audit_without_hanging_or_alarming(results):
+    # Given rebuild_batch raising on rank 2 during the audit of step 5 (a bug in user code)
+    per_rank = results["broken_rebuild"]
+    assert not [r for r in per_rank if "error" in r]
+    # Then no rank hung or raised, no alarm named a GPU, and every step was applied
+    assert all(r["alarm"] is None and r["updates"] == list(range(12)) for r in per_rank)
+    # And the skipped audit is not counted as a pass (liveness shows the gap): only 0 and 10
+    (rank0,) = [r for r in per_rank if r["dp_rank"] == 0]
+    assert rank0["audit_passes"] == 2 and rank0["last_audit_pass"] == 10

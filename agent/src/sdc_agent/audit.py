@@ -17,6 +17,15 @@ from .alarm import VerdictKind
 ROW_WIDTH = 5
 """Int64 values per outcome in the collectives: loss bits, two digest words, finite, valid."""
 
+FAILED_ROW = [0, 0, 0, 0, 2]
+"""Sent instead of an outcome when a replay raised: the collective still completes everywhere,
+and nobody is judged on a computation that did not happen."""
+
+
+def is_failed(row: list[int]) -> bool:
+    """Whether ``row`` is :data:`FAILED_ROW` (a replay that raised)."""
+    return row[4] == FAILED_ROW[4]
+
 
 @dataclass(frozen=True)
 class Outcome:

@@ -29,11 +29,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, CheckName, RankInfo, Verdict
 from .audit import (
+    FAILED_ROW,
     ROW_WIDTH,
     Outcome,
     confirmation_jobs,
     find_culprits,
     find_mismatches,
+    is_failed,
     mismatch_verdict,
     nonfinite_verdict,
     replay_target,
@@ -240,23 +242,41 @@ class Guard:
             batch, seed=step_seed(step, target), deterministic=deterministic
         )
 
+    def _replay_row(self, step: int, target_dp: int, deterministic: bool) -> list[int]:
+        """A replay as a collective row; a replay that raises (a bug in ``rebuild_batch`` or
+        ``compute_loss``) is logged and sent as FAILED_ROW, so no rank is left in a collective."""
+        try:
+            return self._replay(step, target_dp, deterministic).to_row()
+        except Exception:
+            logger.exception(
+                "sdc_agent: replaying rank %d's batch of step %d failed on rank %d",
+                self._global(target_dp),
+                step,
+                self.rank,
+            )
+            return list(FAILED_ROW)
+
     def _confirm(
         self, step: int, targets: list[int], deterministic: bool
-    ) -> list[tuple[Outcome, Outcome]]:
+    ) -> list[tuple[Outcome, Outcome] | None]:
         """Replay each target's batch on its third GPU and on itself (collective).
 
-        Returns, per target, (third GPU's outcome, target's own re-replay).
+        Returns, per target, (third GPU's outcome, target's own re-replay), or None when either
+        replay raised (then the confirmation cannot judge anyone).
         """
         jobs = confirmation_jobs(targets, self.world, self.schedule.peer_offset, self.dp_rank)
         table = torch.zeros((len(targets), 2, ROW_WIDTH), dtype=torch.int64)
         for slot, column, target_dp in jobs:
-            table[slot, column] = torch.tensor(
-                self._replay(step, target_dp, deterministic).to_row()
-            )
+            table[slot, column] = torch.tensor(self._replay_row(step, target_dp, deterministic))
         table = table.to(self._device)
         dist.all_reduce(table, op=dist.ReduceOp.SUM, group=self.dp_group)  # one writer per slot
         rows = table.cpu().tolist()
-        return [(Outcome.from_row(r[0]), Outcome.from_row(r[1])) for r in rows]
+        return [
+            None
+            if is_failed(r[0]) or is_failed(r[1])
+            else (Outcome.from_row(r[0]), Outcome.from_row(r[1]))
+            for r in rows
+        ]
 
     def _note_pass(self, kind: str, step: int) -> None:
         self._pending_passes[kind] += 1
@@ -480,8 +500,13 @@ class GuardedStep:
             deterministic = g.schedule.deterministic_audits
             results = g._confirm(self.step, nonfinite, deterministic)
             blamed = []
-            for target, (third, again) in zip(nonfinite, results, strict=True):
-                kind, who = nonfinite_verdict(third, again, compare_grads=deterministic)
+            for target, result in zip(nonfinite, results, strict=True):
+                # A confirmation that could not run leaves check 1's own evidence standing.
+                kind, who = (
+                    nonfinite_verdict(*result, compare_grads=deterministic)
+                    if result is not None
+                    else ("unclear", "target")
+                )
                 suspect = g._global(target) if who else None
                 third_rank = g._global(third_gpu(target, g.world, g.schedule.peer_offset))
                 pair = (g._global(target), g._global(target))
@@ -504,11 +529,24 @@ class GuardedStep:
         deterministic = self._deterministic
         own_table = g._stats.local_fingerprints if deterministic else None
         own = outcome_of(loss, own_table, bool(torch.isfinite(local_sq)))
-        replayed = g._replay(self.step, replay_target(g.dp_rank, g.world, offset), deterministic)
-        mine = torch.tensor([own.to_row(), replayed.to_row()], dtype=torch.int64, device=g._device)
+        replayed = g._replay_row(
+            self.step, replay_target(g.dp_rank, g.world, offset), deterministic
+        )
+        mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=g._device)
         gathered = [torch.zeros_like(mine) for _ in range(g.world)]
         dist.all_gather(gathered, mine, group=g.dp_group)
         rows = torch.stack(gathered).cpu().tolist()
+        failed = [g._global(dp) for dp, r in enumerate(rows) if is_failed(r[1])]
+        if failed:
+            # Not a pass (liveness shows audits stopping) and not an alarm (no GPU is implicated).
+            if g.dp_rank == 0:
+                logger.error(
+                    "sdc_agent: the audit of step %d did not run: replays raised on ranks %s "
+                    "(see their logs); the step is applied unaudited",
+                    self.step,
+                    failed,
+                )
+            return None
         owns = [Outcome.from_row(r[0]) for r in rows]
         replays = [Outcome.from_row(r[1]) for r in rows]
         pairs = find_mismatches(owns, replays, offset, compare_grads=deterministic)
@@ -522,9 +560,13 @@ class GuardedStep:
         results = g._confirm(self.step, [t for t, _ in disputed], deterministic) if disputed else []
         verdicts: list[Verdict] = []
         blamed = list(culprits)
-        for (target, replayer), (third, again) in zip(disputed, results, strict=True):
-            kind, who = mismatch_verdict(
-                owns[target], replays[replayer], third, again, compare_grads=deterministic
+        for (target, replayer), result in zip(disputed, results, strict=True):
+            kind, who = (
+                mismatch_verdict(
+                    owns[target], replays[replayer], *result, compare_grads=deterministic
+                )
+                if result is not None
+                else ("unattributable", "")
             )
             suspect = {"target": target, "replayer": replayer}.get(who)
             if suspect is not None:
