@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import sdc_agent as sdc
 from tests.e2e.harness.pipeline import LocalPipeline
 from tests.e2e.scenario import (
     culprit_alarm,
@@ -19,6 +20,7 @@ from tests.e2e.scenario import (
     operator,
     pending_for,
     raise_alarm,
+    rank_info,
     recorded,
 )
 
@@ -220,3 +222,25 @@ def test_dry_run_writes_nothing_to_the_cluster(spool):
         # And every notification says it was a rehearsal
         subjects = [n["subject"] for n in p.notifications()]
         assert subjects and all(s.startswith("[sdc-guard dry-run]") for s in subjects)
+
+
+def test_a_nan_the_third_gpu_reproduces_names_nobody_and_notifies(spool):
+    with pipeline() as p:
+        # Given rank 3's gradient went NaN and a healthy third GPU got NaN on the same batch too
+        # (bad data or a model bug, not a GPU): the agent blames nobody
+        alarm = sdc.Alarm(
+            step=7,
+            check="compute",
+            nonfinite=[3],
+            verdicts=[sdc.Verdict(pair=(3, 3), third=5, suspect=None, kind="unattributable")],
+            suspects=None,
+            suspect_window=(6, 7),
+            ranks={"3": rank_info(CLUSTER, 3)},
+        )
+        execution = raise_alarm(p, alarm, spool)
+        # Then the workflow ends at once as ambiguous: humans told, nothing cordoned
+        assert p.finish(execution)["status"] == "SUCCEEDED"
+        assert transitions(p) == ["ambiguous"]
+        assert recorded(p) == [{"transition": "ambiguous", "notify": True}]
+        assert p.kube.patches == [] and p.hyperpod.calls == []
+        assert not [c for c in p.invocations if c.error]

@@ -196,3 +196,20 @@ def test_time_is_iso_8601_utc_with_z():
     assert (
         utc_now_iso(datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)) == "2026-01-02T03:04:05.678Z"
     )
+
+
+def test_a_nonfinite_rank_nobody_is_blamed_for_gets_no_per_node_series():
+    # Given a NaN that a healthy third GPU reproduced on the same batch (bad data, not a GPU)
+    alarm = Alarm(
+        step=7,
+        check="compute",
+        nonfinite=[3],
+        suspects=None,
+        verdicts=[Verdict(pair=(3, 3), third=5, suspect=None, kind="unattributable")],
+        suspect_window=(6, 7),
+        ranks={"3": info(3, 1)},
+    )
+    # Then only the cluster series is published: the pipeline is told, and looks for no node
+    data = alarm_metric_data(alarm, "c", "j")
+    assert [d["Dimensions"] for d in data] == [[{"Name": "ClusterName", "Value": "c"}]]
+    assert named_nodes(alarm) == []

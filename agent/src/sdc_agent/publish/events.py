@@ -37,8 +37,13 @@ def utc_now_iso(now: datetime | None = None) -> str:
 
 
 def named_ranks(alarm: Alarm) -> list[int]:
-    """The ranks an alarm names: its suspects and its non-finite ranks, sorted, no repeats."""
-    return sorted(set(alarm.suspects or []) | set(alarm.nonfinite))
+    """The ranks an alarm blames (its suspects), sorted.
+
+    Not every non-finite rank: when a third GPU also gets a non-finite result on that rank's
+    batch, the batch or the model is at fault and the agent blames nobody. A per-node series for
+    such a rank would have the pipeline look for a suspect that no report names.
+    """
+    return sorted(set(alarm.suspects or []))
 
 
 def named_nodes(alarm: Alarm) -> list[str]:
