@@ -82,29 +82,43 @@ def topology_error(*, peer_offset: int) -> dict[str, Any]:
     return {"error_type": None, "message": ""}
 
 
-def own_loop(*, steps: int, fault: dict[str, Any] | None) -> dict[str, Any]:
-    """The lower-level step API, in a loop the user owns (as in the README)."""
+def own_loop(
+    *, steps: int, fault: dict[str, Any] | None, set_to_none: bool = True, accumulate: int = 1
+) -> dict[str, Any]:
+    """The lower-level step API, in a loop the user owns (as in the README).
+
+    ``set_to_none=False`` zeroes gradients in place; ``accumulate`` > 1 runs that many backward
+    passes per step (gradient accumulation, which audits refuse).
+    """
     from sdc_agent.drill import make_fault
 
     ddp, optimizer, guard = build({**SCHEDULE, "check_every": 4})
     if fault:
         make_fault(fault).attach(guard)
     compute_loss = make_loss()
-    alarm, applied = None, 0
+    alarm, applied, refused = None, 0, None
     for step in range(steps):
-        with guard.step(step) as guarded:
-            loss = compute_loss(ddp, make_batch(step, dist.get_rank()))
-            loss.backward()
-            if alarm := guarded.check_gradients(loss):
-                break
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            applied += 1
-            if alarm := guarded.after_update():
-                break
+        if accumulate > 1:
+            with ddp.no_sync():
+                compute_loss(ddp, make_batch(step + 1000, dist.get_rank())).backward()
+        try:
+            with guard.step(step) as guarded:
+                loss = compute_loss(ddp, make_batch(step, dist.get_rank()))
+                loss.backward()
+                if alarm := guarded.check_gradients(loss):
+                    break
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=set_to_none)
+                applied += 1
+                if alarm := guarded.after_update():
+                    break
+        except RuntimeError as err:  # raised on every rank alike, before any collective
+            refused = str(err)
+            break
     return {
         "alarm": alarm.to_dict() if alarm else None,
         "applied": applied,
+        "refused": refused,
         "deterministic_after": torch.are_deterministic_algorithms_enabled(),
     }
 

@@ -141,6 +141,11 @@ JOBS: dict[str, tuple[str, dict]] = {
     ),
     "own_loop_fault": (f"{SCEN}:own_loop", {"steps": 12, "fault": out_scale(step=3)}),
     "own_loop_clean": (f"{SCEN}:own_loop", {"steps": 12, "fault": None}),
+    "own_loop_zeroed_in_place": (
+        f"{SCEN}:own_loop",
+        {"steps": 12, "fault": None, "set_to_none": False},
+    ),
+    "own_loop_accumulating": (f"{SCEN}:own_loop", {"steps": 4, "fault": None, "accumulate": 2}),
     "broken_rebuild": (f"{SCEN}:broken_rebuild", {"steps": 12, "fail_rank": 2, "fail_step": 5}),
 }
 
@@ -353,3 +358,20 @@ def test_a_replay_that_raises_skips_that_audit_without_hanging_or_alarming(resul
     # And the skipped audit is not counted as a pass (liveness shows the gap): only 0 and 10
     (rank0,) = [r for r in per_rank if r["dp_rank"] == 0]
     assert rank0["audit_passes"] == 2 and rank0["last_audit_pass"] == 10
+
+
+def test_gradients_zeroed_in_place_replay_exactly_and_raise_no_false_alarm(results):
+    # Given a loop that zeroes gradients in place (zero_grad(set_to_none=False)): the step's
+    # gradients are 0 + g, whose bits differ from g where g is -0.0
+    per_rank = results["own_loop_zeroed_in_place"]
+    # Then the replays start from zeros too, and every audit passes
+    assert all(r["refused"] is None and r["alarm"] is None and r["applied"] == 12 for r in per_rank)
+
+
+def test_gradient_accumulation_is_refused_with_a_clear_error(results):
+    # Given gradients accumulated by a no_sync micro-step before the audited step
+    per_rank = results["own_loop_accumulating"]
+    # Then every rank refuses to audit it, saying why and what to do, before any collective
+    for r in per_rank:
+        assert "gradient accumulation" in r["refused"] and "audit_every=0" in r["refused"]
+        assert r["applied"] == 0 and r["alarm"] is None

@@ -395,8 +395,10 @@ class GuardedStep:
             g.start_step = self.step
         g._stats.arm(capture_fingerprints=self._deterministic, device=g._param_device)
         g._replayer.forward_buffers = None
+        g._replayer.zero_grads_at_start = None
         g._snapshot_pending = self.audit
         if self.audit:
+            g._replayer.note_gradients_at_start(self.step)
             # The step's computation must be reproducible by another GPU: seed it from
             # (step, rank) instead of the job's RNG stream, which is put back afterwards.
             self._rng = RngState.capture()

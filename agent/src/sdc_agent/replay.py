@@ -152,6 +152,29 @@ class Replayer:
         self.compute_loss = compute_loss
         self.forward_buffers: list[torch.Tensor] | None = None
         """Buffers as they were when this step's training forward began (None: use current)."""
+        self.zero_grads_at_start: list[bool] | None = None
+        """Per parameter: the step began with a zero gradient tensor (``zero_grad(set_to_none=
+        False)``) rather than None. A replay starts the same way: 0 + (-0.0) is +0.0, so the
+        bits of the accumulated gradient depend on it. None: every gradient started as None."""
+
+    def note_gradients_at_start(self, step: int) -> None:
+        """Record how the step's gradients start; refuse gradients accumulated from earlier
+        micro-batches, which a replay of one micro-batch cannot reproduce."""
+        grads = [p.grad for p in self.params]
+        present = [g for g in grads if g is not None]
+        if not present:
+            self.zero_grads_at_start = None
+            return
+        nonzero = int(torch.stack([torch.count_nonzero(g) for g in present]).sum())  # one sync
+        if nonzero:
+            raise RuntimeError(
+                f"sdc_agent: audit step {step} starts with gradients already accumulated "
+                f"({nonzero} non-zero elements): the replay audit recomputes one micro-batch per "
+                "rank and step, so gradient accumulation (no_sync micro-steps) cannot be audited. "
+                "Zero the gradients before each step (optimizer.zero_grad(set_to_none=True)), or "
+                "disable audits with Schedule(audit_every=0)"
+            )
+        self.zero_grads_at_start = [g is not None for g in grads]
 
     def snapshot_buffers(self) -> None:
         """Remember the module's buffers as they are now (called just before the training forward)."""
@@ -168,8 +191,9 @@ class Replayer:
                 with torch.no_grad():
                     for buf, value in zip(buffers, self.forward_buffers, strict=True):
                         buf.copy_(value)
-            for p in self.params:
-                p.grad = None
+            zero_start = self.zero_grads_at_start or [False] * len(self.params)
+            for p, zero in zip(self.params, zero_start, strict=True):
+                p.grad = torch.zeros_like(p) if zero else None
             seed_all(seed)
             with deterministic_kernels(deterministic):
                 loss = self.compute_loss(self.module, batch)

@@ -1,0 +1,60 @@
+"""Replays reproduce a step's gradient bits exactly, including how the gradients started."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from sdc_agent.fingerprint import fingerprints
+from sdc_agent.replay import Replayer, outcome_of
+
+
+class NegativeZeroGrad(nn.Module):
+    """d loss / d w = c, with c holding -0.0: the gradient's sign bits depend on accumulation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return (self.w * c).sum()
+
+
+def compute_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    return model(batch)
+
+
+BATCH = torch.tensor([-0.0, 1.0, -0.0, 2.0])
+
+
+def trained_outcome(model: NegativeZeroGrad, replayer: Replayer, *, set_to_none: bool):
+    """What the training step computes: zero_grad as asked, then one backward."""
+    compute_loss(model, torch.ones(4)).backward()  # a previous step left gradients behind
+    model.zero_grad(set_to_none=set_to_none)
+    replayer.note_gradients_at_start(step=0)
+    loss = compute_loss(model, BATCH)
+    loss.backward()
+    return outcome_of(loss, fingerprints([model.w.grad]), True)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_replay_starts_its_gradients_the_way_the_step_did(set_to_none):
+    # Given a step whose gradient has -0.0 elements, zeroed in place or set to None
+    model = NegativeZeroGrad()
+    replayer = Replayer(model, [model.w], compute_loss)
+    own = trained_outcome(model, replayer, set_to_none=set_to_none)
+    # When the same micro-batch is replayed
+    replayed = replayer.replay(BATCH, seed=0, deterministic=True)
+    # Then the gradient bits agree (0 + -0.0 is +0.0: a replay from None would differ)
+    assert replayed.matches(own, compare_grads=True)
+    signs = torch.signbit(model.w.grad)
+    assert signs.tolist() == ([True, False, True, False] if set_to_none else [False] * 4)
+
+
+def test_accumulated_gradients_are_refused_before_an_audit():
+    model = NegativeZeroGrad()
+    replayer = Replayer(model, [model.w], compute_loss)
+    compute_loss(model, torch.ones(4)).backward()  # an earlier micro-batch's gradient
+    with pytest.raises(RuntimeError, match="gradient accumulation"):
+        replayer.note_gradients_at_start(step=3)
