@@ -109,7 +109,7 @@ def uncordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonR
 
 def start_health_check(state: ItemState, settings: Settings) -> HealthResult:
     """StartHealthCheck step."""
-    return health.start(settings, state.suspect)
+    return health.start(settings, state.suspect, state.cordon)
 
 
 def poll_health_check(state: PollInput, settings: Settings, kube: KubeFactory) -> HealthResult:
