@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import botocore.exceptions
@@ -63,11 +64,18 @@ class Approvals:
         evidence: dict[str, Any],
         ttl_seconds: int,
         execution: str,
+        timeout_seconds: int | None = None,
     ) -> tuple[str, bool]:
         """Store a pending approval; returns its id and whether its notification is still due
-        (False when a retried invocation finds the request already announced)."""
+        (False when a retried invocation finds the request already announced).
+
+        ``timeout_seconds`` is how long the workflow waits for the decision: after
+        ``decide_by`` (now + it) the request is no longer listed nor decidable, although the
+        record lives until ``expires_at`` (``ttl_seconds``). None: until ``expires_at``.
+        """
         approval_id = approval_id_for(task_token)
         now = clock.now()
+        created = int(now.timestamp())
         item = {
             "approval_id": approval_id,
             "task_token": task_token,
@@ -77,7 +85,8 @@ class Approvals:
             "evidence": json.dumps(evidence, default=str),
             "status": PENDING,
             "created_at": clock.iso(now),
-            "expires_at": int(now.timestamp()) + ttl_seconds,
+            "expires_at": created + ttl_seconds,
+            "decide_by": created + min(ttl_seconds, timeout_seconds or ttl_seconds),
             "execution": execution,
         }
         try:
@@ -123,7 +132,10 @@ class Approvals:
         with aws.aws_errors("dynamodb:Scan"):
             for page in self._ddb.get_paginator("scan").paginate(
                 TableName=self.table,
-                FilterExpression="#s IN (:pending, :sending) AND expires_at > :now",
+                FilterExpression=(
+                    "#s IN (:pending, :sending) AND expires_at > :now "
+                    "AND (attribute_not_exists(decide_by) OR decide_by > :now)"
+                ),
                 ExpressionAttributeNames={"#s": "status"},
                 ExpressionAttributeValues=to_item(
                     {":pending": PENDING, ":sending": SENDING, ":now": now}
@@ -184,7 +196,10 @@ class Approvals:
                         "SET #s = :sending, #d = :decision, approver = :who, reason = :why, "
                         "decided_at = :at, #rel = :rel"
                     ),
-                    ConditionExpression="#s = :pending AND expires_at > :now",
+                    ConditionExpression=(
+                        "#s = :pending AND expires_at > :now "
+                        "AND (attribute_not_exists(decide_by) OR decide_by > :now)"
+                    ),
                     ExpressionAttributeNames={"#s": "status", "#d": "decision", "#rel": "release"},
                     ExpressionAttributeValues=to_item(
                         {
@@ -230,11 +245,16 @@ class Approvals:
 
     def _check_open(self, item: dict[str, Any]) -> None:
         status = item.get("status")
+        now = int(clock.now().timestamp())
+        deadline = int(item.get("decide_by", item["expires_at"]))
         if status == "expired" or (
-            status == PENDING and int(item["expires_at"]) <= int(clock.now().timestamp())
+            status == PENDING and min(deadline, int(item["expires_at"])) <= now
         ):
+            # Past decide_by the workflow no longer waits (its approval timed out): refuse
+            # without calling Step Functions or changing the record.
             raise ApprovalExpired(
-                f"approval {item['approval_id']} expired; the node stays cordoned"
+                f"approval {item['approval_id']} expired (the workflow waited until "
+                f"{clock.iso(datetime.fromtimestamp(deadline, UTC))}); the node stays cordoned"
             )
         if status != PENDING:
             raise ApprovalAlreadyDecided(

@@ -135,6 +135,7 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         evidence=ev,
         ttl_seconds=settings.approval_ttl_seconds,
         execution=state.execution,
+        timeout_seconds=settings.approval_timeout_seconds,
     )
     if announce:
         prefix = f"sdc-remediation --approvals-table {settings.approvals_table}"
