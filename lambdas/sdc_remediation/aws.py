@@ -28,6 +28,15 @@ _CONFIG = Config(
     read_timeout=20,
 )
 
+# Services called with ONE attempt per call. SendTaskSuccess may have resumed the workflow when
+# its answer is lost (read timeout, closed connection); botocore's retry would then send it again
+# and report the second attempt's TaskTimedOut as if the decision had never arrived. With one
+# attempt the caller sees the ambiguity and can say so (approvals.py, status "sending").
+_SINGLE_ATTEMPT_SERVICES = {"stepfunctions"}
+_SINGLE_ATTEMPT_CONFIG = _CONFIG.merge(
+    Config(retries={"mode": "standard", "total_max_attempts": 1})
+)
+
 _clients: dict[str, Any] = {}
 # Parsed service models are shared by every session this process creates: parsing the JSON
 # models is most of the cost of a new client, and they never change within a process.
@@ -48,13 +57,15 @@ _TRANSIENT_CODES = {
     "InternalError",
     "LimitExceededException",
 }
-_DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
+DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
+"""Error codes of a request the caller's IAM policy does not allow."""
 
 
 def client(service: str) -> Any:
     """The process-wide boto3 client for ``service``, created on first use."""
     if service not in _clients:
-        _clients[service] = session().client(service, config=_CONFIG)
+        config = _SINGLE_ATTEMPT_CONFIG if service in _SINGLE_ATTEMPT_SERVICES else _CONFIG
+        _clients[service] = session().client(service, config=config)
     return _clients[service]
 
 
@@ -91,7 +102,7 @@ def aws_errors(what: str) -> Iterator[None]:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         if code in _TRANSIENT_CODES or status >= 500:
             raise AwsApiUnavailable(f"{what} failed transiently ({code or status}): {exc}") from exc
-        if code in _DENIED_CODES:
+        if code in DENIED_CODES:
             raise ConfigurationError(
                 f"{what} was denied; check the function's IAM policy: {exc}"
             ) from exc

@@ -96,7 +96,8 @@ def main(
 @click.pass_context
 @_fail_cleanly
 def pending(ctx: click.Context, as_json: bool) -> None:
-    """List approval requests waiting for a decision, with their evidence."""
+    """List approval requests waiting for a decision, with their evidence (and decisions whose
+    sending had an unknown outcome)."""
     items = _approvals(ctx).pending()
     if as_json:
         click.echo(json.dumps(items, indent=2, default=str))
@@ -114,6 +115,11 @@ def pending(ctx: click.Context, as_json: bool) -> None:
             f"earlier={len(ev.get('previous_remediations', []))}  requested {item['created_at']}"
         )
         click.echo(f"    suggested: {ev.get('suggested_action', '')}")
+        if item.get("status") == "sending":
+            click.echo(
+                f"    {item.get('decision')} by {item.get('approver')} at {item.get('decided_at')} "
+                f"was sent but its outcome is unknown: repeat `{item.get('decision')}` to re-send it"
+            )
 
 
 @main.command()

@@ -17,6 +17,8 @@ from .errors import ConfigurationError
 HEALTH_CHECK_TYPES = ("InstanceStress", "InstanceConnectivity", "MultiNodeTrainingValidation")
 """DeepHealthCheckType values in the SageMaker service model (botocore 1.44)."""
 
+APPROVAL_TTL_MARGIN_SECONDS = 86400
+"""How much longer than the approval timeout an approval record lives (infra/config.py)."""
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no", ""}
 
@@ -123,8 +125,25 @@ class Settings:
 
     @property
     def approval_ttl_seconds(self) -> int:
-        """APPROVAL_TTL_SECONDS: lifetime of an approval request (default 24 h + 1 h margin)."""
-        return self._int("APPROVAL_TTL_SECONDS", 86400 + 3600, minimum=60)
+        """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
+        timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""
+        return self._int("APPROVAL_TTL_SECONDS", 2 * APPROVAL_TTL_MARGIN_SECONDS, minimum=60)
+
+    @property
+    def approval_timeout_seconds(self) -> int:
+        """How long the workflow waits for a decision (the RequestApproval task's timeout).
+
+        Not passed to the functions on its own: infra sets APPROVAL_TTL_SECONDS to it plus one
+        day (``approval_ttl_seconds`` in infra/config.py, so a late CLI call finds the record
+        and says "expired" rather than "not found"), and this undoes that.
+        """
+        timeout = self.approval_ttl_seconds - APPROVAL_TTL_MARGIN_SECONDS
+        if timeout < 60:
+            raise ConfigurationError(
+                f"APPROVAL_TTL_SECONDS must be the approval timeout (at least 60 s) plus "
+                f"{APPROVAL_TTL_MARGIN_SECONDS} s, got {self.approval_ttl_seconds}"
+            )
+        return timeout
 
     # -- blast-radius guard -------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from .kube import KubeApi, node_labels, node_unschedulable
 from .models import Alarm, CordonResult, Suspect
 from .observability import logger
 
+DHC_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
 SUSPECT_LABEL = "sdc.guard/suspect"
 ALARM_ANNOTATION = "sdc.guard/alarm"
 # Set when the node was already unschedulable before we cordoned it (someone else's cordon):
@@ -42,16 +43,33 @@ def cordon(kube: KubeApi, alarm: Alarm, suspect: Suspect, dry_run: bool) -> Cord
     name = suspect.node_name
     node = kube.get_node(name)  # also in dry run: a missing node is an error either way
     labels = node_labels(node)
+    # The deep-health-check verdict already on the node, for start_health_check (which has no
+    # Kubernetes access) to tell a stale verdict from the one of the check it starts.
+    dhc_before = labels.get(DHC_LABEL)
     if node_unschedulable(node) and labels.get(SUSPECT_LABEL) == "true":
         logger.info("node already cordoned by sdc-guard", extra={"node": name})
-        return CordonResult(node_name=name, cordoned=True, changed=False, dry_run=dry_run)
+        return CordonResult(
+            node_name=name,
+            cordoned=True,
+            changed=False,
+            dry_run=dry_run,
+            health_check_label=dhc_before,
+        )
     body = cordon_body(alarm_summary(alarm, suspect), node_unschedulable(node))
     if dry_run:
         logger.info("dry run: would cordon node", extra={"node": name, "patch": body})
-        return CordonResult(node_name=name, cordoned=False, changed=False, dry_run=True)
+        return CordonResult(
+            node_name=name,
+            cordoned=False,
+            changed=False,
+            dry_run=True,
+            health_check_label=dhc_before,
+        )
     kube.patch_node(name, body)
     logger.info("cordoned node", extra={"node": name, "patch": body})
-    return CordonResult(node_name=name, cordoned=True, changed=True, dry_run=False)
+    return CordonResult(
+        node_name=name, cordoned=True, changed=True, dry_run=False, health_check_label=dhc_before
+    )
 
 
 def uncordon(kube: KubeApi, suspect: Suspect, released_by: str, dry_run: bool) -> CordonResult:

@@ -5,6 +5,14 @@ Progress is read from two places, since either can lag: DescribeClusterNode's in
 (``sagemaker.amazonaws.com/deep-health-check-status``: InProgress | Passed | Failed, and
 ``sagemaker.amazonaws.com/node-health-status``). An instance that disappears from the cluster
 after the check was started was replaced by HyperPod's automatic node recovery.
+
+A verdict label can be stale: it stays ``Passed``/``Failed`` from an earlier check (cluster
+creation, a previous remediation) until HyperPod starts the new one. So the poll accepts a
+verdict label only once this check was seen running (label ``InProgress`` or instance status
+``DeepHealthCheckInProgress``, remembered in ``seen_in_progress``) or when the label differs from
+the one the node had before the check (``label_before``, read by cordon, which runs just before
+and has Kubernetes access). Until then it reports ``in_progress``, and ``timed_out`` after
+``HEALTH_CHECK_TIMEOUT_SECONDS``.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from . import aws, clock
 from .config import Settings
 from .errors import HealthCheckRejected, InstanceNotInCluster, NodeNotFound
 from .kube import KubeApi, node_labels
-from .models import HealthResult, HealthStatus, PollInput, Suspect
+from .models import CordonResult, HealthResult, HealthStatus, PollInput, Suspect
 from .observability import logger
 
 DHC_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
@@ -40,11 +48,17 @@ def describe_node(cluster: str, instance_id: str) -> dict[str, Any] | None:
             raise
 
 
-def start(settings: Settings, suspect: Suspect) -> HealthResult:
-    """Start the configured deep health checks on the suspect's instance (idempotent)."""
+def start(settings: Settings, suspect: Suspect, cordon: CordonResult | None = None) -> HealthResult:
+    """Start the configured deep health checks on the suspect's instance (idempotent).
+
+    ``cordon`` is the cordon step's result: its ``health_check_label`` (the verdict label left
+    by an earlier check) becomes ``label_before``, so the poll does not mistake it for this
+    check's verdict.
+    """
     cluster = settings.hyperpod_cluster_name
     checks = settings.health_checks
     started_at = clock.iso(clock.now())
+    label_before = cordon.health_check_label if cordon else None
     if settings.dry_run:
         logger.info(
             "dry run: would start deep health check",
@@ -56,6 +70,7 @@ def start(settings: Settings, suspect: Suspect) -> HealthResult:
             checks=checks,
             dry_run=True,
             detail="dry run: no health check started",
+            label_before=label_before,
         )
     details = describe_node(cluster, suspect.instance_id)
     if details is None:
@@ -69,6 +84,8 @@ def start(settings: Settings, suspect: Suspect) -> HealthResult:
             started_at=started_at,
             checks=checks,
             detail="a deep health check was already in progress",
+            label_before=label_before,
+            seen_in_progress=True,
         )
     request = {
         "ClusterName": cluster,
@@ -90,7 +107,9 @@ def start(settings: Settings, suspect: Suspect) -> HealthResult:
                 f"{exc.response.get('Error', {}).get('Message', '')}"
             ) from exc
     logger.info("started deep health check", extra={"request": request})
-    return HealthResult(status="in_progress", started_at=started_at, checks=checks)
+    return HealthResult(
+        status="in_progress", started_at=started_at, checks=checks, label_before=label_before
+    )
 
 
 def _label(kube: KubeApi, node_name: str) -> dict[str, str]:
@@ -127,7 +146,18 @@ def poll(settings: Settings, state: PollInput, kube: Callable[[], KubeApi]) -> H
     details = describe_node(settings.hyperpod_cluster_name, state.suspect.instance_id)
     status = None if details is None else details.get("InstanceStatus", {}).get("Status")
     labels = _label(kube(), state.suspect.node_name) if details is not None else {}
-    outcome, detail = classify(status, labels)
+    dhc = labels.get(DHC_LABEL)
+    seen = previous.seen_in_progress or status == "DeepHealthCheckInProgress" or dhc == "InProgress"
+    stale = not seen and dhc in ("Passed", "Failed") and dhc == previous.label_before
+    if stale:
+        # An earlier check's verdict: judge by the rest (instance status, node health) only.
+        outcome, detail = classify(status, {k: v for k, v in labels.items() if k != DHC_LABEL})
+        detail = (
+            f"{detail}; {DHC_LABEL}={dhc} is unchanged since before this check and the check "
+            "was not seen running yet, so it is not taken as this check's verdict"
+        )
+    else:
+        outcome, detail = classify(status, labels)
     if outcome == "in_progress":
         deadline = clock.parse_iso(previous.started_at) + timedelta(
             seconds=settings.health_check_timeout_seconds
@@ -139,5 +169,10 @@ def poll(settings: Settings, state: PollInput, kube: Callable[[], KubeApi]) -> H
             )
     logger.info("health check poll", extra={"outcome": outcome, "detail": detail})
     return HealthResult(
-        status=outcome, started_at=previous.started_at, checks=previous.checks, detail=detail
+        status=outcome,
+        started_at=previous.started_at,
+        checks=previous.checks,
+        detail=detail,
+        label_before=previous.label_before,
+        seen_in_progress=seen,
     )

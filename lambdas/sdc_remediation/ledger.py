@@ -11,6 +11,13 @@ Items (docs/CONTRACT.md, "DynamoDB tables"):
   hour, ``open_instances``). It carries no ``cluster``/``admitted_at``, so the ``by_cluster`` GSI
   never sees it.
 
+A remediation is open from its admission until ``record`` writes any terminal transition for
+it (released, replaced, replaced_by_hyperpod, rejected, approval_timed_out, failed): ``close``
+then frees the node and its place in ``open_instances``. ``duplicate`` therefore means a
+remediation still in flight; a node left cordoned after a human decision, a timeout or a failure
+is admitted again (as a new remediation) by its next alarm. The hourly admission count is kept
+regardless of closing.
+
 Why a guard item: the GSI is eventually consistent, so counting admissions through it lets two
 concurrent alarms both see "1 admitted" and both admit. Every admission instead rewrites the
 guard item under ``version = :read_version`` in the same transaction that claims the node's STATE
@@ -242,7 +249,8 @@ class Ledger:
         return True
 
     def close(self, cluster: str, instance_id: str, remediation_id: str, status: str) -> bool:
-        """Mark the node's remediation closed and free its place in the guard.
+        """Mark the node's remediation closed (any terminal transition) and free its place in
+        the guard; its admission still counts towards the hourly cap.
 
         Returns False when the node's open remediation is another one (nothing to close).
         """

@@ -204,6 +204,10 @@ class CordonResult(_Model):
     cordoned: bool
     changed: bool
     dry_run: bool
+    health_check_label: str | None = None
+    """The node's ``sagemaker.amazonaws.com/deep-health-check-status`` label when cordon read
+    it (None: no label): the verdict of an EARLIER check, which start_health_check passes on as
+    ``label_before`` so the poll does not take it for this check's verdict."""
 
 
 HealthStatus = Literal["in_progress", "passed", "failed", "replaced_by_hyperpod", "timed_out"]
@@ -217,6 +221,12 @@ class HealthResult(_Model):
     checks: list[str] = Field(default_factory=list)
     dry_run: bool = False
     detail: str = ""
+    label_before: str | None = None
+    """The deep-health-check label before this check was started (None: none): a Passed/Failed
+    label equal to it may be an earlier check's verdict."""
+    seen_in_progress: bool = False
+    """Whether this check was observed running (label InProgress or instance status
+    DeepHealthCheckInProgress); after that, a Passed/Failed label is this check's verdict."""
 
 
 class ApprovalDecision(_Model):

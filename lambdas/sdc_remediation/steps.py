@@ -35,8 +35,20 @@ from .observability import logger, metrics
 
 KubeFactory = Callable[[], KubeApi]
 
-# Transitions after which the node is no longer in remediation (frees its place in the guard).
-CLOSING_TRANSITIONS = {"released", "replaced", "replaced_by_hyperpod"}
+# Every terminal transition of an admitted remediation closes it and frees its place in the
+# guard. A node left cordoned after a rejection, an approval timeout or a failure is then the
+# humans' to handle: keeping it "open" would turn every later alarm on it into a silent
+# `duplicate` and, on a small cluster, keep the whole cluster's guard tripped for good. A new
+# alarm on such a node is admitted again as a new remediation (cordon is idempotent; the approval
+# message lists the earlier one as repeat-offender history). The hourly cap still counts it.
+CLOSING_TRANSITIONS = {
+    "released",
+    "replaced",
+    "replaced_by_hyperpod",
+    "rejected",
+    "approval_timed_out",
+    "failed",
+}
 # Transitions about an alarm that was NOT admitted: recorded in the node's history, but they must
 # not overwrite the status of the remediation that is open on the node.
 NOT_ADMITTED = {"duplicate", "circuit_open"}
@@ -97,7 +109,7 @@ def uncordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonR
 
 def start_health_check(state: ItemState, settings: Settings) -> HealthResult:
     """StartHealthCheck step."""
-    return health.start(settings, state.suspect)
+    return health.start(settings, state.suspect, state.cordon)
 
 
 def poll_health_check(state: PollInput, settings: Settings, kube: KubeFactory) -> HealthResult:
@@ -123,6 +135,7 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         evidence=ev,
         ttl_seconds=settings.approval_ttl_seconds,
         execution=state.execution,
+        timeout_seconds=settings.approval_timeout_seconds,
     )
     if announce:
         prefix = f"sdc-remediation --approvals-table {settings.approvals_table}"
@@ -142,7 +155,11 @@ def replace(state: ItemState, settings: Settings, kube: KubeFactory) -> ReplaceR
 
 
 def record(inp: RecordInput, settings: Settings) -> RecordResult:
-    """Record step: ledger entry, metric, and a notification when asked."""
+    """Record step: ledger entry, metric, and a notification when asked.
+
+    A terminal transition (``CLOSING_TRANSITIONS``) of this execution's admitted remediation also
+    closes it in the ledger, which frees the node for a new admission and its guard slot.
+    """
     st = inp.state
     cluster = st.alarm.cluster_name if st.alarm else settings.hyperpod_cluster_name
     remediation_id = (
@@ -167,14 +184,24 @@ def record(inp: RecordInput, settings: Settings) -> RecordResult:
         "dry_run": settings.dry_run,
         "detail": encode_detail(detail),
     }
+    # Only this execution's own remediation may change the node's STATE: a `duplicate`
+    # admission carries the id of the OTHER, still running remediation, whose status and open
+    # flag a failure of this execution must leave alone. Without an admission (a failure before
+    # admit) the id is an `x-` placeholder that no STATE holds, so nothing changes either.
+    own = st.admission is None or st.admission.decision == "admitted"
     ledger = Ledger(settings.ledger_table)
     ledger.record(
-        pk, remediation_id, inp.transition, attrs, update_status=inp.transition not in NOT_ADMITTED
+        pk,
+        remediation_id,
+        inp.transition,
+        attrs,
+        update_status=own and inp.transition not in NOT_ADMITTED,
     )
     if (
         inp.transition in CLOSING_TRANSITIONS
         and st.suspect
         and st.admission
+        and own
         and st.admission.remediation_id
     ):
         ledger.close(cluster, st.suspect.instance_id, st.admission.remediation_id, inp.transition)

@@ -27,6 +27,7 @@ def test_alarm_to_approved_replacement(cloud, k8s, invoke):
     t = datetime.now(UTC).replace(microsecond=0)
     instance = cloud.nodes[5]
     node = f"hyperpod-{instance}"
+    # (its deep health check passed at cluster creation: the label says so until the next check)
     k8s.add_node(node, labels={"sagemaker.amazonaws.com/deep-health-check-status": "Passed"})
     put_node_metric(cloud.client("cloudwatch"), node, t - timedelta(seconds=10))
     body = report(
@@ -59,6 +60,18 @@ def test_alarm_to_approved_replacement(cloud, k8s, invoke):
             {"ClusterArn": "arn:aws:sagemaker:us-east-1:123456789012:cluster/abcdef123456"},
         )
         state["health"] = invoke("start_health_check", state)
+        # HyperPod runs the check (instance status and label), then labels the verdict
+        running = {
+            "NodeDetails": {
+                **node_details["NodeDetails"],
+                "InstanceStatus": {"Status": "DeepHealthCheckInProgress"},
+            }
+        }
+        k8s.set_labels(node, {"sagemaker.amazonaws.com/deep-health-check-status": "InProgress"})
+        sm.add_response("describe_cluster_node", running)
+        state["health"] = invoke("poll_health_check", state)
+        polled_while_running = state["health"]["status"]
+        k8s.set_labels(node, {"sagemaker.amazonaws.com/deep-health-check-status": "Passed"})
         sm.add_response("describe_cluster_node", node_details)
         state["health"] = invoke("poll_health_check", state)
         invoke("request_approval", {**state, "task_token": "token-chain"})
@@ -93,7 +106,9 @@ def test_alarm_to_approved_replacement(cloud, k8s, invoke):
     # Then: cordoned once, checked, approved, replaced, and the remediation closed in the ledger
     assert state["admission"]["decision"] == "admitted"
     assert state["cordon"]["changed"] is True and len(k8s.patches) == 1
+    assert polled_while_running == "in_progress"
     assert state["health"]["status"] == "passed"
+    assert state["health"]["label_before"] == "Passed"
     assert state["replacement"]["requested"] is True
     history = CliRunner().invoke(main, ["--ledger-table", LEDGER, "history", "--node", node]).output
     assert [line.split()[3] for line in history.strip().splitlines()] == [

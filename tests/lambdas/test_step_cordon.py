@@ -30,7 +30,13 @@ def test_cordon_patches_the_node_with_a_verified_eks_token(cloud, k8s, invoke):
     out = invoke("cordon", item_state(NODE_ID))
 
     # Then: one strategic-merge PATCH with the cordon, our label and the alarm summary
-    assert out == {"node_name": NODE, "cordoned": True, "changed": True, "dry_run": False}
+    assert out == {
+        "node_name": NODE,
+        "cordoned": True,
+        "changed": True,
+        "dry_run": False,
+        "health_check_label": None,
+    }
     [patch] = k8s.patches
     assert patch.path == f"/api/v1/nodes/{NODE}"
     assert patch.headers["content-type"] == "application/strategic-merge-patch+json"
@@ -130,6 +136,18 @@ def test_endpoint_and_ca_come_from_eks_describe_cluster_without_overrides(cloud)
     assert ca == described["certificateAuthority"]["data"]
 
 
+def test_cordon_reports_the_verdict_an_earlier_health_check_left_on_the_node(cloud, k8s, invoke):
+    # Given a node whose deep health check passed at cluster creation
+    k8s.add_node(NODE, labels={"sagemaker.amazonaws.com/deep-health-check-status": "Passed"})
+
+    # When
+    out = invoke("cordon", item_state(NODE_ID))
+
+    # Then: the label is passed on, so the coming check's poll can tell it is not its verdict
+    assert out["cordoned"] is True
+    assert out["health_check_label"] == "Passed"
+
+
 def test_uncordon_releases_only_what_we_cordoned(cloud, k8s, invoke):
     # Given a node we cordoned, and a rejection that asks for release
     k8s.add_node(NODE)
@@ -146,7 +164,13 @@ def test_uncordon_releases_only_what_we_cordoned(cloud, k8s, invoke):
     out = invoke("uncordon", item_state(NODE_ID, approval=approval))
 
     # Then: schedulable again, our label and annotation gone, the release annotated
-    assert out == {"node_name": NODE, "cordoned": False, "changed": True, "dry_run": False}
+    assert out == {
+        "node_name": NODE,
+        "cordoned": False,
+        "changed": True,
+        "dry_run": False,
+        "health_check_label": None,
+    }
     node = k8s.nodes[NODE]
     assert node["spec"]["unschedulable"] is False
     assert "sdc.guard/suspect" not in node["metadata"]["labels"]

@@ -84,7 +84,7 @@ def test_record_of_a_cluster_level_outcome_uses_the_cluster_partition(cloud, inv
     assert cloud.sns_messages()[0]["subject"] == f"[sdc-guard] ambiguous: cluster {CLUSTER}"
 
 
-def test_record_of_a_failure_keeps_the_error_and_the_node_open(cloud, invoke):
+def test_record_of_a_failure_keeps_the_error_and_closes_the_remediation(cloud, invoke):
     # Given a cordoned node whose health check could not be started
     node = cloud.nodes[0]
     admission = invoke("admit", item_state(node))
@@ -101,17 +101,16 @@ def test_record_of_a_failure_keeps_the_error_and_the_node_open(cloud, invoke):
         },
     )
 
-    # Then: recorded with the error; the remediation stays open (the node stays cordoned)
+    # Then: recorded with the error and notified; the remediation is closed (the node stays
+    # cordoned for the humans, but the next alarm on it is not swallowed as a duplicate)
     [failed] = [e for e in _events(node) if e["transition"] == "failed"]
     assert failed["error"].startswith("HealthCheckRejected")
     assert "HealthCheckRejected" in cloud.sns_messages()[0]["message"]
     ddb = aws.client("dynamodb")
-    assert (
-        from_item(ddb.get_item(TableName=LEDGER, Key=to_item({"pk": node, "sk": "STATE"}))["Item"])[
-            "open"
-        ]
-        is True
+    state = from_item(
+        ddb.get_item(TableName=LEDGER, Key=to_item({"pk": node, "sk": "STATE"}))["Item"]
     )
+    assert state["open"] is False and state["status"] == "failed"
 
 
 def test_record_accepts_the_raw_event_when_localize_never_ran(cloud, invoke):
