@@ -244,3 +244,22 @@ def test_a_nan_the_third_gpu_reproduces_names_nobody_and_notifies(spool):
         assert recorded(p) == [{"transition": "ambiguous", "notify": True}]
         assert p.kube.patches == [] and p.hyperpod.calls == []
         assert not [c for c in p.invocations if c.error]
+
+
+def test_after_a_failed_remediation_the_next_alarm_on_that_node_is_handled_again(spool):
+    with pipeline(retry_interval_seconds=1) as p:
+        # Given a remediation that failed because the Kubernetes API was down
+        p.kube.down = True
+        first = raise_alarm(p, culprit_alarm(CLUSTER, [3]), spool)
+        p.finish(first, timeout=90)
+        assert transitions(p)[-1] == "failed"
+        # When the API is back and the node alarms again
+        p.kube.down = False
+        second = p.start_execution(p.evaluator.delivered[-1])
+        pending_for(p, second)
+        # Then it is admitted as a new remediation (not dropped as a duplicate) and cordoned
+        assert "duplicate" not in transitions(p)
+        assert p.kube.nodes[SUSPECT_NODE]["spec"]["unschedulable"] is True
+        admissions = [c.result for c in p.invocations if c.folder == "admit"]
+        assert [a["decision"] for a in admissions] == ["admitted", "admitted"]
+        assert admissions[0]["remediation_id"] != admissions[1]["remediation_id"]
