@@ -316,7 +316,11 @@ def localize(
         )
     suspects = suspects_from_reports(reports, settings, kube)
     named = {s.node_name for s in suspects}
-    unexplained = sorted(node for _, node in series if node not in named)
+    # A node a visible report mentions without blaming it (e.g. a non-finite rank whose batch a
+    # third GPU also failed on: bad data, not a GPU) is explained, not missing: waiting for a
+    # report naming it would only retry until the workflow gives up.
+    mentioned = {info.node_name for r in reports for info in r.ranks.values() if info.node_name}
+    unexplained = sorted(node for _, node in series if node not in named | mentioned)
     if unexplained:
         raise ReportNotYetVisible(
             f"node(s) {unexplained} have non-zero SDC series but no visible report names them yet"

@@ -166,6 +166,23 @@ def test_localize_waits_when_a_node_has_a_series_but_no_report_names_it(cloud, i
         invoke("localize", alarm_event(time=t))
 
 
+def test_localize_treats_a_node_a_report_mentions_but_does_not_blame_as_explained(cloud, invoke):
+    # Given: a non-finite rank whose batch a third GPU also failed on (bad data): the report
+    # lists the rank and its node but blames nobody, and an older agent still published a
+    # per-node series for that node
+    t = _now()
+    node = f"hyperpod-{cloud.nodes[0]}"
+    put_node_metric(cloud.client("cloudwatch"), node, t - timedelta(seconds=5))
+    body = report(time=t, suspects=None, ranks={"3": rank(node, cloud.nodes[0], 3)})
+    put_report(cloud.client("logs"), GROUP, body, t)
+
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: ambiguous at once (humans told), not retried until the workflow gives up
+    assert out["ambiguous"] is True and out["suspects"] == []
+
+
 def test_localize_ignores_reports_outside_the_alarm_window(cloud, invoke):
     # Given: only an old report (an hour before the alarm)
     t = _now()
