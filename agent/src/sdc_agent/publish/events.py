@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from ..alarm import Alarm, RankInfo
@@ -32,8 +32,8 @@ DeliveryKind = Literal["alarm", "rankmap"]
 
 def utc_now_iso(now: datetime | None = None) -> str:
     """ISO 8601 UTC with milliseconds and a ``Z``: the ``time`` field of every event."""
-    now = now or datetime.now(UTC)
-    return now.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    now = now or datetime.now(timezone.utc)
+    return now.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def named_ranks(alarm: Alarm) -> list[int]:

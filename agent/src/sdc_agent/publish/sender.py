@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from .events import MAX_METRICS_PER_CALL, Delivery, liveness_metric_data
@@ -262,7 +262,9 @@ class Sender:
         while delivery.metrics:
             chunk = list(delivery.metrics[:MAX_METRICS_PER_CALL])
             self._attempt(
-                lambda c=chunk: self.transport.put_metric_data(namespace, c, datetime.now(UTC)),
+                lambda c=chunk: self.transport.put_metric_data(
+                    namespace, c, datetime.now(timezone.utc)
+                ),
                 policy,
                 delivery,
                 f"PutMetricData {delivery.namespace}",
@@ -316,7 +318,9 @@ class Sender:
         try:
             # One attempt: liveness is not worth holding alarms back for; failed counts are
             # kept and go out with the next batch.
-            self.transport.put_metric_data(self.settings.namespace, data, datetime.now(UTC))
+            self.transport.put_metric_data(
+                self.settings.namespace, data, datetime.now(timezone.utc)
+            )
         except Exception as exc:
             self.liveness.restore(counts)
             logger.warning("sdc: liveness metrics not sent (kept for the next batch): %s", exc)

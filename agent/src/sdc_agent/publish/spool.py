@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from .events import Delivery
@@ -62,7 +62,7 @@ class Spool:
                     "sdc: spool %s is full (%d bytes allowed)", self.directory, self.max_bytes
                 )
                 return False
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
             name = f"sdc-{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}{SUFFIX}"
             self._write_atomic(self.directory / name, data)
         except OSError as exc:
