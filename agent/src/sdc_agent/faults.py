@@ -25,10 +25,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .fingerprint import bit_patterns
+
 if TYPE_CHECKING:
     from .guard import Guard
 
-_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 __all__ = [
     "CompensatingWeightChange",
@@ -52,7 +53,7 @@ def _flip_bit_(flat: torch.Tensor, index: int, bit: int) -> None:
     width = flat.element_size() * 8
     if not 0 <= bit < width:
         raise ValueError(f"bit must be in [0, {width}) for {flat.dtype}, got {bit}")
-    raw = flat[index : index + 1].view(_INT_OF_WIDTH[flat.element_size()])
+    raw = bit_patterns(flat[index : index + 1])
     mask = -(1 << bit) if bit == width - 1 else 1 << bit  # the sign bit as a signed value
     raw.bitwise_xor_(mask)
 
@@ -319,6 +320,6 @@ class CompensatingWeightChange(WeightFault):
 
     def change_(self, flat: torch.Tensor) -> None:
         """Shift the two bit patterns in opposite directions."""
-        bits = flat.view(_INT_OF_WIDTH[flat.element_size()])
+        bits = bit_patterns(flat)
         bits[self.i] += self.delta
         bits[self.j] -= self.delta

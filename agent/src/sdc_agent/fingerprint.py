@@ -51,14 +51,20 @@ _LOCK = threading.Lock()
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
-def _bit_patterns(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's elements reinterpreted (not converted) as signed integers, flattened."""
+def bit_patterns(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements reinterpreted (not converted) as signed integers, flattened.
+
+    A view of the same storage whenever the tensor is contiguous, so writing to it changes the
+    tensor's raw bits (fault drills use that)."""
     flat = tensor.detach().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
     return flat.view(_BITS_VIEW[flat.element_size()])
+
+
+_bit_patterns = bit_patterns  # the name benchmarks/fingerprint_check.py uses
 
 
 def _signature(bits: Sequence[torch.Tensor]) -> Signature:
@@ -178,7 +184,7 @@ def fingerprints(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
     Set SDC_FINGERPRINT_BACKEND to auto, torch or triton to choose the GPU path.
     """
     items = list(tensors)
-    present = [(i, _bit_patterns(t)) for i, t in enumerate(items) if t is not None]
+    present = [(i, bit_patterns(t)) for i, t in enumerate(items) if t is not None]
     if not present:
         return torch.zeros((len(items), 2), dtype=torch.int64)
     device = present[0][1].device

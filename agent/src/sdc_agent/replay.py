@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .audit import Outcome
-from .fingerprint import fingerprints
+from .fingerprint import bit_patterns, fingerprints
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -108,13 +108,9 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
         saved.restore()
 
 
-_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 def loss_bits(loss: torch.Tensor) -> int:
     """The raw bit pattern of a scalar loss in its own dtype, as a Python int (sign-extended)."""
-    first = loss.detach().reshape(-1)[:1].contiguous()
-    return int(first.view(_INT_OF_WIDTH[first.element_size()]).item())
+    return int(bit_patterns(loss.detach().reshape(-1)[:1].contiguous()).item())
 
 
 def table_words(table: torch.Tensor) -> tuple[int, int]:
