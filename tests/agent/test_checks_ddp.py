@@ -27,6 +27,11 @@ def out_scale(**kw: Any) -> dict[str, Any]:
     return {"kind": "ScaleOutputElement", "layer": "net.4", "factor": 1000.0, "rank": R, **kw}
 
 
+def reduced_nan(step: int) -> dict[str, Any]:
+    """A NaN written into rank 4's REDUCED gradient at ``step`` (its local one stays finite)."""
+    return {"kind": "NaNReducedGradient", "index": 3, "rank": 4, "step": step, "persistent": False}
+
+
 JOBS: dict[str, tuple[str, dict]] = {
     "nan_one_step": drill(
         [{"kind": "NaNOutputElement", "layer": "net.4", "rank": R, "step": 7, "persistent": False}]
@@ -116,8 +121,11 @@ JOBS: dict[str, tuple[str, dict]] = {
         schedule={"audit_every": 0, "check_every": 5},
     ),
     "flip_after_load": (f"{SCEN}:flip_after_load", {"rank": 2, "param": "net.6.weight", "bit": 7}),
-    "reduced_nan": drill(
-        [{"kind": "NaNReducedGradient", "index": 3, "rank": 4, "step": 7, "persistent": False}]
+    "reduced_nan": drill([reduced_nan(step=7)]),
+    "reduced_nan_last_step": drill([reduced_nan(step=7)], steps=8),
+    "reduced_nan_audit_step": drill([reduced_nan(step=10)]),
+    "reduced_nan_ckpt_step": drill(
+        [reduced_nan(step=9)], schedule={"ckpt_every": 5, "check_on_checkpoint": False}
     ),
     "topology": (f"{SCEN}:topology_error", {"peer_offset": 1}),
     "clean_deterministic": (
@@ -286,6 +294,8 @@ def test_sum_preserving_weight_changes_are_caught(results, name):
     # Then the weight check after step 4 names rank 4 (the position-weighted sum differs)
     assert (alarm["step"], alarm["check"], alarm["suspects"]) == (4, "weights", [4])
     assert alarm["divergent_tensors"] == ["net.4.weight"]
+    # and, judged during step 5 (periodic checks are not awaited at once), step 5 is not applied
+    assert all(u == list(range(5)) for u in updates_by_rank(results, name).values())
 
 
 def test_a_bit_flip_after_loading_a_checkpoint_is_found_before_the_first_step(results):
@@ -299,13 +309,46 @@ def test_a_bit_flip_after_loading_a_checkpoint_is_found_before_the_first_step(re
         assert r["alarm"]["step"] == 100 and r["alarm"]["suspect_window"] == [100, 100]
 
 
-def test_nan_after_the_all_reduce_blocks_the_update_without_naming_anyone(results):
+def updates_by_rank(results: dict, name: str) -> dict[int, list[int]]:
+    return {r["rank"]: r["updates"] for r in results[name]}
+
+
+@pytest.mark.parametrize("name", ["reduced_nan", "reduced_nan_last_step"])
+def test_nan_after_the_all_reduce_on_one_rank_is_never_applied_and_named_at_its_step(results, name):
     # Given finite local gradients everywhere and a NaN written into rank 4's reduced gradient
-    alarm = the_alarm(results, "reduced_nan")
-    # Then the reduced-gradient check fires, names nobody, and the update is not applied
+    # at step 7 (not an audit step); the flags of step 7 are settled during step 8 (or, when
+    # step 7 is the last, by Guard.train's final settle)
+    alarm = the_alarm(results, name)
+    # Then every rank returns the reduced-gradient alarm for step 7, naming nobody
     assert (alarm["step"], alarm["check"]) == (7, "reduced_gradient")
     assert alarm["nonfinite"] == [] and alarm["suspects"] is None and alarm["ranks"] == {}
-    assert updates(results, "reduced_nan") == list(range(7))
+    assert alarm["suspect_window"] == [6, 7]
+    # and rank 4 never applied its NaN gradient; the others applied their (correct) step 7,
+    # and nobody applied anything after it
+    by_rank = updates_by_rank(results, name)
+    assert by_rank.pop(4) == list(range(7))
+    assert all(u == list(range(8)) for u in by_rank.values()), by_rank
+
+
+def test_nan_after_the_all_reduce_on_an_audit_step_is_decided_at_that_step(results):
+    # Given the NaN in rank 4's reduced gradient at audit step 10: every rank waits for the
+    # flags before auditing
+    alarm = the_alarm(results, "reduced_nan_audit_step")
+    # Then nobody applies step 10, and the alarm names step 10
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (10, "reduced_gradient", None)
+    assert all(
+        u == list(range(10)) for u in updates_by_rank(results, "reduced_nan_audit_step").values()
+    )
+
+
+def test_nan_after_the_all_reduce_on_a_checkpoint_step_blocks_the_checkpoint(results):
+    # Given checkpoints after steps 4 and 9 (no weight check on them) and the NaN in rank 4's
+    # reduced gradient at step 9
+    alarm = the_alarm(results, "reduced_nan_ckpt_step")
+    # Then the flags are settled before the checkpoint: the alarm names step 9 and only the
+    # checkpoint of step 4 was saved, on every rank
+    assert (alarm["step"], alarm["check"]) == (9, "reduced_gradient")
+    assert all([s for s, _ in r["saves"]] == [4] for r in results["reduced_nan_ckpt_step"])
 
 
 def test_replay_pairs_sharing_a_node_are_refused_before_training(results):

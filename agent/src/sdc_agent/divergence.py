@@ -71,6 +71,59 @@ def _attribute(table: torch.Tensor, names: list[str], ranks: list[int]) -> Diver
     )
 
 
+class DivergenceCheck:
+    """One weight comparison in flight: the fingerprints are taken and the all-reduce launched
+    when it is made; :meth:`report` waits for the result.
+
+    Collective over ``dp_group`` (None: WORLD): make it on every rank with the same tensors, in
+    the same order as the other collectives, and call :meth:`report` on every rank. Made and
+    reported at once it is :func:`find_divergent_ranks`; the guard reports its periodic checks a
+    step later, so that no rank waits for the slowest one in the common case.
+    """
+
+    def __init__(
+        self,
+        params: nn.Module | Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        dp_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        """Fingerprint ``params`` now (their values at this moment) and launch the all-reduce."""
+        named = _named_tensors(params)
+        self._names = [n for n, _ in named]
+        self._group = dp_group
+        self._table = fingerprints([t for _, t in named]).to(collective_device(dp_group))
+        # ~x is a monotone decreasing bijection on int64 without overflow (unlike -x at -2**63),
+        # so max(~x) == ~min(x): one all-reduce yields both extremes.
+        self._extremes = torch.cat([self._table, torch.bitwise_not(self._table)])
+        self._work = dist.all_reduce(
+            self._extremes, op=dist.ReduceOp.MAX, group=dp_group, async_op=True
+        )
+        self._report: DivergenceReport | None = None
+
+    def wait(self) -> None:
+        """Wait for the all-reduce without judging (when the result is no longer needed)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+
+    def report(self) -> DivergenceReport:
+        """The comparison's outcome, identical on every rank (collective when copies differ)."""
+        if self._report is None:
+            self.wait()
+            rows = len(self._table)
+            highest = self._extremes[:rows]
+            lowest = torch.bitwise_not(self._extremes[rows:])
+            if bool(torch.equal(highest, lowest)):
+                self._report = DivergenceReport(digest=table_digest(self._table))
+            else:
+                world = dist.get_world_size(self._group)
+                gathered = [torch.empty_like(self._table) for _ in range(world)]
+                dist.all_gather(gathered, self._table, group=self._group)
+                self._report = _attribute(
+                    torch.stack(gathered).cpu(), self._names, group_ranks(self._group)
+                )
+        return self._report
+
+
 def find_divergent_ranks(
     params: nn.Module | Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
     dp_group: dist.ProcessGroup | None = None,
@@ -84,17 +137,4 @@ def find_divergent_ranks(
     tensor differs from a strict majority of replicas; two copies, or no strict majority, are
     reported as ``unattributable`` without a name.
     """
-    named = _named_tensors(params)
-    names = [n for n, _ in named]
-    device = collective_device(dp_group)
-    table = fingerprints([t for _, t in named]).to(device)
-    # ~x is a monotone decreasing bijection on int64 without overflow (unlike -x at -2**63),
-    # so max(~x) == ~min(x): one all-reduce yields both extremes.
-    extremes = torch.cat([table, torch.bitwise_not(table)])
-    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=dp_group)
-    highest, lowest = extremes[: len(table)], torch.bitwise_not(extremes[len(table) :])
-    if bool(torch.equal(highest, lowest)):
-        return DivergenceReport(digest=table_digest(table))
-    gathered = [torch.empty_like(table) for _ in range(dist.get_world_size(dp_group))]
-    dist.all_gather(gathered, table, group=dp_group)
-    return _attribute(torch.stack(gathered).cpu(), names, group_ranks(dp_group))
+    return DivergenceCheck(params, dp_group).report()

@@ -1,9 +1,14 @@
-"""The DDP comm hook: per-bucket statistics of the LOCAL gradient, taken before the all-reduce.
+"""The DDP comm hook: per-bucket statistics of the gradient, before and after the all-reduce.
 
 After the all-reduce the local gradient is gone (the bucket holds the average), so everything the
-checks need from it is recorded here: the local squared norm on every step (check 1) and, on audit
-steps, each parameter's gradient fingerprint (check 2). The hook never changes gradient values:
-the reduction is torch's own ``allreduce_hook``. Nothing here synchronises the device.
+checks need from it is recorded here: a float32 sum of each local bucket on every step (check 1)
+and, on audit steps, each parameter's gradient fingerprint (check 2). The reduced bucket's sum is
+taken as its all-reduce completes (on the communication thread or stream, overlapping the rest
+of backward), so check 1 reads no gradient after backward. A sum is finite exactly when every
+element is (NaN and Inf propagate, +Inf + -Inf is NaN) unless the values are near 3e38; a squared
+norm would overflow on finite gradients from 1.8e19 and costs more per element. The hook never
+changes gradient values: the reduction is torch's own ``allreduce_hook``. Nothing here
+synchronises the device.
 """
 
 # No `from __future__ import annotations` here: DDP inspects the hook's annotations at runtime
@@ -30,8 +35,11 @@ class GradStatsState:
     """``id(parameter)`` -> row of that parameter in the guard's fingerprint tables."""
     capture_fingerprints: bool = False
     """Set by the guard on audit steps, before the forward pass."""
-    local_sq_norm: torch.Tensor | None = None
-    """Sum over this step's buckets of the squared L2 norm of the local gradient."""
+    local_sums: list[torch.Tensor] = field(default_factory=list)
+    """Per bucket of this step: float32 sum of the LOCAL gradient (before the all-reduce)."""
+    reduced_sums: list[torch.Tensor] = field(default_factory=list)
+    """Per bucket of this step: float32 sum of the REDUCED gradient (appended as each bucket's
+    all-reduce completes, possibly on a communication thread; list.append is atomic)."""
     local_fingerprints: torch.Tensor | None = None
     """[num_params, 2] int64 fingerprints of the local gradients (audit steps only)."""
     reduced_taps: list[ReducedTap] = field(default_factory=list)
@@ -39,7 +47,8 @@ class GradStatsState:
 
     def arm(self, *, capture_fingerprints: bool, device: torch.device) -> None:
         """Reset the per-step statistics before a forward pass."""
-        self.local_sq_norm = None
+        self.local_sums = []
+        self.reduced_sums = []
         self.capture_fingerprints = capture_fingerprints
         self.local_fingerprints = (
             torch.zeros((len(self.param_index), 2), dtype=torch.int64, device=device)
@@ -51,24 +60,22 @@ class GradStatsState:
 def grad_stats_hook(
     state: GradStatsState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """Record the local bucket's statistics, then all-reduce it exactly as DDP's default does."""
+    """Record the local bucket's statistics, all-reduce it exactly as DDP's default does, and
+    record the reduced bucket's sum when the reduction completes."""
     buffer = bucket.buffer()
-    # float32 accumulation: an fp16/bf16 bucket's norm would overflow long before its values do.
-    sq = torch.linalg.vector_norm(buffer, dtype=torch.float32).square()
-    state.local_sq_norm = sq if state.local_sq_norm is None else state.local_sq_norm + sq
+    # float32 accumulation: an fp16/bf16 bucket's sum would overflow long before its values do.
+    state.local_sums.append(buffer.sum(dtype=torch.float32))
     if state.capture_fingerprints and state.local_fingerprints is not None:
         # One batched call per bucket: the per-call overhead dominates for small parameters.
         rows = [state.param_index[id(param)] for param in bucket.parameters()]
         table = fingerprints(bucket.gradients())
         state.local_fingerprints[rows] = table.to(state.local_fingerprints.device)
-    future = default_hooks.allreduce_hook(state.process_group, bucket)
-    if not state.reduced_taps:
-        return future
 
-    def run_taps(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    def after_reduction(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
         reduced = fut.value()
         for tap in state.reduced_taps:
             tap(bucket, reduced)
+        state.reduced_sums.append(reduced.sum(dtype=torch.float32))
         return reduced
 
-    return future.then(run_taps)
+    return default_hooks.allreduce_hook(state.process_group, bucket).then(after_reduction)

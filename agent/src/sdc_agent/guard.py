@@ -1,12 +1,18 @@
 """The guard: the three SDC checks around a DistributedDataParallel training step.
 
 Per step (DESIGN.md, "The agent"):
-1. Non-finite gradients: the comm hook records each bucket's local squared norm before the
-   all-reduce; one all-gather of two flags per rank names the ranks whose local gradient is
-   NaN/Inf and says whether the reduced (clipped) gradient norm is. Either fails the step.
+1. Non-finite gradients: the comm hook sums each bucket of the local gradient before the
+   all-reduce and of the reduced gradient after it; one small all-gather of two flags per rank
+   names the ranks whose local gradient is NaN/Inf and says whether any rank's reduced (clipped)
+   gradient is. Either fails the step. The all-gather is asynchronous: a rank waits for it only
+   when its own flags are bad, on audit and checkpoint steps, and at the next step's check or
+   the end of the loop (see :mod:`.gradflags`).
 2. Ring replay audit (audit steps): every rank recomputes another rank's micro-batch on the bare
    module and the results are compared bit for bit; see :mod:`sdc_agent.audit`.
 3. Weight fingerprints (after the update, every ``check_every`` steps and before checkpoints).
+   Before a checkpoint the comparison is awaited at once; a periodic one is launched after the
+   update and judged at the next agreement point (the next step's check, whose step is then
+   not applied on a failure), naming the step whose weights were compared.
 A step that fails check 1 or 2 is not applied: its gradients are dropped and the optimizer does
 not step, so the exact state is still there for the confirmation replays. Every decision is made
 from gathered data with the same code on every rank, so every rank returns the same Alarm and no
@@ -42,7 +48,8 @@ from .audit import (
     third_gpu,
     unexplained,
 )
-from .divergence import DivergenceReport, find_divergent_ranks
+from .divergence import DivergenceCheck, DivergenceReport
+from .gradflags import FlagExchange, FlagTable
 from .gradstats import GradStatsState, grad_stats_hook
 from .publisher import NullPublisher, Publisher
 from .replay import DeterminismState, Replayer, RngState, outcome_of, seed_all, step_seed
@@ -139,6 +146,10 @@ class Guard:
         self.last_audit_pass: int | None = None
         self.last_weight_check_pass: int | None = None
         self.last_weights_digest: str | None = None
+        self._flags: FlagExchange | None = None
+        """The newest step's flag exchange, until it is settled (:meth:`_settle`)."""
+        self._weights: tuple[int, DivergenceCheck] | None = None
+        """A periodic weight comparison in flight (the step it was taken after), until settled."""
         self._pending_passes = {"audit": 0, "weights": 0}
         self._publish("rank map", lambda p: p.publish_rank_map(dict(self.ranks)))
 
@@ -153,7 +164,7 @@ class Guard:
         """Train on ``batches`` (this rank's, from ``start_step`` on) until they end or a check fails.
 
         Returns None when every batch was trained on, else the Alarm (the same on every rank);
-        the failing step is not applied. ``save_checkpoint(step, tags)`` is called on every rank
+        the failing step is not applied (by any rank whose gradient was bad; see :meth:`finish`). ``save_checkpoint(step, tags)`` is called on every rank
         when a checkpoint is due and nothing fired; ``tags`` holds ``last_audit_pass``,
         ``last_weight_check_pass`` and ``weights_digest`` (see :meth:`GuardedStep.checkpoint_tags`).
         """
@@ -166,13 +177,14 @@ class Guard:
                 loss.backward()
                 if alarm := guarded.check_gradients(loss):
                     return alarm
-                self.optimizer.step()
+                if guarded.update_allowed:
+                    self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 if alarm := guarded.after_update():
                     return alarm
                 if guarded.checkpoint_due and save_checkpoint is not None:
                     save_checkpoint(step, guarded.checkpoint_tags())
-        return None
+        return self.finish()
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[GuardedStep]:
@@ -194,13 +206,19 @@ class Guard:
         """
         if self.start_step is None:
             self.start_step = step
-        report = find_divergent_ranks(self.named_weights, self.dp_group)
-        if report.agreed:
-            self.last_weight_check_pass = step
-            self.last_weights_digest = report.digest
-            self._note_pass("weights", step)
-            return None
-        return self._raise(self._weights_alarm(step, report))
+        if (alarm := self._settle()) is not None:
+            return alarm
+        return self._judge_weights(step, DivergenceCheck(self.named_weights, self.dp_group))
+
+    def finish(self) -> Alarm | None:
+        """Settle the last step's gradient check (collective); call it once after your own loop.
+
+        A corruption after the all-reduce that only some ranks see is reported at the next
+        agreement point (the next ``check_gradients``, a weight check, a checkpoint step, or
+        this call), naming the step it happened at; :meth:`train` calls this for you.
+        Returns that Alarm, or None.
+        """
+        return self._settle()
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Let the publisher deliver what it queued (for the exit path); True when all is sent."""
@@ -277,6 +295,86 @@ class Guard:
             else (Outcome.from_row(r[0]), Outcome.from_row(r[1]))
             for r in rows
         ]
+
+    def _settle(self) -> Alarm | None:
+        """The agreement point: judge what is in flight (collective; every rank calls it at the
+        same points). Returns the first Alarm (raised), or None."""
+        exchange, self._flags = self._flags, None
+        weights, self._weights = self._weights, None
+        alarm = None
+        if exchange is not None:
+            table = exchange.table()
+            if table.clean:
+                self.last_gradient_check_pass = table.step
+            else:
+                # Settled a step late: some ranks applied that step, so replays cannot see it.
+                alarm = self._raise(self._flags_alarm(table, confirm=False))
+        if weights is not None:
+            step, check = weights
+            if alarm is None:
+                alarm = self._judge_weights(step, check)
+            else:
+                check.wait()  # every rank stops here; the comparison no longer matters
+        return alarm
+
+    def _start_weight_check(self, step: int) -> None:
+        """Fingerprint the weights after ``step``'s update and launch their comparison."""
+        if self._weights is not None:
+            raise RuntimeError(
+                "sdc_agent: a weight check is still in flight; call check_gradients (or "
+                "Guard.finish) between two after_update calls"
+            )
+        self._weights = (step, DivergenceCheck(self.named_weights, self.dp_group))
+
+    def _judge_weights(self, step: int, check: DivergenceCheck) -> Alarm | None:
+        """Check 3's verdict on a comparison of the weights after ``step``'s update."""
+        report = check.report()
+        if report.agreed:
+            self.last_weight_check_pass = step
+            self.last_weights_digest = report.digest
+            self._note_pass("weights", step)
+            return None
+        return self._raise(self._weights_alarm(step, report))
+
+    def _flags_alarm(self, table: FlagTable, *, confirm: bool) -> Alarm:
+        """Check 1's alarm for a table that is not clean."""
+        if table.nonfinite:
+            return self._nonfinite_alarm(
+                table.step, table.nonfinite, confirm=confirm and self._can_confirm
+            )
+        return self._alarm(
+            table.step, "reduced_gradient", last_pass=self.last_gradient_check_pass, suspects=None
+        )
+
+    def _nonfinite_alarm(self, step: int, nonfinite: list[int], *, confirm: bool) -> Alarm:
+        """Name the ranks whose local gradient was non-finite, confirmed by replays if asked."""
+        verdicts: list[Verdict] = []
+        blamed = list(nonfinite)
+        if confirm:
+            deterministic = self.schedule.deterministic_audits
+            results = self._confirm(step, nonfinite, deterministic)
+            blamed = []
+            for target, result in zip(nonfinite, results, strict=True):
+                # A confirmation that could not run leaves check 1's own evidence standing.
+                kind, who = (
+                    nonfinite_verdict(*result, compare_grads=deterministic)
+                    if result is not None
+                    else ("unclear", "target")
+                )
+                suspect = self._global(target) if who else None
+                third_rank = self._global(third_gpu(target, self.world, self.schedule.peer_offset))
+                pair = (self._global(target), self._global(target))
+                verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
+                if suspect is not None:
+                    blamed.append(target)
+        return self._alarm(
+            step,
+            "compute",
+            last_pass=self.last_gradient_check_pass,
+            suspects=[self._global(r) for r in blamed],
+            nonfinite=[self._global(r) for r in nonfinite],
+            verdicts=verdicts,
+        )
 
     def _note_pass(self, kind: str, step: int) -> None:
         self._pending_passes[kind] += 1
@@ -381,6 +479,10 @@ class GuardedStep:
         """Whether :meth:`after_update` compares weight fingerprints."""
         self.checkpoint_due = guard.schedule.is_checkpoint_step(step)
         """Whether a checkpoint is due after this step's update."""
+        self.update_allowed = True
+        """False when this rank dropped the step's gradients (its reduced gradient was bad while
+        other ranks' were not); ``optimizer.step()`` then finds no gradients and changes
+        nothing, and the alarm follows at the next agreement point (:meth:`Guard.finish`)."""
         self.alarm: Alarm | None = None
         self._deterministic = self.audit and guard.schedule.deterministic_audits
         self._rng: RngState | None = None
@@ -425,45 +527,61 @@ class GuardedStep:
         gradients are dropped (set to None) so the step cannot be applied; returns the Alarm.
         """
         g = self.guard
-        local_sq = g._stats.local_sq_norm
-        if local_sq is None:
+        stats = g._stats
+        if not stats.local_sums or len(stats.reduced_sums) != len(stats.local_sums):
             raise RuntimeError(
                 "check_gradients: DDP's all-reduce did not run this step; call it after "
                 "loss.backward() on the DDP model, outside no_sync()"
             )
-        total_norm = self._reduced_norm()
-        flags = torch.stack([~torch.isfinite(local_sq), ~torch.isfinite(total_norm)]).to(
-            device=g._device, dtype=torch.int64
-        )
-        gathered = [torch.zeros_like(flags) for _ in range(g.world)]
-        dist.all_gather(gathered, flags, group=g.dp_group)  # the one per-step collective
-        table = torch.stack(gathered).cpu().tolist()
-        nonfinite = [dp for dp, (local_bad, _) in enumerate(table) if local_bad]
-        if nonfinite:
-            alarm = self._nonfinite_alarm(nonfinite)
-        elif any(reduced_bad for _, reduced_bad in table):
-            alarm = g._alarm(
-                self.step, "reduced_gradient", last_pass=g.last_gradient_check_pass, suspects=None
-            )
-        else:
+        # The previous step's exchanges ran during this step's forward and backward.
+        if (alarm := g._settle()) is not None:
+            return self._refuse(alarm)
+        flags = torch.stack(
+            [
+                ~torch.isfinite(torch.stack(stats.local_sums)).all(),
+                ~torch.isfinite(self._reduced_sums()).all(),
+            ]
+        ).to(device=g._device, dtype=torch.int64)
+        exchange = FlagExchange(self.step, flags, g.dp_group, g.world)  # the per-step collective
+        # One host read of this rank's own flags (on a GPU, the sync GradScaler makes too).
+        if not self.audit and not bool(flags.any()):
+            g._flags = exchange  # settled at the next agreement point
+            self.end()
+            return None
+        table = exchange.table()
+        if table.clean:  # an audit step: every rank waited for this table
             g.last_gradient_check_pass = self.step
-            alarm = self._audit(loss, local_sq) if self.audit else None
+            alarm = self._audit(loss)
+        elif self.audit or table.unanimous:
+            # Every rank is here, at this step, with the step's exact state: decide now.
+            alarm = g._flags_alarm(table, confirm=True)
+        else:
+            # Only some ranks see a bad gradient; the others have moved on. Drop ours, and let
+            # every rank report it at the next agreement point.
+            g._flags = exchange
+            self.update_allowed = False
+            self.end()
+            self._drop_gradients()
+            return None
         self.end()
-        if alarm is not None:
-            g.optimizer.zero_grad(set_to_none=True)
-            for p in g.params:
-                p.grad = None
-            self.alarm = g._raise(alarm)
-        return alarm
+        return self._refuse(g._raise(alarm)) if alarm is not None else None
 
     def after_update(self) -> Alarm | None:
         """Check 3 after ``optimizer.step()`` when due (every ``check_every`` steps, and before
         a checkpoint when ``check_on_checkpoint``). Returns the Alarm, or None."""
-        if not self.weight_check_due:
-            return None
-        self._weights_checked = True
-        self.alarm = self.guard.check_weights(self.step)
-        return self.alarm
+        g = self.guard
+        if self.checkpoint_due:
+            # Nothing is saved before every rank agrees on the gradients (and weights, if asked).
+            if (alarm := g._settle()) is not None:
+                self.alarm = alarm
+                return alarm
+            if self.weight_check_due:
+                self._weights_checked = True
+                self.alarm = g.check_weights(self.step)
+            return self.alarm
+        if self.weight_check_due:
+            g._start_weight_check(self.step)  # judged at the next agreement point
+        return None
 
     def checkpoint_tags(self) -> dict[str, Any]:
         """Tags for a checkpoint saved after this step's update.
@@ -483,54 +601,37 @@ class GuardedStep:
         }
 
     # ------------------------------------------------------------------ internals
-    def _reduced_norm(self) -> torch.Tensor:
-        """Total L2 norm of the reduced gradient; clipped to max_grad_norm when configured."""
+    def _reduced_sums(self) -> torch.Tensor:
+        """Per-bucket sums of the reduced gradient (and its clipped norm when configured)."""
         g = self.guard
-        grads = [p.grad for p in g.params if p.grad is not None]
-        if g.schedule.max_grad_norm is not None:
-            return torch.nn.utils.clip_grad_norm_(g.params, g.schedule.max_grad_norm).detach()
-        if not grads:
-            return torch.zeros((), device=g._param_device)
-        norms = torch.stack([torch.linalg.vector_norm(x, dtype=torch.float32) for x in grads])
-        return torch.linalg.vector_norm(norms)
+        sums = torch.stack(g._stats.reduced_sums)
+        if g.schedule.max_grad_norm is None:
+            return sums
+        norm = torch.nn.utils.clip_grad_norm_(g.params, g.schedule.max_grad_norm).detach()
+        return torch.cat([sums, norm.reshape(1).to(sums)])
 
-    def _nonfinite_alarm(self, nonfinite: list[int]) -> Alarm:
+    def _drop_gradients(self) -> None:
+        """Set every gradient to None so that ``optimizer.step()`` cannot apply this step."""
         g = self.guard
-        verdicts: list[Verdict] = []
-        blamed = list(nonfinite)
-        if g._can_confirm:
-            deterministic = g.schedule.deterministic_audits
-            results = g._confirm(self.step, nonfinite, deterministic)
-            blamed = []
-            for target, result in zip(nonfinite, results, strict=True):
-                # A confirmation that could not run leaves check 1's own evidence standing.
-                kind, who = (
-                    nonfinite_verdict(*result, compare_grads=deterministic)
-                    if result is not None
-                    else ("unclear", "target")
-                )
-                suspect = g._global(target) if who else None
-                third_rank = g._global(third_gpu(target, g.world, g.schedule.peer_offset))
-                pair = (g._global(target), g._global(target))
-                verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
-                if suspect is not None:
-                    blamed.append(target)
-        return g._alarm(
-            self.step,
-            "compute",
-            last_pass=g.last_gradient_check_pass,
-            suspects=[g._global(r) for r in blamed],
-            nonfinite=[g._global(r) for r in nonfinite],
-            verdicts=verdicts,
-        )
+        g.optimizer.zero_grad(set_to_none=True)
+        for p in g.params:
+            p.grad = None
 
-    def _audit(self, loss: torch.Tensor, local_sq: torch.Tensor) -> Alarm | None:
+    def _refuse(self, alarm: Alarm) -> Alarm:
+        """Fail the step with an alarm already raised: restore RNG and kernels, drop gradients."""
+        self.end()
+        self._drop_gradients()
+        self.update_allowed = False
+        self.alarm = alarm
+        return alarm
+
+    def _audit(self, loss: torch.Tensor) -> Alarm | None:
         """Check 2: replay the target's batch, gather every rank's results, attribute."""
         g = self.guard
         offset = g.schedule.peer_offset
         deterministic = self._deterministic
         own_table = g._stats.local_fingerprints if deterministic else None
-        own = outcome_of(loss, own_table, bool(torch.isfinite(local_sq)))
+        own = outcome_of(loss, own_table, True)  # audits run only when every flag was clean
         replayed = g._replay_row(
             self.step, replay_target(g.dp_rank, g.world, offset), deterministic
         )
