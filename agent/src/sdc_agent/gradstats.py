@@ -1,14 +1,19 @@
 """The DDP comm hook: per-bucket statistics of the gradient, before and after the all-reduce.
 
 After the all-reduce the local gradient is gone (the bucket holds the average), so everything the
-checks need from it is recorded here: a float32 sum of each local bucket on every step (check 1)
-and, on audit steps, each parameter's gradient fingerprint (check 2). The reduced bucket's sum is
-taken as its all-reduce completes (on the communication thread or stream, overlapping the rest
-of backward), so check 1 reads no gradient after backward. A sum is finite exactly when every
-element is (NaN and Inf propagate, +Inf + -Inf is NaN) unless the values are near 3e38; a squared
-norm would overflow on finite gradients from 1.8e19 and costs more per element. The hook never
-changes gradient values: the reduction is torch's own ``allreduce_hook``. Nothing here
-synchronises the device.
+checks need from it is recorded here: whether each local bucket holds a NaN/Inf, on every step
+(check 1), and on audit steps each parameter's gradient fingerprint (check 2). The reduced
+bucket's sum is taken as its all-reduce completes (on the communication thread or stream,
+overlapping the rest of backward), so check 1 reads no gradient after backward. A sum is finite
+exactly when every element is (NaN and Inf propagate, +Inf + -Inf is NaN) unless the values are
+near 3e38; a squared norm would overflow on finite gradients from 1.8e19 and costs more.
+
+The reduction is an all-reduce of the bucket divided by the world size, as DDP's own: torch's
+Python ``allreduce_hook`` divides in a pass of its own, which a Python hook cannot avoid; here that
+pass also checks the local values (torch's fused GradScaler kernel: multiply by 1/world and flag
+any NaN/Inf in one pass), so the local check costs nothing extra. Multiplying by the reciprocal is
+what DDP does without a hook. Where that kernel does not support the device or dtype, a float32
+sum and ``div_`` do the same in two passes. Nothing here synchronises the device.
 """
 
 # No `from __future__ import annotations` here: DDP inspects the hook's annotations at runtime
@@ -18,7 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .fingerprint import fingerprints
 
@@ -35,8 +39,9 @@ class GradStatsState:
     """``id(parameter)`` -> row of that parameter in the guard's fingerprint tables."""
     capture_fingerprints: bool = False
     """Set by the guard on audit steps, before the forward pass."""
-    local_sums: list[torch.Tensor] = field(default_factory=list)
-    """Per bucket of this step: float32 sum of the LOCAL gradient (before the all-reduce)."""
+    local_flags: list[torch.Tensor] = field(default_factory=list)
+    """Per bucket of this step: one float32 element, nonzero when the LOCAL gradient (before the
+    all-reduce) held a NaN/Inf."""
     reduced_sums: list[torch.Tensor] = field(default_factory=list)
     """Per bucket of this step: float32 sum of the REDUCED gradient (appended as each bucket's
     all-reduce completes, possibly on a communication thread; list.append is atomic)."""
@@ -47,7 +52,7 @@ class GradStatsState:
 
     def arm(self, *, capture_fingerprints: bool, device: torch.device) -> None:
         """Reset the per-step statistics before a forward pass."""
-        self.local_sums = []
+        self.local_flags = []
         self.reduced_sums = []
         self.capture_fingerprints = capture_fingerprints
         self.local_fingerprints = (
@@ -63,19 +68,55 @@ def grad_stats_hook(
     """Record the local bucket's statistics, all-reduce it exactly as DDP's default does, and
     record the reduced bucket's sum when the reduction completes."""
     buffer = bucket.buffer()
-    # float32 accumulation: an fp16/bf16 bucket's sum would overflow long before its values do.
-    state.local_sums.append(buffer.sum(dtype=torch.float32))
     if state.capture_fingerprints and state.local_fingerprints is not None:
         # One batched call per bucket: the per-call overhead dominates for small parameters.
         rows = [state.param_index[id(param)] for param in bucket.parameters()]
         table = fingerprints(bucket.gradients())
         state.local_fingerprints[rows] = table.to(state.local_fingerprints.device)
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    state.local_flags.append(divide_and_check(buffer, group.size()))
 
-    def after_reduction(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-        reduced = fut.value()
+    def after_reduction(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        reduced = fut.value()[0]
         for tap in state.reduced_taps:
             tap(bucket, reduced)
+        # float32 accumulation: an fp16/bf16 bucket's sum would overflow long before its values.
         state.reduced_sums.append(reduced.sum(dtype=torch.float32))
         return reduced
 
-    return default_hooks.allreduce_hook(state.process_group, bucket).then(after_reduction)
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(after_reduction)
+
+
+_FUSED_SUPPORT: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _fused_supported(buffer: torch.Tensor) -> bool:
+    """Whether torch's fused non-finite check and scale runs on this device type and dtype.
+
+    Not for float64: its scale is a float32 tensor, so 1/world would be rounded to float32.
+    """
+    key = (buffer.device.type, buffer.dtype)
+    if buffer.dtype == torch.float64:
+        return False
+    if key not in _FUSED_SUPPORT:
+        probe = torch.ones(4, dtype=buffer.dtype, device=buffer.device)
+        found = torch.zeros(1, dtype=torch.float32, device=buffer.device)
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_([probe], found, found + 0.5)
+            _FUSED_SUPPORT[key] = True
+        except (AttributeError, NotImplementedError, RuntimeError):
+            _FUSED_SUPPORT[key] = False
+    return _FUSED_SUPPORT[key]
+
+
+def divide_and_check(buffer: torch.Tensor, world: int) -> torch.Tensor:
+    """Multiply ``buffer`` by 1/world in place; a one-element float32 tensor on its device that
+    is nonzero when ``buffer`` held a NaN/Inf before (one pass where torch's fused kernel allows)."""
+    found = torch.zeros(1, dtype=torch.float32, device=buffer.device)
+    if _fused_supported(buffer):
+        inverse = torch.full((1,), 1.0 / world, dtype=torch.float32, device=buffer.device)
+        torch._amp_foreach_non_finite_check_and_unscale_([buffer], found, inverse)
+        return found
+    found += ~torch.isfinite(buffer.sum(dtype=torch.float32))
+    buffer.mul_(1.0 / world)
+    return found

@@ -1,8 +1,8 @@
 """The guard: the three SDC checks around a DistributedDataParallel training step.
 
 Per step (DESIGN.md, "The agent"):
-1. Non-finite gradients: the comm hook sums each bucket of the local gradient before the
-   all-reduce and of the reduced gradient after it; one small all-gather of two flags per rank
+1. Non-finite gradients: the comm hook checks each bucket of the local gradient before the
+   all-reduce (in the pass that divides it by the world size) and sums the reduced one after it; one small all-gather of two flags per rank
    names the ranks whose local gradient is NaN/Inf and says whether any rank's reduced (clipped)
    gradient is. Either fails the step. The all-gather is asynchronous: a rank waits for it only
    when its own flags are bad, on audit and checkpoint steps, and at the next step's check or
@@ -528,7 +528,7 @@ class GuardedStep:
         """
         g = self.guard
         stats = g._stats
-        if not stats.local_sums or len(stats.reduced_sums) != len(stats.local_sums):
+        if not stats.local_flags or len(stats.reduced_sums) != len(stats.local_flags):
             raise RuntimeError(
                 "check_gradients: DDP's all-reduce did not run this step; call it after "
                 "loss.backward() on the DDP model, outside no_sync()"
@@ -538,7 +538,7 @@ class GuardedStep:
             return self._refuse(alarm)
         flags = torch.stack(
             [
-                ~torch.isfinite(torch.stack(stats.local_sums)).all(),
+                torch.cat(stats.local_flags).any(),
                 ~torch.isfinite(self._reduced_sums()).all(),
             ]
         ).to(device=g._device, dtype=torch.int64)
