@@ -32,6 +32,17 @@ def reduced_nan(step: int) -> dict[str, Any]:
     return {"kind": "NaNReducedGradient", "index": 3, "rank": 4, "step": step, "persistent": False}
 
 
+WEIGHT_FLIP = {
+    "kind": "FlipWeightBit",
+    "param": "net.0.weight",
+    "index": 3,
+    "bit": 12,
+    "rank": 0,
+    "step": 6,
+}
+"""An fp32 bit flip in rank 0's copy of net.0.weight after step 6's update."""
+
+
 JOBS: dict[str, tuple[str, dict]] = {
     "nan_one_step": drill(
         [{"kind": "NaNOutputElement", "layer": "net.4", "rank": R, "step": 7, "persistent": False}]
@@ -75,30 +86,12 @@ JOBS: dict[str, tuple[str, dict]] = {
     ),
     "two_rings": drill([out_scale(step=7, rank=0), out_scale(step=7, rank=1)]),
     "weight_flip_ckpt": drill(
-        [
-            {
-                "kind": "FlipWeightBit",
-                "param": "net.0.weight",
-                "index": 3,
-                "bit": 12,
-                "rank": 0,
-                "step": 6,
-            }
-        ],
+        [WEIGHT_FLIP],
         steps=14,
         schedule={"audit_every": 10, "ckpt_every": 5},
     ),
     "weight_flip_no_ckpt_check": drill(
-        [
-            {
-                "kind": "FlipWeightBit",
-                "param": "net.0.weight",
-                "index": 3,
-                "bit": 12,
-                "rank": 0,
-                "step": 6,
-            }
-        ],
+        [WEIGHT_FLIP],
         steps=14,
         schedule={"audit_every": 10, "ckpt_every": 5, "check_on_checkpoint": False},
     ),

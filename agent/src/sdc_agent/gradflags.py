@@ -69,8 +69,7 @@ class FlagExchange:
     def table(self) -> FlagTable:
         """Wait for the exchange (once) and return every rank's flags."""
         if self._table is None:
-            if self._work is not None:
-                self._work.wait()
+            self._work.wait()
             rows = torch.stack(self._gathered).cpu().tolist()
             self._table = FlagTable(
                 step=self.step,

@@ -18,6 +18,7 @@ sum and ``div_`` do the same in two passes. Nothing here synchronises the device
 
 # No `from __future__ import annotations` here: DDP inspects the hook's annotations at runtime
 # and requires real dist.GradBucket / torch.futures.Future[torch.Tensor] objects.
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -109,13 +110,20 @@ def _fused_supported(buffer: torch.Tensor) -> bool:
     return _FUSED_SUPPORT[key]
 
 
+@functools.lru_cache(maxsize=16)
+def _inverse(device: torch.device, world: int) -> torch.Tensor:
+    """1/world as the fused kernel's float32 scale on ``device``, made once (it only reads it)."""
+    return torch.full((1,), 1.0 / world, dtype=torch.float32, device=device)
+
+
 def divide_and_check(buffer: torch.Tensor, world: int) -> torch.Tensor:
     """Multiply ``buffer`` by 1/world in place; a one-element float32 tensor on its device that
     is nonzero when ``buffer`` held a NaN/Inf before (one pass where torch's fused kernel allows)."""
     found = torch.zeros(1, dtype=torch.float32, device=buffer.device)
     if _fused_supported(buffer):
-        inverse = torch.full((1,), 1.0 / world, dtype=torch.float32, device=buffer.device)
-        torch._amp_foreach_non_finite_check_and_unscale_([buffer], found, inverse)
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            [buffer], found, _inverse(buffer.device, world)
+        )
         return found
     found += ~torch.isfinite(buffer.sum(dtype=torch.float32))
     buffer.mul_(1.0 / world)

@@ -559,9 +559,7 @@ class GuardedStep:
             # Only some ranks see a bad gradient; the others have moved on. Drop ours, and let
             # every rank report it at the next agreement point.
             g._flags = exchange
-            self.update_allowed = False
-            self.end()
-            self._drop_gradients()
+            self._drop_step()
             return None
         self.end()
         return self._refuse(g._raise(alarm)) if alarm is not None else None
@@ -617,11 +615,15 @@ class GuardedStep:
         for p in g.params:
             p.grad = None
 
-    def _refuse(self, alarm: Alarm) -> Alarm:
-        """Fail the step with an alarm already raised: restore RNG and kernels, drop gradients."""
+    def _drop_step(self) -> None:
+        """Do not apply this step: restore RNG and kernels, drop the gradients."""
         self.end()
         self._drop_gradients()
         self.update_allowed = False
+
+    def _refuse(self, alarm: Alarm) -> Alarm:
+        """Fail the step with an alarm already raised."""
+        self._drop_step()
         self.alarm = alarm
         return alarm
 
