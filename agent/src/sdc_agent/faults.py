@@ -248,7 +248,7 @@ class NaNReducedGradient(Fault):
         self.index = index
 
     def _install(self, guard: Guard) -> None:
-        guard._stats.reduced_taps.append(self._tap)
+        guard.gradients.add_reduced_tap(self._tap)
 
     def _tap(self, bucket: dist.GradBucket, reduced: torch.Tensor) -> None:
         if bucket.index() == 0 and self._should_fire():

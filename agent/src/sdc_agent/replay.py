@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .audit import Outcome
+from .attribution import Outcome
 from .fingerprint import bit_patterns, fingerprints
+from .gradients import all_finite
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -94,6 +95,33 @@ class DeterminismState:
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
 
 
+@dataclass
+class StepEnvironment:
+    """What an audit step changed before its forward pass (RNG, kernel flags), to put back."""
+
+    rng: RngState | None = None
+    kernels: DeterminismState | None = None
+
+    @classmethod
+    def enter(cls, *, seed: int, deterministic: bool) -> StepEnvironment:
+        """Seed the RNG with ``seed`` (and select deterministic kernels); remember what was."""
+        env = cls(rng=RngState.capture())
+        seed_all(seed)
+        if deterministic:
+            env.kernels = DeterminismState.capture()
+            DeterminismState.enforce()
+        return env
+
+    def restore(self) -> None:
+        """Put the kernel flags and the RNG back (idempotent)."""
+        if self.kernels is not None:
+            self.kernels.restore()
+            self.kernels = None
+        if self.rng is not None:
+            self.rng.restore()
+            self.rng = None
+
+
 @contextlib.contextmanager
 def deterministic_kernels(enabled: bool) -> Iterator[None]:
     """Run the block with deterministic kernels when ``enabled``; restore the flags after."""
@@ -128,14 +156,6 @@ def outcome_of(loss: torch.Tensor, grad_table: torch.Tensor | None, grads_finite
     return Outcome(
         loss_bits=loss_bits(loss), grad_digest=words, finite=loss_finite and grads_finite
     )
-
-
-def grads_finite(grads: list[torch.Tensor | None]) -> bool:
-    """Whether the squared L2 norm over the gradients is finite (as check 1 measures it)."""
-    norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads if g is not None]
-    if not norms:
-        return True
-    return bool(torch.isfinite(torch.stack(norms).square().sum()))  # one device sync
 
 
 class Replayer:
@@ -196,7 +216,7 @@ class Replayer:
                 loss.backward()
             grads = [p.grad for p in self.params]
             table = fingerprints(grads) if deterministic else None
-            return outcome_of(loss, table, grads_finite(grads))
+            return outcome_of(loss, table, all_finite(grads))
         finally:
             for p, g in zip(self.params, saved_grads, strict=True):
                 p.grad = g
