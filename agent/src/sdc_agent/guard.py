@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
-from .audit import RingAudit
+from .audit import RebuildBatch, RingAudit
 from .divergence import WeightCheck
 from .gradients import FlagExchange, GradientCheck
 from .parallel import DDPAdapter
@@ -54,7 +54,6 @@ from .topology import TopologyError, rank_map, validate_placement
 
 logger = logging.getLogger("sdc_agent")
 
-RebuildBatch = Callable[[int, int], Any]
 SaveCheckpoint = Callable[[int, dict[str, Any]], None]
 
 _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
