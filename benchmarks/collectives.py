@@ -11,7 +11,7 @@ protocol per call: ``src/graph/tuning.cc`` of NCCL 2.20.3 (github.com/NVIDIA/ncc
 b6475625), ``ncclTopoTuneModel`` for the latency and bandwidth of each (algorithm, protocol) and
 ``ncclTopoGetAlgoTime`` for ``time = latency + bytes / bandwidth``. Only the Ring and Tree
 algorithms are modelled (NVLS needs NVLink SHARP, CollNet in-network reduction, and PAT, added in
-NCCL 2.23, is used at one rank per node only); for each call the fastest of ring/tree x
+NCCL 2.23, was used at one rank per node only when introduced); for each call the fastest of ring/tree x
 LL/LL128/Simple is reported, as NCCL would pick it. Bandwidths are the hardware's peak bus
 bandwidth (``--busbw-intra``, ``--busbw-inter``; "busbw" as nccl-tests defines it), so the
 bandwidth terms are lower bounds; the latency terms are NCCL's constants and do not depend on
@@ -95,11 +95,11 @@ def collectives(disputed: int = 1) -> list[Collective]:
             lambda n, t: DDP_BUCKET_BYTES,
         ),
         Collective(
-            "flags_gather", "per step (today)", "all_gather", f"N x {FLAGS * INT64} B",
+            "flags_gather", "per step (before issue 15)", "all_gather", f"N x {FLAGS * INT64} B",
             lambda n, t: n * FLAGS * INT64,
         ),
         Collective(
-            "flags_max", "per step (after re-cut)", "all_reduce", f"{FLAGS * INT64} B",
+            "flags_max", "per step (from issue 15)", "all_reduce", f"{FLAGS * INT64} B",
             lambda n, t: FLAGS * INT64,
         ),
         Collective(
@@ -156,6 +156,14 @@ TREE_CORRECTION = {
                .8, .9, .9),
 }  # fmt: skip
 """tuning.cc treeCorrectionFactor: tree bandwidth scale per log2(bytes / 64)."""
+CHANNELS = 16
+"""NCCL channels assumed for the per-channel bandwidth caps below (Hopper, 4+ nodes)."""
+RING_LL128_PER_CHANNEL = 36.7
+"""GB/s, tuning.cc perChMaxRingLL128Bws."""
+TREE_PER_CHANNEL = 36.0
+"""GB/s, tuning.cc perChMaxTreeBws."""
+TREE_LL128_PER_CHANNEL = 29.0
+"""GB/s, tuning.cc perChMaxTreeLL128Bws."""
 
 
 @dataclass(frozen=True)
@@ -192,44 +200,48 @@ def _log2i(n: int) -> int:
     return max(n, 1).bit_length() - 1
 
 
-def nccl_estimate(op: str, algorithm: str, protocol: str, nbytes: int, ranks: int,
-                  fabric: Fabric) -> Estimate | None:  # fmt: skip
+def nccl_estimate(
+    op: str, algorithm: str, protocol: str, nbytes: int, ranks: int, fabric: Fabric
+) -> Estimate | None:
     """One (algorithm, protocol)'s modelled time for ``op`` on ``ranks`` GPUs, or None where
     NCCL does not offer it (tree all-gather).
 
     Mirrors ncclTopoTuneModel and ncclTopoGetAlgoTime of NCCL 2.20.3 for ring and tree, with
-    the graph's extra inter-node latency (latencyInter) at 0 and 16 channels for the caps.
+    the graph's extra inter-node latency (latencyInter) at 0 and CHANNELS channels for the
+    per-channel caps (none of which binds at the default bandwidths).
     """
     if op == "all_gather" and algorithm == "tree":
         return None
     p = PROTOCOLS.index(protocol)
     nodes = max(1, ranks // fabric.gpus_per_node)
     ppn = ranks // nodes
-    channels = 16
+    channels = CHANNELS
+    steps = 2 * (ranks - 1) if op == "all_reduce" else ranks - 1
     # Bandwidth (GB/s): bus bandwidth with the protocol's refinements, then algorithm bandwidth.
     busbw = fabric.busbw_intra if nodes <= 2 else fabric.busbw_inter
     ll_max = LL_MAX_BUSBW[("one_node", "two_nodes", "more_nodes")[min(nodes, 3) - 1]]
     if algorithm == "ring":
-        if protocol == "LL":
-            busbw = min(ll_max, busbw / 4)
+        if protocol == "LL":  # a third only for a one-node all-gather (or broadcast)
+            busbw = min(ll_max, busbw / (3 if nodes == 1 and op == "all_gather" else 4))
         elif protocol == "LL128":
-            busbw = min(busbw * (0.7 if ppn < 2 else 0.92), channels * 36.7)
-        steps = 2 * (ranks - 1) if op == "all_reduce" else ranks - 1
+            busbw = min(busbw * (0.7 if ppn < 2 else 0.92), channels * RING_LL128_PER_CHANNEL)
         algbw = busbw * ranks / steps
     else:
-        busbw = min(busbw * 0.92, channels * 36.0)
+        busbw = min(busbw * 0.92, channels * TREE_PER_CHANNEL)
         if protocol == "LL":
             busbw = min(busbw / 3.8, ll_max)
         elif protocol == "LL128":
-            busbw = min(busbw * (7 / 9 if nodes == 1 else 120 / 128), channels * 29.0)
+            scale = 7 / 9 if nodes == 1 else 120 / 128
+            busbw = min(busbw * scale, channels * TREE_LL128_PER_CHANNEL)
         algbw = busbw * 0.5
-        algbw *= TREE_CORRECTION[protocol][min(_log2i(nbytes >> 6), 22)]
+        size_class = _log2i(nbytes >> 6)
+        if size_class < len(TREE_CORRECTION[protocol]):
+            algbw *= TREE_CORRECTION[protocol][size_class]
     # Latency (us): a base cost plus one hardware latency per hop, intra- or inter-node.
     latency = BASE_LAT_US[algorithm][p]
     intra = HW_LAT_US["nvlink"][algorithm][p]
     inter = HW_LAT_US["net"][algorithm][p]
     if algorithm == "ring":
-        steps = 2 * (ranks - 1) if op == "all_reduce" else ranks - 1
         # Ring steps that cross a node boundary (tuning.cc nInterSteps).
         all_reduce_inter = 2 * nodes if nodes > 1 else 0
         inter_steps = all_reduce_inter if op == "all_reduce" else nodes - 1
@@ -247,8 +259,9 @@ def nccl_estimate(op: str, algorithm: str, protocol: str, nbytes: int, ranks: in
     return Estimate(algorithm, protocol, hops, latency, nbytes / (1000 * algbw))
 
 
-def nccl_best(op: str, nbytes: int, ranks: int, fabric: Fabric,
-              algorithms: tuple[str, ...] = ("ring", "tree")) -> Estimate:  # fmt: skip
+def nccl_best(
+    op: str, nbytes: int, ranks: int, fabric: Fabric, algorithms: tuple[str, ...] = ("ring", "tree")
+) -> Estimate:
     """The fastest modelled (algorithm, protocol) for the call, as NCCL's tuner picks it."""
     options = [
         nccl_estimate(op, a, p, nbytes, ranks, fabric) for a in algorithms for p in PROTOCOLS
@@ -442,7 +455,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "warmup": args.warmup,
         "tensors": args.tensors,
         "disputed": 1,
-        "bucket_reps": max(3, args.reps // 20),  # 5 at the default 100
+        "bucket_reps": max(3, args.reps // 20),
     }
     by_size: dict[str, Any] = {}
     for world in args.sizes:
@@ -504,9 +517,9 @@ def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(s) for s in text.split(",") if s.strip()]
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"--sizes: not a list of integers: {text!r}") from err
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from err
     if not sizes or min(sizes) < 2:
-        raise argparse.ArgumentTypeError("--sizes: give process counts of at least 2")
+        raise argparse.ArgumentTypeError("give process counts of at least 2")
     return sizes
 
 
@@ -519,8 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sizes", type=_sizes, default=[3, 6, 9, 12], help="gloo process counts (3,6,9,12)"
     )
-    parser.add_argument("--reps", type=int, default=100, help="timed repetitions per shape")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed repetitions first")
+    parser.add_argument("--reps", type=int, default=60, help="timed repetitions per shape")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed repetitions first")
     parser.add_argument(
         "--tensors", type=int, default=200, help="T: parameter tensors in the weight table"
     )
