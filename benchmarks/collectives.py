@@ -382,7 +382,7 @@ def _calls(world: int, tensors: int, disputed: int) -> dict[str, Callable[[], No
     gathered_tables = [torch.empty_like(table) for _ in range(world)]
     size = torch.zeros(1, dtype=torch.int64)
     sizes = [torch.empty_like(size) for _ in range(world)]
-    bucket = torch.ones(DDP_BUCKET_BYTES // 4, dtype=torch.float32)
+    bucket = torch.zeros(DDP_BUCKET_BYTES // 4, dtype=torch.float32)  # sums stay finite
     text = rank_map_text(rank)
 
     def wait(work: Any) -> None:
