@@ -189,3 +189,13 @@ def isolation_changes_no_bit(*, steps: int, grad_accum: int) -> dict[str, Any]:
         assert result["alarm"] is None, result["alarm"]
         digests.append(result["weights"])
     return {"isolated": digests[0], "plain": digests[1]}
+
+
+def coverage() -> dict[str, Any]:
+    """guard.coverage() for a 6-rank job with N=4 and a GradScaler, and one without audits."""
+    _, _, accumulating = build(
+        {"audit_every": 10, "check_every": 5, "peer_offset": 2, "grad_accum": 4},
+        init_scale=2.0**16,
+    )
+    _, _, no_audits = build({"audit_every": 0, "check_every": 0, "peer_offset": 2})
+    return {"accumulating": accumulating.coverage(), "no_audits": no_audits.coverage()}

@@ -65,6 +65,7 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "bf16_poisoned_batch": job(
         10, {"audit_every": 5}, precision="bf16", poison={"step": 6, "rank": 2}
     ),
+    "coverage": ("tests.agent.loops:coverage", {}),
     "bf16_checkpointed_clean": job(
         50, {"audit_every": 1, "check_every": 1}, precision="bf16", checkpointing=True
     ),
@@ -188,3 +189,38 @@ def test_bf16_with_activation_checkpointing_runs_50_audited_steps_without_alarm(
     # Then every replay matched bit for bit and every weight check agreed
     rank0 = publisher(results, "bf16_checkpointed_clean")
     assert rank0["audit_passes"] == 50 and rank0["weight_check_passes"] == 51
+
+
+def test_coverage_describes_what_the_guard_checks_for_a_6_rank_job(results):
+    per_rank = ok(results, "coverage")
+    # Given a 6-rank job (3 nodes x 2), peer_offset 2, N=4 micro-batches and a GradScaler
+    cov = per_rank[0]["accumulating"]
+    # Then every rank describes the same coverage, and it survived JSON (the launcher's)
+    assert all(r == per_rank[0] for r in per_rank)
+    assert (cov["schema"], cov["world"], cov["ranks"], cov["grad_accum"]) == (
+        "sdc.coverage/v1",
+        6,
+        [0, 1, 2, 3, 4, 5],
+        4,
+    )
+    checks = cov["checks"]
+    assert (
+        checks["nonfinite_gradients"]["on"] and checks["nonfinite_gradients"]["confirmation"]["on"]
+    )
+    audit = checks["replay_audit"]
+    assert audit["on"] and audit["every"] == 10
+    # Rank r replays rank r+2's micro-batch (another node); disputes go to r+4 (a third node)
+    assert audit["pairs"][R] == {"replayer": R, "target": 5, "third": 1}
+    assert [p["target"] for p in audit["pairs"]] == [2, 3, 4, 5, 0, 1]
+    # One micro-batch per audit, every position within 4 audits
+    assert audit["micro_batches"]["audited_per_audit"] == 1
+    assert audit["micro_batches"]["next_positions"] == [0, 1, 2, 3]
+    weights = checks["weight_fingerprints"]
+    assert weights["on"] and weights["every"] == 5 and weights["replicas"] == list(range(6))
+    assert cov["precision"]["scaler"] == "GradScaler"
+    assert "overflow" in cov["precision"]["non_finite"]
+    assert any("optimizer state" in line for line in cov["not_covered"])
+    # And without audits the description says the audit is off, and why
+    off = per_rank[0]["no_audits"]["checks"]["replay_audit"]
+    assert not off["on"] and "audit_every is 0" in off["why"] and off["pairs"] == []
+    assert per_rank[0]["no_audits"]["precision"]["scaler"] is None

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -43,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
 from .audit import RebuildBatch, RingAudit
+from .coverage import describe
 from .divergence import WeightCheck
 from .gradients import FlagExchange, GradientCheck
 from .parallel import DDPAdapter
@@ -138,6 +140,7 @@ class Guard:
             if self.schedule.audit_every > 0 or self.scaler is not None:
                 raise
             can_confirm = False  # no audits: check 1 still names ranks, without confirmation
+        self._can_confirm = can_confirm
 
         self.reporter = Reporter(
             self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
@@ -168,6 +171,26 @@ class Guard:
         self.current_step: int | None = None
         """The step being run (fault drills read it); None before the first step."""
         self.reporter.publish_rank_map()
+        if self.reporter.publishes:
+            logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
+
+    def coverage(self) -> dict[str, Any]:
+        """What this guard checks for this job, JSON-ready (the same on every rank).
+
+        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism``, ``world``, ``ranks``,
+        ``grad_accum``; ``checks`` with ``nonfinite_gradients`` (and its ``confirmation``),
+        ``replay_audit`` (``pairs`` of replayer/target/third global ranks, ``micro_batches``:
+        which positions are audited) and ``weight_fingerprints`` (``replicas`` compared), each
+        with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
+        judged); ``not_covered``: what no check catches. Logged once at start by DP rank 0.
+        """
+        return describe(
+            self.schedule,
+            global_ranks=list(self.global_ranks),
+            can_confirm=self._can_confirm,
+            scaler=self.scaler,
+            param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
+        )
 
     # ------------------------------------------------------------------ attributes kept public
     @property
