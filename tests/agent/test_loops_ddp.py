@@ -48,7 +48,7 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "fp16_overflows": job(30, {"audit_every": 5}, precision="fp16", init_scale=2.0**40),
     "fp16_transient_nan": job(
         34,
-        {"audit_every": 5, "grad_accum": 2},
+        {"audit_every": 5, "grad_accum": 2, "max_grad_norm": 5.0},
         precision="fp16",
         init_scale=2.0**40,
         own_loop=True,
@@ -153,7 +153,8 @@ def test_fp16_overflows_are_skipped_and_lower_the_scale_without_an_alarm(results
 
 
 def test_fp16_transient_nan_after_the_scale_settled_is_named(results):
-    # Given fp16 with a GradScaler (2 micro-batches per step, the owner loop) and a NaN on
+    # Given fp16 with a GradScaler (2 micro-batches per step, clipping after unscale_, the owner
+    # loop) and a NaN on
     # rank R's forward at step 31 only, after the early overflows lowered the scale
     alarm = the_alarm(results, "fp16_transient_nan")
     # Then the replay on a third GPU at the same scale is finite: SDC, transient, R named
