@@ -199,3 +199,30 @@ def coverage() -> dict[str, Any]:
     )
     _, _, no_audits = build({"audit_every": 0, "check_every": 0, "peer_offset": 2})
     return {"accumulating": accumulating.coverage(), "no_audits": no_audits.coverage()}
+
+
+def misuse() -> dict[str, Any]:
+    """Accumulation steps run wrongly, each on every rank alike: the errors each one raises."""
+    ddp, _, guard = build({"audit_every": 1, "peer_offset": 2, "grad_accum": 2})
+    compute_loss = make_loss("fp32")
+    micros = step_batch(0, dist.get_rank(), 2, None)
+    errors = {}
+    try:  # three micro-batches for a step of two
+        with guard.step(0) as guarded:
+            for _ in guarded.micro_batches([*micros, micros[0]]):
+                pass
+    except ValueError as err:
+        errors["count"] = str(err)
+    try:  # a plain backward on the DDP model, not through guarded.backward
+        with guard.step(0) as guarded:
+            compute_loss(ddp, micros[0]).backward()
+            guarded.check_gradients()
+    except RuntimeError as err:
+        errors["plain_backward"] = str(err)
+    ddp.zero_grad(set_to_none=True)
+    try:  # guarded.backward outside any micro-batch
+        with guard.step(1) as guarded:
+            guarded.backward(compute_loss(ddp, micros[0]))
+    except RuntimeError as err:
+        errors["outside"] = str(err)
+    return errors

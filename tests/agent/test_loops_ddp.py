@@ -66,6 +66,7 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
         10, {"audit_every": 5}, precision="bf16", poison={"step": 6, "rank": 2}
     ),
     "coverage": ("tests.agent.loops:coverage", {}),
+    "misuse": ("tests.agent.loops:misuse", {}),
     "bf16_checkpointed_clean": job(
         50, {"audit_every": 1, "check_every": 1}, precision="bf16", checkpointing=True
     ),
@@ -225,3 +226,12 @@ def test_coverage_describes_what_the_guard_checks_for_a_6_rank_job(results):
     off = per_rank[0]["no_audits"]["checks"]["replay_audit"]
     assert not off["on"] and "audit_every is 0" in off["why"] and off["pairs"] == []
     assert per_rank[0]["no_audits"]["precision"]["scaler"] is None
+
+
+def test_accumulation_misuse_raises_clear_errors_before_any_collective(results):
+    # Given steps of N=2 run wrongly (the same way on every rank)
+    for errors in ok(results, "misuse"):
+        # Then each raises an error that says what to do, and no rank hangs
+        assert "3 micro-batches; Schedule.grad_accum is 2" in errors["count"]
+        assert "guarded.micro_batches" in errors["plain_backward"]
+        assert "inside each micro-batch" in errors["outside"]

@@ -72,7 +72,8 @@ class Guard:
 
     ``compute_loss(model, batch)`` must return the loss; it is called with the DDP wrapper in
     training and with the bare module in replays. ``rebuild_batch(step, rank)`` must return
-    exactly the micro-batch global ``rank`` trained on at ``step``. Construction is collective
+    exactly the micro-batch global ``rank`` trained on at ``step`` (with
+    ``Schedule.grad_accum`` = N > 1, the same sequence of N micro-batches). Construction is collective
     (it gathers the rank map and checks the topology) and registers the DDP comm hook, so build
     the guard on every rank, before the first forward pass.
     """
