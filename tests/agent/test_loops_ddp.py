@@ -216,7 +216,7 @@ def test_coverage_describes_what_the_guard_checks_for_a_6_rank_job(results):
     assert [p["target"] for p in audit["pairs"]] == [2, 3, 4, 5, 0, 1]
     # One micro-batch per audit, every position within 4 audits
     assert audit["micro_batches"]["audited_per_audit"] == 1
-    assert audit["micro_batches"]["next_positions"] == [0, 1, 2, 3]
+    assert audit["micro_batches"]["positions_of_first_audits"] == [0, 1, 2, 3]
     weights = checks["weight_fingerprints"]
     assert weights["on"] and weights["every"] == 5 and weights["replicas"] == list(range(6))
     assert cov["precision"]["scaler"] == "GradScaler"

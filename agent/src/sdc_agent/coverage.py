@@ -110,7 +110,8 @@ def describe(
                     if audits_on
                     else None,
                     "every_position_within_audits": n if audits_on else None,
-                    "next_positions": [
+                    # the positions audited at steps 0, audit_every, ..., (N-1) * audit_every
+                    "positions_of_first_audits": [
                         schedule.audited_micro_batch(k * schedule.audit_every) for k in range(n)
                     ]
                     if audits_on
