@@ -93,7 +93,7 @@ def test_mismatch_verdicts(original, replayed, third, again, expected):
     [
         (GOOD, GOOD, ("transient", "target")),
         (GOOD, NAN, ("persistent", "target")),
-        (NAN, NAN, ("unattributable", "")),
+        (NAN, NAN, ("reproducible", "")),
         (GOOD, BAD, ("unclear", "target")),
     ],
     ids=["transient", "persistent", "bad-batch", "unclear"],

@@ -135,11 +135,12 @@ def nonfinite_verdict(
 ) -> tuple[VerdictKind, str]:
     """Settle a non-finite local gradient; who is "target" or "" (nobody).
 
-    A healthy third GPU that also gets a non-finite result on the same batch means the batch or
-    the model, not the GPU, is at fault: nobody is blamed.
+    A third GPU (on another node) that also gets a non-finite result on the same batch means
+    the batch or the numerics (an fp16 overflow, a poisoned batch), not the GPU, is at fault:
+    ``reproducible``, and nobody is blamed.
     """
     if not third.finite:
-        return "unattributable", ""
+        return "reproducible", ""
     if not again.finite:
         return "persistent", "target"
     if again.matches(third, compare_grads=compare_grads):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .accumulation import MicroBatchIsolation
 from .alarm import Alarm, Verdict
 from .attribution import (
     FAILED_ROW,
@@ -36,7 +37,14 @@ from .attribution import (
 )
 from .gradients import FlagTable
 from .parallel import DDPAdapter
-from .replay import Replayer, StepEnvironment, outcome_of, step_seed
+from .replay import (
+    Replayer,
+    StepEnvironment,
+    combine_outcomes,
+    outcome_of,
+    seed_all,
+    step_seed,
+)
 from .reporting import Reporter
 
 logger = logging.getLogger("sdc_agent")
@@ -56,38 +64,101 @@ class RingAudit:
         *,
         peer_offset: int,
         can_confirm: bool,
+        overflow_is_expected: bool = False,
     ) -> None:
-        """``can_confirm``: the placement puts a third GPU on a third node (see topology)."""
+        """``can_confirm``: the placement puts a third GPU on a third node (see topology).
+        ``overflow_is_expected``: a GradScaler scales the loss, so a non-finite gradient that
+        another GPU reproduces is an overflow to skip, not an alarm (:meth:`judge_nonfinite`).
+        With accumulation (``replayer.grad_accum`` > 1) ``rebuild_batch(step, rank)`` returns
+        the step's sequence of micro-batches and the audit replays one of them."""
         self.adapter = adapter
         self.replayer = replayer
         self.rebuild_batch = rebuild_batch
         self.reporter = reporter
         self.peer_offset = peer_offset
         self.can_confirm = can_confirm
+        self.overflow_is_expected = overflow_is_expected
+        self.grad_accum = replayer.grad_accum
+        self.isolation = MicroBatchIsolation(replayer.params) if self.grad_accum > 1 else None
+        """Isolates the audited micro-batch's gradient (accumulation only)."""
+        self.position = 0
+        """The micro-batch position the current step's audit replays."""
+        self.isolated_fingerprints: torch.Tensor | None = None
+        """[num_params, 2] fingerprints of the audited micro-batch's own local gradient
+        (accumulation with deterministic audits; None otherwise)."""
+        self.current_micro_batch: int | None = None
+        """The micro-batch position being computed (trained or replayed), else None."""
+        self._isolating = False
         self._snapshot_pending = False
         if any(True for _ in adapter.module.buffers()):
             adapter.module.register_forward_pre_hook(self._before_module_forward)
 
     # ------------------------------------------------------------------ per step (local)
-    def prepare_step(self, step: int, *, audit: bool, deterministic: bool) -> StepEnvironment:
+    def prepare_step(
+        self,
+        step: int,
+        *,
+        audit: bool,
+        deterministic: bool,
+        position: int = 0,
+        seeded: bool = False,
+    ) -> StepEnvironment:
         """Before ``step``'s forward pass: on audit steps note how the gradients start, snapshot
-        the buffers as the forward begins, seed the RNG from (step, rank) and select
-        deterministic kernels. Returns what :meth:`StepEnvironment.restore` puts back."""
+        the buffers as the (audited micro-batch's) forward begins, seed the RNG from (step,
+        rank) and select deterministic kernels. ``position``: the micro-batch the audit
+        replays; ``seeded``: seed a step that is not audited too (a confirmation can then
+        replay it exactly). Returns what :meth:`StepEnvironment.restore` puts back."""
         self.replayer.forward_buffers = None
         self.replayer.zero_grads_at_start = None
-        self._snapshot_pending = audit
+        self.isolated_fingerprints = None
+        self.position = position
+        self._snapshot_pending = audit and self.grad_accum == 1
         if not audit:
-            return StepEnvironment()
+            if not seeded:
+                return StepEnvironment()
+            return StepEnvironment.enter(
+                seed=step_seed(step, self.adapter.rank), deterministic=False
+            )
         self.replayer.note_gradients_at_start(step)
+        if self.grad_accum > 1:
+            # The audited micro-batch's gradient is isolated from no gradient (accumulation.py),
+            # so its replay starts from None whatever the step started from.
+            self.replayer.zero_grads_at_start = None
         # The step's computation must be reproducible by another GPU: seed it from
         # (step, rank) instead of the job's RNG stream, which is put back afterwards.
         return StepEnvironment.enter(
             seed=step_seed(step, self.adapter.rank), deterministic=deterministic
         )
 
+    def begin_micro_batch(
+        self, step: int, index: int, *, audited: bool, seeded: bool, isolate: bool
+    ) -> None:
+        """Before micro-batch ``index``'s forward (accumulation): seed it from (step, rank,
+        index) on seeded steps; for the audited one, snapshot the buffers as its forward starts
+        and, with ``isolate``, set the accumulated gradient aside (:mod:`sdc_agent.accumulation`)."""
+        self.current_micro_batch = index
+        if seeded:
+            seed_all(step_seed(step, self.adapter.rank, base=index))
+        if audited:
+            self._snapshot_pending = True
+            if isolate and self.isolation is not None:
+                self.isolation.begin()
+                self._isolating = True
+
+    def end_micro_batch(self) -> None:
+        """After a micro-batch's backward: add the accumulated gradient back under the audited
+        one's and keep its fingerprints (a no-op for the others)."""
+        self.current_micro_batch = None
+        self._snapshot_pending = False
+        if self._isolating and self.isolation is not None:
+            self._isolating = False
+            self.isolated_fingerprints = self.isolation.end()
+
     def end_step(self) -> None:
         """The step's forward passes are over: take no more buffer snapshots."""
         self._snapshot_pending = False
+        if self._isolating:
+            self.end_micro_batch()
 
     def _before_module_forward(self, module: torch.nn.Module, args: Any) -> None:
         """Snapshot buffers as the audited step's forward starts (after DDP's buffer broadcast)."""
@@ -96,19 +167,45 @@ class RingAudit:
             self.replayer.snapshot_buffers()
 
     # ------------------------------------------------------------------ replays
-    def _replay(self, step: int, target_dp: int, deterministic: bool) -> Outcome:
-        """Recompute DP rank ``target_dp``'s micro-batch of ``step`` on the bare module."""
-        target = self.adapter.global_rank(target_dp)
-        batch = self.rebuild_batch(step, target)
-        return self.replayer.replay(
-            batch, seed=step_seed(step, target), deterministic=deterministic
-        )
+    def _micro_batches(self, step: int, target: int) -> list[Any]:
+        """``rebuild_batch(step, target)`` as the step's list of micro-batches."""
+        rebuilt = self.rebuild_batch(step, target)
+        if self.grad_accum == 1:
+            return [rebuilt]
+        micros = list(rebuilt)
+        if len(micros) != self.grad_accum:
+            raise ValueError(
+                f"rebuild_batch({step}, {target}) returned {len(micros)} micro-batches; "
+                f"Schedule.grad_accum is {self.grad_accum}"
+            )
+        return micros
 
-    def _replay_row(self, step: int, target_dp: int, deterministic: bool) -> list[int]:
+    def _replay(self, step: int, target_dp: int, deterministic: bool, whole_step: bool) -> Outcome:
+        """Recompute DP rank ``target_dp``'s audited micro-batch of ``step`` on the bare module
+        (``whole_step``: each of its micro-batches alone, combined)."""
+        target = self.adapter.global_rank(target_dp)
+        micros = self._micro_batches(step, target)
+        positions = range(len(micros)) if whole_step else [self.position]
+        outcomes = []
+        try:
+            for i in positions:
+                self.current_micro_batch = i if self.grad_accum > 1 else None
+                outcomes.append(
+                    self.replayer.replay(
+                        micros[i], seed=step_seed(step, target, base=i), deterministic=deterministic
+                    )
+                )
+        finally:
+            self.current_micro_batch = None
+        return combine_outcomes(outcomes)
+
+    def _replay_row(
+        self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
+    ) -> list[int]:
         """A replay as a collective row; a replay that raises (a bug in ``rebuild_batch`` or
         ``compute_loss``) is logged and sent as FAILED_ROW, so no rank is left in a collective."""
         try:
-            return self._replay(step, target_dp, deterministic).to_row()
+            return self._replay(step, target_dp, deterministic, whole_step).to_row()
         except Exception:
             logger.exception(
                 "sdc_agent: replaying rank %d's batch of step %d failed on rank %d",
@@ -119,9 +216,12 @@ class RingAudit:
             return list(FAILED_ROW)
 
     def _confirm(
-        self, step: int, targets: list[int], deterministic: bool
+        self, step: int, targets: list[int], deterministic: bool, whole_step: bool = False
     ) -> list[tuple[Outcome, Outcome] | None]:
         """Replay each target's batch on its third GPU and on itself (collective: one all-reduce).
+
+        ``whole_step``: replay every micro-batch of the step (a non-finite accumulated gradient
+        does not say which micro-batch it came from); else the audited one.
 
         Returns, per target, (third GPU's outcome, target's own re-replay), or None when either
         replay raised (then the confirmation cannot judge anyone).
@@ -130,7 +230,9 @@ class RingAudit:
         jobs = confirmation_jobs(targets, a.world, self.peer_offset, a.dp_rank)
         table = torch.zeros((len(targets), 2, ROW_WIDTH), dtype=torch.int64)
         for slot, column, target_dp in jobs:
-            table[slot, column] = torch.tensor(self._replay_row(step, target_dp, deterministic))
+            table[slot, column] = torch.tensor(
+                self._replay_row(step, target_dp, deterministic, whole_step)
+            )
         table = table.to(a.collective_device)
         dist.all_reduce(table, op=dist.ReduceOp.SUM, group=a.dp_group)  # one writer per slot
         rows = table.cpu().tolist()
@@ -157,6 +259,8 @@ class RingAudit:
         yet logged nor published); a replay that raised skips the audit on every rank, logged.
         """
         a, offset = self.adapter, self.peer_offset
+        if self.grad_accum > 1:
+            own_fingerprints = self.isolated_fingerprints if deterministic else None
         own = outcome_of(loss, own_fingerprints, True)  # audits run only when every flag was clean
         replayed = self._replay_row(step, replay_target(a.dp_rank, a.world, offset), deterministic)
         mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=a.collective_device)
@@ -217,6 +321,38 @@ class RingAudit:
         )
 
     # ------------------------------------------------------------------ check 1's confirmation
+    def judge_nonfinite(self, table: FlagTable, *, deterministic: bool) -> Alarm | None:
+        """Check 1's verdict on a table that is not clean, while every rank still holds the
+        step's state (collective like :meth:`flags_alarm` with ``confirm``).
+
+        Returns None for an fp16 overflow: a GradScaler is in use, every rank's reduced
+        gradient is non-finite (so every rank's ``scaler.step`` skips the step and
+        ``scaler.update`` lowers the scale) and every non-finite local gradient reproduced on
+        a third GPU at the same scale. Anything else is the Alarm of :meth:`flags_alarm`.
+        """
+        overflow_possible = (
+            self.overflow_is_expected
+            and self.can_confirm
+            and bool(table.nonfinite)
+            and all(table.reduced)
+        )
+        alarm = self.flags_alarm(table, confirm=True, deterministic=deterministic)
+        if (
+            overflow_possible
+            and alarm.verdicts
+            and all(v.kind == "reproducible" for v in alarm.verdicts)
+        ):
+            if self.reporter.publishes:
+                logger.info(
+                    "sdc_agent: step %d overflowed (non-finite gradients on ranks %s reproduced "
+                    "on other GPUs at the same loss scale): not SDC; the GradScaler skips the "
+                    "step and lowers the scale",
+                    table.step,
+                    alarm.nonfinite,
+                )
+            return None
+        return alarm
+
     def flags_alarm(self, table: FlagTable, *, confirm: bool, deterministic: bool) -> Alarm:
         """Check 1's alarm for a table that is not clean (not yet logged nor published).
 
@@ -246,7 +382,7 @@ class RingAudit:
         verdicts: list[Verdict] = []
         blamed = list(nonfinite)
         if confirm:
-            results = self._confirm(step, nonfinite, deterministic)
+            results = self._confirm(step, nonfinite, deterministic, whole_step=True)
             blamed = []
             for target, result in zip(nonfinite, results, strict=True):
                 # A confirmation that could not run leaves check 1's own evidence standing.
@@ -261,6 +397,13 @@ class RingAudit:
                 verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
                 if suspect is not None:
                     blamed.append(target)
+        reproduced = [v.pair[0] for v in verdicts if v.kind == "reproducible"]
+        diagnosis = (
+            f"numerics or data, not a GPU: the non-finite gradient of ranks {reproduced} "
+            "reproduced on a third GPU on another node from the same micro-batches"
+            if reproduced
+            else None
+        )
         return self.reporter.alarm(
             step,
             "compute",
@@ -268,4 +411,5 @@ class RingAudit:
             suspects=[a.global_rank(r) for r in blamed],
             nonfinite=[a.global_rank(r) for r in nonfinite],
             verdicts=verdicts,
+            diagnosis=diagnosis,
         )

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -43,11 +44,18 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
 from .audit import RebuildBatch, RingAudit
+from .coverage import describe
 from .divergence import WeightCheck
 from .gradients import FlagExchange, GradientCheck
 from .parallel import DDPAdapter
 from .publisher import NullPublisher, Publisher
-from .replay import ComputeLoss, Replayer, StepEnvironment
+from .replay import (
+    ComputeLoss,
+    Replayer,
+    StepEnvironment,
+    micro_batch_loss,
+    scaled_for_backward,
+)
 from .reporting import Reporter
 from .schedule import Schedule
 from .topology import TopologyError, rank_map, validate_placement
@@ -64,7 +72,8 @@ class Guard:
 
     ``compute_loss(model, batch)`` must return the loss; it is called with the DDP wrapper in
     training and with the bare module in replays. ``rebuild_batch(step, rank)`` must return
-    exactly the micro-batch global ``rank`` trained on at ``step``. Construction is collective
+    exactly the micro-batch global ``rank`` trained on at ``step`` (with
+    ``Schedule.grad_accum`` = N > 1, the same sequence of N micro-batches). Construction is collective
     (it gathers the rank map and checks the topology) and registers the DDP comm hook, so build
     the guard on every rank, before the first forward pass.
     """
@@ -79,14 +88,32 @@ class Guard:
         schedule: Schedule | None = None,
         dp_group: dist.ProcessGroup | None = None,
         publisher: Publisher | None = None,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
-        """Validate the set-up, gather the rank map, check the topology, register the hook."""
+        """Validate the set-up, gather the rank map, check the topology, register the hook.
+
+        ``scaler``: the ``torch.amp.GradScaler`` of fp16 training. Each micro-batch's loss is
+        then back-propagated scaled (:meth:`GuardedStep.backward`), replays scale it the same
+        way, and a non-finite gradient that a third GPU reproduces at the same scale is an
+        overflow: the scaler skips the step and lowers the scale, with no alarm.
+        """
         self.parallel = DDPAdapter(model, dp_group)
         """The parallelism-specific parts (the training model, the bare module, the hook)."""
         if not callable(compute_loss) or not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
             )
+        if scaler is not None and not all(
+            callable(getattr(scaler, name, None))
+            for name in ("scale", "step", "update", "unscale_")
+        ):
+            raise TypeError(
+                f"Guard scaler must be a torch.amp.GradScaler (or None), got {type(scaler).__name__}"
+            )
+        if scaler is not None and not scaler.is_enabled():
+            scaler = None  # a disabled scaler scales nothing: plain bf16/fp32 rules apply
+        self.scaler = scaler
+        """The fp16 loss scaler, or None (bf16/fp32: a reproducible NaN is an alarm naming nobody)."""
         a = self.parallel
         self.model = model
         self.module: nn.Module = a.module
@@ -109,9 +136,12 @@ class Guard:
             validate_placement(nodes, self.schedule.peer_offset)
             can_confirm = True
         except TopologyError:
-            if self.schedule.audit_every > 0:
+            # Audits need the placement; so does a scaler (an overflow is told from a faulty
+            # GPU by a replay on a third node).
+            if self.schedule.audit_every > 0 or self.scaler is not None:
                 raise
             can_confirm = False  # no audits: check 1 still names ranks, without confirmation
+        self._can_confirm = can_confirm
 
         self.reporter = Reporter(
             self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
@@ -122,11 +152,18 @@ class Guard:
         a.register_gradient_hook(self.gradients.hook_state, self.gradients.hook)
         self.audit = RingAudit(
             a,
-            Replayer(self.module, self.params, compute_loss),
+            Replayer(
+                self.module,
+                self.params,
+                compute_loss,
+                grad_accum=self.schedule.grad_accum,
+                scaler=self.scaler,
+            ),
             rebuild_batch,
             self.reporter,
             peer_offset=self.schedule.peer_offset,
             can_confirm=can_confirm,
+            overflow_is_expected=self.scaler is not None,
         )
         """Check 2: the ring replay audit and the confirmation replays."""
         self.weights = WeightCheck(self.named_weights, dp_group, self.reporter)
@@ -135,6 +172,26 @@ class Guard:
         self.current_step: int | None = None
         """The step being run (fault drills read it); None before the first step."""
         self.reporter.publish_rank_map()
+        if self.reporter.publishes:
+            logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
+
+    def coverage(self) -> dict[str, Any]:
+        """What this guard checks for this job, JSON-ready (the same on every rank).
+
+        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism``, ``world``, ``ranks``,
+        ``grad_accum``; ``checks`` with ``nonfinite_gradients`` (and its ``confirmation``),
+        ``replay_audit`` (``pairs`` of replayer/target/third global ranks, ``micro_batches``:
+        which positions are audited) and ``weight_fingerprints`` (``replicas`` compared), each
+        with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
+        judged); ``not_covered``: what no check catches. Logged once at start by DP rank 0.
+        """
+        return describe(
+            self.schedule,
+            global_ranks=list(self.global_ranks),
+            can_confirm=self._can_confirm,
+            scaler=self.scaler,
+            param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
+        )
 
     # ------------------------------------------------------------------ attributes kept public
     @property
@@ -155,6 +212,12 @@ class Guard:
     @publisher.setter
     def publisher(self, publisher: Publisher) -> None:
         self.reporter.publisher = publisher
+
+    @property
+    def current_micro_batch(self) -> int | None:
+        """The micro-batch position being trained or replayed (fault drills read it); None
+        outside micro-batches and without accumulation."""
+        return self.audit.current_micro_batch
 
     # ------------------------------------------------------------------ progress
     @property
@@ -212,6 +275,11 @@ class Guard:
     ) -> Alarm | None:
         """Train on ``batches`` (this rank's, from ``start_step`` on) until they end or a check fails.
 
+        With ``Schedule.grad_accum`` = N > 1 each item of ``batches`` is a sequence of N
+        micro-batches: each one's ``compute_loss / N`` is back-propagated, gradients are
+        synchronised on the last (:meth:`GuardedStep.micro_batches`). With a ``scaler`` the
+        loss is scaled and the update is ``scaler.step(optimizer); scaler.update()``.
+
         Returns None when every batch was trained on, else the Alarm (the same on every rank);
         the failing step is not applied (by any rank whose gradient was bad; see :meth:`finish`).
         ``save_checkpoint(step, tags)`` is called on every rank when a checkpoint is due and
@@ -221,14 +289,25 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule.check_on_start and (alarm := self.check_weights(start_step)):
             return alarm
+        plain = self.schedule.grad_accum == 1 and self.scaler is None
         for step, batch in zip(itertools.count(start_step), batches):
             with self.step(step) as guarded:
-                loss = self.compute_loss(self.parallel.model, batch)
-                loss.backward()
+                loss: torch.Tensor | None = None
+                if plain:
+                    loss = self.compute_loss(self.parallel.model, batch)
+                    loss.backward()
+                else:
+                    micros = batch if self.schedule.grad_accum > 1 else [batch]
+                    for micro in guarded.micro_batches(micros):
+                        guarded.backward(self.compute_loss(self.parallel.model, micro))
                 if alarm := guarded.check_gradients(loss):
                     return alarm
                 if guarded.update_allowed:
-                    self.optimizer.step()
+                    if self.scaler is not None:
+                        self.scaler.step(self.optimizer)  # skips a step that overflowed
+                        self.scaler.update()
+                    else:
+                        self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 if alarm := guarded.after_update():
                     return alarm
@@ -275,16 +354,31 @@ class Guard:
         return self.reporter.flush(timeout)
 
     # ------------------------------------------------------------------ steps (GuardedStep uses these)
-    def begin_step(self, step: int, *, audit: bool, deterministic: bool) -> StepEnvironment:
-        """Before ``step``'s forward pass: arm check 1's hook and prepare an audit step.
+    def begin_step(
+        self,
+        step: int,
+        *,
+        audit: bool,
+        deterministic: bool,
+        position: int = 0,
+        seeded: bool = False,
+    ) -> StepEnvironment:
+        """Before ``step``'s forward pass: arm check 1's hook and prepare an audit step
+        (``position``: the micro-batch it replays; ``seeded``: seed a step that is not audited
+        too, so that a confirmation replays it exactly).
 
         Returns the RNG and kernel state to restore when the step's computation is over.
         """
         self.current_step = step
         if self.start_step is None:
             self.start_step = step
-        self.gradients.arm(capture_fingerprints=deterministic, device=self.parallel.param_device)
-        return self.audit.prepare_step(step, audit=audit, deterministic=deterministic)
+        # With accumulation the comm hook sees the accumulated gradient; the audited
+        # micro-batch's own is fingerprinted by the audit's isolation instead.
+        capture = deterministic and self.schedule.grad_accum == 1
+        self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
+        return self.audit.prepare_step(
+            step, audit=audit, deterministic=deterministic, position=position, seeded=seeded
+        )
 
     def end_step(self) -> None:
         """The step's forward and backward are over: stop capturing (idempotent)."""
@@ -294,7 +388,14 @@ class Guard:
     def start_flag_exchange(self, step: int) -> tuple[FlagExchange, bool]:
         """Check 1's per-step collective: launch the flag reduction (after settling the previous
         step's, which every rank does first, at the same point). Returns the exchange and
-        whether this rank's own flags are bad."""
+        whether this rank's own flags are bad.
+
+        With a scaler and ``max_grad_norm`` the gradients are unscaled first
+        (``scaler.unscale_``), so the clipping sees true values; ``scaler.step`` then does not
+        unscale them again."""
+        self.gradients.require_reduction()
+        if self.scaler is not None and self.schedule.max_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
         return self.gradients.exchange(
             step, max_grad_norm=self.schedule.max_grad_norm, device=self.parallel.collective_device
         )
@@ -323,8 +424,9 @@ class Guard:
                 deterministic=deterministic,
             )
         else:
-            alarm = self.audit.flags_alarm(
-                table, confirm=True, deterministic=self.schedule.deterministic_audits
+            # None for an fp16 overflow that replays reproduce: the scaler skips the step.
+            alarm = self.audit.judge_nonfinite(
+                table, deterministic=self.schedule.deterministic_audits
             )
         return self.reporter.log_and_publish(alarm) if alarm is not None else None
 
@@ -394,6 +496,20 @@ class GuardedStep:
                 break
             if guarded.checkpoint_due:
                 save(step, guarded.checkpoint_tags())
+
+    With gradient accumulation (``Schedule(grad_accum=N)``) and/or a GradScaler, let the step
+    run each micro-batch and its backward::
+
+        with guard.step(step) as guarded:
+            for micro in guarded.micro_batches(micros):  # N of them; no_sync but the last
+                guarded.backward(compute_loss(ddp_model, micro))  # loss / N, scaled
+            if alarm := guarded.check_gradients():
+                break
+            if guarded.update_allowed:
+                scaler.step(optimizer)                   # or optimizer.step() without one
+                scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            ...
     """
 
     def __init__(self, guard: Guard, step: int) -> None:
@@ -411,15 +527,92 @@ class GuardedStep:
         other ranks' were not); ``optimizer.step()`` then finds no gradients and changes
         nothing, and the alarm follows at the next agreement point (:meth:`Guard.finish`)."""
         self.alarm: Alarm | None = None
+        self.grad_accum = guard.schedule.grad_accum
+        """Micro-batches in this step (``Schedule.grad_accum``)."""
+        self.audited_micro_batch: int | None = (
+            guard.schedule.audited_micro_batch(step) if self.audit else None
+        )
+        """The position of the micro-batch this step's audit replays (None: not an audit step)."""
         self._deterministic = self.audit and guard.schedule.deterministic_audits
+        # With a scaler every step is seeded, so that confirming an overflow replays the
+        # micro-batches exactly as they trained (dropout included).
+        self._seeded = self.audit or guard.scaler is not None
         self._environment: StepEnvironment | None = None
         self._weights_checked = False
+        self._entered = 0  # micro-batches entered so far
+        self._current: int | None = None  # the micro-batch being run
+        self._backwards = 0
+        self._recorded_loss: torch.Tensor | None = None
 
     def begin(self) -> None:
         """Arm the comm hook; on audit steps seed the RNG and select deterministic kernels."""
         self._environment = self.guard.begin_step(
-            self.step, audit=self.audit, deterministic=self._deterministic
+            self.step,
+            audit=self.audit,
+            deterministic=self._deterministic,
+            position=self.audited_micro_batch or 0,
+            seeded=self._seeded,
         )
+
+    # ------------------------------------------------------------------ micro-batches
+    def micro_batches(self, micros: Iterable[Any]) -> Iterator[Any]:
+        """Yield the step's ``grad_accum`` micro-batches in order, each inside
+        :meth:`micro_batch`: call :meth:`backward` once for each."""
+        micros = list(micros)
+        if len(micros) != self.grad_accum:
+            raise ValueError(
+                f"step {self.step} has {len(micros)} micro-batches; Schedule.grad_accum is "
+                f"{self.grad_accum}"
+            )
+        for index, micro in enumerate(micros):
+            with self.micro_batch(index):
+                yield micro
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int) -> Iterator[None]:
+        """Run micro-batch ``index``'s forward and backward inside: gradients are synchronised
+        only on the last one (the others run in the adapter's ``no_sync``); on a seeded step the
+        RNG is seeded for it; the audited one's gradient is isolated for the audit."""
+        if index != self._entered or index >= self.grad_accum or self._current is not None:
+            raise RuntimeError(
+                f"sdc_agent: micro-batch {index} of step {self.step}: run the step's "
+                f"{self.grad_accum} micro-batches once each, in order, one at a time"
+            )
+        audited = index == self.audited_micro_batch
+        g = self.guard
+        g.audit.begin_micro_batch(
+            self.step,
+            index,
+            audited=audited,
+            seeded=self._seeded,
+            isolate=audited and self._deterministic and self.grad_accum > 1,
+        )
+        self._current = index
+        sync = index == self.grad_accum - 1
+        try:
+            with contextlib.nullcontext() if sync else g.parallel.no_sync():
+                yield
+        finally:
+            self._current = None
+            self._entered += 1
+            g.audit.end_micro_batch()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's ``loss``: ``loss / grad_accum`` (as is without
+        accumulation), times the scaler's scale when the guard has one. Inside
+        :meth:`micro_batch` (or :meth:`micro_batches`); without accumulation it may also be
+        called on its own, once."""
+        if self._current is None and (self.grad_accum > 1 or self._backwards):
+            raise RuntimeError(
+                "sdc_agent: GuardedStep.backward runs one micro-batch's backward: call it once "
+                "inside each micro-batch of guarded.micro_batches(...)"
+            )
+        recorded = micro_batch_loss(loss, self.grad_accum)
+        position = self.audited_micro_batch if self.audit else self.grad_accum - 1
+        if self._current is None or self._current == position:
+            self._recorded_loss = recorded.detach()  # what the audit compares with the replay
+        scaled_for_backward(recorded, self.guard.scaler).backward()
+        self._backwards += 1
 
     def end(self) -> None:
         """Restore RNG and kernel flags (idempotent) and disarm the hook."""
@@ -428,14 +621,33 @@ class GuardedStep:
             self._environment = None
         self.guard.end_step()
 
-    def check_gradients(self, loss: torch.Tensor) -> Alarm | None:
+    def check_gradients(self, loss: torch.Tensor | None = None) -> Alarm | None:
         """Checks 1 and 2 after ``loss.backward()`` and before ``optimizer.step()`` (collective).
 
-        Clips the reduced gradient when ``Schedule.max_grad_norm`` is set. On an alarm the
-        gradients are dropped (set to None) so the step cannot be applied; returns the Alarm.
+        ``loss``: the step's loss; leave it out when the step ran :meth:`backward` (which
+        recorded the audited micro-batch's). Clips the reduced gradient when
+        ``Schedule.max_grad_norm`` is set (after ``scaler.unscale_`` with a scaler). On an
+        alarm the gradients are dropped (set to None) so the step cannot be applied; returns the
+        Alarm. An fp16 overflow is not an alarm: the gradients stay non-finite, so
+        ``scaler.step`` skips the step and ``scaler.update`` lowers the scale.
         """
         g = self.guard
-        g.gradients.require_reduction()  # before any collective: a misuse raises everywhere
+        # Misuse raises before any collective, on every rank alike.
+        if self._backwards and self._backwards != self.grad_accum:
+            raise RuntimeError(
+                f"check_gradients: step {self.step} back-propagated {self._backwards} of its "
+                f"{self.grad_accum} micro-batches through GuardedStep.backward"
+            )
+        if self.grad_accum > 1 and not self._backwards:
+            raise RuntimeError(
+                f"check_gradients: Schedule.grad_accum is {self.grad_accum}: run each "
+                "micro-batch with guarded.micro_batches(...) and guarded.backward(loss)"
+            )
+        if self._backwards:
+            loss = self._recorded_loss
+        if loss is None:
+            raise TypeError("check_gradients needs the step's loss (or use guarded.backward)")
+        g.gradients.require_reduction()
         # The previous step's exchanges ran during this step's forward and backward; every rank
         # settles them before launching this step's, so the collectives pair up in order.
         if (alarm := g.settle()) is not None:

@@ -19,15 +19,17 @@ Seams for what is planned (docs/architecture.md, "Beyond plain DDP"), none of it
   reduce-scatter) plus a check of the sharded DTensor gradient after it (the reduced check).
   Check 1's flags and exchange stay as they are; parameters are DTensors, so weight fingerprints
   compare the local shards across replicas of the same shard (the HSDP replicate group).
-* Gradient accumulation (N micro-batches per step): the guard's loop runs the first N-1 backward
-  passes inside :meth:`no_sync` and the last outside it, so the hook sees only the last one, which
+
+Built on these seams (docs/architecture.md, "Gradient accumulation and mixed precision"):
+
+* Gradient accumulation: :class:`~sdc_agent.guard.GuardedStep` runs the first N-1 micro-batches
+  inside :meth:`no_sync` and the last outside it, so the hook sees only the last one, which
   carries the accumulated gradient; check 1 is unchanged. The audit isolates one micro-batch's
-  gradient by stashing the accumulated gradient before that micro-batch's backward and adding it
-  back after (:meth:`Replayer.note_gradients_at_start` refuses accumulation until then).
-* A GradScaler: the scaled gradient goes through the same hook; the scaler's own inf check on the
-  unscaled gradient would be replaced by check 1's flags, and a non-finite step that a replay
-  reproduces at the same scale becomes an overflow (skip the step, lower the scale) instead of an
-  alarm. That decision belongs in the guard's wiring, not here.
+  gradient in :mod:`sdc_agent.accumulation` with per-parameter post-accumulate-grad hooks, which
+  run before DDP's reducer reads the gradient (an FSDP2 adapter would need the same ordering).
+* A GradScaler: the scaled gradient goes through the same hook; a non-finite step that a replay
+  reproduces at the same scale is an overflow the scaler skips, decided in the audit
+  (:meth:`~sdc_agent.audit.RingAudit.judge_nonfinite`), not here.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ class Reporter:
         culprits: Sequence[int] = (),
         verdicts: Sequence[Verdict] = (),
         divergent: Sequence[str] = (),
+        diagnosis: str | None = None,
     ) -> Alarm:
         """Assemble the alarm every rank returns (global ranks); ``ranks`` covers every rank it
         names, and the suspect window runs from ``last_pass`` (or the start) to ``step``."""
@@ -75,6 +76,7 @@ class Reporter:
             last_weight_check_pass=self.passes.last_weight_check_pass,
             divergent_tensors=list(divergent),
             ranks=self._rank_infos(suspects or [], nonfinite, culprits),
+            diagnosis=diagnosis,
         )
 
     def weights_alarm(self, step: int, report: DivergenceReport) -> Alarm:
