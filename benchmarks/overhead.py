@@ -6,6 +6,9 @@ Variants (each against plain DDP with the same model, batches and process group)
   audit100     ring replay audits every 100 steps with default kernels
   det_audit100 deterministic audits (gradient fingerprints compared) every 100 steps
   det_audit10  deterministic audits every 10 steps
+  accum4       gradient accumulation over 4 micro-batches per step, checks + a weight check
+               every 10 + deterministic audits every 100 (one micro-batch replayed), against
+               plain DDP accumulating the same 4 micro-batches (no_sync on the first 3)
 Runs are interleaved step by step: every variant has its own DDP model (same initial weights)
 and, for each training step, plain DDP and every variant take that step in turn, so all of them
 see the same machine load at the same moment (a shared machine's load swings faster than a
@@ -31,6 +34,7 @@ weights10 <= 2%, det_audit100 <= 3%; each is printed as met or missed, in wall a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -56,7 +60,17 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "audit100": {"audit_every": 100, "check_every": 0, "deterministic_audits": False},
     "det_audit100": {"audit_every": 100, "check_every": 0, "deterministic_audits": True},
     "det_audit10": {"audit_every": 10, "check_every": 0, "deterministic_audits": True},
+    "plain_accum4": None,
+    "accum4": {
+        "audit_every": 100,
+        "check_every": 10,
+        "deterministic_audits": True,
+        "grad_accum": 4,
+    },
 }
+BASELINES = {"accum4": "plain_accum4", "plain_accum4": "plain_accum4"}
+"""Variants measured against their own unguarded loop (the default baseline is "plain")."""
+ACCUM = 4
 WARMUP = 3  # steps 1..3: DDP rebuilds its buckets after the first one; no check falls on them
 TARGETS_PCT = {"weights10": 2.0, "det_audit100": 3.0}
 """Per-step overhead targets over plain DDP (issue 4), checked in wall and in CPU time."""
@@ -101,6 +115,7 @@ class _Runner:
         torch.manual_seed(0)  # identical initial weights on every rank and in every variant
         self.name = name
         self.batch = batch
+        self.accum = ACCUM if name in ("accum4", "plain_accum4") else 1
         self.ddp = nn.parallel.DistributedDataParallel(Mlp(width, depth))
         self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
         schedule = VARIANTS[name]
@@ -110,11 +125,17 @@ class _Runner:
                 self.ddp,
                 self.optimizer,
                 compute_loss=compute_loss,
-                rebuild_batch=lambda step, rank: make_batch(step, rank, batch),
+                rebuild_batch=lambda step, rank: self.micro_batches(step, rank),
                 schedule=sdc.Schedule(
                     **{"peer_offset": 1, "ckpt_every": 0, "check_on_start": False, **schedule}
                 ),
             )
+
+    def micro_batches(self, step: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The micro-batches of ``rank`` at ``step`` (one unless this variant accumulates)."""
+        if self.accum == 1:
+            return [make_batch(step, rank, self.batch)]
+        return [make_batch(step * self.accum + i, rank, self.batch) for i in range(self.accum)]
 
     def step(self, step: int) -> tuple[float, float]:
         """One training step (the body of Guard.train); returns its (wall, CPU) time in seconds.
@@ -122,21 +143,30 @@ class _Runner:
         CPU time is this process's (every thread: torch's, gloo's, the guard's), so it counts
         the work a step costs, not the time spent waiting for a core another process holds.
         """
-        batch = make_batch(step, dist.get_rank(), self.batch)
+        micros = self.micro_batches(step, dist.get_rank())
         start, cpu_start = time.perf_counter(), time.process_time()
-        self._train_step(step, batch)
+        self._train_step(step, micros)
         return time.perf_counter() - start, time.process_time() - cpu_start
 
-    def _train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def _train_step(self, step: int, micros: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if self.guard is None:
-            compute_loss(self.ddp, batch).backward()
+            for i, micro in enumerate(micros):
+                # The unguarded accumulation loop: synchronise only the last micro-batch.
+                last = i == len(micros) - 1
+                with contextlib.nullcontext() if last else self.ddp.no_sync():
+                    (compute_loss(self.ddp, micro) / len(micros)).backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             return
         with self.guard.step(step) as guarded:
-            loss = compute_loss(self.ddp, batch)
-            loss.backward()
-            alarm = guarded.check_gradients(loss)
+            if self.accum == 1:
+                loss = compute_loss(self.ddp, micros[0])
+                loss.backward()
+                alarm = guarded.check_gradients(loss)
+            else:
+                for micro in guarded.micro_batches(micros):
+                    guarded.backward(compute_loss(self.ddp, micro))
+                alarm = guarded.check_gradients()
             if alarm is None:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -194,12 +224,14 @@ def summarise(
     per step (median over ranks)."""
     summary: dict[str, dict[str, Any]] = {}
     for variant, runs in times.items():
-        ratios = _ratios(runs, times["plain"])
-        cpu_ratios = [r for cpu in cpu_by_rank for r in _ratios(cpu[variant], cpu["plain"])]
+        baseline = BASELINES.get(variant, "plain")
+        ratios = _ratios(runs, times[baseline])
+        cpu_ratios = [r for cpu in cpu_by_rank for r in _ratios(cpu[variant], cpu[baseline])]
         cpu_step = statistics.median(
             statistics.fmean(t for run in cpu[variant] for t in run) for cpu in cpu_by_rank
         )
         summary[variant] = {
+            "baseline": baseline,
             "step_ms": round(statistics.median(statistics.fmean(r) for r in runs) * 1e3, 2),
             "median_step_ms": round(statistics.median(t for run in runs for t in run) * 1e3, 2),
             "overhead_pct": _pct(statistics.median(ratios)),
@@ -272,14 +304,18 @@ def main(argv: list[str] | None = None) -> int:
         "--batch", type=int, default=128, help="micro-batch size per rank (~100 ms steps here)"
     )
     parser.add_argument(
-        "--variants", default=",".join(v for v in VARIANTS if v != "plain"), help="which to run"
+        "--variants",
+        default=",".join(v for v in VARIANTS if v not in ("plain", *BASELINES.values())),
+        help="which to run (each with its baseline)",
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     parser.add_argument("--json", type=Path, help="write the summary here")
     args = parser.parse_args(argv)
     if args.steps <= 0 or args.steps % 100:
         parser.error("--steps must be a positive multiple of 100 (whole audit periods)")
-    variants = ["plain", *(v.strip() for v in args.variants.split(",") if v.strip() != "plain")]
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    baselines = ["plain", *sorted({BASELINES[v] for v in chosen if v in BASELINES})]
+    variants = [*baselines, *(v for v in chosen if v not in baselines)]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
@@ -343,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{variant:14} {row['step_ms']:>8.1f} {row['median_step_ms']:>8.1f} "
             f"{row['overhead_pct']:>+8.2f}% {spread:>14} {row['cpu_step_ms']:>7.1f} "
             f"{row['cpu_overhead_pct']:>+7.2f}% {cpu_spread:>14}   {rounds}"
+            + ("" if row["baseline"] == "plain" else f"   (vs {row['baseline']})")
         )
     for line in target_lines(summary):
         print(line)
