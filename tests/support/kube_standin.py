@@ -276,7 +276,7 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             parts = urllib.parse.urlsplit(self.path)
             segments = parts.path.strip("/").split("/")
             if segments[:3] == ["api", "v1", "nodes"] and len(segments) == 4:
-                name = segments[3]
+                name = urllib.parse.unquote(segments[3])
                 if name not in api.nodes:
                     self._status(404, "NotFound")
                     return
@@ -286,6 +286,24 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                         return
                     api.nodes[name] = strategic_merge(api.nodes[name], body or {})
                 self._reply(200, api.nodes[name])
+                return
+            if (
+                len(segments) == 6
+                and segments[:3] == ["api", "v1", "namespaces"]
+                and segments[4] == "pods"
+                and method == "GET"
+            ):
+                namespace = urllib.parse.unquote(segments[3])
+                name = urllib.parse.unquote(segments[5])
+                found = [
+                    p
+                    for p in api.pods
+                    if p["metadata"]["name"] == name and p["metadata"]["namespace"] == namespace
+                ]
+                if not found:
+                    self._status(404, "NotFound")
+                    return
+                self._reply(200, found[0])
                 return
             if segments == ["api", "v1", "pods"] and method == "GET":
                 selector = urllib.parse.parse_qs(parts.query).get("fieldSelector", [""])[0]
