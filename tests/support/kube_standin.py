@@ -164,6 +164,9 @@ class KubeStandIn:
     hang_seconds: float = 0.0
     down: bool = False
     """Answer every request 503 (the API server unreachable behind its load balancer)."""
+    nodes_down: bool = False
+    """Answer requests for nodes 503 and serve the rest (pods): an outage that hits cordon
+    but not localize's pod check."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Held while a request is served; hold it to change nodes from another thread."""
 
@@ -257,7 +260,7 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             api.requests.append(
                 Recorded(method, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             )
-            if api.down:
+            if api.down or (api.nodes_down and self.path.startswith("/api/v1/nodes")):
                 self._status(503, "ServiceUnavailable")
                 return
             if api.hang_seconds:
