@@ -19,10 +19,11 @@ from pydantic import (
     ValidationError,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from .errors import InvalidAlarmEvent, InvalidStepInput
-from .hyperpod import is_instance_id
+from .hyperpod import is_instance_id, node_name_of
 from .kube import is_subdomain_name
 
 MAX_TENSOR_NAMES = 3
@@ -234,6 +235,17 @@ class Suspect(_Model):
     report_log_group: str | None = None
     report_log_stream: str | None = None
     """The report's place in CloudWatch Logs: the full evidence (every tensor, every rank)."""
+
+    @model_validator(mode="after")
+    def _node_is_the_instances(self) -> Suspect:
+        # HyperPod names an instance's node hyperpod-<instance id>: a suspect whose two names
+        # disagree would have the approver approve one node and replace act on another.
+        if self.node_name != node_name_of(self.instance_id):
+            raise ValueError(
+                f"node_name {self.node_name!r} is not instance {self.instance_id}'s node "
+                f"({node_name_of(self.instance_id)!r})"
+            )
+        return self
 
     @field_serializer("ranks")
     def _compact_ranks(self, ranks: dict[str, RankInfo]) -> dict[str, dict[str, Any]]:

@@ -192,6 +192,7 @@ def test_a_malformed_report_is_a_typed_error_before_anything_happens(cloud, invo
         ({"ranks": {"x3": {"gpu_uuid": "GPU-3", "local_rank": 3}}}, "ranks"),
         ({"node_name": "../nodes/victim"}, "node_name"),
         ({"instance_id": "i-../victim"}, "instance_id"),
+        ({"node_name": "hyperpod-i-0fedcba9876543210"}, "not instance"),
     ],
 )
 def test_a_step_refuses_a_malformed_suspect_before_touching_the_node(
@@ -290,3 +291,20 @@ def test_the_largest_alarm_stays_far_under_the_workflow_payload_limit(cloud, inv
     assert len(suspect["divergent_tensors"]) <= 3
     assert suspect["report_log_group"] == GROUP
     assert suspect["report_log_stream"] == "llama-pretrain"
+
+
+def test_replace_refuses_a_suspect_whose_node_is_not_its_instance(cloud, invoke):
+    # Given an approval of node A whose suspect carries instance B (the approver saw A)
+    state = _item("i-0123456789abcdef0")
+    state["suspect"]["node_name"] = "hyperpod-i-0fedcba9876543210"
+    state["approval"] = {
+        "decision": "approve",
+        "release": False,
+        "approver": "arn:aws:iam::123456789012:user/alice",
+        "reason": "",
+        "approval_id": "a-1",
+    }
+
+    # When / Then: refused at parse time, before any HyperPod call
+    with pytest.raises(InvalidStepInput, match="not instance"):
+        invoke("replace", state)
