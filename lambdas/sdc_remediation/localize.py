@@ -63,13 +63,15 @@ from .observability import logger
 GRACE_SECONDS = 120
 NODE_DIMENSIONS = {"ClusterName", "JobName", "NodeName"}
 HYPERPOD_NODE_PREFIX = NODE_NAME_PREFIX  # kept for importers of the old name
+ARN_PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
 MAX_RANKS_PER_SUSPECT = 8
 """Ranks listed per suspect in the workflow state (a GPU node runs 8; the report has them all,
 and ``rank_count`` says how many the reports named on the node)."""
 
 
-def check_source(event: AlarmStateChangeEvent, settings: Settings) -> None:
-    """Accept only this stack's alarms in this stack's account (InvalidAlarmEvent otherwise).
+def check_source(event: AlarmStateChangeEvent, settings: Settings) -> str:
+    """The alarm's ARN, for this stack's alarms in this stack's account only (InvalidAlarmEvent
+    otherwise).
 
     EventBridge sets ``account`` and ``resources`` (the alarm ARN); a rule, a cross-account bus
     or a StartExecution by hand could deliver anything else.
@@ -83,18 +85,22 @@ def check_source(event: AlarmStateChangeEvent, settings: Settings) -> None:
     prefix = settings.alarm_name_prefix
     if not name.startswith(prefix):
         raise InvalidAlarmEvent(f"alarm {name!r} is not one of this stack's ({prefix}*)")
-    arns = [a for a in event.resources if a.split(":")[2:3] == ["cloudwatch"]]
-    wanted_suffix = f":{expected}:alarm:{name}"
-    if len(arns) != 1 or not arns[0].endswith(wanted_suffix) or arns[0].count(":") != 6:
+    wanted = {
+        f"arn:{partition}:cloudwatch:{event.region}:{expected}:alarm:{name}"
+        for partition in ARN_PARTITIONS
+    }
+    found = sorted(wanted.intersection(event.resources))
+    if not found:
         raise InvalidAlarmEvent(
-            f"alarm {name!r}: the event's resources {event.resources[:3]} do not name "
-            f"arn:...:cloudwatch:<region>{wanted_suffix}"
+            f"alarm {name!r}: the event's resources {event.resources[:3]} do not name this "
+            f"alarm in account {expected} and region {event.region}"
         )
+    return found[0]
 
 
 def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
     """Normalise the alarm event; reject non-ALARM states, foreign metrics and other clusters."""
-    check_source(event, settings)
+    alarm_arn = check_source(event, settings)
     detail = event.detail
     if detail.state.value != "ALARM":
         raise InvalidAlarmEvent(
@@ -124,7 +130,7 @@ def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
     start = end - timedelta(seconds=settings.lookback_seconds)
     return Alarm(
         alarm_name=detail.alarm_name,
-        alarm_arn=event.resources[0] if event.resources else "",
+        alarm_arn=alarm_arn,
         state=detail.state.value,
         reason=detail.state.reason,
         time=clock.iso(end),
