@@ -308,3 +308,32 @@ def test_replace_refuses_a_suspect_whose_node_is_not_its_instance(cloud, invoke)
     # When / Then: refused at parse time, before any HyperPod call
     with pytest.raises(InvalidStepInput, match="not instance"):
         invoke("replace", state)
+
+
+def test_the_on_call_message_names_the_field_that_lied(cloud, invoke):
+    # Given localize refused a report (the workflow's Catch hands the Lambda error to record)
+    t = _now()
+    a, b = cloud.nodes[0], cloud.nodes[1]
+    body = report(time=t, suspects=[3], ranks={"3": rank(_node(a), b, 3)})
+    put_report(cloud.client("logs"), GROUP, body, t)
+    event = alarm_event(time=t)
+    with pytest.raises(UntrustedReport) as caught:
+        invoke("localize", event)
+    cause = json.dumps({"errorMessage": str(caught.value), "errorType": "UntrustedReport"})
+
+    # When the failure is recorded and notified, as the workflow does
+    invoke(
+        "record",
+        {
+            "transition": "failed",
+            "notify": True,
+            "state": event,
+            "error": {"Error": "UntrustedReport", "Cause": cause},
+        },
+    )
+
+    # Then the on-call reads which report field did not hold, and about which instances
+    [msg] = cloud.sns_messages()
+    assert "UntrustedReport" in msg["message"]
+    assert "ranks.3.instance_id" in msg["message"]
+    assert b in msg["message"]
