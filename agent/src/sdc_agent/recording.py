@@ -14,7 +14,6 @@ import json
 import logging
 import os
 
-import torch
 import torch.distributed as dist
 
 from .alarm import Alarm
@@ -26,7 +25,7 @@ from .recovery import (
     resume_refusal,
     write_alarm_record,
 )
-from .topology import all_gather_text, collective_device
+from .topology import all_gather_text
 
 logger = logging.getLogger("sdc_agent")
 
@@ -89,7 +88,7 @@ class AlarmLog:
             except AlarmLogError as err:
                 verdict["error"] = str(err)
         decided = json.loads(
-            all_gather_text(json.dumps(verdict) if self.writes else "", self.dp_group)[0]
+            all_gather_text(json.dumps(verdict) if self.writes else "-", self.dp_group)[0]
         )
         if decided["error"] is not None:
             raise AlarmLogError(decided["error"])
@@ -117,15 +116,14 @@ def open_alarm_log(
     """
     if alarm_dir is None:
         return NullAlarmLog()
-    problem = probe_writable(alarm_dir) if writes else None
-    failed = torch.tensor(
-        [1 if problem else 0], dtype=torch.int64, device=collective_device(dp_group)
-    )
-    dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=dp_group)
-    if int(failed.item()):
+    # DP rank 0's verdict, the same text everywhere ("ok", never empty: gloo hangs on an
+    # all-gather of empty tensors).
+    local = (probe_writable(alarm_dir) or "ok") if writes else "-"
+    problem = all_gather_text(local, dp_group)[0]
+    if problem != "ok":
         raise OSError(
             f"sdc_agent: alarm_dir {os.fspath(alarm_dir)!r} is not writable from DP rank 0 "
-            f"({problem or 'see DP rank 0'}); the guard records every alarm there, next to the "
-            "checkpoints, so that a resume can refuse a corrupted checkpoint"
+            f"({problem}); the guard records every alarm there, next to the checkpoints, so "
+            "that a resume can refuse a corrupted checkpoint"
         )
     return AlarmLog(alarm_dir, dp_group, writes=writes)
