@@ -283,7 +283,7 @@ def test_a_failed_write_is_logged_with_the_report_and_does_not_raise(tmp_path, c
     report = Alarm(step=10, check="compute", suspect_window=(5, 10), last_audit_pass=5)
     # When it records an alarm
     with caplog.at_level(logging.ERROR, logger="sdc_agent"):
-        log.record(report)
+        log.write(report)
     # Then it logs loudly, with the report, and returns
     assert "ALARM NOT RECORDED" in caplog.text
     assert '"suspect_window": [5, 10]' in caplog.text

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 
+import torch
 import torch.distributed as dist
 
 from .alarm import Alarm
@@ -25,7 +26,7 @@ from .recovery import (
     resume_refusal,
     write_alarm_record,
 )
-from .topology import all_gather_text
+from .topology import all_gather_text, collective_device
 
 logger = logging.getLogger("sdc_agent")
 
@@ -53,10 +54,21 @@ class AlarmLog:
         self.writer_rank = dist.get_rank()
 
     def record(self, alarm: Alarm) -> None:
-        """Write ``alarm`` to the log (DP rank 0; atomic, once per alarm). Never raises: a failed
-        write is logged with the whole report, and the alarm still goes back to the caller."""
-        if not self.writes:
-            return
+        """Write ``alarm`` to the log (DP rank 0; atomic, once per alarm), then wait until it is
+        written on every rank (collective: every rank records the same alarm at the same point).
+
+        The wait matters: a rank that returned the alarm first would exit (exit code 3), and
+        torchrun then terminates the other workers, DP rank 0 too, perhaps mid-write. Never
+        raises on a failed write: it is logged with the whole report, and every rank still gets
+        the alarm.
+        """
+        if self.writes:
+            self.write(alarm)
+        done = torch.zeros(1, dtype=torch.int64, device=collective_device(self.dp_group))
+        dist.all_reduce(done, group=self.dp_group)
+
+    def write(self, alarm: Alarm) -> None:
+        """Write ``alarm`` to the log from this rank, now (no collective); never raises."""
         report = alarm.to_dict()
         try:
             path = write_alarm_record(self.alarm_dir, report, writer_rank=self.writer_rank)
