@@ -98,6 +98,13 @@ def fault_then_resume(*, alarm_dir: str) -> dict[str, Any]:
     dist.barrier()
     out["records_after"] = records(alarm_dir)
     out["clean_after"] = sdc.clean_resume_step(sorted({*first_run, *resumed}), alarm_dir)
+
+    # The step API records its alarms too: a weight check in a loop the user owns.
+    sdc.faults.FlipWeightBit("net.0.weight", bit=12, rank=0).apply_now(guard)
+    weights_alarm = guard.check_weights(14)
+    out["weights_alarm_step"] = weights_alarm.step if weights_alarm else None
+    dist.barrier()
+    out["records_final"] = records(alarm_dir)
     return out
 
 

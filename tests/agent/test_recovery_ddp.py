@@ -89,3 +89,14 @@ def test_an_unwritable_alarm_dir_fails_on_every_rank_at_construction(results):
     assert same_on_every_rank(per_rank, "raised") == "OSError"
     message = same_on_every_rank(per_rank, "message")
     assert "a-file/alarms" in message and "not writable" in message
+
+
+def test_an_alarm_returned_by_the_step_api_is_recorded_too(results):
+    # Given a bit flip in rank 0's weights, found by check_weights in a loop the user owns
+    run = results["recovery"]
+    assert same_on_every_rank(run, "weights_alarm_step") == 14
+    # Then the log holds it next to the first alarm, once
+    assert same_on_every_rank(run, "records_final") == [
+        "alarm-step0000000010-compute-rank0.json",
+        "alarm-step0000000014-weights-rank0.json",
+    ]
