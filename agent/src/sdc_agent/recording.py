@@ -90,7 +90,7 @@ class AlarmLog:
         checkpoint of step ``start_step - 1``, when a recorded alarm's window covers it.
 
         Collective over the DP group: DP rank 0 reads the log and decides; every rank acts on
-        that decision. A malformed log raises AlarmLogError on every rank. With ``allow_unsafe``
+        that decision. A log that is malformed or cannot be read raises AlarmLogError on every rank. With ``allow_unsafe``
         the resume goes ahead, logged as an error.
         """
         verdict = {"refusal": None, "error": None}
@@ -99,6 +99,10 @@ class AlarmLog:
                 verdict["refusal"] = resume_refusal(start_step, read_alarm_log(self.alarm_dir))
             except AlarmLogError as err:
                 verdict["error"] = str(err)
+            except Exception as err:  # e.g. the directory cannot be listed: raise everywhere
+                verdict["error"] = (
+                    f"reading the alarm log {self.alarm_dir!r} failed: {type(err).__name__}: {err}"
+                )
         decided = json.loads(
             all_gather_text(json.dumps(verdict) if self.writes else "-", self.dp_group)[0]
         )
