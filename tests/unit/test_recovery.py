@@ -278,8 +278,7 @@ def test_a_failed_write_is_logged_with_the_report_and_does_not_raise(tmp_path, c
     # Given the guard's alarm log whose directory disappeared after construction
     from sdc_agent.recording import AlarmLog
 
-    log = AlarmLog.__new__(AlarmLog)  # no process group needed for writing
-    log.alarm_dir, log.dp_group, log.writes, log.writer_rank = str(tmp_path / "gone"), None, True, 0
+    log = AlarmLog(tmp_path / "gone", None, writes=True, writer_rank=0)
     report = Alarm(step=10, check="compute", suspect_window=(5, 10), last_audit_pass=5)
     # When it records an alarm
     with caplog.at_level(logging.ERROR, logger="sdc_agent"):

@@ -45,13 +45,19 @@ class AlarmLog:
     """The alarm log in ``alarm_dir`` for one guard. Build it with :func:`open_alarm_log`."""
 
     def __init__(
-        self, alarm_dir: str | os.PathLike, dp_group: dist.ProcessGroup | None, *, writes: bool
+        self,
+        alarm_dir: str | os.PathLike,
+        dp_group: dist.ProcessGroup | None,
+        *,
+        writes: bool,
+        writer_rank: int,
     ) -> None:
-        """``writes``: this rank writes and reads the log (DP rank 0)."""
+        """``writes``: this rank writes and reads the log (DP rank 0); ``writer_rank``: its
+        global rank, in the record's name (several DP groups write apart)."""
         self.alarm_dir = os.fspath(alarm_dir)
         self.dp_group = dp_group
         self.writes = writes
-        self.writer_rank = dist.get_rank()
+        self.writer_rank = writer_rank
 
     def record(self, alarm: Alarm) -> None:
         """Write ``alarm`` to the log (DP rank 0; atomic, once per alarm), then wait until it is
@@ -142,4 +148,4 @@ def open_alarm_log(
             f"({problem}); the guard records every alarm there, next to the checkpoints, so "
             "that a resume can refuse a corrupted checkpoint"
         )
-    return AlarmLog(alarm_dir, dp_group, writes=writes)
+    return AlarmLog(alarm_dir, dp_group, writes=writes, writer_rank=dist.get_rank())
