@@ -49,6 +49,7 @@ from .divergence import WeightCheck
 from .gradients import FlagExchange, GradientCheck
 from .parallel import DDPAdapter
 from .publisher import NullPublisher, Publisher
+from .recording import open_alarm_log
 from .replay import (
     ComputeLoss,
     Replayer,
@@ -89,6 +90,8 @@ class Guard:
         dp_group: dist.ProcessGroup | None = None,
         publisher: Publisher | None = None,
         scaler: torch.amp.GradScaler | None = None,
+        alarm_dir: str | os.PathLike | None = None,
+        allow_unsafe_resume: bool = False,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hook.
 
@@ -96,6 +99,11 @@ class Guard:
         then back-propagated scaled (:meth:`GuardedStep.backward`), replays scale it the same
         way, and a non-finite gradient that a third GPU reproduces at the same scale is an
         overflow: the scaler skips the step and lowers the scale, with no alarm.
+
+        ``alarm_dir``: record every alarm returned in this directory (the checkpoint directory,
+        on shared storage; the same value on every rank) and refuse to resume from a checkpoint
+        a recorded alarm covers (:meth:`check_resume`, docs/recovery.md); an unwritable directory
+        raises OSError here. ``allow_unsafe_resume``: resume anyway, logged (forensics only).
         """
         self.parallel = DDPAdapter(model, dp_group)
         """The parallelism-specific parts (the training model, the bare module, the hook)."""
@@ -147,6 +155,10 @@ class Guard:
             self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
         )
         """Builds, logs and publishes Alarms; records when each check last passed."""
+        self.alarm_log = open_alarm_log(alarm_dir, dp_group, writes=self.dp_rank == 0)
+        """Where every alarm is recorded (docs/recovery.md); a no-op without ``alarm_dir``."""
+        self.reporter.record_alarm = self.alarm_log.record
+        self.allow_unsafe_resume = allow_unsafe_resume
         self.gradients = GradientCheck(self.params, dp_group, self.world)
         """Check 1: the comm hook's statistics and the per-step flag exchange."""
         a.register_gradient_hook(self.gradients.hook_state, self.gradients.hook)
@@ -284,8 +296,11 @@ class Guard:
         the failing step is not applied (by any rank whose gradient was bad; see :meth:`finish`).
         ``save_checkpoint(step, tags)`` is called on every rank when a checkpoint is due and
         nothing fired; ``tags`` holds ``last_audit_pass``, ``last_weight_check_pass`` and
-        ``weights_digest`` (see :meth:`GuardedStep.checkpoint_tags`).
+        ``weights_digest`` (see :meth:`GuardedStep.checkpoint_tags`). With ``alarm_dir``, a
+        ``start_step`` whose checkpoint (``start_step - 1``) a recorded alarm covers raises
+        UnsafeResumeError (:meth:`check_resume`).
         """
+        self.check_resume(start_step)
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule.check_on_start and (alarm := self.check_weights(start_step)):
             return alarm
@@ -327,6 +342,17 @@ class Guard:
             yield guarded
         finally:
             guarded.end()
+
+    def check_resume(self, start_step: int) -> None:
+        """Refuse to resume at ``start_step`` from a checkpoint an alarm covers (collective).
+
+        The run starts at ``start_step`` from the checkpoint saved after step ``start_step - 1``.
+        With ``alarm_dir`` set, raises :class:`sdc_agent.UnsafeResumeError` on every rank when a
+        recorded alarm's suspect window covers that checkpoint, naming the alarm and the newest
+        clean step (unless ``allow_unsafe_resume``); without it, does nothing. :meth:`train` calls
+        it; in a loop you own, call it once before the first step, then :meth:`check_weights`.
+        """
+        self.alarm_log.check_resume(start_step, allow_unsafe=self.allow_unsafe_resume)
 
     def check_weights(self, step: int) -> Alarm | None:
         """Check 3 now (collective): every replica's weights must be bit-identical.

@@ -44,6 +44,8 @@ class Reporter:
         self.publisher = publisher
         self.publishes = publishes
         self.passes = Passes()
+        self.record_alarm: Callable[[Alarm], None] = lambda alarm: None
+        """What else receives each alarm: the guard's alarm log when it has an ``alarm_dir``."""
 
     # ------------------------------------------------------------------ building
     def alarm(
@@ -99,7 +101,8 @@ class Reporter:
 
     # ------------------------------------------------------------------ reporting
     def log_and_publish(self, alarm: Alarm) -> Alarm:
-        """Log the alarm and hand it to the publisher (DP rank 0 only); returns it."""
+        """Log the alarm, record it in the alarm log and hand it to the publisher (DP rank 0
+        only); returns it. Every alarm the guard returns passes here exactly once."""
         if self.publishes:
             logger.error(
                 "sdc_agent: %s check failed at step %d; suspects %s; report %s",
@@ -108,6 +111,7 @@ class Reporter:
                 alarm.suspects,
                 alarm.to_dict(),
             )
+        self.record_alarm(alarm)  # durable before the caller gets it (never raises)
         self.publish("alarm", lambda p: p.publish_alarm(alarm))
         return alarm
 
