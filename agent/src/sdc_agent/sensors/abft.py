@@ -1,0 +1,108 @@
+"""The checksum maths: one row-checksum identity that checks every GEMM of a linear layer.
+
+Algorithm-based fault tolerance (Huang & Abraham, IEEE Trans. Computers 1984; on GEMM
+accumulators in training, AEGIS, OSDI 2026): for a product ``C = A @ B`` (``A`` is R x L,
+``B`` is L x C) summing each row of ``C`` gives
+
+    C @ 1 = A @ (B @ 1)
+
+The right side is a matrix-vector product: O(R * L) work against the GEMM's O(R * L * C), so a
+check costs O(1/C) of its GEMM plus one read of ``C``. A linear layer ``y = x Wᵀ + b`` runs three
+GEMMs and each is an instance (``1`` a vector of ones):
+
+* forward  ``y = x Wᵀ + b``:  ``y @ 1  = x @ (Wᵀ @ 1) + Σb``  (A = x,  B = Wᵀ)
+* dgrad    ``dX = dY W``:      ``dX @ 1 = dY @ (W @ 1)``        (A = dY, B = W)
+* wgrad    ``dW = dYᵀ X``:     ``dW @ 1 = dYᵀ @ (X @ 1)``       (A = dYᵀ, B = X)
+
+The check compares both sides per row, in fp32, on the GEMM's fp32 result before it is rounded
+to a 16-bit dtype: rounding to bf16 discards more than a 10% change of one element in a long
+row, so a bf16 output cannot be checked, but its fp32 accumulator can.
+
+How far apart may healthy rows be? Both sides are rounded sums. With unit roundoff ``u`` (2^-24
+in fp32) the rounding error of a dot product of length L behaves like a random walk, about
+``u * sqrt(L)`` times the norm of its terms (Higham & Mary, "A new approach to probabilistic
+rounding error analysis", SIAM J. Sci. Comput. 2019), far below the worst case ``u * L``. Row
+``r`` sums C dot products of length L, each erring by about ``u * |a_r| |b_c|`` (L terms of
+size ``|a_r| |b_c| / sqrt(L)``, a random walk of L roundings), C of which add up to
+``u |a_r| ||B||_F``; summing the row (C terms of size ``|y_r| / sqrt(C)``, with
+``|y_r| ~ |a_r| ||B||_F / sqrt(L)``) adds ``u sqrt(C / L) |a_r| ||B||_F``, and the reference
+(``a_r`` dotted with the row sums of ``B``) errs alike. So both sides differ by about
+
+    bound_r = u * (1 + sqrt(C / L)) * (||a_r|| * ||B||_F + ||bias||)
+
+which is what :func:`row_checksum_ratio` divides the difference by (``bound_floor`` keeps an
+all-zero row from dividing by zero). The ratio is a property of the data's conditioning, not of
+the layer's size: healthy rows stay well below 1, and the threshold (:mod:`.board`) is learned
+per sensor in an observe-only warm-up, with a floor. A wrong element ``c`` adds
+``|delta c|`` to one row's difference; at a 10% change that is thousands of ``bound_r`` for
+small layers and still tens of it for a 1024 x 4096 one (the measurement in issue 17).
+A NaN/Inf in either side makes the ratio NaN/Inf, which the board treats as a flag.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FP32_UNIT_ROUNDOFF = 2.0**-24
+"""``u`` of fp32: every check runs on fp32 values."""
+
+BOUND_FLOOR = 1e-30
+"""Added to each row's bound, so an all-zero row (ratio 0/0) reads as agreement, not NaN."""
+
+
+def row_checksum_ratio(
+    result: torch.Tensor,
+    left: torch.Tensor,
+    right: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The largest per-row ``|result @ 1 - (left @ (right @ 1) + Σbias)| / bound_r`` (0-dim fp32).
+
+    ``result`` is the fp32 GEMM result ``left @ right (+ bias)``, R x C; ``left`` R x L; ``right``
+    L x C; every operand is read as fp32. The bound is the module docstring's. NaN/Inf anywhere
+    in the checksums gives a NaN/Inf result. No host synchronisation.
+    """
+    left32 = left.float()
+    right32 = right.float()
+    inner, width = left32.shape[1], result.shape[1]
+    expected = left32 @ right32.sum(dim=1)
+    observed = result.sum(dim=1, dtype=torch.float32)
+    magnitude = torch.linalg.vector_norm(left32, dim=1) * torch.linalg.vector_norm(right32)
+    if bias is not None:
+        bias32 = bias.float()
+        expected = expected + bias32.sum()
+        magnitude = magnitude + torch.linalg.vector_norm(bias32)
+    scale = FP32_UNIT_ROUNDOFF * (1.0 + math.sqrt(width / max(inner, 1)))
+    ratio = (observed - expected).abs() / (scale * magnitude + BOUND_FLOOR)
+    if ratio.numel() == 0:
+        return ratio.new_zeros(())
+    # max() drops NaN on some backends; keep a NaN row visible as +Inf.
+    return torch.where(torch.isfinite(ratio), ratio, torch.full_like(ratio, math.inf)).max()
+
+
+def forward_ratio(
+    y32: torch.Tensor, x32: torch.Tensor, weight32: torch.Tensor, bias32: torch.Tensor | None
+) -> torch.Tensor:
+    """Forward GEMM check: ``y @ 1 = x @ (Wᵀ @ 1) + Σb`` (2-D fp32 ``y`` M x N, ``x`` M x K)."""
+    return row_checksum_ratio(y32, x32, weight32.t(), bias32)
+
+
+def dgrad_ratio(dx32: torch.Tensor, dy32: torch.Tensor, weight32: torch.Tensor) -> torch.Tensor:
+    """Input-gradient GEMM check: ``dX @ 1 = dY @ (W @ 1)`` (``dX`` M x K, ``dY`` M x N)."""
+    return row_checksum_ratio(dx32, dy32, weight32)
+
+
+def wgrad_ratio(dw32: torch.Tensor, dy32: torch.Tensor, x32: torch.Tensor) -> torch.Tensor:
+    """Weight-gradient GEMM check: ``dW @ 1 = dYᵀ @ (X @ 1)`` (``dW`` N x K)."""
+    return row_checksum_ratio(dw32, dy32.t(), x32)
+
+
+def check_cost(rows_out: int, inner: int, width: int) -> float:
+    """Cost of one check relative to its GEMM's (``2 R L C`` flops): the sum of the result
+    (R C), the reference mat-vec (R L) and the row norms (R L), plus the ``B`` reductions
+    (L C), amortised over R rows; about ``1/L + 1/C`` for R >= L, C."""
+    gemm = 2.0 * rows_out * inner * width
+    check = rows_out * width + 2.0 * rows_out * inner + 2.0 * inner * width
+    return check / gemm

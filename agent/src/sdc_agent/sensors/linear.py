@@ -1,0 +1,198 @@
+"""Protected linear layers: ``nn.Linear`` whose three GEMMs are checked on their fp32 result.
+
+:func:`protect` turns a model's ``nn.Linear`` modules into :class:`ProtectedLinear` in place (the
+same module objects, parameters and ``state_dict`` keys). Its autograd function computes the
+forward GEMM and both backward GEMMs itself, so that each result can be checked (:mod:`.abft`)
+on its fp32 value before it is rounded and used:
+
+* fp32 (and fp64): the very calls autograd makes for ``F.linear`` (``F.linear`` forward,
+  ``dY @ W`` and ``dYᵀ @ X`` backward, ``dY.sum(0)`` for the bias), so the values are bit for
+  bit those of ``nn.Linear`` (proved by tests/unit/test_sensors.py).
+* bf16/fp16 (under autocast, or 16-bit inputs): the operands are rounded to the 16-bit dtype as
+  autocast rounds them, multiplied in fp32 (the accumulator the check must see; on the CPU this
+  fp32 product stands in for the GPU's, on CUDA ``torch.mm(..., out_dtype=torch.float32)`` gives
+  it) and the result rounded once to the 16-bit dtype. This equals a 16-bit GEMM with an fp32
+  accumulator up to the order of accumulation, which torch does not promise to match, so it is
+  not guaranteed bit-identical to ``nn.Linear`` under autocast; the protected layer runs this
+  same path in training and in every replay, whether or not a sensor checks, so replays stay bit
+  for bit reproducible.
+
+Fault drills (:class:`sdc_agent.faults.GemmFault`) corrupt a GEMM's fp32 result through
+:attr:`ProtectedLinear.gemm_taps`, between the accumulator and the check, as a faulty GPU would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .abft import dgrad_ratio, forward_ratio, wgrad_ratio
+from .board import Gemm, LayerShape, SensorBoard, SensorConfig
+
+GemmTap = Callable[[Gemm, torch.Tensor], None]
+"""``tap(gemm, result32)``: sees (and may change in place) a GEMM's fp32 result before its check."""
+
+_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+
+
+def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype ``nn.Linear`` would multiply in: autocast's when it is on, else the input's."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+class _ProtectedLinearFunction(torch.autograd.Function):
+    """``F.linear`` with its forward and backward GEMMs computed, tapped and checked here."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        layer: ProtectedLinear,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        board, base = layer.sensor_board, layer.sensor_base
+        sixteen = dtype in _SIXTEEN_BIT
+        ctx.layer, ctx.dtype, ctx.sixteen = layer, dtype, sixteen
+        ctx.input_dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.checks = (board.is_active(base + 1), board.is_active(base + 2))  # dgrad, wgrad
+        with torch.autocast(x.device.type, enabled=False):
+            if sixteen:
+                # Round as autocast does, multiply in fp32 (the accumulator), round once.
+                xc, wc = x.to(dtype), weight.to(dtype)
+                bc = bias.to(dtype) if bias is not None else None
+                x32, w32 = xc.float(), wc.float()
+                b32 = bc.float() if bc is not None else None
+                y32 = F.linear(x32, w32, b32)
+                ctx.save_for_backward(xc, wc)
+            else:
+                x32, w32, b32 = x, weight, bias
+                y32 = F.linear(x, weight, bias)  # the exact call nn.Linear makes
+                ctx.save_for_backward(x, weight)
+            layer.tap("forward", y32)
+            if board.is_active(base):
+                flat = y32.reshape(-1, y32.shape[-1])
+                board.record(base, forward_ratio(flat, x32.reshape(-1, x32.shape[-1]), w32, b32))
+            return y32.to(dtype) if sixteen else y32
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        layer: ProtectedLinear = ctx.layer
+        board, base = layer.sensor_board, layer.sensor_base
+        x, weight = ctx.saved_tensors
+        x_dtype, w_dtype, b_dtype = ctx.input_dtypes
+        check_dgrad, check_wgrad = ctx.checks
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_x = grad_w = grad_b = None
+        with torch.autocast(grad.device.type, enabled=False):
+            dy = grad.reshape(-1, grad.shape[-1])
+            x2 = x.reshape(-1, x.shape[-1])
+            if ctx.sixteen:
+                dy = dy.to(ctx.dtype)
+                dy32, x32, w32 = dy.float(), x2.float(), weight.float()
+            else:
+                dy32, x32, w32 = dy, x2, weight
+            if need_x:
+                dx32 = dy32.mm(w32)
+                layer.tap("dgrad", dx32)
+                if check_dgrad:
+                    board.record(base + 1, dgrad_ratio(dx32, dy32, w32))
+                dx = dx32.to(ctx.dtype).to(x_dtype) if ctx.sixteen else dx32
+                grad_x = dx.reshape(*grad.shape[:-1], x.shape[-1])
+            if need_w:
+                dw32 = dy32.t().mm(x32)
+                layer.tap("wgrad", dw32)
+                if check_wgrad:
+                    board.record(base + 2, wgrad_ratio(dw32, dy32, x32))
+                grad_w = dw32.to(ctx.dtype).to(w_dtype) if ctx.sixteen else dw32
+            if need_b:
+                # In the 16-bit path dy is already the 16-bit tensor autocast's bias gradient sums.
+                grad_b = dy.sum(0).to(b_dtype)
+        return grad_x, grad_w, grad_b, None, None
+
+
+class ProtectedLinear(nn.Linear):
+    """An ``nn.Linear`` whose GEMMs are checked by row checksums (see the module docstring).
+
+    Made by :func:`protect` (in place, from an ``nn.Linear``) or directly; the same parameters
+    and ``state_dict`` keys as ``nn.Linear``. Without a board it checks nothing.
+    """
+
+    sensor_board: SensorBoard
+    sensor_base: int
+    layer_name: str
+    gemm_taps: list[GemmTap]
+
+    def __init__(self, *args: Any, board: SensorBoard | None = None, name: str = "", **kw: Any):
+        """As ``nn.Linear``; ``board``/``name``: where its sensors are registered."""
+        super().__init__(*args, **kw)
+        self._attach(board or SensorBoard(), name)
+
+    def _attach(self, board: SensorBoard, name: str) -> None:
+        self.sensor_board = board
+        self.layer_name = name
+        self.sensor_base = board.register(name, LayerShape(self.in_features, self.out_features))
+        self.gemm_taps = []
+
+    def tap(self, gemm: Gemm, result32: torch.Tensor) -> None:
+        """Let every tap see a GEMM's fp32 result (fault drills; empty in production)."""
+        for tap in self.gemm_taps:
+            tap(gemm, result32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``, its GEMMs checked when the board says so."""
+        dtype = _compute_dtype(x, self.weight)
+        if not torch.is_autocast_enabled(x.device.type) and x.dtype != self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)  # raises as nn.Linear does
+        return _ProtectedLinearFunction.apply(x, self.weight, self.bias, self, dtype)
+
+
+def protect(
+    model: nn.Module,
+    *,
+    config: SensorConfig | None = None,
+    include: Callable[[str, nn.Linear], bool] | None = None,
+) -> SensorBoard:
+    """Protect ``model``'s ``nn.Linear`` layers in place; returns their sensor board.
+
+    Call it before wrapping the model in DDP and before building the optimizer is not required
+    (the parameters are the same objects), but before :class:`sdc_agent.Guard`, which finds the
+    board. Only modules whose type is exactly ``nn.Linear`` are protected (subclasses such as
+    attention's output projection are called through other functions). ``include(name, module)``
+    selects layers (default: all). Protecting twice raises ValueError.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"protect needs an nn.Module, got {type(model).__name__}")
+    if find_board(model) is not None:
+        raise ValueError("protect: this model already has protected layers")
+    board = SensorBoard(config)
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear or (include is not None and not include(name, module)):
+            continue
+        # Swapping the class keeps the module object, its parameters, hooks and state_dict keys.
+        module.__class__ = ProtectedLinear
+        module._attach(board, name)  # type: ignore[attr-defined]
+    if not board.sensors:
+        raise ValueError("protect: the model has no nn.Linear layer to protect")
+    return board
+
+
+def find_board(model: nn.Module) -> SensorBoard | None:
+    """The sensor board of ``model``'s protected layers, or None when none is protected."""
+    for module in model.modules():
+        if isinstance(module, ProtectedLinear):
+            return module.sensor_board
+    return None
+
+
+def protected_layers(model: nn.Module) -> dict[str, ProtectedLinear]:
+    """``model``'s protected layers by their name on the board."""
+    return {m.layer_name: m for m in model.modules() if isinstance(m, ProtectedLinear)}
