@@ -31,14 +31,14 @@ def calls(tmp_path, monkeypatch):
     dist.destroy_process_group()
 
 
-def test_a_clean_step_costs_one_reduction_of_three_integers(calls):
+def test_a_clean_step_costs_one_reduction_of_four_integers(calls):
     # Given a rank whose local and reduced gradients were finite
     flags = torch.tensor([0, 0], dtype=torch.int64)
     # When its step's flags are exchanged and read at the agreement point
     exchange = FlagExchange(7, flags, None, 1)
     summary, table = exchange.summary(), exchange.table()
-    # Then one all-reduce of 3 int64 ran (its size does not depend on the world), and no gather
-    assert calls == [("all_reduce", 3)]
+    # Then one all-reduce of 4 int64 ran (its size does not depend on the world), and no gather
+    assert calls == [("all_reduce", 4)]
     assert summary.clean and not summary.unanimous
     assert table.clean and table.step == 7 and table.nonfinite == []
 
@@ -48,12 +48,23 @@ def test_a_flagged_step_gathers_who_only_when_the_table_is_read(calls):
     exchange = FlagExchange(3, torch.tensor([1, 1], dtype=torch.int64), None, 1)
     # When the summary is read, then nothing but the reduction has run
     summary = exchange.summary()
-    assert calls == [("all_reduce", 3)]
+    assert calls == [("all_reduce", 4)]
     assert not summary.clean and summary.unanimous and summary.any_local
-    # When the table is read, then one gather of the two flags names the rank
+    # When the table is read, then one gather of the three flags names the rank
     table = exchange.table()
-    assert calls == [("all_reduce", 3), ("all_gather", 2)]
+    assert calls == [("all_reduce", 4), ("all_gather", 3)]
     assert table.nonfinite == [0] and table.unanimous and not table.clean
     # And reading it again issues no further collective
     exchange.table()
     assert len(calls) == 2
+
+
+def test_a_sensor_flag_travels_in_the_same_reduction_and_names_its_rank(calls):
+    # Given a rank whose gradients were finite but whose online GEMM sensor flagged
+    exchange = FlagExchange(5, torch.tensor([0, 0, 1], dtype=torch.int64), None, 1)
+    # When the summary and the table are read
+    summary, table = exchange.summary(), exchange.table()
+    # Then the one reduction carried it, and the table names the rank as a sensor candidate
+    assert calls == [("all_reduce", 4), ("all_gather", 3)]
+    assert summary.any_sensor and not summary.clean and not summary.any_local
+    assert table.sensor_flagged == [0] and table.nonfinite == [] and not table.clean

@@ -64,6 +64,24 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class SensorCandidate:
+    """An online GEMM sensor's flag that raised a candidate (sdc_agent.sensors): which rank,
+    which protected layer and GEMM, the checksum ratio it read and the threshold it crossed."""
+
+    rank: int
+    layer: str
+    gemm: str
+    """``forward``, ``dgrad`` (input gradient) or ``wgrad`` (weight gradient)."""
+    ratio: float | None
+    """The largest checksum difference over its rounding bound; None when not finite."""
+    threshold: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Alarm:
     """A failed check. Every rank holds an identical copy (the decision is collective).
 
@@ -87,6 +105,9 @@ class Alarm:
     diagnosis: str | None = None
     """A sentence for the reader when the evidence points away from hardware (a non-finite
     gradient that reproduced on another GPU: numerics or data); None otherwise."""
+    sensor_candidates: list[SensorCandidate] = field(default_factory=list)
+    """The online sensor flags that raised this alarm's candidate (confirmed by replays);
+    reported under the optional key ``sensor_candidates`` only when there are any."""
     schema: str = SCHEMA
 
     @property
@@ -117,4 +138,8 @@ class Alarm:
         out["suspect_window"] = list(self.suspect_window)
         out["ranks"] = {k: v.to_dict() for k, v in self.ranks.items()}
         out["metric"] = {"name": self.metric_name, "value": self.metric_value}
+        # Additive within sdc.alarm/v1: the key is present only on a sensor's alarm.
+        candidates = out.pop("sensor_candidates")
+        if candidates:
+            out["sensor_candidates"] = candidates
         return out

@@ -199,6 +199,14 @@ class RingAudit:
             self.current_micro_batch = None
         return combine_outcomes(outcomes)
 
+    def replay(
+        self, step: int, target_dp: int, *, deterministic: bool, whole_step: bool = False
+    ) -> Outcome:
+        """Recompute DP rank ``target_dp``'s audited micro-batch of ``step`` (``whole_step``:
+        all of its micro-batches) on the bare module; raises what the replay raises. The online
+        sensors' confirmation (sdc_agent.sensors.check) replays through it."""
+        return self._replay(step, target_dp, deterministic, whole_step)
+
     def _replay_row(
         self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
     ) -> list[int]:

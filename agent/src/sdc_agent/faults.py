@@ -12,7 +12,9 @@ Attach a fault after building the guard, on every rank (it installs itself only 
 Forward faults corrupt the output of the named submodule; backward faults corrupt a gradient;
 weight faults change one replica's weights right after an optimizer step (or now, with
 :meth:`WeightFault.apply_now`); :class:`NaNReducedGradient` corrupts a rank's gradient after the
-all-reduce.
+all-reduce. GEMM faults (:class:`ScaleGemmElement`, :class:`FlipGemmBit`) corrupt the fp32 result
+of one GEMM of a protected linear layer (:func:`sdc_agent.sensors.protect`), between the
+accumulator and the sensor's check: exactly what the online sensors see.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ if TYPE_CHECKING:
 __all__ = [
     "CompensatingWeightChange",
     "Fault",
+    "FlipGemmBit",
     "FlipOutputBit",
     "FlipWeightBit",
     "NaNOutputElement",
     "NaNReducedGradient",
     "OutputNoise",
+    "ScaleGemmElement",
     "ScaleInputGradElement",
     "ScaleOutputColumn",
     "ScaleOutputElement",
@@ -341,3 +345,80 @@ class CompensatingWeightChange(WeightFault):
         bits = bit_patterns(flat)
         bits[self.i] += self.delta
         bits[self.j] -= self.delta
+
+
+# ---------------------------------------------------------------- inside a protected GEMM (sensors)
+class _GemmFault(Fault):
+    """Corrupts one GEMM's fp32 result inside a protected linear layer, before its check."""
+
+    def __init__(self, layer: str, *, gemm: str = "forward", index: int = 0, **when: Any) -> None:
+        """``layer``: the protected layer's qualified name; ``gemm``: ``forward``, ``dgrad``
+        (input gradient) or ``wgrad`` (weight gradient); ``index``: the flat element (modulo
+        the result's size)."""
+        from .sensors import GEMMS
+
+        if gemm not in GEMMS:
+            raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+        if index < 0:
+            raise ValueError(f"index must be >= 0, got {index}")
+        super().__init__(**when)
+        self.layer, self.gemm, self.index = layer, gemm, index
+
+    def _install(self, guard: Guard) -> None:
+        from .sensors import ProtectedLinear
+
+        module = self._submodule(guard, self.layer)
+        if not isinstance(module, ProtectedLinear):
+            raise ValueError(
+                f"{type(self).__name__}: layer {self.layer!r} is not protected; call "
+                "sdc_agent.sensors.protect(model) before building the guard"
+            )
+        taps = module.gemm_taps
+        taps.append(self._tap)
+        self._handles.append(_TapHandle(taps, self._tap))
+
+    def _tap(self, gemm: str, result: torch.Tensor) -> None:
+        if gemm == self.gemm and self._should_fire():
+            with torch.no_grad():
+                self.corrupt_(result.view(-1), self.index % result.numel())
+
+    @abstractmethod
+    def corrupt_(self, flat: torch.Tensor, index: int) -> None:
+        """Change element ``index`` of the flattened fp32 result in place."""
+
+
+class _TapHandle:
+    """Removes a GEMM tap, as a hook handle removes a hook."""
+
+    def __init__(self, taps: list[Any], tap: Any) -> None:
+        self.taps, self.tap = taps, tap
+
+    def remove(self) -> None:
+        if self.tap in self.taps:
+            self.taps.remove(self.tap)
+
+
+class ScaleGemmElement(_GemmFault):
+    """Multiply one element of a protected GEMM's fp32 result by ``factor`` (default x1.1)."""
+
+    def __init__(self, layer: str, *, factor: float = 1.1, **kw: Any) -> None:
+        super().__init__(layer, **kw)
+        self.factor = factor
+
+    def corrupt_(self, flat: torch.Tensor, index: int) -> None:
+        """Scale the element."""
+        flat[index] *= self.factor
+
+
+class FlipGemmBit(_GemmFault):
+    """Flip one bit of one element of a protected GEMM's fp32 result."""
+
+    def __init__(self, layer: str, *, bit: int = 22, **kw: Any) -> None:
+        if not 0 <= bit < 32:
+            raise ValueError(f"bit must be in [0, 32) for an fp32 result, got {bit}")
+        super().__init__(layer, **kw)
+        self.bit = bit
+
+    def corrupt_(self, flat: torch.Tensor, index: int) -> None:
+        """Flip the bit."""
+        _flip_bit_(flat, index, self.bit)

@@ -22,8 +22,9 @@ The agreement (:class:`FlagExchange`): each rank knows after backward whether it
 gradient and its own REDUCED gradient are finite; whether to apply the step must be decided the
 same way everywhere. A blocking collective per step would make every rank wait for the slowest
 to be scheduled before its optimizer step, and one whose size grows with the number of ranks
-would not scale. So every step issues one asynchronous all-reduce (MAX) of three int64 (any
-local NaN/Inf, any reduced NaN/Inf, any rank clean): its size does not depend on the world size
+would not scale. So every step issues one asynchronous all-reduce (MAX) of four int64 (any
+local NaN/Inf, any reduced NaN/Inf, any online sensor flag (:mod:`sdc_agent.sensors`), any rank
+clean): its size does not depend on the world size
 and tree algorithms make its latency logarithmic in it. It completes during the next step's
 forward and backward, and a rank waits for it only when it has a reason to:
 
@@ -179,11 +180,13 @@ class FlagSummary:
     """Some rank's reduced (clipped) gradient was NaN/Inf."""
     unanimous: bool
     """Every rank flagged something, so every rank waits for the verdict at the same step."""
+    any_sensor: bool = False
+    """Some rank's online GEMM sensor flagged a candidate (sdc_agent.sensors)."""
 
     @property
     def clean(self) -> bool:
         """No rank flagged anything: the step may be applied everywhere."""
-        return not self.any_local and not self.any_reduced
+        return not self.any_local and not self.any_reduced and not self.any_sensor
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ class FlagTable:
     """Per DP rank: its local gradient (before the all-reduce) held a NaN/Inf."""
     reduced: tuple[bool, ...]
     """Per DP rank: its reduced (clipped) gradient norm was NaN/Inf."""
+    sensor: tuple[bool, ...] = ()
+    """Per DP rank: an online GEMM sensor flagged a candidate (empty: none did)."""
 
     @property
     def nonfinite(self) -> list[int]:
@@ -202,19 +207,27 @@ class FlagTable:
         return [dp for dp, bad in enumerate(self.local) if bad]
 
     @property
+    def sensor_flagged(self) -> list[int]:
+        """DP ranks whose online GEMM sensors flagged a candidate."""
+        return [dp for dp, bad in enumerate(self.sensor) if bad]
+
+    @property
     def clean(self) -> bool:
         """No rank flagged anything: the step may be applied everywhere."""
-        return not any(self.local) and not any(self.reduced)
+        return not any(self.local) and not any(self.reduced) and not any(self.sensor)
 
     @property
     def unanimous(self) -> bool:
         """Every rank flagged something, so every rank waited for this table at the same step."""
-        return all(lo or re for lo, re in zip(self.local, self.reduced, strict=True))
+        sensor = self.sensor or (False,) * len(self.local)
+        return all(
+            lo or re or se for lo, re, se in zip(self.local, self.reduced, sensor, strict=True)
+        )
 
 
 class FlagExchange:
-    """One step's flags: an asynchronous all-reduce (MAX) of three int64, then, only when
-    something is set, an all-gather of each rank's ``[local_bad, reduced_bad]``.
+    """One step's flags: an asynchronous all-reduce (MAX) of four int64, then, only when
+    something is set, an all-gather of each rank's ``[local_bad, reduced_bad, sensor_flag]``.
 
     Every rank must create one per step, in the same order as its other collectives.
     :meth:`summary` waits for the reduction (not a collective of its own; any rank may call it
@@ -225,13 +238,16 @@ class FlagExchange:
     def __init__(
         self, step: int, flags: torch.Tensor, group: dist.ProcessGroup | None, world: int
     ) -> None:
-        """Launch the reduction of this rank's two int64 flags ``[local_bad, reduced_bad]``."""
+        """Launch the reduction of this rank's int64 flags ``[local_bad, reduced_bad]`` (and
+        ``sensor_flag``, 0 when left out)."""
         self.step = step
+        if flags.numel() == 2:  # SENSORS: the third flag is the online sensors' (0: none)
+            flags = torch.cat([flags.reshape(2), flags.new_zeros(1)])
         self._flags = flags
         self._group = group
         self._world = world
         clean = (flags.sum() == 0).to(flags.dtype).reshape(1)
-        self._reduced = torch.cat([flags.reshape(2), clean])
+        self._reduced = torch.cat([flags.reshape(3), clean])
         self._work = dist.all_reduce(
             self._reduced, op=dist.ReduceOp.MAX, group=group, async_op=True
         )
@@ -242,12 +258,14 @@ class FlagExchange:
         """Wait for the reduction (once) and say whether any rank flagged anything."""
         if self._summary is None:
             self._work.wait()
-            any_local, any_reduced, any_clean = (bool(v) for v in self._reduced.cpu().tolist())
+            values = (bool(v) for v in self._reduced.cpu().tolist())
+            any_local, any_reduced, any_sensor, any_clean = values
             self._summary = FlagSummary(
                 step=self.step,
                 any_local=any_local,
                 any_reduced=any_reduced,
                 unanimous=not any_clean,
+                any_sensor=any_sensor,
             )
         return self._summary
 
@@ -265,8 +283,9 @@ class FlagExchange:
                 rows = torch.stack(gathered).cpu().tolist()
                 self._table = FlagTable(
                     step=self.step,
-                    local=tuple(bool(lo) for lo, _ in rows),
-                    reduced=tuple(bool(re) for _, re in rows),
+                    local=tuple(bool(lo) for lo, _, _ in rows),
+                    reduced=tuple(bool(re) for _, re, _ in rows),
+                    sensor=tuple(bool(se) for _, _, se in rows),
                 )
         return self._table
 
@@ -322,13 +341,19 @@ class GradientCheck:
             )
 
     def exchange(
-        self, step: int, *, max_grad_norm: float | None, device: torch.device
+        self,
+        step: int,
+        *,
+        max_grad_norm: float | None,
+        device: torch.device,
+        sensor_flag: torch.Tensor | None = None,
     ) -> tuple[FlagExchange, bool]:
         """Launch ``step``'s flag exchange (collective); returns it and whether this rank's own
         flags are bad (one host read, as the sync GradScaler makes).
 
-        Clips the reduced gradient to ``max_grad_norm`` when set. Raises when the hook did not
-        run this step (see :meth:`require_reduction`).
+        Clips the reduced gradient to ``max_grad_norm`` when set. ``sensor_flag``: a one-element
+        tensor, nonzero when an online sensor flagged this step (travels in the same
+        reduction). Raises when the hook did not run this step (see :meth:`require_reduction`).
         """
         self.require_reduction()
         state = self.hook_state
@@ -336,8 +361,17 @@ class GradientCheck:
         if max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm).detach()
             reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
+        sensor = (  # SENSORS: one more int64 in the same per-step reduction
+            sensor_flag.reshape(()).to(device=device, dtype=torch.bool)
+            if sensor_flag is not None
+            else torch.zeros((), dtype=torch.bool, device=device)
+        )
         flags = torch.stack(
-            [torch.cat(state.local_flags).any(), ~torch.isfinite(reduced).all()]
+            [
+                torch.cat(state.local_flags).any().to(device),
+                (~torch.isfinite(reduced).all()).to(device),
+                sensor,
+            ]
         ).to(device=device, dtype=torch.int64)
         exchange = FlagExchange(step, flags, self.dp_group, self.world)
         return exchange, bool(flags.any())

@@ -59,6 +59,7 @@ from .replay import (
 )
 from .reporting import Reporter
 from .schedule import Schedule
+from .sensors.check import SensorCheck
 from .topology import TopologyError, rank_map, validate_placement
 
 logger = logging.getLogger("sdc_agent")
@@ -180,6 +181,9 @@ class Guard:
         """Check 2: the ring replay audit and the confirmation replays."""
         self.weights = WeightCheck(self.named_weights, dp_group, self.reporter)
         """Check 3: weight fingerprint comparisons."""
+        self.sensors = SensorCheck(self.module, self.schedule)
+        """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
+        replays. A do-nothing without protected layers."""
 
         self.current_step: int | None = None
         """The step being run (fault drills read it); None before the first step."""
@@ -197,13 +201,16 @@ class Guard:
         with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
         judged); ``not_covered``: what no check catches. Logged once at start by DP rank 0.
         """
-        return describe(
+        report = describe(
             self.schedule,
             global_ranks=list(self.global_ranks),
             can_confirm=self._can_confirm,
             scaler=self.scaler,
             param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
         )
+        # SENSORS: which protected layers' GEMMs are checked online, and at what rate.
+        report["checks"]["online_sensors"] = self.sensors.describe()
+        return report
 
     # ------------------------------------------------------------------ attributes kept public
     @property
@@ -402,6 +409,7 @@ class Guard:
         # micro-batch's own is fingerprinted by the audit's isolation instead.
         capture = deterministic and self.schedule.grad_accum == 1
         self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
+        self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
         return self.audit.prepare_step(
             step, audit=audit, deterministic=deterministic, position=position, seeded=seeded
         )
@@ -410,6 +418,7 @@ class Guard:
         """The step's forward and backward are over: stop capturing (idempotent)."""
         self.gradients.disarm()
         self.audit.end_step()
+        self.sensors.end_step()
 
     def start_flag_exchange(self, step: int) -> tuple[FlagExchange, bool]:
         """Check 1's per-step collective: launch the flag reduction (after settling the previous
@@ -423,7 +432,10 @@ class Guard:
         if self.scaler is not None and self.schedule.max_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
         return self.gradients.exchange(
-            step, max_grad_norm=self.schedule.max_grad_norm, device=self.parallel.collective_device
+            step,
+            max_grad_norm=self.schedule.max_grad_norm,
+            device=self.parallel.collective_device,
+            sensor_flag=self.sensors.take_flag(),  # SENSORS: travels in the same reduction
         )
 
     def defer(self, exchange: FlagExchange) -> None:
@@ -431,24 +443,44 @@ class Guard:
         self.gradients.pending = exchange
 
     def judge_flags(
-        self, exchange: FlagExchange, loss: torch.Tensor, *, deterministic: bool
+        self,
+        exchange: FlagExchange,
+        loss: torch.Tensor,
+        *,
+        deterministic: bool,
+        audit: bool = True,
     ) -> Alarm | None:
         """Judge a step's flags while every rank is at that step with its exact state (an audit
         step, or every rank flagged something). Collective, in this order: the detail gather
         when something is set, then the confirmation replays, or, when every flag is clean
         (only on an audit step), the audit of ``loss``'s step.
 
+        ``audit``: the step is an audit step (False: a step judged at once only because its
+        online sensors checked; a clean table then needs nothing more).
+
         Returns the Alarm, logged and published, or None (the step may be applied).
         """
         table = exchange.table()
         if table.clean:
             self.last_gradient_check_pass = exchange.step
+            if not audit:
+                return None  # SENSORS: a sensed step that every rank agrees is clean
             alarm = self.audit.audit(
                 exchange.step,
                 loss,
                 self.gradients.local_fingerprints if deterministic else None,
                 deterministic=deterministic,
             )
+        elif not table.nonfinite and not any(table.reduced):
+            # SENSORS: only online sensors flagged: a candidate, confirmed or dismissed by replays.
+            alarm = self.sensors.judge(
+                table,
+                self.audit,
+                self.reporter,
+                deterministic=self.schedule.deterministic_audits,
+            )
+            if alarm is None:
+                self.last_gradient_check_pass = exchange.step
         else:
             # None for an fp16 overflow that replays reproduce: the scaler skips the step.
             alarm = self.audit.judge_nonfinite(
@@ -562,7 +594,8 @@ class GuardedStep:
         self._deterministic = self.audit and guard.schedule.deterministic_audits
         # With a scaler every step is seeded, so that confirming an overflow replays the
         # micro-batches exactly as they trained (dropout included).
-        self._seeded = self.audit or guard.scaler is not None
+        # SENSORS: with online sensors too, so that a candidate's confirmation replays it exactly.
+        self._seeded = self.audit or guard.scaler is not None or guard.sensors.enabled
         self._environment: StepEnvironment | None = None
         self._weights_checked = False
         self._entered = 0  # micro-batches entered so far
@@ -678,15 +711,20 @@ class GuardedStep:
         # settles them before launching this step's, so the collectives pair up in order.
         if (alarm := g.settle()) is not None:
             return self._refuse(alarm)
+        sensing = g.sensors.sensing  # the same on every rank (a function of the step)
         exchange, own_flags_bad = g.start_flag_exchange(self.step)
-        if not self.audit and not own_flags_bad:
+        if not self.audit and not own_flags_bad and not sensing:
             g.defer(exchange)  # settled at the next agreement point
             self.end()
             return None
         summary = exchange.summary()
-        if self.audit or summary.unanimous:
+        # SENSORS: on a step whose sensors checked, every rank waits here, so that a candidate
+        # is replayed while every rank still holds the step's state (and none has applied it).
+        if self.audit or summary.unanimous or sensing:
             # Every rank is here, at this step, with the step's exact state: decide now.
-            alarm = g.judge_flags(exchange, loss, deterministic=self._deterministic)
+            alarm = g.judge_flags(
+                exchange, loss, deterministic=self._deterministic, audit=self.audit
+            )
         else:
             # Only some ranks see a bad gradient; the others have moved on. Drop ours, and let
             # every rank report it at the next agreement point.

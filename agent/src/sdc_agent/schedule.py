@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -29,6 +30,15 @@ class Schedule:
     grad_accum: int = 1
     """Micro-batches per step (gradient accumulation): each step's batch is a sequence of this
     many micro-batches, and ``rebuild_batch(step, rank)`` returns that same sequence."""
+    # Sensors (issue 17): only models with protected layers (sdc_agent.sensors.protect) have any,
+    # so the default changes nothing for a model that was not protected.
+    sensors: bool = True
+    """Check the GEMMs of protected linear layers (``sdc_agent.sensors.protect``) online; no
+    effect on a model without them. False: protected layers compute but never check."""
+    sensor_budget: float = 0.01
+    """Sensor checks per step, as a fraction of the protected GEMMs' compute (estimated; see
+    :mod:`sdc_agent.sensors.plan`); the GEMMs checked rotate so every one is checked within a
+    bounded number of steps. ``math.inf``: every GEMM on every step."""
 
     def __post_init__(self) -> None:
         for name in ("audit_every", "check_every", "ckpt_every"):
@@ -50,6 +60,16 @@ class Schedule:
                 f"Schedule.grad_accum must be an integer >= 1 (1: no accumulation), "
                 f"got {self.grad_accum!r}"
             )
+        if not isinstance(self.sensors, bool):
+            raise ValueError(f"Schedule.sensors must be True or False, got {self.sensors!r}")
+        budget = self.sensor_budget
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+            raise ValueError(
+                f"Schedule.sensor_budget must be a number > 0 (math.inf: check every GEMM on "
+                f"every step), got {budget!r}"
+            )
+        if math.isnan(budget):
+            raise ValueError(f"Schedule.sensor_budget must be a number > 0, got {budget!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(
                 f"Schedule.max_grad_norm must be a positive number or None, got {self.max_grad_norm!r}"

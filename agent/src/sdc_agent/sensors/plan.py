@@ -1,0 +1,93 @@
+"""Which sensors check on which step: a deterministic rotation that stays under a budget.
+
+Every rank computes the same plan from the same layer shapes and step, so the decision costs no
+communication and the set of sensors checked at a step is known before its forward pass.
+
+The cost model (per row of the batch; the batch size cancels because every layer of a step sees
+the same rows): a layer with K inputs and N outputs runs three GEMMs of ``2 M N K`` flops each.
+Checking the forward GEMM reads y and computes ``x @ (Wᵀ 1)`` and the row norms of x: about
+``M (N + 2K)``; dgrad ``M (K + 2N)``; wgrad ``2M (N + K)`` (the ``N K`` reductions of the
+weight are amortised over the M rows and left out). A sensor's cost is that over the step's
+protected GEMM flops ``6 M Σ N K``: an O(1/N + 1/K) fraction of its own GEMM. Other operations
+of the step (attention, norms, the optimizer) are not counted, so the real fraction of the step
+is lower than the budget says.
+
+The rotation: the sensors, in a fixed order, are packed greedily into groups whose cost stays
+within ``budget``; a sensor costing more than the budget alone gets a group followed by empty
+groups, so that its cost averaged over the steps stays within the budget. Step ``s`` checks
+group ``s % len(groups)``: every GEMM is checked once every ``period`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .board import SensorBoard
+
+
+def sensor_costs(board: SensorBoard) -> list[float]:
+    """Each sensor's estimated cost as a fraction of the step's protected GEMM flops."""
+    shapes = list(board.layers.values())
+    total = 6.0 * sum(s.in_features * s.out_features for s in shapes)
+    costs: list[float] = []
+    for s in shapes:
+        k, n = s.in_features, s.out_features
+        costs.extend([(n + 2 * k) / total, (k + 2 * n) / total, 2.0 * (n + k) / total])
+    return costs
+
+
+@dataclass(frozen=True)
+class SensorPlan:
+    """The groups of sensors checked in rotation (built by :func:`plan_sensors`)."""
+
+    groups: tuple[frozenset[int], ...]
+    """Group ``s % period`` is checked at step ``s``; some may be empty."""
+    costs: tuple[float, ...]
+    """Each sensor's estimated cost (fraction of the step's protected GEMM flops)."""
+
+    @property
+    def period(self) -> int:
+        """Steps within which every sensor is checked once."""
+        return len(self.groups)
+
+    def active(self, step: int) -> frozenset[int]:
+        """The sensors checked at ``step`` (the same on every rank)."""
+        return self.groups[step % len(self.groups)] if self.groups else frozenset()
+
+    def rate(self, index: int) -> float:
+        """The fraction of steps on which sensor ``index`` checks."""
+        return sum(index in g for g in self.groups) / max(1, len(self.groups))
+
+    @property
+    def mean_cost(self) -> float:
+        """The estimated sensor cost per step, averaged over a period."""
+        return sum(self.costs) / max(1, len(self.groups))
+
+
+def plan_sensors(board: SensorBoard, budget: float) -> SensorPlan:
+    """Pack ``board``'s sensors into rotation groups that each cost at most ``budget``."""
+    if not budget > 0:
+        raise ValueError(f"sensor budget must be > 0, got {budget!r}")
+    costs = sensor_costs(board)
+    if math.isinf(budget):
+        return SensorPlan(groups=(frozenset(range(len(costs))),), costs=tuple(costs))
+    groups: list[frozenset[int]] = []
+    current: list[int] = []
+    spent = 0.0
+    for index, cost in enumerate(costs):
+        if cost > budget:
+            if current:
+                groups.append(frozenset(current))
+                current, spent = [], 0.0
+            groups.append(frozenset([index]))
+            groups.extend(frozenset() for _ in range(math.ceil(cost / budget) - 1))
+            continue
+        if spent + cost > budget:
+            groups.append(frozenset(current))
+            current, spent = [], 0.0
+        current.append(index)
+        spent += cost
+    if current:
+        groups.append(frozenset(current))
+    return SensorPlan(groups=tuple(groups), costs=tuple(costs))

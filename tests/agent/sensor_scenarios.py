@@ -1,0 +1,86 @@
+"""Jobs of the online-sensor tests, run on every rank (importable: the launcher spawns them)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import sdc_agent as sdc
+from sdc_agent.drill import DrillModel, make_batch, make_fault, make_loss
+from sdc_agent.sensors import SensorConfig, protect
+
+
+class SensorCountingPublisher:
+    """Counts alarms, liveness and unconfirmed sensor flags (from DP rank 0 only)."""
+
+    def __init__(self) -> None:
+        self.alarms: list[dict[str, Any]] = []
+        self.audit_passes = 0
+        self.unconfirmed = 0
+
+    def publish_rank_map(self, ranks: dict) -> None:
+        pass
+
+    def publish_alarm(self, alarm: sdc.Alarm) -> None:
+        self.alarms.append(alarm.to_dict())
+
+    def publish_liveness(self, step: int, audit_passes: int, weight_check_passes: int) -> None:
+        self.audit_passes += audit_passes
+
+    def publish_unconfirmed_sensor_flags(self, step: int, count: int) -> None:
+        self.unconfirmed += count
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return True
+
+
+def sensed_run(
+    *,
+    steps: int,
+    faults: list[dict[str, Any]] = (),
+    audit_every: int = 50,
+    budget: float = math.inf,
+    warmup: int = 5,
+    config: dict[str, Any] | None = None,
+    autocast_bf16: bool = False,
+) -> dict[str, Any]:
+    """Train the protected drill model; report the alarm, updates and sensor counts here."""
+    torch.manual_seed(0)
+    module = DrillModel()
+    protect(module, config=SensorConfig(**(config or {"warmup_checks": warmup})))
+    ddp = nn.parallel.DistributedDataParallel(module)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    publisher = SensorCountingPublisher()
+    guard = sdc.Guard(
+        ddp,
+        optimizer,
+        compute_loss=make_loss(autocast_bf16),
+        rebuild_batch=lambda step, rank: make_batch(step, rank),
+        schedule=sdc.Schedule(
+            audit_every=audit_every,
+            check_every=0,
+            peer_offset=2,
+            sensor_budget=budget,
+        ),
+        publisher=publisher,
+    )
+    injected = [make_fault(f).attach(guard) for f in faults]
+    updates: list[int] = []
+    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
+    alarm = guard.train(make_batch(s, dist.get_rank()) for s in range(steps))
+    return {
+        "alarm": alarm.to_dict() if alarm else None,
+        "updates": updates,
+        "fired": sum(f.fired for f in injected),
+        "unconfirmed": guard.sensors.unconfirmed,
+        "published_unconfirmed": publisher.unconfirmed,
+        "alarms_published": len(publisher.alarms),
+        "audit_passes": publisher.audit_passes,
+        "last_audit_pass": guard.last_audit_pass,
+        "coverage": guard.coverage()["checks"]["online_sensors"],
+        "dp_rank": guard.dp_rank,
+    }
