@@ -9,6 +9,9 @@ Variants (each against plain DDP with the same model, batches and process group)
   accum4       gradient accumulation over 4 micro-batches per step, checks + a weight check
                every 10 + deterministic audits every 100 (one micro-batch replayed), against
                plain DDP accumulating the same 4 micro-batches (no_sync on the first 3)
+  sensors      online GEMM sensors (sdc_agent.sensors.protect) at the default 1% budget, with
+               check 1 and no audits or weight checks (compare with ``checks``)
+  sensors_full the same with every GEMM of every layer checked on every step
 Runs are interleaved step by step: every variant has its own DDP model (same initial weights)
 and, for each training step, plain DDP and every variant take that step in turn, so all of them
 see the same machine load at the same moment (a shared machine's load swings faster than a
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -60,6 +64,8 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "audit100": {"audit_every": 100, "check_every": 0, "deterministic_audits": False},
     "det_audit100": {"audit_every": 100, "check_every": 0, "deterministic_audits": True},
     "det_audit10": {"audit_every": 10, "check_every": 0, "deterministic_audits": True},
+    "sensors": {"audit_every": 0, "check_every": 0, "sensor_budget": 0.01},
+    "sensors_full": {"audit_every": 0, "check_every": 0, "sensor_budget": math.inf},
     "plain_accum4": None,
     "accum4": {
         "audit_every": 100,
@@ -116,7 +122,10 @@ class _Runner:
         self.name = name
         self.batch = batch
         self.accum = ACCUM if name in ("accum4", "plain_accum4") else 1
-        self.ddp = nn.parallel.DistributedDataParallel(Mlp(width, depth))
+        model = Mlp(width, depth)
+        if name.startswith("sensors"):
+            sdc.sensors.protect(model)  # the same weights and numerics, GEMMs checked
+        self.ddp = nn.parallel.DistributedDataParallel(model)
         self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
         schedule = VARIANTS[name]
         self.guard = None

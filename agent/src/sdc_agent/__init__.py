@@ -9,13 +9,13 @@ After an alarm, resume only from ``sdc.clean_resume_step(checkpoint_steps, alarm
 (docs/recovery.md); ``Guard(..., alarm_dir=...)`` records the alarms it reads.
 """
 
-from . import faults
-from .alarm import Alarm, RankInfo, Verdict
+from . import faults, sensors
+from .alarm import Alarm, RankInfo, SensorCandidate, Verdict
 from .divergence import DivergenceReport, find_divergent_ranks
 from .exit import SDC_EXIT_CODE, exit_on_alarm
 from .fingerprint import fingerprint, fingerprints
 from .guard import Guard, GuardedStep
-from .publisher import NullPublisher, Publisher
+from .publisher import NullPublisher, Publisher, SensorFlagPublisher
 from .recovery import (
     AlarmLogError,
     ResumeDecision,
@@ -26,6 +26,7 @@ from .recovery import (
     resume_rule,
 )
 from .schedule import Schedule
+from .sensors import protect
 from .topology import TopologyError, check_topology, rank_map
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "ResumeDecision",
     "ResumeRule",
     "Schedule",
+    "SensorCandidate",
+    "SensorFlagPublisher",
     "TopologyError",
     "UnsafeResumeError",
     "Verdict",
@@ -52,6 +55,8 @@ __all__ = [
     "find_divergent_ranks",
     "fingerprint",
     "fingerprints",
+    "protect",
     "rank_map",
     "resume_rule",
+    "sensors",
 ]

@@ -28,6 +28,16 @@ class Publisher(Protocol):
         """Deliver what is queued; True when nothing is left. Called on the exit path."""
 
 
+@runtime_checkable
+class SensorFlagPublisher(Protocol):
+    """An optional addition to :class:`Publisher` (kept apart so that publishers written before
+    it still satisfy :class:`Publisher`): the guard calls it, when present, with the online
+    sensor candidates that replays did not confirm, so a noisy sensor is visible."""
+
+    def publish_unconfirmed_sensor_flags(self, step: int, count: int) -> None:
+        """Called (DP rank 0) with the unconfirmed candidates of ``step``; batch as you like."""
+
+
 class NullPublisher:
     """The default: publishes nothing, so the guard needs no ``if enabled:`` branches."""
 
@@ -38,6 +48,9 @@ class NullPublisher:
         """Do nothing."""
 
     def publish_liveness(self, step: int, audit_passes: int, weight_check_passes: int) -> None:
+        """Do nothing."""
+
+    def publish_unconfirmed_sensor_flags(self, step: int, count: int) -> None:
         """Do nothing."""
 
     def flush(self, timeout: float | None = None) -> bool:

@@ -124,6 +124,14 @@ class CloudWatchPublisher:
         except Exception:
             logger.exception("sdc: could not count liveness")
 
+    def publish_unconfirmed_sensor_flags(self, step: int, count: int) -> None:
+        """Count sensor candidates the replays did not confirm; sent with the liveness batch
+        as ``sdc_unconfirmed_sensor_flags`` (never an SDC metric)."""
+        try:
+            self._sender.add_liveness(step, 0, 0, unconfirmed_sensor_flags=count)
+        except Exception:
+            logger.exception("sdc: could not count unconfirmed sensor flags")
+
     def flush(self, timeout: float | None = None) -> bool:
         """Deliver what is queued, pending liveness and the spool, within ``timeout`` seconds.
 

@@ -20,6 +20,8 @@ RANKMAP_SCHEMA = "sdc.rankmap/v1"
 SPOOL_SCHEMA = "sdc.spool/v1"
 AUDIT_PASS_METRIC = "sdc_audit_pass"
 WEIGHT_CHECK_PASS_METRIC = "sdc_weight_check_pass"
+UNCONFIRMED_SENSOR_FLAGS_METRIC = "sdc_unconfirmed_sensor_flags"
+"""Online sensor candidates that replays did not confirm: not SDC, but a noisy sensor shows."""
 
 # PutMetricData takes at most 1000 metrics per request.
 MAX_METRICS_PER_CALL = 1000
@@ -114,9 +116,14 @@ def alarm_metric_data(alarm: Alarm, cluster: str, job: str) -> list[dict[str, An
 
 
 def liveness_metric_data(
-    cluster: str, job: str, audit_passes: int, weight_check_passes: int
+    cluster: str,
+    job: str,
+    audit_passes: int,
+    weight_check_passes: int,
+    unconfirmed_sensor_flags: int = 0,
 ) -> list[dict[str, Any]]:
-    """PutMetricData entries (without Timestamp) for a batch of passing checks.
+    """PutMetricData entries (without Timestamp) for a batch of passing checks; the count of
+    unconfirmed sensor flags is added only when nonzero.
 
     Standard resolution: the batch covers a minute, and a dashboard reads it per minute.
     """
@@ -132,6 +139,11 @@ def liveness_metric_data(
         for name, value in (
             (AUDIT_PASS_METRIC, audit_passes),
             (WEIGHT_CHECK_PASS_METRIC, weight_check_passes),
+            *(
+                [(UNCONFIRMED_SENSOR_FLAGS_METRIC, unconfirmed_sensor_flags)]
+                if unconfirmed_sensor_flags
+                else []
+            ),
         )
     ]
 

@@ -14,6 +14,8 @@ class LivenessCounts:
     audit_passes: int
     weight_check_passes: int
     last_step: int
+    unconfirmed_sensor_flags: int = 0
+    """Online sensor candidates the replays did not confirm (a noisy sensor shows here)."""
 
 
 class LivenessBatch:
@@ -28,39 +30,51 @@ class LivenessBatch:
         self._lock = threading.Lock()
         self._audit = 0
         self._weights = 0
+        self._unconfirmed = 0
         self._last_step = -1
         self._next_due = -math.inf
 
-    def add(self, step: int, audit_passes: int, weight_check_passes: int) -> bool:
-        """Count passes; True when the batch was empty before (the sender may need waking)."""
+    def add(
+        self,
+        step: int,
+        audit_passes: int,
+        weight_check_passes: int,
+        unconfirmed_sensor_flags: int = 0,
+    ) -> bool:
+        """Count passes (and unconfirmed sensor flags); True when the batch was empty before
+        (the sender may need waking)."""
         with self._lock:
-            was_empty = self._audit == 0 and self._weights == 0
+            was_empty = not self._has_counts()
             self._audit += max(0, int(audit_passes))
             self._weights += max(0, int(weight_check_passes))
+            self._unconfirmed += max(0, int(unconfirmed_sensor_flags))
             self._last_step = max(self._last_step, int(step))
-            return was_empty and (self._audit or self._weights) > 0
+            return was_empty and self._has_counts()
+
+    def _has_counts(self) -> bool:
+        return self._audit > 0 or self._weights > 0 or self._unconfirmed > 0
 
     def pending(self) -> bool:
         """True when some passes have not been sent."""
         with self._lock:
-            return self._audit > 0 or self._weights > 0
+            return self._has_counts()
 
     def seconds_until_due(self, now: float) -> float | None:
         """Seconds until the pending batch may be sent (0 when due); None when nothing pends."""
         with self._lock:
-            if self._audit == 0 and self._weights == 0:
+            if not self._has_counts():
                 return None
             return max(0.0, self._next_due - now)
 
     def take(self, now: float, *, force: bool = False) -> LivenessCounts | None:
         """The pending counts when due (or ``force``), resetting them; else None."""
         with self._lock:
-            if self._audit == 0 and self._weights == 0:
+            if not self._has_counts():
                 return None
             if not force and now < self._next_due:
                 return None
-            counts = LivenessCounts(self._audit, self._weights, self._last_step)
-            self._audit = self._weights = 0
+            counts = LivenessCounts(self._audit, self._weights, self._last_step, self._unconfirmed)
+            self._audit = self._weights = self._unconfirmed = 0
             self._next_due = now + self.interval
             return counts
 
@@ -69,4 +83,5 @@ class LivenessBatch:
         with self._lock:
             self._audit += counts.audit_passes
             self._weights += counts.weight_check_passes
+            self._unconfirmed += counts.unconfirmed_sensor_flags
             self._last_step = max(self._last_step, counts.last_step)

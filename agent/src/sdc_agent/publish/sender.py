@@ -92,9 +92,16 @@ class Sender:
                 )
         self.spool_or_log(delivery)
 
-    def add_liveness(self, step: int, audit_passes: int, weight_check_passes: int) -> None:
-        """Count passing checks; the sender sends them at most once per liveness interval."""
-        if self.liveness.add(step, audit_passes, weight_check_passes):
+    def add_liveness(
+        self,
+        step: int,
+        audit_passes: int,
+        weight_check_passes: int,
+        unconfirmed_sensor_flags: int = 0,
+    ) -> None:
+        """Count passing checks (and unconfirmed sensor flags); the sender sends them at most
+        once per liveness interval."""
+        if self.liveness.add(step, audit_passes, weight_check_passes, unconfirmed_sensor_flags):
             self._ensure_started()
             # When full, the sender is busy anyway and recomputes its wait after each item.
             with contextlib.suppress(queue.Full):
@@ -314,6 +321,7 @@ class Sender:
             self.settings.job_name,
             counts.audit_passes,
             counts.weight_check_passes,
+            counts.unconfirmed_sensor_flags,
         )
         try:
             # One attempt: liveness is not worth holding alarms back for; failed counts are

@@ -177,6 +177,11 @@ class SensorBoard:
         self.disarm()
         return flags, ratios
 
+    def threshold_tensor(self) -> torch.Tensor:
+        """Each sensor's threshold on the device (fp32; +Inf while it warms up): a copy."""
+        self._ensure(self._device or torch.device("cpu"))
+        return self._thresholds.clone()
+
     def thresholds(self) -> list[float | None]:
         """Each sensor's threshold, None while it warms up (reads the device: for reports)."""
         if self._thresholds is None:

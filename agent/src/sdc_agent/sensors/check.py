@@ -108,21 +108,22 @@ class SensorCheck:
 
     # ------------------------------------------------------------------ candidates (collective)
     def candidates(self, table: FlagTable, adapter: Any) -> list[SensorCandidate]:
-        """Which sensors fired on which flagged rank (collective: one all-gather)."""
+        """Which sensors fired on which flagged rank, with that rank's own ratio and threshold
+        (collective: one all-gather, so every rank reports the same candidates)."""
         assert self.board is not None and self._flags is not None and self._ratios is not None
-        mine = torch.cat([self._flags.double(), self._ratios.double()]).to(
+        thresholds = self.board.threshold_tensor().to(self._ratios.device)
+        mine = torch.cat([self._flags.double(), self._ratios.double(), thresholds.double()]).to(
             adapter.collective_device
         )
         gathered = [torch.empty_like(mine) for _ in range(adapter.world)]
         dist.all_gather(gathered, mine, group=adapter.dp_group)
         n = len(self.board)
-        thresholds = self.board.thresholds()
         found = []
         for dp in table.sensor_flagged:
             row = gathered[dp].cpu().tolist()
             for index in range(n):
                 if row[index]:
-                    ratio = row[n + index]
+                    ratio, threshold = row[n + index], row[2 * n + index]
                     sensor = self.board.sensors[index]
                     found.append(
                         SensorCandidate(
@@ -130,7 +131,7 @@ class SensorCheck:
                             layer=sensor.layer,
                             gemm=sensor.gemm,
                             ratio=ratio if math.isfinite(ratio) else None,
-                            threshold=thresholds[index],
+                            threshold=threshold if math.isfinite(threshold) else None,
                         )
                     )
         return found

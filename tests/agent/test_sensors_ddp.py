@@ -1,0 +1,138 @@
+"""Online GEMM sensors on a real multi-process DDP job: 3 simulated nodes x 2 ranks, gloo, CPU.
+
+One launch runs every scenario (process start-up dominates on 2 cores). The drill model's three
+linear layers (net.0, net.4, net.6) are protected; rank R=3 (node 1) is the faulty one, and its
+candidates are confirmed by rank 5 (node 2), its third GPU with peer_offset=2. Audits run every
+50 steps (100 in the rotation scenario), so every fault below lands between audits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sdc_agent.drill import launch
+
+R = 3
+RUN = "tests.agent.sensor_scenarios:sensed_run"
+CLEAN_STEPS = 500
+
+
+def gemm_fault(layer: str = "net.4", **kw: Any) -> dict[str, Any]:
+    """x1.1 on one element of a protected GEMM's fp32 result on rank R, once at step 8."""
+    return {
+        "kind": "ScaleGemmElement",
+        "layer": layer,
+        "factor": 1.1,
+        "index": 5,
+        "rank": R,
+        "step": 8,
+        "persistent": False,
+        **kw,
+    }
+
+
+JOBS: dict[str, tuple[str, dict]] = {
+    "forward_x1_1": (RUN, {"steps": 12, "faults": [gemm_fault()]}),
+    "wgrad_x1_1": (RUN, {"steps": 12, "faults": [gemm_fault(gemm="wgrad")]}),
+    "bf16_forward_x1_1": (RUN, {"steps": 12, "faults": [gemm_fault()], "autocast_bf16": True}),
+    "persistent_default_budget": (
+        RUN,
+        {
+            "steps": 100,
+            "audit_every": 100,
+            "budget": 0.01,
+            "faults": [gemm_fault("net.0", step=70, persistent=True)],
+        },
+    ),
+    "noisy_sensor": (
+        RUN,
+        {"steps": 3, "config": {"warmup_checks": 1, "margin": 1e-6, "min_threshold": 1e-6}},
+    ),
+    "clean_fp32": (RUN, {"steps": CLEAN_STEPS}),
+    "clean_bf16": (RUN, {"steps": CLEAN_STEPS, "autocast_bf16": True}),
+}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, list[dict[str, Any]]]:
+    names = list(JOBS)
+    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=600)
+    out = dict(zip(names, per_job, strict=True))
+    for name, per_rank in out.items():
+        errors = [r["trace"] for r in per_rank if "error" in r]
+        assert not errors, f"{name}: {errors[0]}"
+    return out
+
+
+def the_alarm(results: dict, name: str) -> dict[str, Any]:
+    """The alarm of scenario ``name``: identical on every rank."""
+    alarms = [r["alarm"] for r in results[name]]
+    assert alarms[0] is not None, f"{name}: no alarm"
+    assert all(a == alarms[0] for a in alarms), f"{name}: ranks disagree"
+    return alarms[0]
+
+
+@pytest.mark.parametrize(
+    "name, gemm",
+    [("forward_x1_1", "forward"), ("wgrad_x1_1", "wgrad"), ("bf16_forward_x1_1", "forward")],
+)
+def test_a_one_step_x1_1_in_one_gemm_is_a_candidate_that_step_confirmed_transient(
+    results, name, gemm
+):
+    # Given x1.1 on one element of net.4's GEMM result on rank R at step 8 only (no audit)
+    alarm = the_alarm(results, name)
+    # Then the sensor of that GEMM raises a candidate at step 8, naming R
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (8, "compute", [R])
+    candidates = alarm["sensor_candidates"]
+    assert [(c["rank"], c["layer"], c["gemm"]) for c in candidates] == [(R, "net.4", gemm)]
+    assert candidates[0]["ratio"] > candidates[0]["threshold"]
+    # And the replays on the third GPU and on R confirm it transient
+    assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "transient"}]
+    # And the step was not applied on any rank
+    assert all(r["updates"] == list(range(8)) for r in results[name])
+    assert results[name][0]["alarms_published"] == 1
+
+
+def test_a_persistent_gemm_fault_is_named_by_the_rotation_well_before_the_next_audit(results):
+    # Given the default 1% budget (the GEMMs rotate) and x1.1 in net.0's forward GEMM on R
+    # every step from step 70; the next audit is at step 100
+    run = results["persistent_default_budget"][0]
+    period = run["coverage"]["period"]
+    alarm = the_alarm(results, "persistent_default_budget")
+    # Then a sensor candidate names R within one rotation period, confirmed persistent
+    assert 70 <= alarm["step"] < 70 + period < 100
+    assert alarm["suspects"] == [R]
+    assert [v["kind"] for v in alarm["verdicts"]] == ["persistent"]
+    assert {(c["layer"], c["gemm"]) for c in alarm["sensor_candidates"]} == {("net.0", "forward")}
+    # And the budget did rotate: not every GEMM is checked on every step
+    rates = [r for layer in run["coverage"]["layers"].values() for r in layer.values()]
+    assert period > 1 and max(rates) < 1.0 and min(rates) > 0.0
+
+
+def test_an_unconfirmed_flag_is_counted_and_published_as_a_count_not_an_alarm(results):
+    # Given sensors whose threshold is far below healthy rounding (every check flags)
+    per_rank = results["noisy_sensor"]
+    # Then the third GPUs' replays reproduce each flag: no alarm, every step applied,
+    # and the unconfirmed flags are counted and published as a count
+    assert all(r["alarm"] is None for r in per_rank)
+    assert all(r["updates"] == [0, 1, 2] for r in per_rank)
+    assert per_rank[0]["unconfirmed"] > 0
+    assert per_rank[0]["published_unconfirmed"] == per_rank[0]["unconfirmed"]
+    assert per_rank[0]["alarms_published"] == 0
+
+
+@pytest.mark.parametrize("name", ["clean_fp32", "clean_bf16"])
+def test_fault_free_runs_with_every_gemm_checked_raise_no_flag_and_replays_stay_exact(
+    results, name
+):
+    # Given CLEAN_STEPS fault-free steps with every GEMM of every protected layer checked
+    per_rank = results[name]
+    assert set(per_rank[0]["coverage"]["layers"]["net.4"].values()) == {1.0}
+    # Then no sensor flags after its warm-up and no alarm is raised, on any rank
+    assert all(r["alarm"] is None and r["unconfirmed"] == 0 for r in per_rank)
+    assert all(r["updates"] == list(range(CLEAN_STEPS)) for r in per_rank)
+    # And every audit (each replaying a micro-batch bit for bit on another node) passed
+    assert per_rank[0]["audit_passes"] == CLEAN_STEPS // 50
+    assert per_rank[0]["last_audit_pass"] == CLEAN_STEPS - 50
