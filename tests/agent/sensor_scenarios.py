@@ -47,8 +47,17 @@ def sensed_run(
     warmup: int = 5,
     config: dict[str, Any] | None = None,
     autocast_bf16: bool = False,
+    grad_accum: int = 1,
 ) -> dict[str, Any]:
-    """Train the protected drill model; report the alarm, updates and sensor counts here."""
+    """Train the protected drill model; report the alarm, updates and sensor counts here.
+
+    With ``grad_accum`` = N > 1 step s trains on micro-batches ``make_batch(s * N + i, rank)``."""
+
+    def batch_of(step: int, rank: int) -> Any:
+        if grad_accum == 1:
+            return make_batch(step, rank)
+        return [make_batch(step * grad_accum + i, rank) for i in range(grad_accum)]
+
     torch.manual_seed(0)
     module = DrillModel()
     protect(module, config=SensorConfig(**(config or {"warmup_checks": warmup})))
@@ -59,19 +68,20 @@ def sensed_run(
         ddp,
         optimizer,
         compute_loss=make_loss(autocast_bf16),
-        rebuild_batch=lambda step, rank: make_batch(step, rank),
+        rebuild_batch=batch_of,
         schedule=sdc.Schedule(
             audit_every=audit_every,
             check_every=0,
             peer_offset=2,
             sensor_budget=budget,
+            grad_accum=grad_accum,
         ),
         publisher=publisher,
     )
     injected = [make_fault(f).attach(guard) for f in faults]
     updates: list[int] = []
     optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
-    alarm = guard.train(make_batch(s, dist.get_rank()) for s in range(steps))
+    alarm = guard.train(batch_of(s, dist.get_rank()) for s in range(steps))
     return {
         "alarm": alarm.to_dict() if alarm else None,
         "updates": updates,

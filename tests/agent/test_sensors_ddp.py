@@ -37,6 +37,10 @@ JOBS: dict[str, tuple[str, dict]] = {
     "forward_x1_1": (RUN, {"steps": 12, "faults": [gemm_fault()]}),
     "wgrad_x1_1": (RUN, {"steps": 12, "faults": [gemm_fault(gemm="wgrad")]}),
     "bf16_forward_x1_1": (RUN, {"steps": 12, "faults": [gemm_fault()], "autocast_bf16": True}),
+    "accum2_forward_x1_1": (
+        RUN,
+        {"steps": 12, "grad_accum": 2, "faults": [gemm_fault(micro_batch=1)]},
+    ),
     "persistent_default_budget": (
         RUN,
         {
@@ -76,7 +80,12 @@ def the_alarm(results: dict, name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "name, gemm",
-    [("forward_x1_1", "forward"), ("wgrad_x1_1", "wgrad"), ("bf16_forward_x1_1", "forward")],
+    [
+        ("forward_x1_1", "forward"),
+        ("wgrad_x1_1", "wgrad"),
+        ("bf16_forward_x1_1", "forward"),
+        ("accum2_forward_x1_1", "forward"),  # 2nd of 2 micro-batches; a candidate replays both
+    ],
 )
 def test_a_one_step_x1_1_in_one_gemm_is_a_candidate_that_step_confirmed_transient(
     results, name, gemm

@@ -595,7 +595,7 @@ class GuardedStep:
         # With a scaler every step is seeded, so that confirming an overflow replays the
         # micro-batches exactly as they trained (dropout included).
         # SENSORS: with online sensors too, so that a candidate's confirmation replays it exactly.
-        self._seeded = self.audit or guard.scaler is not None or guard.sensors.enabled
+        self._seeded = self.audit or guard.scaler is not None or guard.sensors.checks_at(step)
         self._environment: StepEnvironment | None = None
         self._weights_checked = False
         self._entered = 0  # micro-batches entered so far

@@ -39,6 +39,16 @@ from .plan import SensorPlan, plan_sensors
 
 logger = logging.getLogger("sdc_agent")
 
+BLIND = (
+    "corrupted inputs or weights of a protected GEMM (its product is self-consistent; checks 2 "
+    "and 3 cover them)",
+    "a corruption after the check (the rounding to bf16/fp16, a later memory write)",
+    "GEMMs of layers not protected (nn.Linear subclasses, fused attention, convolutions)",
+    "norm layers, activations, softmax, residual adds, the loss and the optimizer",
+    "GEMMs not sampled at a step (see each layer's rate) and sensors still in their warm-up",
+)
+"""What the online sensors do not see (``Guard.coverage()`` reports it)."""
+
 ROW = len(FAILED_ROW) + 1
 """A confirmation replay's row: its outcome (attribution's row) and whether a sensor fired."""
 
@@ -82,6 +92,11 @@ class SensorCheck:
         return self.board is not None
 
     # ------------------------------------------------------------------ per step (local)
+    def checks_at(self, step: int) -> bool:
+        """Whether some sensor checks at ``step`` (the same on every rank): such a step is
+        seeded, so that a candidate's confirmation replays it exactly (dropout included)."""
+        return self.plan is not None and bool(self.plan.active(step))
+
     def begin_step(self, step: int) -> None:
         """Arm the sensors the plan checks at ``step`` (before its forward pass)."""
         if self.board is None or self.plan is None:
@@ -238,6 +253,7 @@ class SensorCheck:
             "estimated_cost": self.plan.mean_cost,
             "warmup_checks": self.board.config.warmup_checks,
             "layers": layers,
+            "blind": list(BLIND),
         }
 
 

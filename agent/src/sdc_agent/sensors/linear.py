@@ -152,7 +152,15 @@ class ProtectedLinear(nn.Linear):
         dtype = _compute_dtype(x, self.weight)
         if not torch.is_autocast_enabled(x.device.type) and x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)  # raises as nn.Linear does
+        if dtype not in _SIXTEEN_BIT and not self.gemm_taps and not self._checks_now():
+            # Nothing to check: nn.Linear's own call (the function's fp32 path makes the same
+            # calls, so the values do not depend on whether a sensor checks).
+            return F.linear(x, self.weight, self.bias)
         return _ProtectedLinearFunction.apply(x, self.weight, self.bias, self, dtype)
+
+    def _checks_now(self) -> bool:
+        board, base = self.sensor_board, self.sensor_base
+        return any(board.is_active(base + g) for g in range(3))
 
 
 def protect(
