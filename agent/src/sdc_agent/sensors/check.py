@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,11 @@ from ..schedule import Schedule
 from .board import SensorBoard
 from .linear import find_board
 from .plan import SensorPlan, plan_sensors
+
+if TYPE_CHECKING:
+    from ..audit import RingAudit
+    from ..parallel import DDPAdapter
+    from ..reporting import Reporter
 
 logger = logging.getLogger("sdc_agent")
 
@@ -122,7 +127,7 @@ class SensorCheck:
             self.board.disarm()
 
     # ------------------------------------------------------------------ candidates (collective)
-    def candidates(self, table: FlagTable, adapter: Any) -> list[SensorCandidate]:
+    def candidates(self, table: FlagTable, adapter: DDPAdapter) -> list[SensorCandidate]:
         """Which sensors fired on which flagged rank, with that rank's own ratio and threshold
         (collective: one all-gather, so every rank reports the same candidates)."""
         assert self.board is not None and self._flags is not None and self._ratios is not None
@@ -151,7 +156,9 @@ class SensorCheck:
                     )
         return found
 
-    def _replay_row(self, audit: Any, step: int, target_dp: int, deterministic: bool) -> list[int]:
+    def _replay_row(
+        self, audit: RingAudit, step: int, target_dp: int, deterministic: bool
+    ) -> list[int]:
         """Replay ``target_dp``'s micro-batches with every warmed-up sensor checking."""
         assert self.board is not None
         self.board.confirm_all()
@@ -170,7 +177,7 @@ class SensorCheck:
             self.board.disarm()
 
     def judge(
-        self, table: FlagTable, audit: Any, reporter: Any, *, deterministic: bool
+        self, table: FlagTable, audit: RingAudit, reporter: Reporter, *, deterministic: bool
     ) -> Alarm | None:
         """Confirm the sensor candidates of ``table`` by replays (collective: one all-gather,
         one all-reduce). Returns the Alarm naming the ranks the replays confirm (not yet logged
@@ -179,9 +186,9 @@ class SensorCheck:
         found = self.candidates(table, a)
         targets = table.sensor_flagged
         rows = torch.zeros((len(targets), 2, ROW), dtype=torch.int64)
-        for slot, column, target_dp in confirmation_jobs(
-            targets, a.world, audit.peer_offset, a.dp_rank
-        ):
+        # Without a third node for each target (the same answer on every rank) nothing is replayed.
+        jobs = confirmation_jobs(targets, a.world, audit.peer_offset, a.dp_rank)
+        for slot, column, target_dp in jobs if audit.can_confirm else []:
             rows[slot, column] = torch.tensor(
                 self._replay_row(audit, table.step, target_dp, deterministic)
             )

@@ -9,9 +9,11 @@ on its fp32 value before it is rounded and used:
   ``dY @ W`` and ``dYᵀ @ X`` backward, ``dY.sum(0)`` for the bias), so the values are bit for
   bit those of ``nn.Linear`` (proved by tests/unit/test_sensors.py).
 * bf16/fp16 (under autocast, or 16-bit inputs): the operands are rounded to the 16-bit dtype as
-  autocast rounds them, multiplied in fp32 (the accumulator the check must see; on the CPU this
-  fp32 product stands in for the GPU's, on CUDA ``torch.mm(..., out_dtype=torch.float32)`` gives
-  it) and the result rounded once to the 16-bit dtype. This equals a 16-bit GEMM with an fp32
+  autocast rounds them, multiplied into an fp32 result (the accumulator the check must see: on
+  CUDA the 16-bit GEMM's own, ``torch.mm(..., out_dtype=torch.float32)``, where torch supports
+  it; elsewhere an fp32 product of the 16-bit values stands in) and the result rounded once to
+  the 16-bit dtype. The CUDA branch is exercised by ``benchmarks/sensor_gpu.py`` on a GPU; the
+  test suite runs on the CPU. This equals a 16-bit GEMM with an fp32
   accumulator up to the order of accumulation, which torch does not promise to match, so it is
   not guaranteed bit-identical to ``nn.Linear`` under autocast; the protected layer runs this
   same path in training and in every replay, whether or not a sensor checks, so replays stay bit
@@ -23,6 +25,7 @@ Fault drills (:class:`sdc_agent.faults.GemmFault`) corrupt a GEMM's fp32 result 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +40,27 @@ GemmTap = Callable[[Gemm, torch.Tensor], None]
 """``tap(gemm, result32)``: sees (and may change in place) a GEMM's fp32 result before its check."""
 
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+
+
+@functools.lru_cache(maxsize=8)
+def _fp32_out_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` multiplies 16-bit ``dtype`` operands
+    into an fp32 result on ``device``: the GEMM's own fp32 accumulator, at 16-bit GEMM speed
+    (CUDA). Elsewhere an fp32 product of the 16-bit values stands in for it."""
+    if device.type != "cuda":
+        return False
+    try:
+        probe = torch.ones(2, 2, dtype=dtype, device=device)
+        return torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+    except (TypeError, RuntimeError):
+        return False
+
+
+def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of two 16-bit matrices as the fp32 accumulator (see :func:`_fp32_out_supported`)."""
+    if _fp32_out_supported(a.device, a.dtype):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float().mm(b.float())
 
 
 def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -69,9 +93,17 @@ class _ProtectedLinearFunction(torch.autograd.Function):
                 # Round as autocast does, multiply in fp32 (the accumulator), round once.
                 xc, wc = x.to(dtype), weight.to(dtype)
                 bc = bias.to(dtype) if bias is not None else None
-                x32, w32 = xc.float(), wc.float()
                 b32 = bc.float() if bc is not None else None
-                y32 = F.linear(x32, w32, b32)
+                if _fp32_out_supported(x.device, dtype):
+                    # CUDA: the 16-bit GEMM's own fp32 output, then the bias in fp32.
+                    x32, w32 = xc, wc  # the check reads them as fp32
+                    y32 = _mm32(xc.reshape(-1, xc.shape[-1]), wc.t())
+                    y32 = (y32 + b32 if b32 is not None else y32).reshape(
+                        *xc.shape[:-1], wc.shape[0]
+                    )
+                else:
+                    x32, w32 = xc.float(), wc.float()
+                    y32 = F.linear(x32, w32, b32)
                 ctx.save_for_backward(xc, wc)
             else:
                 x32, w32, b32 = x, weight, bias
@@ -95,20 +127,24 @@ class _ProtectedLinearFunction(torch.autograd.Function):
         with torch.autocast(grad.device.type, enabled=False):
             dy = grad.reshape(-1, grad.shape[-1])
             x2 = x.reshape(-1, x.shape[-1])
+            fast = ctx.sixteen and _fp32_out_supported(grad.device, ctx.dtype)
             if ctx.sixteen:
                 dy = dy.to(ctx.dtype)
-                dy32, x32, w32 = dy.float(), x2.float(), weight.float()
+                # CUDA keeps the 16-bit operands (the GEMMs output fp32 themselves).
+                dy32, x32, w32 = (
+                    (dy, x2, weight) if fast else (dy.float(), x2.float(), weight.float())
+                )
             else:
                 dy32, x32, w32 = dy, x2, weight
             if need_x:
-                dx32 = dy32.mm(w32)
+                dx32 = _mm32(dy32, w32) if fast else dy32.mm(w32)
                 layer.tap("dgrad", dx32)
                 if check_dgrad:
                     board.record(base + 1, dgrad_ratio(dx32, dy32, w32))
                 dx = dx32.to(ctx.dtype).to(x_dtype) if ctx.sixteen else dx32
                 grad_x = dx.reshape(*grad.shape[:-1], x.shape[-1])
             if need_w:
-                dw32 = dy32.t().mm(x32)
+                dw32 = _mm32(dy32.t(), x32) if fast else dy32.t().mm(x32)
                 layer.tap("wgrad", dw32)
                 if check_wgrad:
                     board.record(base + 2, wgrad_ratio(dw32, dy32, x32))
@@ -171,11 +207,12 @@ def protect(
 ) -> SensorBoard:
     """Protect ``model``'s ``nn.Linear`` layers in place; returns their sensor board.
 
-    Call it before wrapping the model in DDP and before building the optimizer is not required
-    (the parameters are the same objects), but before :class:`sdc_agent.Guard`, which finds the
-    board. Only modules whose type is exactly ``nn.Linear`` are protected (subclasses such as
-    attention's output projection are called through other functions). ``include(name, module)``
-    selects layers (default: all). Protecting twice raises ValueError.
+    Call it before building :class:`sdc_agent.Guard`, which finds the board; before or after
+    wrapping the model in DDP or building the optimizer does not matter (the parameters stay the
+    same objects). Only modules whose type is exactly ``nn.Linear`` are protected (subclasses
+    such as attention's output projection are called through other functions). ``config``: the
+    sensors' thresholds (:class:`SensorConfig`); ``include(name, module)`` selects layers
+    (default: all). Protecting twice raises ValueError.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"protect needs an nn.Module, got {type(model).__name__}")
