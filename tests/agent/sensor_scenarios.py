@@ -48,10 +48,12 @@ def sensed_run(
     config: dict[str, Any] | None = None,
     autocast_bf16: bool = False,
     grad_accum: int = 1,
+    layer_norm: bool = False,
 ) -> dict[str, Any]:
     """Train the protected drill model; report the alarm, updates and sensor counts here.
 
-    With ``grad_accum`` = N > 1 step s trains on micro-batches ``make_batch(s * N + i, rank)``."""
+    With ``grad_accum`` = N > 1 step s trains on micro-batches ``make_batch(s * N + i, rank)``;
+    ``layer_norm``: net.1 is an ``nn.LayerNorm`` instead of the drill's BatchNorm."""
 
     def batch_of(step: int, rank: int) -> Any:
         if grad_accum == 1:
@@ -60,6 +62,8 @@ def sensed_run(
 
     torch.manual_seed(0)
     module = DrillModel()
+    if layer_norm:
+        module.net[1] = nn.LayerNorm(module.net[1].num_features)
     protect(module, config=SensorConfig(**(config or {"warmup_checks": warmup})))
     ddp = nn.parallel.DistributedDataParallel(module)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)

@@ -41,6 +41,10 @@ JOBS: dict[str, tuple[str, dict]] = {
         RUN,
         {"steps": 12, "grad_accum": 2, "faults": [gemm_fault(micro_batch=1)]},
     ),
+    "layer_norm_x1_1": (
+        RUN,
+        {"steps": 12, "layer_norm": True, "faults": [gemm_fault("net.1")]},
+    ),
     "persistent_default_budget": (
         RUN,
         {
@@ -102,6 +106,18 @@ def test_a_one_step_x1_1_in_one_gemm_is_a_candidate_that_step_confirmed_transien
     # And the step was not applied on any rank
     assert all(r["updates"] == list(range(8)) for r in results[name])
     assert results[name][0]["alarms_published"] == 1
+
+
+def test_a_one_step_x1_1_in_a_layer_norm_output_is_a_candidate_confirmed_transient(results):
+    # Given x1.1 on one element of rank R's protected LayerNorm output (net.1) at step 8 only
+    alarm = the_alarm(results, "layer_norm_x1_1")
+    # Then the norm's sensor raises the candidate that step; the replays confirm it transient
+    assert (alarm["step"], alarm["suspects"]) == (8, [R])
+    assert [(c["layer"], c["kind"]) for c in alarm["sensor_candidates"]] == [
+        ("net.1", "layer_norm")
+    ]
+    assert [v["kind"] for v in alarm["verdicts"]] == ["transient"]
+    assert all(r["updates"] == list(range(8)) for r in results["layer_norm_x1_1"])
 
 
 def test_a_persistent_gemm_fault_is_named_by_the_rotation_well_before_the_next_audit(results):

@@ -127,7 +127,14 @@ def test_the_report_has_sensor_candidates_only_when_a_sensor_raised_the_alarm():
     ).to_dict()
     assert sensed["schema"] == "sdc.alarm/v1"
     assert sensed["sensor_candidates"] == [
-        {"rank": 2, "layer": "fc", "gemm": "wgrad", "ratio": 40.0, "threshold": 3.0}
+        {
+            "rank": 2,
+            "layer": "fc",
+            "gemm": "wgrad",
+            "ratio": 40.0,
+            "threshold": 3.0,
+            "kind": "linear",
+        }
     ]
 
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from sdc_agent.sensors import (
     GEMMS,
+    ProtectedLayerNorm,
     ProtectedLinear,
     SensorConfig,
     find_board,
@@ -81,7 +82,9 @@ def test_protect_keeps_parameters_and_state_dict_keys():
     assert list(net.state_dict()) == keys
     assert isinstance(net[0], ProtectedLinear) and isinstance(net[0], nn.Linear)
     assert find_board(net) is board
-    assert [s.to_dict() for s in board.sensors[:3]] == [{"layer": "0", "gemm": g} for g in GEMMS]
+    assert [s.to_dict() for s in board.sensors[:3]] == [
+        {"layer": "0", "gemm": g, "kind": "linear"} for g in GEMMS
+    ]
 
 
 def test_protect_refuses_a_model_twice_or_without_linear_layers():
@@ -195,3 +198,58 @@ def test_forward_ratio_is_small_for_an_exact_product_and_large_for_a_wrong_one()
     assert float(forward_ratio(y, x, w, None)) < 2.0
     y[3, 5] *= 1.1
     assert float(forward_ratio(y, x, w, None)) > 10.0
+
+
+# ---------------------------------------------------------------- layer norms
+def norm_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(33, 48), nn.LayerNorm(48), nn.Linear(48, 5))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_protected_layer_norms_keep_nn_layer_norms_values(autocast):
+    # Given a model with a LayerNorm, plain and protected, every sensor checking
+    plain = norm_model()
+    guarded = copy.deepcopy(plain)
+    board = protect(guarded)
+    board.arm(frozenset(range(len(board))))
+    x = torch.randn(6, 7, 33)
+    # When both run (fp32, or bf16 autocast where layer_norm runs in fp32)
+    expected, got = run(plain, x, autocast), run(guarded, x, autocast)
+    # Then the norm is protected and the norm's values are nn.LayerNorm's, bit for bit in fp32
+    assert isinstance(guarded[1], ProtectedLayerNorm)
+    assert [s.kind for s in board.sensors] == ["linear"] * 3 + ["layer_norm"] + ["linear"] * 3
+    for a, b in zip(expected, got, strict=True):
+        if autocast:
+            torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-6)
+        else:
+            assert torch.equal(a, b)
+
+
+def test_a_layer_norm_output_fault_is_caught_and_healthy_rows_are_not():
+    # Given a warmed-up protected LayerNorm of 256 features
+    torch.manual_seed(3)
+    norm = ProtectedLayerNorm(256, name="ln")
+    board = norm.sensor_board
+    for _ in range(board.config.warmup_checks):
+        board.arm(frozenset([0]))
+        norm(torch.randn(32, 256))
+        assert not board.take_flags()[0].any()
+    # Then 200 healthy batches raise no flag ...
+    for _ in range(200):
+        board.arm(frozenset([0]))
+        norm(torch.randn(32, 256) * 5 + 2)
+        assert not board.take_flags()[0].any()
+    # ... and x1.1 on one random output element is caught in at least 99% of 200 trials
+    gen = torch.Generator().manual_seed(4)
+
+    def scale(name, y):
+        y.view(-1)[int(torch.randint(y.numel(), (1,), generator=gen))] *= 1.1
+
+    norm.gemm_taps.append(scale)
+    caught = 0
+    for _ in range(200):
+        board.arm(frozenset([0]))
+        norm(torch.randn(32, 256, generator=gen))
+        caught += int(board.take_flags()[0][0])
+    assert caught >= 198, caught

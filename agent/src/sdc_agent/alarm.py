@@ -75,6 +75,9 @@ class SensorCandidate:
     ratio: float | None
     """The largest checksum difference over its rounding bound; None when not finite."""
     threshold: float | None
+    kind: str = "linear"
+    """The protected layer's kind: ``linear`` or ``layer_norm`` (whose ``gemm`` is ``forward``,
+    its output)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""

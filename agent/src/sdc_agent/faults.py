@@ -353,7 +353,8 @@ class _GemmFault(Fault):
 
     def __init__(self, layer: str, *, gemm: str = "forward", index: int = 0, **when: Any) -> None:
         """``layer``: the protected layer's qualified name; ``gemm``: ``forward``, ``dgrad``
-        (input gradient) or ``wgrad`` (weight gradient); ``index``: the flat element (modulo
+        (input gradient) or ``wgrad`` (weight gradient) of a protected linear layer, or
+        ``forward`` (its output) of a protected layer norm; ``index``: the flat element (modulo
         the result's size)."""
         from .sensors import GEMMS
 
@@ -365,13 +366,17 @@ class _GemmFault(Fault):
         self.layer, self.gemm, self.index = layer, gemm, index
 
     def _install(self, guard: Guard) -> None:
-        from .sensors import ProtectedLinear
-
         module = self._submodule(guard, self.layer)
-        if not isinstance(module, ProtectedLinear):
+        ops = getattr(module, "sensor_ops", None)
+        if ops is None:
             raise ValueError(
                 f"{type(self).__name__}: layer {self.layer!r} is not protected; call "
                 "sdc_agent.sensors.protect(model) before building the guard"
+            )
+        if self.gemm not in ops:
+            raise ValueError(
+                f"{type(self).__name__}: layer {self.layer!r} has no {self.gemm!r} to corrupt "
+                f"(it has {list(ops)})"
             )
         taps = module.gemm_taps
         taps.append(self._tap)

@@ -6,13 +6,22 @@ the guard reads the flags once per step and confirms a flag by replays before it
 (docs/architecture.md, "Sensors").
 """
 
-from .abft import check_cost, dgrad_ratio, forward_ratio, row_checksum_ratio, wgrad_ratio
+from .abft import (
+    check_cost,
+    dgrad_ratio,
+    forward_ratio,
+    layer_norm_ratio,
+    row_checksum_ratio,
+    wgrad_ratio,
+)
 from .board import GEMMS, Gemm, SensorBoard, SensorConfig, SensorId
 from .linear import ProtectedLinear, find_board, protect, protected_layers
+from .norm import ProtectedLayerNorm
 
 __all__ = [
     "GEMMS",
     "Gemm",
+    "ProtectedLayerNorm",
     "ProtectedLinear",
     "SensorBoard",
     "SensorConfig",
@@ -21,6 +30,7 @@ __all__ = [
     "dgrad_ratio",
     "find_board",
     "forward_ratio",
+    "layer_norm_ratio",
     "protect",
     "protected_layers",
     "row_checksum_ratio",

@@ -62,14 +62,16 @@ class SensorConfig:
 
 @dataclass(frozen=True)
 class SensorId:
-    """One checked GEMM: the layer's qualified name and which of its GEMMs."""
+    """One checked operation: the layer's qualified name, which of its GEMMs (``forward`` for a
+    norm layer's output), and the kind of layer (``linear`` or ``layer_norm``)."""
 
     layer: str
     gemm: Gemm
+    kind: str = "linear"
 
     def to_dict(self) -> dict[str, str]:
         """JSON form."""
-        return {"layer": self.layer, "gemm": self.gemm}
+        return {"layer": self.layer, "gemm": self.gemm, "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,11 @@ class SensorBoard:
         self.config = config or SensorConfig()
         self.sensors: list[SensorId] = []
         """Every sensor, by index (layer-major, GEMMs in :data:`GEMMS` order)."""
-        self.layers: dict[str, LayerShape] = {}
-        """Protected layers by qualified name, in registration order."""
+        self.layers: dict[str, str] = {}
+        """Protected layers' kinds (``linear``, ``layer_norm``) by qualified name, in order."""
+        self.costs: list[tuple[float, float]] = []
+        """Per sensor, per row of the batch: (flops of its check, flops of the op it checks);
+        the plan's cost model (:mod:`.plan`)."""
         self.checks: list[int] = []
         """Per sensor: checks run so far (host counter; warm-up ends at ``warmup_checks``)."""
         self._active: frozenset[int] = frozenset()
@@ -102,13 +107,27 @@ class SensorBoard:
 
     # ------------------------------------------------------------------ registration
     def register(self, layer: str, shape: LayerShape) -> int:
-        """Add a layer's three sensors; returns the index of its forward sensor."""
+        """Add a linear layer's three sensors; returns the index of its forward sensor."""
+        k, n = shape.in_features, shape.out_features
+        # Per row: reading the result, the reference mat-vec and the row norms (see .abft).
+        costs = [(n + 2 * k, 2 * n * k), (k + 2 * n, 2 * n * k), (2 * (n + k), 2 * n * k)]
+        return self._add(layer, "linear", GEMMS, costs)
+
+    def register_layer_norm(self, layer: str, features: int) -> int:
+        """Add a layer norm's output sensor; returns its index."""
+        # Per row: the check reads x and y and takes two dot products (~5 D); the norm ~8 D.
+        return self._add(layer, "layer_norm", ("forward",), [(5 * features, 8 * features)])
+
+    def _add(
+        self, layer: str, kind: str, ops: tuple[Gemm, ...], costs: list[tuple[int, int]]
+    ) -> int:
         if layer in self.layers:
             raise ValueError(f"layer {layer!r} is already protected on this board")
         base = len(self.sensors)
-        self.layers[layer] = shape
-        self.sensors.extend(SensorId(layer, gemm) for gemm in GEMMS)
-        self.checks.extend([0] * len(GEMMS))
+        self.layers[layer] = kind
+        self.sensors.extend(SensorId(layer, op, kind) for op in ops)
+        self.costs.extend((float(c), float(o)) for c, o in costs)
+        self.checks.extend([0] * len(ops))
         self._device = None  # re-allocated for the new size on the next check
         return base
 

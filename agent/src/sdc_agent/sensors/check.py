@@ -49,7 +49,8 @@ BLIND = (
     "and 3 cover them)",
     "a corruption after the check (the rounding to bf16/fp16, a later memory write)",
     "GEMMs of layers not protected (nn.Linear subclasses, fused attention, convolutions)",
-    "norm layers, activations, softmax, residual adds, the loss and the optimizer",
+    "activations, softmax, residual adds, the loss and the optimizer; norm layers other "
+    "than nn.LayerNorm, and every norm layer's backward",
     "GEMMs not sampled at a step (see each layer's rate) and sensors still in their warm-up",
 )
 """What the online sensors do not see (``Guard.coverage()`` reports it)."""
@@ -152,6 +153,7 @@ class SensorCheck:
                             gemm=sensor.gemm,
                             ratio=ratio if math.isfinite(ratio) else None,
                             threshold=threshold if math.isfinite(threshold) else None,
+                            kind=sensor.kind,
                         )
                     )
         return found
@@ -254,12 +256,13 @@ class SensorCheck:
         return {
             "on": True,
             "why": "row checksums of the forward, input-gradient and weight-gradient GEMMs of "
-            "protected linear layers, on their fp32 result; a flag is confirmed by replays on "
-            "a third GPU before it is an alarm",
+            "protected linear layers, on their fp32 result, and of protected layer norms' "
+            "output rows; a flag is confirmed by replays on a third GPU before it is an alarm",
             "period": self.plan.period,
             "estimated_cost": self.plan.mean_cost,
             "warmup_checks": self.board.config.warmup_checks,
             "layers": layers,
+            "kinds": dict(self.board.layers),
             "blind": list(BLIND),
         }
 

@@ -166,6 +166,8 @@ class ProtectedLinear(nn.Linear):
     sensor_base: int
     layer_name: str
     gemm_taps: list[GemmTap]
+    sensor_ops: tuple[Gemm, ...] = ("forward", "dgrad", "wgrad")
+    """What fault drills may corrupt: the three GEMMs."""
 
     def __init__(self, *args: Any, board: SensorBoard | None = None, name: str = "", **kw: Any):
         """As ``nn.Linear``; ``board``/``name``: where its sensors are registered."""
@@ -203,27 +205,36 @@ def protect(
     model: nn.Module,
     *,
     config: SensorConfig | None = None,
-    include: Callable[[str, nn.Linear], bool] | None = None,
+    include: Callable[[str, nn.Module], bool] | None = None,
+    norms: bool = True,
 ) -> SensorBoard:
-    """Protect ``model``'s ``nn.Linear`` layers in place; returns their sensor board.
+    """Protect ``model``'s ``nn.Linear`` (and, with ``norms``, ``nn.LayerNorm``) layers in place;
+    returns their sensor board.
 
     Call it before building :class:`sdc_agent.Guard`, which finds the board; before or after
     wrapping the model in DDP or building the optimizer does not matter (the parameters stay the
     same objects). Only modules whose type is exactly ``nn.Linear`` are protected (subclasses
-    such as attention's output projection are called through other functions). ``config``: the
-    sensors' thresholds (:class:`SensorConfig`); ``include(name, module)`` selects layers
-    (default: all). Protecting twice raises ValueError.
+    such as attention's output projection are called through other functions); likewise
+    exactly ``nn.LayerNorm`` (:class:`~sdc_agent.sensors.norm.ProtectedLayerNorm`, its output
+    checked). ``config``: the sensors' thresholds (:class:`SensorConfig`);
+    ``include(name, module)`` selects layers (default: all). Protecting twice raises ValueError.
     """
+    from .norm import ProtectedLayerNorm  # norm.py builds on this module
+
     if not isinstance(model, nn.Module):
         raise TypeError(f"protect needs an nn.Module, got {type(model).__name__}")
     if find_board(model) is not None:
         raise ValueError("protect: this model already has protected layers")
     board = SensorBoard(config)
+    swaps: dict[type, type] = {nn.Linear: ProtectedLinear}
+    if norms:
+        swaps[nn.LayerNorm] = ProtectedLayerNorm
     for name, module in model.named_modules():
-        if type(module) is not nn.Linear or (include is not None and not include(name, module)):
+        protected = swaps.get(type(module))
+        if protected is None or (include is not None and not include(name, module)):
             continue
         # Swapping the class keeps the module object, its parameters, hooks and state_dict keys.
-        module.__class__ = ProtectedLinear
+        module.__class__ = protected
         module._attach(board, name)  # type: ignore[attr-defined]
     if not board.sensors:
         raise ValueError("protect: the model has no nn.Linear layer to protect")
@@ -233,11 +244,16 @@ def protect(
 def find_board(model: nn.Module) -> SensorBoard | None:
     """The sensor board of ``model``'s protected layers, or None when none is protected."""
     for module in model.modules():
-        if isinstance(module, ProtectedLinear):
-            return module.sensor_board
+        board = getattr(module, "sensor_board", None)
+        if isinstance(board, SensorBoard):
+            return board
     return None
 
 
-def protected_layers(model: nn.Module) -> dict[str, ProtectedLinear]:
-    """``model``'s protected layers by their name on the board."""
-    return {m.layer_name: m for m in model.modules() if isinstance(m, ProtectedLinear)}
+def protected_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """``model``'s protected layers (linear and norm) by their name on the board."""
+    return {
+        m.layer_name: m
+        for m in model.modules()
+        if isinstance(getattr(m, "sensor_board", None), SensorBoard)
+    }

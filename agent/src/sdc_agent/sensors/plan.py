@@ -8,9 +8,10 @@ the same rows): a layer with K inputs and N outputs runs three GEMMs of ``2 M N 
 Checking the forward GEMM reads y and computes ``x @ (Wᵀ 1)`` and the row norms of x: about
 ``M (N + 2K)``; dgrad ``M (K + 2N)``; wgrad ``2M (N + K)`` (the ``N K`` reductions of the
 weight are amortised over the M rows and left out). A sensor's cost is that over the step's
-protected GEMM flops ``6 M Σ N K``: an O(1/N + 1/K) fraction of its own GEMM. Other operations
-of the step (attention, norms, the optimizer) are not counted, so the real fraction of the step
-is lower than the budget says.
+protected GEMM flops ``6 M Σ N K``: an O(1/N + 1/K) fraction of its own GEMM. A protected layer
+norm of D features counts its check as ``5 M D`` against its own ``8 M D``. Other operations of
+the step (attention, activations, the optimizer) are not counted, so the real fraction of the
+step is lower than the budget says.
 
 The rotation: the sensors, in a fixed order, are packed greedily into groups whose cost stays
 within ``budget``; a sensor costing more than the budget alone gets a group followed by empty
@@ -27,14 +28,10 @@ from .board import SensorBoard
 
 
 def sensor_costs(board: SensorBoard) -> list[float]:
-    """Each sensor's estimated cost as a fraction of the step's protected GEMM flops."""
-    shapes = list(board.layers.values())
-    total = 6.0 * sum(s.in_features * s.out_features for s in shapes)
-    costs: list[float] = []
-    for s in shapes:
-        k, n = s.in_features, s.out_features
-        costs.extend([(n + 2 * k) / total, (k + 2 * n) / total, 2.0 * (n + k) / total])
-    return costs
+    """Each sensor's estimated cost as a fraction of the step's protected operations' flops
+    (for linear layers only: of their GEMMs'; a layer norm adds its own few flops per row)."""
+    total = sum(op for _, op in board.costs)
+    return [check / total for check, _ in board.costs]
 
 
 @dataclass(frozen=True)
