@@ -146,3 +146,25 @@ def test_unconfirmed_sensor_flags_travel_with_liveness_and_only_when_nonzero():
     names = [d["MetricName"] for d in liveness_metric_data("c", "j", 1, 0, 2)]
     assert names == ["sdc_audit_pass", "sdc_weight_check_pass", "sdc_unconfirmed_sensor_flags"]
     assert len(liveness_metric_data("c", "j", 1, 0)) == 2
+
+
+def test_the_guards_sensor_coverage_says_what_is_checked_and_at_what_rate():
+    from sdc_agent.sensors.check import SensorCheck
+
+    # Given an unprotected model, a protected one with sensors off, and one at a 1% budget
+    plain = nn.Sequential(nn.Linear(64, 64))
+    off = SensorCheck(plain, sdc.Schedule())
+    protected = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.Linear(256, 64))
+    protect(protected)
+    disabled = SensorCheck(protected, sdc.Schedule(sensors=False))
+    on = SensorCheck(protected, sdc.Schedule(sensor_budget=0.01))
+    # Then only the last checks anything, every protected op at a rate of one per period
+    assert not off.enabled and off.describe()["on"] is False
+    assert not disabled.enabled and not disabled.checks_at(0)
+    report = on.describe()
+    assert report["on"] and report["kinds"] == {"0": "linear", "1": "layer_norm", "2": "linear"}
+    assert set(report["layers"]["0"]) == {"forward", "dgrad", "wgrad"}
+    assert set(report["layers"]["1"]) == {"forward"}
+    rates = [r for layer in report["layers"].values() for r in layer.values()]
+    assert min(rates) >= 1 / report["period"] and report["estimated_cost"] <= 0.01 + 1e-12
+    assert any(on.checks_at(s) for s in range(report["period"]))
