@@ -23,8 +23,10 @@ A step that fails check 1 or 2 is not applied: its gradients are dropped and the
 not step, so the exact state is still there for the confirmation replays. Every decision is made
 from gathered data with the same code on every rank, so every rank returns the same Alarm and no
 rank is left waiting in a collective the others skipped. Alarms are built, logged and published
-in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind
-:class:`sdc_agent.parallel.DDPAdapter`.
+in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter, picked from the
+model: :class:`sdc_agent.parallel.DDPAdapter` for DDP, :class:`sdc_agent.parallel_fsdp.FSDP2Adapter`
+for FSDP2 (``fully_shard``: full sharding or HSDP), which also builds check 2's replayer and audit
+and check 3's comparison for its wrapper.
 """
 
 from __future__ import annotations
@@ -42,12 +44,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
-from .audit import RebuildBatch, RingAudit
-from .divergence import WeightCheck
+from .audit import RebuildBatch
 from .gradients import FlagExchange, GradientCheck
-from .parallel import DDPAdapter
+from .parallel_fsdp import adapter_for
 from .publisher import NullPublisher, Publisher
-from .replay import ComputeLoss, Replayer, StepEnvironment
+from .replay import ComputeLoss, StepEnvironment
 from .reporting import Reporter
 from .schedule import Schedule
 from .topology import TopologyError, rank_map, validate_placement
@@ -60,10 +61,14 @@ _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
 
 
 class Guard:
-    """Adds the three SDC checks to a DDP training loop and names the GPU that computed wrong.
+    """Adds the three SDC checks to a DDP or FSDP2 training loop and names the GPU that
+    computed wrong.
 
-    ``compute_loss(model, batch)`` must return the loss; it is called with the DDP wrapper in
-    training and with the bare module in replays. ``rebuild_batch(step, rank)`` must return
+    ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
+    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP);
+    the guard learns the mesh from the parameters. ``compute_loss(model, batch)`` must return the
+    loss; it is called with the DDP wrapper in training and with the bare module in replays (with
+    FSDP2: the FSDP module in both, replays running on every rank at once). ``rebuild_batch(step, rank)`` must return
     exactly the micro-batch global ``rank`` trained on at ``step``. Construction is collective
     (it gathers the rank map and checks the topology) and registers the DDP comm hook, so build
     the guard on every rank, before the first forward pass.
@@ -71,7 +76,7 @@ class Guard:
 
     def __init__(
         self,
-        model: DistributedDataParallel,
+        model: DistributedDataParallel | nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
         compute_loss: ComputeLoss,
@@ -81,8 +86,9 @@ class Guard:
         publisher: Publisher | None = None,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hook."""
-        self.parallel = DDPAdapter(model, dp_group)
-        """The parallelism-specific parts (the training model, the bare module, the hook)."""
+        self.parallel = adapter_for(model, dp_group)
+        """The parallelism-specific parts (the training model, the bare module, the hook, and
+        the wrapper's replayer, audit and weight comparison)."""
         if not callable(compute_loss) or not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
@@ -93,7 +99,7 @@ class Guard:
         self.optimizer = optimizer
         self.compute_loss = compute_loss
         self.schedule = schedule or Schedule()
-        self.dp_group = dp_group
+        self.dp_group = a.dp_group
         self.rank = a.rank
         self.dp_rank = a.dp_rank
         self.global_ranks = a.global_ranks
@@ -103,7 +109,7 @@ class Guard:
         self._check_determinism_preconditions()
 
         # Collective: every rank gathers the rank map at construction.
-        self.ranks: dict[int, RankInfo] = rank_map(dp_group)
+        self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
         nodes = [self.ranks[g].node_name for g in self.global_ranks]
         try:
             validate_placement(nodes, self.schedule.peer_offset)
@@ -117,19 +123,18 @@ class Guard:
             self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
         )
         """Builds, logs and publishes Alarms; records when each check last passed."""
-        self.gradients = GradientCheck(self.params, dp_group, self.world)
+        self.gradients = GradientCheck(self.params, a.dp_group, self.world)
         """Check 1: the comm hook's statistics and the per-step flag exchange."""
         a.register_gradient_hook(self.gradients.hook_state, self.gradients.hook)
-        self.audit = RingAudit(
-            a,
-            Replayer(self.module, self.params, compute_loss),
+        self.audit = a.make_audit(
+            a.make_replayer(compute_loss, self.gradients),
             rebuild_batch,
             self.reporter,
             peer_offset=self.schedule.peer_offset,
             can_confirm=can_confirm,
         )
         """Check 2: the ring replay audit and the confirmation replays."""
-        self.weights = WeightCheck(self.named_weights, dp_group, self.reporter)
+        self.weights = a.make_weight_check(self.reporter)
         """Check 3: weight fingerprint comparisons."""
 
         self.current_step: int | None = None
@@ -483,7 +488,11 @@ class GuardedStep:
         False and ``last_weight_check_pass`` says when they last were).
         """
         g = self.guard
-        verified = self._weights_checked and self.alarm is None
+        # A pass recorded at this very step: a comparison that compared nothing (check 3 off,
+        # FSDP2 full sharding) verifies nothing.
+        verified = (
+            self._weights_checked and self.alarm is None and g.last_weight_check_pass == self.step
+        )
         return {
             "step": self.step,
             "last_audit_pass": g.last_audit_pass,
