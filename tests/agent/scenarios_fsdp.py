@@ -40,6 +40,7 @@ def long_clean_run(*, parallel: str, steps: int, schedule: dict[str, Any]) -> di
         "saves": saves,
         "rank": dist.get_rank(),
         "weight_redundancy": guard.parallel.weight_redundancy,
+        "coverage_facts": guard.parallel.coverage_facts(),
     }
 
 

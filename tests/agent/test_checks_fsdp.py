@@ -77,6 +77,25 @@ JOBS: dict[str, tuple[str, dict]] = {
         for name, faults in FAULTS.items()
     },
     "hsdp_weight_flip_ckpt": drill("hsdp", [WEIGHT_FLIP], steps=14, audit_every=10, ckpt_every=5),
+    "hsdp_two_replicas_flip": (
+        DRILL,
+        {
+            "steps": 8,
+            "schedule": {**SCHEDULE, "audit_every": 0, "check_every": 5},
+            "faults": [{**WEIGHT_FLIP, "step": 2}],
+            "parallel": "hsdp",
+            "shards": 3,
+        },
+    ),
+    "fsdp_one_audit_step": drill("fsdp", [out_scale(step=10, persistent=False)]),
+    **{
+        f"{layout}_reduced_nan": drill(
+            layout,
+            [{"kind": "NaNReducedGradient", "index": 3, "rank": 4, "step": 7, "persistent": False}],
+        )
+        for layout in LAYOUTS
+    },
+    "fsdp_clipped": drill("fsdp", [], steps=8, max_grad_norm=0.05),
     **{
         f"{layout}_clean": (
             f"{SCEN}:long_clean_run",
@@ -191,6 +210,10 @@ def test_fault_free_hsdp_run_raises_no_alarm_and_checks_every_step(results):
     # Then every audit and every weight check passed (the start-up check counts as one)
     assert rank0["audit_passes"] == CLEAN_STEPS
     assert rank0["weight_check_passes"] == CLEAN_STEPS + 1
+    facts = rank0["coverage_facts"]
+    assert (facts["parallel"], facts["replicas"], facts["shards"]) == ("hsdp", 3, 2)
+    assert facts["replicas_of_shard"] == [[0, 2, 4], [1, 3, 5]]
+    assert facts["weights_named_by_majority"] is True
     # And both checkpoints carry the same verified digest on every rank
     for i in range(2):
         tags = [r["saves"][i] for r in per_rank]
@@ -206,6 +229,9 @@ def test_fault_free_full_sharding_run_raises_no_alarm_and_says_weights_are_unche
     # Then every audit passed, check 3 compared nothing, and no checkpoint claims verified weights
     assert rank0["audit_passes"] == CLEAN_STEPS
     assert rank0["weight_check_passes"] == 0 and rank0["weight_redundancy"] is False
+    facts = rank0["coverage_facts"]
+    assert (facts["parallel"], facts["replicas"], facts["shards"]) == ("fsdp", 1, 6)
+    assert facts["weights_compared"] is False and "one copy" in facts["weights_why"]
     assert len(rank0["saves"]) == 2
     assert all(not t["weights_verified"] and t["weights_digest"] is None for t in rank0["saves"])
 
@@ -224,3 +250,44 @@ def test_an_unsupported_mesh_is_refused_with_a_clear_error(results):
         # Then every rank refuses it, naming the mesh and what is supported
         assert r["error_type"] == "ShardingLayoutError"
         assert "('dp', 'tp')" in r["message"] and "('replicate', 'shard')" in r["message"]
+
+
+def test_a_dispute_is_settled_on_a_third_node_by_a_collective_confirmation(results):
+    # Given x1000 on R's forward at audit step 10 only (R's replay of another batch is clean)
+    alarm = the_alarm(results, "fsdp_one_audit_step")
+    # Then one pair mismatches, and the confirmation round (every rank replays R's batch; rank
+    # 5 on node 2 and R keep their results) says R was wrong once: transient
+    assert alarm["mismatched_pairs"] == [[R, 1]] and alarm["culprits"] == []
+    assert alarm["verdicts"] == [{"pair": [R, 1], "third": 5, "suspect": R, "kind": "transient"}]
+    assert (alarm["step"], alarm["suspects"]) == (10, [R])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_nan_in_one_ranks_reduced_shard_is_never_applied_there_and_reported(results, layout):
+    # Given finite local gradients everywhere and a NaN written into rank 4's shard of the
+    # reduced gradient at step 7 (not an audit step)
+    alarm = the_alarm(results, f"{layout}_reduced_nan")
+    # Then every rank reports the reduced-gradient alarm for step 7, naming nobody
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (7, "reduced_gradient", None)
+    # and rank 4 never applied its NaN shard; nobody applied anything after step 7
+    by_rank = {r["rank"]: r["updates"] for r in ok(results, f"{layout}_reduced_nan")}
+    assert by_rank.pop(4) == list(range(7))
+    assert all(u == list(range(8)) for u in by_rank.values()), by_rank
+
+
+def test_hsdp_with_two_replicas_reports_a_divergence_without_naming_anyone(results):
+    # Given HSDP as 2 replicas x 3 shards and one bit flipped in rank 0's shard (its only
+    # replica is rank 3) after step 2's update
+    alarm = the_alarm(results, "hsdp_two_replicas_flip")
+    # Then the weight check after step 4 reports the tensor, and names nobody: no majority
+    assert (alarm["step"], alarm["check"]) == (4, "weights")
+    assert alarm["divergent_tensors"] == ["blocks.0.fc.weight"]
+    assert alarm["suspects"] is None and alarm["ranks"] == {}
+
+
+def test_clipping_the_sharded_gradient_trains_without_alarm(results):
+    # Given Schedule.max_grad_norm: the reduced, sharded gradient is clipped by its global norm
+    per_rank = ok(results, "fsdp_clipped")
+    # Then nothing fires and every step is applied, audits at 0 and 5 passing
+    assert all(r["alarm"] is None and r["updates"] == list(range(8)) for r in per_rank)
+    assert all(r["last_audit_pass"] == 5 for r in per_rank)

@@ -20,8 +20,9 @@ parameter of a group in chunk order. The taps are post-accumulate-grad hooks ins
   the sharded gradient, so the hook sums this rank's shard of the reduced gradient.
 
 The unsharded parameters exist only from the first all-gather on (FSDP2 creates them lazily and
-reuses them afterwards), so the local hooks are installed by a forward pre-hook registered after
-FSDP2's own (which unshards): the first time a module runs, its unsharded parameters are on it.
+reuses the same objects afterwards), so the local hooks are installed by a forward pre-hook
+registered after FSDP2's own (which unshards): the first time a module runs, its unsharded
+parameters are on it. Once every trainable parameter is hooked, the pre-hooks are removed.
 Both taps write into the same :class:`~sdc_agent.gradients.GradStatsState` DDP's comm hook
 fills, so :class:`~sdc_agent.gradients.GradientCheck` and its flag exchange are unchanged.
 """
@@ -76,9 +77,13 @@ class ShardedGradientTaps:
         for row, param in enumerate(params):
             param.register_post_accumulate_grad_hook(self._reduced_tap(row))
         prefixes = {id(m): name for name, m in root.named_modules()}
-        for module in root.modules():
-            if isinstance(module, FSDPModule):
-                module.register_forward_pre_hook(self._discover(prefixes[id(module)]))
+        # Removed once every trainable parameter's unsharded form is hooked: walking the
+        # parameters on every forward would cost O(parameters) per FSDP module and step.
+        self._discovery = [
+            module.register_forward_pre_hook(self._discover(prefixes[id(module)]))
+            for module in root.modules()
+            if isinstance(module, FSDPModule)
+        ]
 
     # ------------------------------------------------------------------ the taps
     def _local_tap(self, row: int) -> Callable[[torch.Tensor], None]:
@@ -124,6 +129,10 @@ class ShardedGradientTaps:
                 param.register_post_accumulate_grad_hook(self._local_tap(row))
                 for use in self._waiting.pop(name, []):
                     use(param)
+            if len(self._unsharded_by_name) == len(self._row_by_name):
+                for handle in self._discovery:
+                    handle.remove()
+                self._discovery.clear()
 
         return hook
 

@@ -111,6 +111,18 @@ class DDPAdapter:
         """Whether check 3 can compare weights: every DDP replica holds all of them."""
         return self.world >= 2
 
+    def coverage_facts(self) -> dict[str, Any]:
+        """What the layout lets check 3 see, JSON-ready (same keys as FSDP2Adapter's)."""
+        return {
+            "parallel": "ddp",
+            "replicas": self.world,
+            "shards": 1,
+            "weights_compared": self.world >= 2,
+            "weights_named_by_majority": self.world >= 3,
+            "weights_why": f"every replica's full weights compared ({self.world} replicas)",
+            "replicas_of_shard": [list(self.global_ranks)],
+        }
+
     def make_replayer(self, compute_loss: ComputeLoss, gradients: GradientCheck) -> Replayer:
         """Check 2's replays: on the bare module, alone (DDP ignores a backward it did not prepare)."""
         from .replay import Replayer

@@ -222,6 +222,25 @@ class FSDP2Adapter:
         """Whether check 3 can compare weights at all (HSDP with >= 2 replicas)."""
         return self.layout.weight_redundancy
 
+    def coverage_facts(self) -> dict[str, Any]:
+        """What the layout lets check 3 see, JSON-ready (for a report of the guard's coverage)."""
+        layout = self.layout
+        if not layout.weight_redundancy:
+            why = "full sharding: each weight shard has one copy, nothing to compare it with"
+        elif not layout.majority_possible:
+            why = "2 replicas per shard: a divergence is reported, nobody is named"
+        else:
+            why = f"each shard compared across its {layout.replicas} replicas"
+        return {
+            "parallel": layout.kind,
+            "replicas": layout.replicas,
+            "shards": layout.shards,
+            "weights_compared": layout.weight_redundancy,
+            "weights_named_by_majority": layout.majority_possible,
+            "weights_why": why,
+            "replicas_of_shard": [list(r) for r in layout.replicas_of_shard],
+        }
+
     def global_rank(self, dp_rank: int) -> int:
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
