@@ -1,4 +1,4 @@
-"""sdc_agent: in-job silent data corruption checks for PyTorch DistributedDataParallel.
+"""sdc_agent: in-job silent data corruption checks for PyTorch DistributedDataParallel and FSDP2.
 
 import sdc_agent as sdc
 guard = sdc.Guard(ddp_model, optimizer, compute_loss=compute_loss,
@@ -12,6 +12,7 @@ from .divergence import DivergenceReport, find_divergent_ranks
 from .exit import SDC_EXIT_CODE, exit_on_alarm
 from .fingerprint import fingerprint, fingerprints
 from .guard import Guard, GuardedStep
+from .parallel_fsdp import ShardingLayoutError
 from .publisher import NullPublisher, Publisher
 from .schedule import Schedule
 from .topology import TopologyError, check_topology, rank_map
@@ -26,6 +27,7 @@ __all__ = [
     "Publisher",
     "RankInfo",
     "Schedule",
+    "ShardingLayoutError",
     "TopologyError",
     "Verdict",
     "check_topology",
