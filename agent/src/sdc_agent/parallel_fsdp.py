@@ -95,6 +95,11 @@ def adapter_for(model: nn.Module, dp_group: dist.ProcessGroup | None) -> Any:
     """The adapter for ``model``: :class:`FSDP2Adapter` for an FSDP2 module, else DDP's."""
     if is_fsdp2(model):
         return FSDP2Adapter(model, dp_group)
+    if any(is_fsdp2(m) for m in model.modules()):
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: {type(model).__name__} has fully_shard submodules but is not "
+            "sharded itself; apply fully_shard to the root module too and pass that"
+        )
     return DDPAdapter(model, dp_group)  # raises TypeError for anything that is not DDP
 
 
@@ -108,13 +113,18 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[Any, ShardedLayout]
             f"sdc_agent.Guard: parameters {plain[:3]} are not sharded (not DTensors); apply "
             "fully_shard to the root module too, so that every parameter is sharded"
         )
-    meshes = {id(p.device_mesh): p.device_mesh for _, p in params}
+    # Compared by value (DeviceMesh equality: device type, ranks, dimension names): FSDP2 may
+    # hold equal meshes as distinct objects.
+    meshes: list[Any] = []
+    for _, p in params:
+        if not any(p.device_mesh == seen for seen in meshes):
+            meshes.append(p.device_mesh)
     if len(meshes) != 1:
         raise ShardingLayoutError(
             f"sdc_agent.Guard: the parameters live on {len(meshes)} different device meshes; the "
             "guard supports one FSDP2 mesh per model (full sharding or HSDP)"
         )
-    mesh = next(iter(meshes.values()))
+    mesh = meshes[0]
     if mesh.size() != dist.get_world_size():
         raise ShardingLayoutError(
             f"sdc_agent.Guard: the FSDP2 mesh has {mesh.size()} ranks but the job has "
