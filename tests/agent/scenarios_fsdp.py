@@ -44,13 +44,18 @@ def long_clean_run(*, parallel: str, steps: int, schedule: dict[str, Any]) -> di
     }
 
 
-def replays_leave_training_unchanged(*, parallel: str, steps: int) -> dict[str, Any]:
+def replays_leave_training_unchanged(
+    *, parallel: str, steps: int, mixed_precision: bool = False
+) -> dict[str, Any]:
     """Train the same steps twice from the same weights: audited every step, and not audited
-    (seeding each step as an audit step is seeded). Returns both runs' final shard digests."""
+    (seeding each step as an audit step is seeded). Returns both runs' final shard digests.
+    ``mixed_precision``: FSDP2's bf16-parameter / float32-reduction policy."""
     digests = []
     for audit_every in (1, 0):
         model, optimizer, guard = build_sharded(
-            {"audit_every": audit_every, "check_every": 0, "peer_offset": 2}, parallel=parallel
+            {"audit_every": audit_every, "check_every": 0, "peer_offset": 2},
+            parallel=parallel,
+            mixed_precision=mixed_precision,
         )
         compute_loss = make_loss()
         for step in range(steps):

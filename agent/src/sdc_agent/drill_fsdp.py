@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 PARALLEL_KINDS = ("fsdp", "hsdp")
@@ -67,9 +67,12 @@ class ShardedDrillModel(nn.Module):
         return self.head(x)
 
 
-def shard(module: nn.Module, parallel: str, *, shards: int) -> nn.Module:
+def shard(
+    module: nn.Module, parallel: str, *, shards: int, mixed_precision: bool = False
+) -> nn.Module:
     """``fully_shard`` each block, then the root, on a 1-D mesh (``fsdp``) or an HSDP mesh of
-    (world / shards) replicas x ``shards`` shards (``hsdp``)."""
+    (world / shards) replicas x ``shards`` shards (``hsdp``); ``mixed_precision``: FSDP2's
+    policy of bf16 parameters in compute and float32 gradient reduction."""
     world = dist.get_world_size()
     if parallel == "fsdp":
         mesh = init_device_mesh("cpu", (world,))
@@ -81,9 +84,14 @@ def shard(module: nn.Module, parallel: str, *, shards: int) -> nn.Module:
         )
     else:
         raise ValueError(f"parallel must be one of {PARALLEL_KINDS}, got {parallel!r}")
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed_precision
+        else MixedPrecisionPolicy()
+    )
     for block in module.blocks:  # type: ignore[union-attr]
-        fully_shard(block, mesh=mesh)
-    fully_shard(module, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)
     return module
 
 
@@ -95,6 +103,7 @@ def build_sharded(
     seed: int = 0,
     autocast_bf16: bool = False,
     activation_checkpointing: bool = False,
+    mixed_precision: bool = False,
     publisher: Any = None,
 ) -> tuple[Any, Any, Any]:
     """(fsdp_model, optimizer, guard) for the sharded drill model, identical initial weights."""
@@ -107,6 +116,7 @@ def build_sharded(
         ShardedDrillModel(activation_checkpointing=activation_checkpointing),
         parallel,
         shards=shards,
+        mixed_precision=mixed_precision,
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     guard = sdc.Guard(
