@@ -31,7 +31,8 @@ def drill(parallel: str, faults: list[dict[str, Any]], steps: int = 12, **schedu
 
 
 def out_scale(**kw: Any) -> dict[str, Any]:
-    """x1000 on one output element of blocks.1.norm (before the dropout that could drop it), from step 7 on."""
+    """x1000 on one output element of blocks.1.norm, from step 7 on (before a dropout, which
+    could drop the corrupted element on some seeds)."""
     return {"kind": "ScaleOutputElement", "layer": "blocks.1.norm", "rank": R, "step": 7, **kw}
 
 
@@ -169,7 +170,8 @@ def test_fault_on_the_replaying_rank_names_the_replayer(results, layout):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_weight_gradient_only_fault_is_named_from_local_gradient_fingerprints(results, layout):
-    # Given x1000 on one element of R's local gradient of blocks.1.fc.weight (forward and loss exact)
+    # Given x1000 on one element of R's local gradient of blocks.1.fc.weight (the forward and
+    # the loss are exact)
     alarm = the_alarm(results, f"{layout}_weight_grad")
     # Then the pre-reduction gradient fingerprints differ from R's replayer's: R is named
     assert (alarm["step"], alarm["check"], alarm["suspects"]) == (10, "compute", [R])

@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         "peer_offset": args.ranks_per_node,
     }
     print(
-        f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks (gloo, CPU), fault: "
+        f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks "
+        f"(gloo, CPU), fault: "
         f"{args.fault} on rank {args.rank} from step {args.step}"
     )
     started = time.monotonic()
@@ -388,13 +389,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for line in _describe(results[0]):
         print(line)
-    print(f"({time.monotonic() - started:.1f} s)")
     named = (results[0]["alarm"] or {}).get("suspects") or []
     # Full sharding keeps one copy of each weight shard and every rank computes with it, so a
     # flipped stored weight is seen by no check (the guard logged so at start).
     unseen = args.fault == "none" or (args.fault == "weight" and args.parallel == "fsdp")
     if unseen and args.fault == "weight":
         print("  (FSDP2 full sharding: no weight redundancy, so check 3 is off; expected no alarm)")
+    print(f"({time.monotonic() - started:.1f} s)")
     expected_ok = results[0]["alarm"] is None if unseen else named == [args.rank]
     return 0 if expected_ok else 1
 

@@ -68,10 +68,11 @@ class Guard:
     ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP);
     the guard learns the mesh from the parameters. ``compute_loss(model, batch)`` must return the
     loss; it is called with the DDP wrapper in training and with the bare module in replays (with
-    FSDP2: the FSDP module in both, replays running on every rank at once). ``rebuild_batch(step, rank)`` must return
-    exactly the micro-batch global ``rank`` trained on at ``step``. Construction is collective
-    (it gathers the rank map and checks the topology) and registers the DDP comm hook, so build
-    the guard on every rank, before the first forward pass.
+    FSDP2: the FSDP module in both, replays running on every rank at once).
+    ``rebuild_batch(step, rank)`` must return exactly the micro-batch global ``rank`` trained on
+    at ``step``. Construction is collective (it gathers the rank map and checks the topology) and
+    registers check 1's hooks (DDP's comm hook, or FSDP2's gradient taps), so build the guard on
+    every rank, before the first forward pass.
     """
 
     def __init__(

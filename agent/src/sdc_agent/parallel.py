@@ -10,8 +10,8 @@ The checks themselves do not know how gradients are synchronised; they ask the a
 * :attr:`DDPAdapter.dp_group` and the rank bookkeeping of the data-parallel group.
 
 FSDP2 (``fully_shard``, full sharding and HSDP) plugs in here as
-:class:`sdc_agent.parallel_fsdp.FSDP2Adapter`, with the same surface; :func:`sdc_agent.parallel_fsdp.
-adapter_for` picks the adapter from the model. Each adapter also builds the parts of checks 2 and 3
+:class:`sdc_agent.parallel_fsdp.FSDP2Adapter`, with the same surface;
+:func:`sdc_agent.parallel_fsdp.adapter_for` picks the adapter from the model. Each adapter also builds the parts of checks 2 and 3
 that depend on the wrapper (:meth:`DDPAdapter.make_replayer`, :meth:`DDPAdapter.make_audit`,
 :meth:`DDPAdapter.make_weight_check`), so the guard's wiring does not branch on the wrapper.
 
@@ -124,7 +124,8 @@ class DDPAdapter:
         }
 
     def make_replayer(self, compute_loss: ComputeLoss, gradients: GradientCheck) -> Replayer:
-        """Check 2's replays: on the bare module, alone (DDP ignores a backward it did not prepare)."""
+        """Check 2's replays: on the bare module, alone (DDP ignores a backward it did not
+        prepare)."""
         from .replay import Replayer
 
         return Replayer(self.module, self.params, compute_loss)

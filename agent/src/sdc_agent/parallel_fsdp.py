@@ -55,7 +55,8 @@ HSDP_DIM_NAMES = ("replicate", "shard")
 
 
 class ShardingLayoutError(ValueError):
-    """The model's parameters are laid out in a way the guard cannot check (named in the message)."""
+    """The model's parameters are laid out in a way the guard cannot check (the message says
+    which and what is supported)."""
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,8 @@ class CollectiveReplayer(Replayer):
     def __init__(
         self, adapter: FSDP2Adapter, compute_loss: ComputeLoss, step_state: GradStatsState
     ) -> None:
-        """``step_state``: check 1's statistics, whose row order the replay's fingerprints follow."""
+        """``step_state``: check 1's statistics, whose row order the replay's fingerprints
+        follow."""
         super().__init__(adapter.module, adapter.params, compute_loss)
         self.adapter = adapter
         self._param_index = step_state.param_index
