@@ -41,6 +41,7 @@ def long_clean_run(*, parallel: str, steps: int, schedule: dict[str, Any]) -> di
         "rank": dist.get_rank(),
         "weight_redundancy": guard.parallel.weight_redundancy,
         "coverage_facts": guard.parallel.coverage_facts(),
+        "coverage": guard.coverage(),
     }
 
 
@@ -88,6 +89,19 @@ def unsupported_mesh() -> dict[str, Any]:
             compute_loss=make_loss(),
             rebuild_batch=make_batch,
             schedule=sdc.Schedule(peer_offset=2),
+        )
+    except ValueError as err:
+        return {"error_type": type(err).__name__, "message": str(err)}
+    return {"error_type": None, "message": ""}
+
+
+def scaler_refused(*, parallel: str) -> dict[str, Any]:
+    """Guard(scaler=GradScaler) on an FSDP2 model: refused at construction, on every rank."""
+    try:
+        build_sharded(
+            {"audit_every": 5, "peer_offset": 2},
+            parallel=parallel,
+            scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10),
         )
     except ValueError as err:
         return {"error_type": type(err).__name__, "message": str(err)}

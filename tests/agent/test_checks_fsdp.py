@@ -89,6 +89,8 @@ JOBS: dict[str, tuple[str, dict]] = {
         },
     ),
     "fsdp_one_audit_step": drill("fsdp", [out_scale(step=10, persistent=False)]),
+    "fsdp_accum4_persistent": drill("fsdp", [out_scale()], grad_accum=4),
+    "fsdp_scaler_refused": (f"{SCEN}:scaler_refused", {"parallel": "fsdp"}),
     **{
         f"{layout}_reduced_nan": drill(
             layout,
@@ -220,6 +222,22 @@ def test_fault_free_hsdp_run_raises_no_alarm_and_checks_every_step(results):
     assert (facts["parallel"], facts["replicas"], facts["shards"]) == ("hsdp", 3, 2)
     assert facts["replicas_of_shard"] == [[0, 2, 4], [1, 3, 5]]
     assert facts["weights_named_by_majority"] is True
+    # And guard.coverage() says so, the same on every rank: each shard compared across its 3
+    # replicas, a differing copy named by majority, replays collective
+    cov = rank0["coverage"]
+    assert all(r["coverage"] == cov for r in per_rank)
+    assert cov["parallelism"] == "hsdp"
+    assert cov["sharding"] == {
+        "replicas": 3,
+        "shards": 2,
+        "replicas_of_shard": [[0, 2, 4], [1, 3, 5]],
+        "weight_redundancy": True,
+    }
+    weights = cov["checks"]["weight_fingerprints"]
+    assert weights["on"] and weights["replicas_of_shard"] == [[0, 2, 4], [1, 3, 5]]
+    assert weights["replicas"] == list(range(6)) and "strict majority" in weights["attribution"]
+    assert "collectively" in cov["checks"]["replay_audit"]["why"]
+    assert not any("full sharding" in line for line in cov["not_covered"])
     # And both checkpoints carry the same verified digest on every rank
     for i in range(2):
         tags = [r["saves"][i] for r in per_rank]
@@ -238,6 +256,21 @@ def test_fault_free_full_sharding_run_raises_no_alarm_and_says_weights_are_unche
     facts = rank0["coverage_facts"]
     assert (facts["parallel"], facts["replicas"], facts["shards"]) == ("fsdp", 1, 6)
     assert facts["weights_compared"] is False and "one copy" in facts["weights_why"]
+    # And guard.coverage() says the weights are not compared, why, and that this is not covered
+    cov = rank0["coverage"]
+    assert (cov["parallelism"], cov["sharding"]["replicas"], cov["sharding"]["shards"]) == (
+        "fsdp",
+        1,
+        6,
+    )
+    assert cov["sharding"]["weight_redundancy"] is False
+    weights = cov["checks"]["weight_fingerprints"]
+    assert not weights["on"] and "one copy" in weights["why"]
+    assert weights["replicas"] == [] and weights["attribution"] is None
+    assert any("full sharding" in line for line in cov["not_covered"])
+    # while the audits still run every step, replayed by another node
+    audit = cov["checks"]["replay_audit"]
+    assert audit["on"] and audit["pairs"][R] == {"replayer": R, "target": 5, "third": 1}
     assert len(rank0["saves"]) == 2
     assert all(not t["weights_verified"] and t["weights_digest"] is None for t in rank0["saves"])
 
@@ -301,3 +334,26 @@ def test_clipping_the_sharded_gradient_trains_without_alarm(results):
     # Then nothing fires and every step is applied, audits at 0 and 5 passing
     assert all(r["alarm"] is None and r["updates"] == list(range(8)) for r in per_rank)
     assert all(r["last_audit_pass"] == 5 for r in per_rank)
+
+
+def test_fsdp2_with_gradient_accumulation_names_a_persistent_fault_at_the_next_audit(results):
+    # Given FSDP2 full sharding, 4 micro-batches per step (sync only on the last), and x1000 on
+    # one output element of R's blocks.1.norm on every micro-batch from step 7
+    alarm = the_alarm(results, "fsdp_accum4_persistent")
+    # Then the audits at 0 and 5 passed (positions 0 and 1, isolated on the unsharded
+    # parameters), and the one at step 10 (position 2) names R as target and as replayer
+    assert (alarm["step"], alarm["check"]) == (10, "compute")
+    assert alarm["mismatched_pairs"] == [[R, 1], [5, R]]
+    assert alarm["culprits"] == [R] and alarm["suspects"] == [R]
+    assert alarm["suspect_window"] == [5, 10] and alarm["last_audit_pass"] == 5
+    # and nobody applied step 10
+    assert all(u == list(range(10)) for u in updates(results, "fsdp_accum4_persistent"))
+
+
+def test_a_grad_scaler_is_refused_under_fsdp2_with_the_reason(results):
+    # Given Guard(scaler=GradScaler) on an FSDP2 model
+    for r in ok(results, "fsdp_scaler_refused"):
+        # Then every rank refuses it at construction, saying why and what to use instead
+        assert r["error_type"] == "ValueError"
+        assert "scaler= is not supported with an FSDP2 model" in r["message"]
+        assert "own shard" in r["message"] and "bf16" in r["message"]

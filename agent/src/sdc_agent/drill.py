@@ -69,6 +69,15 @@ def make_batch(step: int, rank: int, *, seed: int = 0, batch: int = 8, d_in: int
     return torch.randn(batch, d_in, generator=g), torch.randint(0, 4, (batch,), generator=g)
 
 
+def make_step_batch(step: int, rank: int, *, seed: int = 0, grad_accum: int = 1) -> Any:
+    """What ``rank`` trains on at ``step``: :func:`make_batch`'s micro-batch, or with
+    ``grad_accum`` > 1 a list of that many distinct micro-batches (what ``rebuild_batch``
+    returns too)."""
+    if grad_accum == 1:
+        return make_batch(step, rank, seed=seed)
+    return [make_batch(step * grad_accum + i, rank, seed=seed) for i in range(grad_accum)]
+
+
 def make_loss(autocast_bf16: bool = False):
     """compute_loss(model, batch) for the drill model (optionally under CPU bf16 autocast)."""
 
@@ -95,7 +104,9 @@ def build(
         ddp,
         optimizer,
         compute_loss=make_loss(autocast_bf16),
-        rebuild_batch=lambda step, rank: make_batch(step, rank, seed=seed),
+        rebuild_batch=lambda step, rank: make_step_batch(
+            step, rank, seed=seed, grad_accum=schedule.get("grad_accum", 1)
+        ),
         schedule=sdc.Schedule(**schedule),
         publisher=publisher,
     )
@@ -159,7 +170,8 @@ def train_drill(
     optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
     saves: list[list[Any]] = []
     batches = (
-        make_batch(s, dist.get_rank(), seed=seed) for s in range(start_step, start_step + steps)
+        make_step_batch(s, dist.get_rank(), seed=seed, grad_accum=guard.schedule.grad_accum)
+        for s in range(start_step, start_step + steps)
     )
     alarm = guard.train(
         batches, save_checkpoint=lambda s, tags: saves.append([s, tags]), start_step=start_step

@@ -8,6 +8,7 @@ nodes, shards within a node.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -68,11 +69,17 @@ class ShardedDrillModel(nn.Module):
 
 
 def shard(
-    module: nn.Module, parallel: str, *, shards: int, mixed_precision: bool = False
+    module: nn.Module,
+    parallel: str,
+    *,
+    shards: int,
+    mixed_precision: bool = False,
+    blocks: Iterable[nn.Module] | None = None,
 ) -> nn.Module:
-    """``fully_shard`` each block, then the root, on a 1-D mesh (``fsdp``) or an HSDP mesh of
-    (world / shards) replicas x ``shards`` shards (``hsdp``); ``mixed_precision``: FSDP2's
-    policy of bf16 parameters in compute and float32 gradient reduction."""
+    """``fully_shard`` each block (``blocks``, default ``module.blocks``), then the root, on a
+    1-D mesh (``fsdp``) or an HSDP mesh of (world / shards) replicas x ``shards`` shards
+    (``hsdp``); ``mixed_precision``: FSDP2's policy of bf16 parameters in compute and float32
+    gradient reduction."""
     world = dist.get_world_size()
     if parallel == "fsdp":
         mesh = init_device_mesh("cpu", (world,))
@@ -89,7 +96,7 @@ def shard(
         if mixed_precision
         else MixedPrecisionPolicy()
     )
-    for block in module.blocks:  # type: ignore[union-attr]
+    for block in module.blocks if blocks is None else blocks:  # type: ignore[union-attr]
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
     return module
@@ -105,11 +112,16 @@ def build_sharded(
     activation_checkpointing: bool = False,
     mixed_precision: bool = False,
     publisher: Any = None,
+    scaler: Any = None,
 ) -> tuple[Any, Any, Any]:
-    """(fsdp_model, optimizer, guard) for the sharded drill model, identical initial weights."""
+    """(fsdp_model, optimizer, guard) for the sharded drill model, identical initial weights.
+
+    ``schedule``: ``sdc_agent.Schedule``'s keywords (with ``grad_accum`` > 1 ``rebuild_batch``
+    returns the step's micro-batches, :func:`sdc_agent.drill.make_step_batch`); ``scaler``:
+    passed to the guard as is."""
     import sdc_agent as sdc
 
-    from .drill import make_batch, make_loss
+    from .drill import make_loss, make_step_batch
 
     torch.manual_seed(seed)
     model = shard(
@@ -123,8 +135,11 @@ def build_sharded(
         model,
         optimizer,
         compute_loss=make_loss(autocast_bf16),
-        rebuild_batch=lambda step, rank: make_batch(step, rank, seed=seed),
+        rebuild_batch=lambda step, rank: make_step_batch(
+            step, rank, seed=seed, grad_accum=schedule.get("grad_accum", 1)
+        ),
         schedule=sdc.Schedule(**schedule),
         publisher=publisher,
+        scaler=scaler,
     )
     return model, optimizer, guard

@@ -38,6 +38,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from .accumulation import MicroBatchIsolation
 from .fingerprint import fingerprints
 from .gradients import GradStatsState
 
@@ -74,6 +75,9 @@ class ShardedGradientTaps:
         self._unsharded: dict[int, nn.Parameter] = {}
         self._unsharded_by_name: dict[str, nn.Parameter] = {}
         self._waiting: dict[str, list[Callable[[nn.Parameter], None]]] = {}
+        self.isolation: MicroBatchIsolation | None = None
+        """Gradient accumulation: isolates the audited micro-batch's local gradient, run from
+        the local taps (:meth:`isolate_with`)."""
         for row, param in enumerate(params):
             param.register_post_accumulate_grad_hook(self._reduced_tap(row))
         prefixes = {id(m): name for name, m in root.named_modules()}
@@ -88,6 +92,10 @@ class ShardedGradientTaps:
     # ------------------------------------------------------------------ the taps
     def _local_tap(self, row: int) -> Callable[[torch.Tensor], None]:
         def tap(param: torch.Tensor) -> None:
+            if self.isolation is not None:
+                # First: the audited micro-batch's own gradient is fingerprinted and the
+                # accumulated one added back, so the flags below see the sum, as DDP's hook does.
+                self.isolation.gradient_accumulated(row, param)  # type: ignore[arg-type]
             state, grad = self.state, param.grad
             if not self.recording or grad is None:
                 return
@@ -126,6 +134,8 @@ class ShardedGradientTaps:
                     continue  # frozen: not in the tables
                 self._unsharded[id(param)] = param
                 self._unsharded_by_name[name] = param
+                if self.isolation is not None:
+                    self.isolation.attach(row, param)
                 param.register_post_accumulate_grad_hook(self._local_tap(row))
                 for use in self._waiting.pop(name, []):
                     use(param)
@@ -148,6 +158,16 @@ class ShardedGradientTaps:
             use(self._unsharded_by_name[name])
             return
         self._waiting.setdefault(name, []).append(use)
+
+    def isolate_with(self, isolation: MicroBatchIsolation) -> None:
+        """Run ``isolation`` (rows in the tables' order) at the start of every local tap, so it
+        sees each unsharded gradient right after autograd stored it: before check 1's flags and
+        before FSDP2's post-backward reads it (:mod:`sdc_agent.accumulation`)."""
+        if self.isolation is not None:
+            raise RuntimeError("sdc_agent: the FSDP2 taps isolate micro-batches for one audit")
+        self.isolation = isolation
+        for name, param in self._unsharded_by_name.items():
+            isolation.attach(self._row_by_name[name], param)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

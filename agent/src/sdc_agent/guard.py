@@ -189,10 +189,12 @@ class Guard:
     def coverage(self) -> dict[str, Any]:
         """What this guard checks for this job, JSON-ready (the same on every rank).
 
-        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism``, ``world``, ``ranks``,
-        ``grad_accum``; ``checks`` with ``nonfinite_gradients`` (and its ``confirmation``),
-        ``replay_audit`` (``pairs`` of replayer/target/third global ranks, ``micro_batches``:
-        which positions are audited) and ``weight_fingerprints`` (``replicas`` compared), each
+        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp`` or ``hsdp``),
+        ``sharding`` (replicas, shards, the ranks holding each shard, whether weights have a
+        second copy), ``world``, ``ranks``, ``grad_accum``; ``checks`` with
+        ``nonfinite_gradients`` (and its ``confirmation``), ``replay_audit`` (``pairs`` of
+        replayer/target/third global ranks, ``micro_batches``: which positions are audited) and
+        ``weight_fingerprints`` (``replicas`` compared; off under FSDP2 full sharding), each
         with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
         judged); ``not_covered``: what no check catches. Logged once at start by DP rank 0.
         """
@@ -202,6 +204,7 @@ class Guard:
             can_confirm=self._can_confirm,
             scaler=self.scaler,
             param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
+            layout=self.parallel.coverage_facts(),
         )
 
     # ------------------------------------------------------------------ attributes kept public

@@ -16,15 +16,19 @@ also builds the parts of checks 2 and 3 that depend on the wrapper
 (:meth:`DDPAdapter.make_replayer`, :meth:`DDPAdapter.make_audit`,
 :meth:`DDPAdapter.make_weight_check`), so the guard's wiring does not branch on the wrapper.
 
-Built on these seams (docs/architecture.md, "Gradient accumulation and mixed precision"):
+Built on these seams (docs/architecture.md, "Gradient accumulation and mixed precision"), under
+both adapters:
 
 * Gradient accumulation: :class:`~sdc_agent.guard.GuardedStep` runs the first N-1 micro-batches
   inside :meth:`no_sync` and the last outside it, so the hook sees only the last one, which
   carries the accumulated gradient; check 1 is unchanged. The audit isolates one micro-batch's
   gradient in :mod:`sdc_agent.accumulation` with per-parameter post-accumulate-grad hooks, which
-  run before DDP's reducer reads the gradient.
-* A GradScaler: the scaled gradient goes through the same hook; a non-finite step that a replay
-  reproduces at the same scale is an overflow the scaler skips, decided in the audit
+  run before DDP's reducer reads the gradient. Under FSDP2 the same isolation runs on the
+  unsharded parameters, first in check 1's local taps, before FSDP2's post-backward reads the
+  gradient (:meth:`Replayer.micro_batch_isolation`, overridden in :mod:`sdc_agent.replay_fsdp`).
+* A GradScaler (DDP only; ``FSDP2Adapter.make_replayer`` refuses one, saying why): the scaled
+  gradient goes through the same hook; a non-finite step that a replay reproduces at the same
+  scale is an overflow the scaler skips, decided in the audit
   (:meth:`~sdc_agent.audit.RingAudit.judge_nonfinite`), not here.
 """
 
@@ -39,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .coverage import ddp_facts
 from .topology import collective_device, group_ranks
 
 if TYPE_CHECKING:
@@ -113,15 +118,7 @@ class DDPAdapter:
 
     def coverage_facts(self) -> dict[str, Any]:
         """What the layout lets check 3 see, JSON-ready (same keys as FSDP2Adapter's)."""
-        return {
-            "parallel": "ddp",
-            "replicas": self.world,
-            "shards": 1,
-            "weights_compared": self.world >= 2,
-            "weights_named_by_majority": self.world >= 3,
-            "weights_why": f"every replica's full weights compared ({self.world} replicas)",
-            "replicas_of_shard": [list(self.global_ranks)],
-        }
+        return ddp_facts(list(self.global_ranks))
 
     def make_replayer(
         self,

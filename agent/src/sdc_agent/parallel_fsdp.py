@@ -17,6 +17,9 @@ do not know which wrapper they run on. What differs, and why:
 * Replays run collectively through the sharded module with gradient sync off
   (:mod:`sdc_agent.replay_fsdp`): each rank then holds its own local gradient of the replayed
   micro-batch, unsharded, and no reduce-scatter mixes it with the others'.
+* Gradient accumulation: :meth:`FSDP2Adapter.no_sync` is ``set_requires_gradient_sync(False)``;
+  the audited micro-batch is isolated on the unsharded parameters (:mod:`sdc_agent.replay_fsdp`).
+  A GradScaler is refused (:meth:`FSDP2Adapter.make_replayer` says why).
 * Check 3 compares each shard across its replicas (:mod:`sdc_agent.divergence_fsdp`); with full
   sharding a shard has one copy, so there is nothing to compare: check 3 is off, and the guard
   says so at start (:attr:`FSDP2Adapter.weight_redundancy`).
@@ -335,10 +338,6 @@ class FSDP2Adapter:
                 "checks each rank's own shard of the reduced gradient for inf, so an fp16 "
                 "overflow in one shard skips the step on the ranks holding it only; train in "
                 "bf16 (no scaler) under FSDP2, or use DDP for fp16 with a GradScaler"
-            )
-        if grad_accum > 1:
-            raise ValueError(
-                "sdc_agent.Guard: Schedule.grad_accum > 1 is not supported with an FSDP2 model yet"
             )
         return CollectiveReplayer(
             self, compute_loss, gradients.hook_state, grad_accum=grad_accum, scaler=scaler

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from .accumulation import MicroBatchIsolation
 from .attribution import FAILED_ROW, ROW_WIDTH, Outcome, confirmation_jobs, is_failed
 from .audit import RingAudit
 from .gradients import GradStatsState
@@ -77,6 +78,15 @@ class CollectiveReplayer(Replayer):
         self.adapter = adapter
         self._param_index = step_state.param_index
 
+    def micro_batch_isolation(self) -> MicroBatchIsolation:
+        """Isolation of the audited micro-batch on the UNSHARDED parameters, where this rank's
+        local gradient accumulates (sync off) and where the replay's is fingerprinted; run from
+        check 1's local taps, first, so that the synchronising micro-batch's tap and FSDP2's
+        post-backward see the accumulated sum again."""
+        isolation = MicroBatchIsolation([None] * len(self.params), register_hooks=False)
+        self.adapter.gradient_taps().isolate_with(isolation)
+        return isolation
+
     def note_gradients_at_start(self, step: int) -> None:
         """Refuse a step that starts with accumulated gradients (sharded, or unsharded left by
         a backward without sync): one micro-batch's replay cannot reproduce them."""
@@ -90,8 +100,10 @@ class CollectiveReplayer(Replayer):
             raise RuntimeError(
                 f"sdc_agent: audit step {step} starts with gradients already accumulated: the "
                 "replay audit recomputes one micro-batch per rank and step, so gradient "
-                "accumulation cannot be audited yet under FSDP2. Zero the gradients before each "
-                "step (optimizer.zero_grad(set_to_none=True)), or disable audits with "
+                "accumulation outside the guard (no_sync micro-steps before guard.step) cannot be "
+                "audited. Zero the gradients before each step "
+                "(optimizer.zero_grad(set_to_none=True)) and accumulate inside the step with "
+                "Schedule(grad_accum=N) and GuardedStep.micro_batches, or disable audits with "
                 "Schedule(audit_every=0)"
             )
         # The local gradient a replay compares always starts as None under FSDP2 (it is freed
