@@ -89,7 +89,10 @@ JOBS: dict[str, tuple[str, dict]] = {
         },
     ),
     "fsdp_one_audit_step": drill("fsdp", [out_scale(step=10, persistent=False)]),
-    "fsdp_accum4_persistent": drill("fsdp", [out_scale()], grad_accum=4),
+    **{
+        f"{layout}_accum4_persistent": drill(layout, [out_scale()], grad_accum=4)
+        for layout in LAYOUTS
+    },
     "fsdp_scaler_refused": (f"{SCEN}:scaler_refused", {"parallel": "fsdp"}),
     **{
         f"{layout}_reduced_nan": drill(
@@ -336,10 +339,13 @@ def test_clipping_the_sharded_gradient_trains_without_alarm(results):
     assert all(r["last_audit_pass"] == 5 for r in per_rank)
 
 
-def test_fsdp2_with_gradient_accumulation_names_a_persistent_fault_at_the_next_audit(results):
-    # Given FSDP2 full sharding, 4 micro-batches per step (sync only on the last), and x1000 on
-    # one output element of R's blocks.1.norm on every micro-batch from step 7
-    alarm = the_alarm(results, "fsdp_accum4_persistent")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fsdp2_with_gradient_accumulation_names_a_persistent_fault_at_the_next_audit(
+    results, layout
+):
+    # Given FSDP2 (full sharding or HSDP), 4 micro-batches per step (sync only on the last), and
+    # x1000 on one output element of R's blocks.1.norm on every micro-batch from step 7
+    alarm = the_alarm(results, f"{layout}_accum4_persistent")
     # Then the audits at 0 and 5 passed (positions 0 and 1, isolated on the unsharded
     # parameters), and the one at step 10 (position 2) names R as target and as replayer
     assert (alarm["step"], alarm["check"]) == (10, "compute")
@@ -347,7 +353,7 @@ def test_fsdp2_with_gradient_accumulation_names_a_persistent_fault_at_the_next_a
     assert alarm["culprits"] == [R] and alarm["suspects"] == [R]
     assert alarm["suspect_window"] == [5, 10] and alarm["last_audit_pass"] == 5
     # and nobody applied step 10
-    assert all(u == list(range(10)) for u in updates(results, "fsdp_accum4_persistent"))
+    assert all(u == list(range(10)) for u in updates(results, f"{layout}_accum4_persistent"))
 
 
 def test_a_grad_scaler_is_refused_under_fsdp2_with_the_reason(results):

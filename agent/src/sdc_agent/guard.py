@@ -98,7 +98,9 @@ class Guard:
         ``scaler``: the ``torch.amp.GradScaler`` of fp16 training. Each micro-batch's loss is
         then back-propagated scaled (:meth:`GuardedStep.backward`), replays scale it the same
         way, and a non-finite gradient that a third GPU reproduces at the same scale is an
-        overflow: the scaler skips the step and lowers the scale, with no alarm.
+        overflow: the scaler skips the step and lowers the scale, with no alarm. DDP only: an
+        FSDP2 model with a scaler raises ValueError (:meth:`FSDP2Adapter.make_replayer
+        <sdc_agent.parallel_fsdp.FSDP2Adapter.make_replayer>` says why).
 
         ``alarm_dir``: record every alarm returned in this directory (the checkpoint directory,
         on shared storage; the same value on every rank) and refuse to resume from a checkpoint
