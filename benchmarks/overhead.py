@@ -9,6 +9,13 @@ Variants (each against plain DDP with the same model, batches and process group)
   accum4       gradient accumulation over 4 micro-batches per step, checks + a weight check
                every 10 + deterministic audits every 100 (one micro-batch replayed), against
                plain DDP accumulating the same 4 micro-batches (no_sync on the first 3)
+  fsdp         the model sharded with FSDP2 (fully_shard on each hidden Linear, then the root;
+               a 1-D mesh over every rank), checks + deterministic audits every 100 (collective
+               replays); no weight check (full sharding keeps one copy of each shard), against
+               the same unguarded sharded loop (plain_fsdp)
+  hsdp         HSDP: a ("replicate", "shard") mesh of nodes x ranks per node, checks + a weight
+               check every 10 (each shard across its replicas) + deterministic audits every 100,
+               against the same unguarded HSDP loop (plain_hsdp); needs --ranks-per-node >= 2
   sensors      online GEMM sensors (sdc_agent.sensors.protect) at the default 1% budget, with
                check 1 and no audits or weight checks (compare with ``checks``)
   sensors_full the same with every GEMM of every layer checked on every step
@@ -32,6 +39,15 @@ weights10 <= 2%, det_audit100 <= 3%; each is printed as met or missed, in wall a
     python benchmarks/overhead.py --nodes 2 --variants checks,weights10   # a core per process
                                                       # on a 2-core machine (no audits: they
                                                       # need a third node)
+    python benchmarks/overhead.py --nodes 3 --ranks-per-node 2 --variants fsdp,hsdp
+                                                      # FSDP2 and HSDP (3 replicas x 2 shards)
+                                                      # over their unguarded sharded loops, in
+                                                      # one run of 6 processes
+
+The sharded variants are not in the default set: HSDP needs two ranks per node (6 processes),
+and the DDP figures are measured with one. Any variant can be combined with any other in one run
+(``--variants checks,fsdp,hsdp`` with ``--ranks-per-node 2``); each is compared with its own
+baseline, which always runs beside it.
 """
 
 from __future__ import annotations
@@ -74,8 +90,27 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
         "grad_accum": 4,
     },
 }
-BASELINES = {"accum4": "plain_accum4", "plain_accum4": "plain_accum4"}
+VARIANTS.update(
+    {
+        "plain_fsdp": None,
+        "fsdp": {"audit_every": 100, "check_every": 0, "deterministic_audits": True},
+        "plain_hsdp": None,
+        "hsdp": {"audit_every": 100, "check_every": 10, "deterministic_audits": True},
+    }
+)
+BASELINES = {
+    "accum4": "plain_accum4",
+    "plain_accum4": "plain_accum4",
+    "fsdp": "plain_fsdp",
+    "plain_fsdp": "plain_fsdp",
+    "hsdp": "plain_hsdp",
+    "plain_hsdp": "plain_hsdp",
+}
 """Variants measured against their own unguarded loop (the default baseline is "plain")."""
+SHARDED = {"fsdp": "fsdp", "plain_fsdp": "fsdp", "hsdp": "hsdp", "plain_hsdp": "hsdp"}
+"""The variants whose model is sharded with FSDP2, and how (``sdc_agent.drill_fsdp.shard``)."""
+DEFAULT_VARIANTS = ["checks", "weights10", "audit100", "det_audit100", "det_audit10", "accum4"]
+"""What a run without ``--variants`` measures (the DDP set; the sharded ones are opt-in)."""
 ACCUM = 4
 WARMUP = 3  # steps 1..3: DDP rebuilds its buckets after the first one; no check falls on them
 TARGETS_PCT = {"weights10": 2.0, "det_audit100": 3.0}
@@ -114,18 +149,34 @@ def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> 
     return F.cross_entropy(model(x), y)
 
 
-class _Runner:
-    """One variant: its own DDP model (same initial weights), optimizer and, unless plain, guard."""
+def _model(name: str, width: int, depth: int, shards: int) -> nn.Module:
+    """Variant ``name``'s model: the MLP in DDP, or sharded with FSDP2 (each hidden Linear, then
+    the root; HSDP with ``shards`` ranks per replica)."""
+    module = Mlp(width, depth)
+    if name.startswith("sensors"):
+        sdc.sensors.protect(module)  # the same weights and numerics, GEMMs and norms checked
+    parallel = SHARDED.get(name)
+    if parallel is None:
+        return nn.parallel.DistributedDataParallel(module)
+    from sdc_agent.drill_fsdp import shard
 
-    def __init__(self, name: str, width: int, depth: int, batch: int) -> None:
+    hidden = [m for m in module.net if isinstance(m, nn.Linear)][1:-1]
+    return shard(module, parallel, shards=shards, blocks=hidden)
+
+
+class _Runner:
+    """One variant: its own model (DDP or FSDP2; same initial weights), optimizer and, unless
+    plain, guard."""
+
+    def __init__(
+        self, name: str, width: int, depth: int, batch: int, ranks_per_node: int = 1
+    ) -> None:
         torch.manual_seed(0)  # identical initial weights on every rank and in every variant
         self.name = name
         self.batch = batch
         self.accum = ACCUM if name in ("accum4", "plain_accum4") else 1
-        model = Mlp(width, depth)
-        if name.startswith("sensors"):
-            sdc.sensors.protect(model)  # the same weights and numerics, GEMMs checked
-        self.ddp = nn.parallel.DistributedDataParallel(model)
+        self.ddp = _model(name, width, depth, shards=ranks_per_node)
+        """The model training runs: the DDP wrapper, or the root FSDP2 module."""
         self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
         schedule = VARIANTS[name]
         self.guard = None
@@ -134,11 +185,23 @@ class _Runner:
                 self.ddp,
                 self.optimizer,
                 compute_loss=compute_loss,
-                rebuild_batch=lambda step, rank: self.micro_batches(step, rank),
+                rebuild_batch=self.rebuild_batch,
                 schedule=sdc.Schedule(
-                    **{"peer_offset": 1, "ckpt_every": 0, "check_on_start": False, **schedule}
+                    # peer_offset: one node's ranks, so that replays cross nodes
+                    **{
+                        "peer_offset": ranks_per_node,
+                        "ckpt_every": 0,
+                        "check_on_start": False,
+                        **schedule,
+                    }
                 ),
             )
+
+    def rebuild_batch(self, step: int, rank: int) -> Any:
+        """What the guard's ``rebuild_batch`` returns: the micro-batch, or the step's list of
+        micro-batches when this variant accumulates."""
+        micros = self.micro_batches(step, rank)
+        return micros if self.accum > 1 else micros[0]
 
     def micro_batches(self, step: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The micro-batches of ``rank`` at ``step`` (one unless this variant accumulates)."""
@@ -185,12 +248,20 @@ class _Runner:
 
 
 def run_rounds(
-    *, rounds: int, steps: int, width: int, depth: int, batch: int, variants: list[str]
+    *,
+    rounds: int,
+    steps: int,
+    width: int,
+    depth: int,
+    batch: int,
+    variants: list[str],
+    ranks_per_node: int = 1,
 ) -> dict[str, Any]:
     """On every rank: every variant steps in turn (plain, checks, ...) for each training step,
     so all of them see the same load at the same moment; this rank's wall and CPU step times
-    per variant and round."""
-    runners = [_Runner(v, width, depth, batch) for v in variants]
+    per variant and round. ``ranks_per_node``: the replay offset, and the ranks of one HSDP
+    replica."""
+    runners = [_Runner(v, width, depth, batch, ranks_per_node) for v in variants]
     for step in range(1, WARMUP + 1):
         for runner in runners:
             runner.step(step)
@@ -314,8 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--variants",
-        default=",".join(v for v in VARIANTS if v not in ("plain", *BASELINES.values())),
-        help="which to run (each with its baseline)",
+        default=",".join(DEFAULT_VARIANTS),
+        help="which to run (each with its baseline); also fsdp, hsdp (HSDP needs "
+        "--ranks-per-node >= 2)",
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     parser.add_argument("--json", type=Path, help="write the summary here")
@@ -328,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
+    if "hsdp" in chosen and args.ranks_per_node < 2:
+        parser.error(
+            "--variants hsdp needs --ranks-per-node >= 2: each replica is one node's ranks, "
+            "sharded among them (e.g. --nodes 3 --ranks-per-node 2)"
+        )
     auditing = [v for v in variants if (VARIANTS[v] or {}).get("audit_every", 0) > 0]
     if args.nodes < 2 or (auditing and args.nodes < 3):
         parser.error(
@@ -335,16 +412,6 @@ def main(argv: list[str] | None = None) -> int:
             f"({', '.join(auditing) or 'none selected'}): an audit needs the replayer and a "
             "third GPU on other nodes"
         )
-    if args.ranks_per_node != 1:
-        # peer_offset must be one node's worth of ranks so replays cross nodes.
-        VARIANTS.update(
-            {
-                k: {**v, "peer_offset": args.ranks_per_node}
-                for k, v in VARIANTS.items()
-                if v is not None
-            }
-        )
-
     kwargs = {
         "rounds": args.rounds,
         "steps": args.steps,
@@ -352,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         "depth": args.depth,
         "batch": args.batch,
         "variants": variants,
+        "ranks_per_node": args.ranks_per_node,
     }
     world = args.nodes * args.ranks_per_node
     loadavg_start = os.getloadavg()
@@ -409,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 "loadavg_end": os.getloadavg(),
                 "loadavg_sampled": load.summary(),
             },
-            "config": {**kwargs, "nodes": args.nodes, "ranks_per_node": args.ranks_per_node},
+            "config": {**kwargs, "nodes": args.nodes},
             "params": rank0["params"],
             "variants": summary,
         }

@@ -132,3 +132,46 @@ def test_every_micro_batch_position_is_audited_within_grad_accum_audits():
     positions = [schedule.audited_micro_batch(s) for s in range(0, 5 * N, 5)]
     assert sorted(positions) == list(range(N))
     assert Schedule(audit_every=5).audited_micro_batch(35) == 0
+
+
+def test_an_isolation_run_from_anothers_hook_and_attached_late_changes_no_bit():
+    # Given FSDP2's way: no hooks of its own, tensors attached only once they exist (the first
+    # forward), and the isolation run from the first of the caller's own post-accumulate-grad
+    # hooks, before a second hook that reads the gradient (check 1's flags, FSDP2's reduction)
+    model = make_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    isolation = MicroBatchIsolation([None] * len(params), register_hooks=False)
+    seen: list[torch.Tensor] = []
+
+    def tap(index: int):
+        def hook(param: nn.Parameter) -> None:
+            isolation.gradient_accumulated(index, param)
+            if index == 0:
+                seen.append(param.grad.clone())  # what a later reader of the gradient gets
+
+        return hook
+
+    for index, param in enumerate(params):
+        param.register_post_accumulate_grad_hook(tap(index))
+    position = N - 1  # the synchronised micro-batch, after three accumulated ones
+    table = None
+    for i, micro in enumerate(MICROS):
+        if i == 1:
+            for index, param in enumerate(params):
+                isolation.attach(index, param)  # exists from here on
+        if i == position:
+            isolation.begin()
+        micro_batch_loss(compute_loss(model, micro), N).backward()
+        if i == position:
+            table = isolation.end()
+    # Then the accumulated gradient is bit-identical to normal accumulation, the reader after
+    # the isolation saw the full sum, and the table is the last micro-batch's own gradient
+    normal, _, _ = accumulate(make_model(), isolate_at=None, set_to_none=True)
+    assert same_bits([p.grad for p in params], normal)
+    assert torch.equal(bit_patterns(seen[-1]), bit_patterns(normal[0]))
+    ref = make_model()
+    ref_params = [p for p in ref.parameters() if p.requires_grad]
+    alone = torch.autograd.grad(
+        micro_batch_loss(compute_loss(ref, MICROS[position]), N), ref_params
+    )
+    assert torch.equal(table, fingerprints(alone))

@@ -1,4 +1,4 @@
-"""sdc_agent: in-job silent data corruption checks for PyTorch DistributedDataParallel.
+"""sdc_agent: in-job silent data corruption checks for PyTorch DistributedDataParallel and FSDP2.
 
 import sdc_agent as sdc
 guard = sdc.Guard(ddp_model, optimizer, compute_loss=compute_loss,
@@ -15,6 +15,7 @@ from .divergence import DivergenceReport, find_divergent_ranks
 from .exit import SDC_EXIT_CODE, exit_on_alarm
 from .fingerprint import fingerprint, fingerprints
 from .guard import Guard, GuardedStep
+from .parallel_fsdp import ShardingLayoutError
 from .publisher import NullPublisher, Publisher, SensorFlagPublisher
 from .recovery import (
     AlarmLogError,
@@ -44,6 +45,7 @@ __all__ = [
     "Schedule",
     "SensorCandidate",
     "SensorFlagPublisher",
+    "ShardingLayoutError",
     "TopologyError",
     "UnsafeResumeError",
     "Verdict",

@@ -27,6 +27,7 @@ same ``loss / N`` (times the same GradScaler scale): its gradient is g_k, the sa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -41,45 +42,64 @@ class MicroBatchIsolation:
     Inactive (its hooks return at once) except between :meth:`begin` and :meth:`end`.
     """
 
-    def __init__(self, params: list[nn.Parameter]) -> None:
-        """Register a post-accumulate-grad hook on each of ``params`` (the fingerprint order)."""
-        self.params = params
+    def __init__(
+        self, params: Sequence[nn.Parameter | None], *, register_hooks: bool = True
+    ) -> None:
+        """Watch ``params`` (the fingerprint order). ``register_hooks``: register a
+        post-accumulate-grad hook on each (DDP); False when the caller runs
+        :meth:`gradient_accumulated` from its own hook instead, and :meth:`attach`-es tensors
+        that do not exist yet (FSDP2's unsharded parameters, created at the first forward)."""
+        self.params: list[nn.Parameter | None] = list(params)
         self._active = False
         self._stash: list[torch.Tensor | None] = []
         self._rows: list[torch.Tensor | None] = []
         self._returned: list[bool] = []
         self._handles: list[Any] = []
-        for index, param in enumerate(params):
-            self._handles.append(
-                param.register_post_accumulate_grad_hook(self._hook_for(index))  # type: ignore[arg-type]
-            )
+        if register_hooks:
+            for index, param in enumerate(self.params):
+                if param is None:
+                    raise ValueError(f"MicroBatchIsolation: parameter {index} is None")
+                self._handles.append(
+                    param.register_post_accumulate_grad_hook(self._hook_for(index))  # type: ignore[arg-type]
+                )
+
+    def attach(self, index: int, param: nn.Parameter) -> None:
+        """Watch ``param`` as row ``index`` from now on (it had no gradient to set aside)."""
+        self.params[index] = param
 
     def begin(self) -> None:
         """Before the audited micro-batch's forward: set every accumulated gradient aside."""
         if self._active:
-            raise RuntimeError("sdc_agent: a micro-batch is already being isolated")
-        self._stash = [p.grad for p in self.params]
+            raise RuntimeError("sdc_agent: a micro-batch is being isolated already")
+        self._stash = [p.grad if p is not None else None for p in self.params]
         self._rows = [None] * len(self.params)
         self._returned = [False] * len(self.params)
         for p in self.params:
-            p.grad = None
+            if p is not None:
+                p.grad = None
         self._active = True
 
     def _hook_for(self, index: int) -> Any:
         def hook(param: nn.Parameter) -> None:
-            if not self._active or self._returned[index]:
-                return
-            own = param.grad
-            if own is None:
-                return
-            self._rows[index] = fingerprints([own])[0]
-            stash = self._stash[index]
-            if stash is not None:
-                stash.add_(own)  # what autograd's accumulation does: grad += g_k
-                param.grad = stash
-            self._returned[index] = True
+            self.gradient_accumulated(index, param)
 
         return hook
+
+    def gradient_accumulated(self, index: int, param: nn.Parameter) -> None:
+        """Autograd has stored row ``index``'s gradient in ``param.grad``: while isolating,
+        fingerprint it and add it to the set-aside gradient (a post-accumulate-grad hook's body;
+        it must run before anything else reads ``param.grad``)."""
+        if not self._active or self._returned[index]:
+            return
+        own = param.grad
+        if own is None:
+            return
+        self._rows[index] = fingerprints([own])[0]
+        stash = self._stash[index]
+        if stash is not None:
+            stash.add_(own)  # what autograd's accumulation does: grad += g_k
+            param.grad = stash
+        self._returned[index] = True
 
     def end(self) -> torch.Tensor:
         """After the audited micro-batch's backward: give back every gradient the backward did
@@ -89,7 +109,7 @@ class MicroBatchIsolation:
             raise RuntimeError("sdc_agent: no micro-batch is being isolated")
         self._active = False
         for index, param in enumerate(self.params):
-            if not self._returned[index]:
+            if param is not None and not self._returned[index]:
                 own = param.grad  # set outside autograd's accumulation (unusual): fold it in
                 self._rows[index] = fingerprints([own])[0] if own is not None else None
                 stash = self._stash[index]

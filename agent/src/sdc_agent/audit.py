@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .accumulation import MicroBatchIsolation
 from .alarm import Alarm, Verdict
 from .attribution import (
     FAILED_ROW,
@@ -79,7 +78,7 @@ class RingAudit:
         self.can_confirm = can_confirm
         self.overflow_is_expected = overflow_is_expected
         self.grad_accum = replayer.grad_accum
-        self.isolation = MicroBatchIsolation(replayer.params) if self.grad_accum > 1 else None
+        self.isolation = replayer.micro_batch_isolation() if self.grad_accum > 1 else None
         """Isolates the audited micro-batch's gradient (accumulation only)."""
         self.position = 0
         """The micro-batch position the current step's audit replays."""
@@ -184,7 +183,15 @@ class RingAudit:
         """Recompute DP rank ``target_dp``'s audited micro-batch of ``step`` on the bare module
         (``whole_step``: each of its micro-batches alone, combined)."""
         target = self.adapter.global_rank(target_dp)
-        micros = self._micro_batches(step, target)
+        return self._replay_micro_batches(
+            step, target, self._micro_batches(step, target), deterministic, whole_step
+        )
+
+    def _replay_micro_batches(
+        self, step: int, target: int, micros: list[Any], deterministic: bool, whole_step: bool
+    ) -> Outcome:
+        """Recompute global rank ``target``'s audited micro-batch of ``step`` from its rebuilt
+        ``micros`` (``whole_step``: each of them alone, combined)."""
         positions = range(len(micros)) if whole_step else [self.position]
         outcomes = []
         try:

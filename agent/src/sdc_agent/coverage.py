@@ -1,6 +1,7 @@
 """What a guard checks for one job, as a JSON-ready description (``Guard.coverage()``).
 
-Built from the schedule, the data-parallel group and the placement, the same on every rank. It
+Built from the schedule, the data-parallel group, the placement and the parallelism adapter's
+layout facts (``coverage_facts()``: DDP, FSDP2 full sharding or HSDP), the same on every rank. It
 says, per check, whether it runs and why, which ranks replay whom, which replicas are compared,
 which micro-batch positions are audited, how fp16/bf16 non-finite gradients are handled, and
 what no check covers, so that an operator reads what protection a job really has.
@@ -29,6 +30,35 @@ NOT_COVERED = [
 ]
 
 
+NOT_COVERED_FULL_SHARDING = (
+    "stored weights under FSDP2 full sharding: each shard has one copy, so check 3 has nothing "
+    "to compare; a changed weight is all-gathered by every rank alike, so audits agree with it "
+    "too (use HSDP with >= 3 replicas)"
+)
+
+NOT_COVERED_SHARDED = (
+    "a fault inside FSDP2's all-gather or reduce-scatter that corrupts every rank alike: every "
+    "replay then agrees with it"
+)
+
+
+def ddp_facts(global_ranks: list[int]) -> dict[str, Any]:
+    """The layout facts of a DDP job (``DDPAdapter.coverage_facts()``'s keys): every replica
+    holds all the weights."""
+    world = len(global_ranks)
+    return {
+        "parallel": "ddp",
+        "replicas": world,
+        "shards": 1,
+        "weights_compared": world >= 2,
+        "weights_named_by_majority": world >= 3,
+        "weights_why": f"every replica's full weights compared ({world} replicas)"
+        if world >= 2
+        else "one replica: no second copy of the weights to compare",
+        "replicas_of_shard": [list(global_ranks)],
+    }
+
+
 def describe(
     schedule: Schedule,
     *,
@@ -36,8 +66,14 @@ def describe(
     can_confirm: bool,
     scaler: Any | None,
     param_dtypes: list[str],
+    layout: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The coverage description (see the module docstring); every value is JSON-ready."""
+    """The coverage description (see the module docstring); every value is JSON-ready.
+
+    ``layout``: the parallelism adapter's ``coverage_facts()`` (which ranks hold copies of the
+    same weights); None: DDP over ``global_ranks``."""
+    facts = layout if layout is not None else ddp_facts(global_ranks)
+    sharded = facts["parallel"] != "ddp"
     world = len(global_ranks)
     n = schedule.grad_accum
     offset = schedule.peer_offset
@@ -50,11 +86,28 @@ def describe(
         }
         for r in range(world)
     ]
-    weights_on = (
+    weights_asked = (
         schedule.check_every > 0
         or schedule.check_on_start
         or (schedule.ckpt_every > 0 and schedule.check_on_checkpoint)
     )
+    weights_on = weights_asked and bool(facts["weights_compared"])
+    if not facts["weights_compared"]:
+        weights_why = facts["weights_why"]
+    elif weights_asked:
+        weights_why = (
+            f"replicas' weights compared bit for bit ({facts['weights_why']})"
+            if sharded
+            else "replicas' weights compared bit for bit"
+        )
+    else:
+        weights_why = "check_every is 0 and no start-up or checkpoint check is asked for"
+    compared_ranks = sorted(r for group in facts["replicas_of_shard"] for r in group)
+    not_covered = list(NOT_COVERED)
+    if sharded:
+        not_covered.append(NOT_COVERED_SHARDED)
+    if not facts["weights_compared"] and facts["parallel"] == "fsdp":
+        not_covered.append(NOT_COVERED_FULL_SHARDING)
     confirm_why = (
         "a rank whose local gradient is non-finite has its micro-batches replayed on a third "
         "GPU on a third node and on itself"
@@ -81,7 +134,13 @@ def describe(
     precision["parameter_dtypes"] = sorted(set(param_dtypes))
     return {
         "schema": SCHEMA,
-        "parallelism": "ddp",
+        "parallelism": facts["parallel"],
+        "sharding": {
+            "replicas": facts["replicas"],
+            "shards": facts["shards"],
+            "replicas_of_shard": facts["replicas_of_shard"],
+            "weight_redundancy": facts["weights_compared"],
+        },
         "world": world,
         "ranks": list(global_ranks),
         "grad_accum": n,
@@ -89,13 +148,23 @@ def describe(
             "nonfinite_gradients": {
                 "on": True,
                 "why": "every step: each rank's local gradient before the all-reduce (of the "
-                "accumulated micro-batches) and its reduced, clipped gradient after it",
+                "accumulated micro-batches) and its reduced, clipped gradient after it"
+                if not sharded
+                else "every step: each rank's local, unsharded gradient before the "
+                "reduce-scatter (of the accumulated micro-batches) and its shard of the reduced, "
+                "clipped gradient after it",
                 "confirmation": {"on": can_confirm, "why": confirm_why},
             },
             "replay_audit": {
                 "on": audits_on,
                 "why": f"every {schedule.audit_every} steps, each rank replays another rank's "
                 "micro-batch on another node"
+                + (
+                    " (collectively: every rank at once, through the sharded module, gradient "
+                    "sync off)"
+                    if sharded
+                    else ""
+                )
                 if audits_on
                 else "Schedule.audit_every is 0",
                 "every": schedule.audit_every,
@@ -120,18 +189,24 @@ def describe(
             },
             "weight_fingerprints": {
                 "on": weights_on,
-                "why": "replicas' weights compared bit for bit"
-                if weights_on
-                else "check_every is 0 and no start-up or checkpoint check is asked for",
+                "why": weights_why,
                 "every": schedule.check_every,
                 "on_start": schedule.check_on_start,
                 "before_checkpoints": schedule.ckpt_every > 0 and schedule.check_on_checkpoint,
-                "replicas": list(global_ranks),
-                "attribution": "a rank is named when its copy differs from a strict majority"
-                if world >= 3
-                else "two replicas: a difference is reported, nobody is named",
+                # the ranks whose copies are compared, and per shard the ranks holding it
+                "replicas": compared_ranks if facts["weights_compared"] else [],
+                "replicas_of_shard": facts["replicas_of_shard"]
+                if facts["weights_compared"]
+                else [],
+                "attribution": (
+                    "a rank is named when its copy differs from a strict majority"
+                    if facts["weights_named_by_majority"]
+                    else "two replicas: a difference is reported, nobody is named"
+                )
+                if facts["weights_compared"]
+                else None,
             },
         },
         "precision": precision,
-        "not_covered": list(NOT_COVERED),
+        "not_covered": not_covered,
     }

@@ -1,7 +1,9 @@
 """Fire drills on the CPU: a real multi-process DDP job (gloo) with a fault on one "GPU".
 
 ``python -m sdc_agent.drill`` starts 3 simulated nodes x 2 ranks on this machine, injects a
-persistent fault into one rank's forward pass, and prints what the guard caught. The same
+persistent fault into one rank's forward pass, and prints what the guard caught;
+``--parallel fsdp|hsdp`` runs the same drill on a model sharded with FSDP2 (full sharding, or
+HSDP with replicas across nodes and shards within a node; :mod:`sdc_agent.drill_fsdp`). The same
 launcher runs the project's multi-process tests: :func:`launch` starts ``world`` processes, each
 with its own NODE_NAME (``hyperpod-i-...``), and runs a list of jobs (importable functions) in
 one process group, returning each job's per-rank result.
@@ -67,6 +69,15 @@ def make_batch(step: int, rank: int, *, seed: int = 0, batch: int = 8, d_in: int
     return torch.randn(batch, d_in, generator=g), torch.randint(0, 4, (batch,), generator=g)
 
 
+def make_step_batch(step: int, rank: int, *, seed: int = 0, grad_accum: int = 1) -> Any:
+    """What ``rank`` trains on at ``step``: :func:`make_batch`'s micro-batch, or with
+    ``grad_accum`` > 1 a list of that many distinct micro-batches (what ``rebuild_batch``
+    returns too)."""
+    if grad_accum == 1:
+        return make_batch(step, rank, seed=seed)
+    return [make_batch(step * grad_accum + i, rank, seed=seed) for i in range(grad_accum)]
+
+
 def make_loss(autocast_bf16: bool = False):
     """compute_loss(model, batch) for the drill model (optionally under CPU bf16 autocast)."""
 
@@ -93,7 +104,9 @@ def build(
         ddp,
         optimizer,
         compute_loss=make_loss(autocast_bf16),
-        rebuild_batch=lambda step, rank: make_batch(step, rank, seed=seed),
+        rebuild_batch=lambda step, rank: make_step_batch(
+            step, rank, seed=seed, grad_accum=schedule.get("grad_accum", 1)
+        ),
         schedule=sdc.Schedule(**schedule),
         publisher=publisher,
     )
@@ -120,24 +133,45 @@ def train_drill(
     autocast_bf16: bool = False,
     start_step: int = 0,
     publisher: dict[str, Any] | None = None,
+    parallel: str = "ddp",
+    shards: int = 2,
+    activation_checkpointing: bool = False,
 ) -> dict[str, Any]:
     """Train the drill model for ``steps`` steps under the guard; report what happened here.
 
     ``publisher``: keyword arguments of ``sdc_agent.publish.CloudWatchPublisher`` to publish
     to CloudWatch (or an endpoint such as the local demo's); None publishes nothing.
+    ``parallel``: ``ddp`` (the default), or ``fsdp`` / ``hsdp`` (FSDP2, ``shards`` ranks per
+    replica under HSDP; ``activation_checkpointing`` applies to the sharded model's blocks).
     """
     sink = None
     if publisher is not None:
         from .publish import CloudWatchPublisher
 
         sink = CloudWatchPublisher(**publisher)
-    _, optimizer, guard = build(schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=sink)
+    if parallel == "ddp":
+        _, optimizer, guard = build(
+            schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=sink
+        )
+    else:
+        from .drill_fsdp import build_sharded
+
+        _, optimizer, guard = build_sharded(
+            schedule,
+            parallel=parallel,
+            shards=shards,
+            seed=seed,
+            autocast_bf16=autocast_bf16,
+            activation_checkpointing=activation_checkpointing,
+            publisher=sink,
+        )
     injected = [make_fault(f).attach(guard) for f in faults]
     updates = []
     optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
     saves: list[list[Any]] = []
     batches = (
-        make_batch(s, dist.get_rank(), seed=seed) for s in range(start_step, start_step + steps)
+        make_step_batch(s, dist.get_rank(), seed=seed, grad_accum=guard.schedule.grad_accum)
+        for s in range(start_step, start_step + steps)
     )
     alarm = guard.train(
         batches, save_checkpoint=lambda s, tags: saves.append([s, tags]), start_step=start_step
@@ -289,13 +323,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps")
     parser.add_argument("--nodes", type=int, default=3, help="simulated nodes (>= 3)")
     parser.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
+    parser.add_argument(
+        "--parallel",
+        choices=["ddp", "fsdp", "hsdp"],
+        default="ddp",
+        help="how the model is data-parallel: DDP, FSDP2 full sharding, or HSDP (replicas "
+        "across nodes, shards within a node)",
+    )
     args = parser.parse_args(argv)
     world = args.nodes * args.ranks_per_node
+    sharded = args.parallel != "ddp"
+    # The sharded drill model names its layers differently (sdc_agent.drill_fsdp).
+    layer, weight = (
+        ("blocks.1.norm", "blocks.0.fc.weight") if sharded else ("net.4", "net.0.weight")
+    )
     faults = {
         "scale": [
             {
                 "kind": "ScaleOutputElement",
-                "layer": "net.4",
+                "layer": layer,
                 "factor": 1000.0,
                 "rank": args.rank,
                 "step": args.step,
@@ -304,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         "nan": [
             {
                 "kind": "NaNOutputElement",
-                "layer": "net.4",
+                "layer": layer,
                 "rank": args.rank,
                 "step": args.step,
                 "persistent": False,
@@ -313,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "weight": [
             {
                 "kind": "FlipWeightBit",
-                "param": "net.0.weight",
+                "param": weight,
                 "bit": 27,
                 "rank": args.rank,
                 "step": args.step,
@@ -328,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         "peer_offset": args.ranks_per_node,
     }
     print(
-        f"sdc drill: {args.nodes} nodes x {args.ranks_per_node} ranks (gloo, CPU), fault: "
+        f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks "
+        f"(gloo, CPU), fault: "
         f"{args.fault} on rank {args.rank} from step {args.step}"
     )
     started = time.monotonic()
@@ -336,7 +383,13 @@ def main(argv: list[str] | None = None) -> int:
         [
             (
                 "sdc_agent.drill:train_drill",
-                {"steps": args.steps, "schedule": schedule, "faults": faults},
+                {
+                    "steps": args.steps,
+                    "schedule": schedule,
+                    "faults": faults,
+                    "parallel": args.parallel,
+                    "shards": args.ranks_per_node,
+                },
             )
         ],
         world=world,
@@ -348,9 +401,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for line in _describe(results[0]):
         print(line)
-    print(f"({time.monotonic() - started:.1f} s)")
     named = (results[0]["alarm"] or {}).get("suspects") or []
-    expected_ok = named == [args.rank] if args.fault != "none" else results[0]["alarm"] is None
+    # Full sharding keeps one copy of each weight shard and every rank computes with it, so a
+    # flipped stored weight is seen by no check (the guard logged so at start).
+    unseen = args.fault == "none" or (args.fault == "weight" and args.parallel == "fsdp")
+    if unseen and args.fault == "weight":
+        print("  (FSDP2 full sharding: no weight redundancy, so check 3 is off; expected no alarm)")
+    print(f"({time.monotonic() - started:.1f} s)")
+    expected_ok = results[0]["alarm"] is None if unseen else named == [args.rank]
     return 0 if expected_ok else 1
 
 

@@ -251,8 +251,11 @@ class ScaleWeightGradElement(Fault):
         self.param, self.index, self.factor = param, index, factor
 
     def _install(self, guard: Guard) -> None:
-        parameter = guard.module.get_parameter(self.param)
-        self._handles.append(parameter.register_hook(self._hook))
+        # The tensor autograd computes the local gradient for: the parameter under DDP, the
+        # unsharded parameter under FSDP2 (which exists from the first forward on).
+        guard.parallel.with_autograd_parameter(
+            self.param, lambda parameter: self._handles.append(parameter.register_hook(self._hook))
+        )
 
     def _hook(self, grad: torch.Tensor) -> torch.Tensor | None:
         if not self._should_fire():
@@ -299,7 +302,8 @@ class WeightFault(Fault):
         if dist.get_rank() != self.rank:
             return
         with torch.no_grad():
-            self.change_(guard.module.get_parameter(self.param).view(-1))
+            # This rank's copy: under FSDP2, its local shard of the parameter.
+            self.change_(guard.parallel.local_weight(self.param).view(-1))
 
     @abstractmethod
     def change_(self, flat: torch.Tensor) -> None:

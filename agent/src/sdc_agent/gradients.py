@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from .fingerprint import fingerprints
 
@@ -360,6 +361,10 @@ class GradientCheck:
         reduced = torch.stack(state.reduced_sums)
         if max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm).detach()
+            if isinstance(norm, DTensor):
+                # FSDP2: the norm of the sharded gradients, reduced over the shards here
+                # (collective; every rank reaches it at the same point).
+                norm = norm.full_tensor()
             reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
         sensor = (  # SENSORS: one more int64 in the same per-step reduction
             sensor_flag.reshape(()).to(device=device, dtype=torch.bool)

@@ -23,8 +23,10 @@ A step that fails check 1 or 2 is not applied: its gradients are dropped and the
 not step, so the exact state is still there for the confirmation replays. Every decision is made
 from gathered data with the same code on every rank, so every rank returns the same Alarm and no
 rank is left waiting in a collective the others skipped. Alarms are built, logged and published
-in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind
-:class:`sdc_agent.parallel.DDPAdapter`.
+in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter, picked from the
+model: :class:`sdc_agent.parallel.DDPAdapter` for DDP, :class:`sdc_agent.parallel_fsdp.FSDP2Adapter`
+for FSDP2 (``fully_shard``: full sharding or HSDP), which also builds check 2's replayer and audit
+and check 3's comparison for its wrapper.
 """
 
 from __future__ import annotations
@@ -43,20 +45,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
-from .audit import RebuildBatch, RingAudit
+from .audit import RebuildBatch
 from .coverage import describe
-from .divergence import WeightCheck
 from .gradients import FlagExchange, GradientCheck
 from .parallel import DDPAdapter
+from .parallel_fsdp import adapter_for
 from .publisher import NullPublisher, Publisher
 from .recording import open_alarm_log
-from .replay import (
-    ComputeLoss,
-    Replayer,
-    StepEnvironment,
-    micro_batch_loss,
-    scaled_for_backward,
-)
+from .replay import ComputeLoss, StepEnvironment, micro_batch_loss, scaled_for_backward
 from .reporting import Reporter
 from .schedule import Schedule
 from .sensors.check import SensorCheck
@@ -70,19 +66,24 @@ _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
 
 
 class Guard:
-    """Adds the three SDC checks to a DDP training loop and names the GPU that computed wrong.
+    """Adds the three SDC checks to a DDP or FSDP2 training loop and names the GPU that
+    computed wrong.
 
-    ``compute_loss(model, batch)`` must return the loss; it is called with the DDP wrapper in
-    training and with the bare module in replays. ``rebuild_batch(step, rank)`` must return
-    exactly the micro-batch global ``rank`` trained on at ``step`` (with
-    ``Schedule.grad_accum`` = N > 1, the same sequence of N micro-batches). Construction is collective
-    (it gathers the rank map and checks the topology) and registers the DDP comm hook, so build
-    the guard on every rank, before the first forward pass.
+    ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
+    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP);
+    the guard learns the mesh from the parameters. ``compute_loss(model, batch)`` must return the
+    loss; it is called with the DDP wrapper in training and with the bare module in replays (with
+    FSDP2: the FSDP module in both, replays running on every rank at once).
+    ``rebuild_batch(step, rank)`` must return exactly the micro-batch global ``rank`` trained on
+    at ``step`` (with ``Schedule.grad_accum`` = N > 1, the same sequence of N micro-batches).
+    Construction is collective (it gathers the rank map and checks the topology) and registers
+    check 1's hooks (DDP's comm hook, or FSDP2's gradient taps), so build the guard on every
+    rank, before the first forward pass.
     """
 
     def __init__(
         self,
-        model: DistributedDataParallel,
+        model: DistributedDataParallel | nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
         compute_loss: ComputeLoss,
@@ -99,15 +100,18 @@ class Guard:
         ``scaler``: the ``torch.amp.GradScaler`` of fp16 training. Each micro-batch's loss is
         then back-propagated scaled (:meth:`GuardedStep.backward`), replays scale it the same
         way, and a non-finite gradient that a third GPU reproduces at the same scale is an
-        overflow: the scaler skips the step and lowers the scale, with no alarm.
+        overflow: the scaler skips the step and lowers the scale, with no alarm. DDP only: an
+        FSDP2 model with a scaler raises ValueError (:meth:`FSDP2Adapter.make_replayer
+        <sdc_agent.parallel_fsdp.FSDP2Adapter.make_replayer>` says why).
 
         ``alarm_dir``: record every alarm returned in this directory (the checkpoint directory,
         on shared storage; the same value on every rank) and refuse to resume from a checkpoint
         a recorded alarm covers (:meth:`check_resume`, docs/recovery.md); an unwritable directory
         raises OSError here. ``allow_unsafe_resume``: resume anyway, logged (forensics only).
         """
-        self.parallel = DDPAdapter(model, dp_group)
-        """The parallelism-specific parts (the training model, the bare module, the hook)."""
+        self.parallel = adapter_for(model, dp_group)
+        """The parallelism-specific parts (the training model, the bare module, the hook, and
+        the wrapper's replayer, audit and weight comparison)."""
         if not callable(compute_loss) or not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
@@ -129,7 +133,7 @@ class Guard:
         self.optimizer = optimizer
         self.compute_loss = compute_loss
         self.schedule = schedule or Schedule()
-        self.dp_group = dp_group
+        self.dp_group = a.dp_group
         self.rank = a.rank
         self.dp_rank = a.dp_rank
         self.global_ranks = a.global_ranks
@@ -139,7 +143,7 @@ class Guard:
         self._check_determinism_preconditions()
 
         # Collective: every rank gathers the rank map at construction.
-        self.ranks: dict[int, RankInfo] = rank_map(dp_group)
+        self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
         nodes = [self.ranks[g].node_name for g in self.global_ranks]
         try:
             validate_placement(nodes, self.schedule.peer_offset)
@@ -156,19 +160,17 @@ class Guard:
             self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
         )
         """Builds, logs and publishes Alarms; records when each check last passed."""
-        self.alarm_log = open_alarm_log(alarm_dir, dp_group, writes=self.dp_rank == 0)
+        self.alarm_log = open_alarm_log(alarm_dir, a.dp_group, writes=self.dp_rank == 0)
         """Where every alarm is recorded (docs/recovery.md); a no-op without ``alarm_dir``."""
         self.reporter.record_alarm = self.alarm_log.record
         self.allow_unsafe_resume = allow_unsafe_resume
-        self.gradients = GradientCheck(self.params, dp_group, self.world)
+        self.gradients = GradientCheck(self.params, a.dp_group, self.world)
         """Check 1: the comm hook's statistics and the per-step flag exchange."""
         a.register_gradient_hook(self.gradients.hook_state, self.gradients.hook)
-        self.audit = RingAudit(
-            a,
-            Replayer(
-                self.module,
-                self.params,
+        self.audit = a.make_audit(
+            a.make_replayer(
                 compute_loss,
+                self.gradients,
                 grad_accum=self.schedule.grad_accum,
                 scaler=self.scaler,
             ),
@@ -179,9 +181,18 @@ class Guard:
             overflow_is_expected=self.scaler is not None,
         )
         """Check 2: the ring replay audit and the confirmation replays."""
-        self.weights = WeightCheck(self.named_weights, dp_group, self.reporter)
+        self.weights = a.make_weight_check(self.reporter)
         """Check 3: weight fingerprint comparisons."""
-        self.sensors = SensorCheck(self.module, self.schedule)
+        # SENSORS: DDP only for now (a candidate's confirmation replays one rank's batch alone,
+        # which FSDP2's collective replays do not); elsewhere protected layers compute, unchecked.
+        self.sensors = SensorCheck(
+            self.module,
+            self.schedule,
+            unsupported=None
+            if isinstance(a, DDPAdapter)
+            else "online sensors run under DDP only; under FSDP2 the protected layers compute "
+            "as nn.Linear / nn.LayerNorm do and check nothing",
+        )
         """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
         replays. A do-nothing without protected layers."""
 
@@ -194,10 +205,12 @@ class Guard:
     def coverage(self) -> dict[str, Any]:
         """What this guard checks for this job, JSON-ready (the same on every rank).
 
-        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism``, ``world``, ``ranks``,
-        ``grad_accum``; ``checks`` with ``nonfinite_gradients`` (and its ``confirmation``),
-        ``replay_audit`` (``pairs`` of replayer/target/third global ranks, ``micro_batches``:
-        which positions are audited) and ``weight_fingerprints`` (``replicas`` compared), each
+        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp`` or ``hsdp``),
+        ``sharding`` (replicas, shards, the ranks holding each shard, whether weights have a
+        second copy), ``world``, ``ranks``, ``grad_accum``; ``checks`` with
+        ``nonfinite_gradients`` (and its ``confirmation``), ``replay_audit`` (``pairs`` of
+        replayer/target/third global ranks, ``micro_batches``: which positions are audited) and
+        ``weight_fingerprints`` (``replicas`` compared; off under FSDP2 full sharding), each
         with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
         judged); ``not_covered``: what no check catches. Logged once at start by DP rank 0.
         """
@@ -207,6 +220,7 @@ class Guard:
             can_confirm=self._can_confirm,
             scaler=self.scaler,
             param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
+            layout=self.parallel.coverage_facts(),
         )
         # SENSORS: which protected layers' GEMMs are checked online, and at what rate.
         report["checks"]["online_sensors"] = self.sensors.describe()
@@ -759,7 +773,11 @@ class GuardedStep:
         False and ``last_weight_check_pass`` says when they last were).
         """
         g = self.guard
-        verified = self._weights_checked and self.alarm is None
+        # A pass recorded at this very step: a comparison that compared nothing (check 3 off,
+        # FSDP2 full sharding) verifies nothing.
+        verified = (
+            self._weights_checked and self.alarm is None and g.last_weight_check_pass == self.step
+        )
         return {
             "step": self.step,
             "last_audit_pass": g.last_audit_pass,

@@ -9,26 +9,26 @@ The checks themselves do not know how gradients are synchronised; they ask the a
 * :meth:`DDPAdapter.no_sync`: accumulate gradients without synchronising them;
 * :attr:`DDPAdapter.dp_group` and the rank bookkeeping of the data-parallel group.
 
-Seams for what is planned (docs/architecture.md, "Beyond plain DDP"), none of it built here:
+FSDP2 (``fully_shard``, full sharding and HSDP) plugs in here as
+:class:`sdc_agent.parallel_fsdp.FSDP2Adapter`, with the same surface;
+:func:`sdc_agent.parallel_fsdp.adapter_for` picks the adapter from the model. Each adapter
+also builds the parts of checks 2 and 3 that depend on the wrapper
+(:meth:`DDPAdapter.make_replayer`, :meth:`DDPAdapter.make_audit`,
+:meth:`DDPAdapter.make_weight_check`), so the guard's wiring does not branch on the wrapper.
 
-* FSDP2 (``fully_shard``): an ``FSDP2Adapter`` would return the root module for both
-  :attr:`model` and :attr:`module` (a replay then needs the full parameters, gathered or resharded
-  on the replaying rank), use ``set_requires_gradient_sync(False)`` in :meth:`no_sync`, and, as
-  FSDP2 has no comm hooks, implement :meth:`register_gradient_hook` with per-parameter
-  post-accumulate-grad hooks on the unsharded gradient (the local check, before the
-  reduce-scatter) plus a check of the sharded DTensor gradient after it (the reduced check).
-  Check 1's flags and exchange stay as they are; parameters are DTensors, so weight fingerprints
-  compare the local shards across replicas of the same shard (the HSDP replicate group).
-
-Built on these seams (docs/architecture.md, "Gradient accumulation and mixed precision"):
+Built on these seams (docs/architecture.md, "Gradient accumulation and mixed precision"), under
+both adapters:
 
 * Gradient accumulation: :class:`~sdc_agent.guard.GuardedStep` runs the first N-1 micro-batches
   inside :meth:`no_sync` and the last outside it, so the hook sees only the last one, which
   carries the accumulated gradient; check 1 is unchanged. The audit isolates one micro-batch's
   gradient in :mod:`sdc_agent.accumulation` with per-parameter post-accumulate-grad hooks, which
-  run before DDP's reducer reads the gradient (an FSDP2 adapter would need the same ordering).
-* A GradScaler: the scaled gradient goes through the same hook; a non-finite step that a replay
-  reproduces at the same scale is an overflow the scaler skips, decided in the audit
+  run before DDP's reducer reads the gradient. Under FSDP2 the same isolation runs on the
+  unsharded parameters, first in check 1's local taps, before FSDP2's post-backward reads the
+  gradient (:meth:`Replayer.micro_batch_isolation`, overridden in :mod:`sdc_agent.replay_fsdp`).
+* A GradScaler (DDP only; ``FSDP2Adapter.make_replayer`` refuses one, saying why): the scaled
+  gradient goes through the same hook; a non-finite step that a replay reproduces at the same
+  scale is an overflow the scaler skips, decided in the audit
   (:meth:`~sdc_agent.audit.RingAudit.judge_nonfinite`), not here.
 """
 
@@ -36,14 +36,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .coverage import ddp_facts
 from .topology import collective_device, group_ranks
+
+if TYPE_CHECKING:
+    from .audit import RebuildBatch, RingAudit
+    from .divergence import WeightCheck
+    from .gradients import GradientCheck
+    from .replay import ComputeLoss, Replayer
+    from .reporting import Reporter
 
 
 class DDPAdapter:
@@ -100,3 +108,54 @@ class DDPAdapter:
         hook, so check 1 sees only the synchronising micro-batch)."""
         with self.model.no_sync():  # type: ignore[operator]
             yield
+
+    # ------------------------------------------------------------------ the checks' parts
+    # (FSDP2Adapter has the same methods; the guard builds each check through its adapter.)
+    @property
+    def weight_redundancy(self) -> bool:
+        """Whether check 3 can compare weights: every DDP replica holds all of them."""
+        return self.world >= 2
+
+    def coverage_facts(self) -> dict[str, Any]:
+        """What the layout lets check 3 see, JSON-ready (same keys as FSDP2Adapter's)."""
+        return ddp_facts(list(self.global_ranks))
+
+    def make_replayer(
+        self,
+        compute_loss: ComputeLoss,
+        gradients: GradientCheck,
+        *,
+        grad_accum: int = 1,
+        scaler: Any | None = None,
+    ) -> Replayer:
+        """Check 2's replays: on the bare module, alone (DDP ignores a backward it did not
+        prepare); ``grad_accum`` and ``scaler`` say how training back-propagated each
+        micro-batch's loss."""
+        from .replay import Replayer
+
+        return Replayer(
+            self.module, self.params, compute_loss, grad_accum=grad_accum, scaler=scaler
+        )
+
+    def make_audit(
+        self, replayer: Replayer, rebuild_batch: RebuildBatch, reporter: Reporter, **kw: Any
+    ) -> RingAudit:
+        """Check 2's ring audit (keywords: ``peer_offset``, ``can_confirm``,
+        ``overflow_is_expected``)."""
+        from .audit import RingAudit
+
+        return RingAudit(self, replayer, rebuild_batch, reporter, **kw)
+
+    def make_weight_check(self, reporter: Reporter) -> WeightCheck:
+        """Check 3: every replica's full weights compared."""
+        from .divergence import WeightCheck
+
+        return WeightCheck(self.named_weights, self.dp_group, reporter)
+
+    def with_autograd_parameter(self, name: str, use: Callable[[nn.Parameter], None]) -> None:
+        """Call ``use`` with the tensor autograd computes ``name``'s local gradient for."""
+        use(self.module.get_parameter(name))
+
+    def local_weight(self, name: str) -> torch.Tensor:
+        """This rank's copy of parameter ``name`` (writing to it changes the weights)."""
+        return self.module.get_parameter(name)

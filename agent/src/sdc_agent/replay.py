@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .accumulation import MicroBatchIsolation
 from .attribution import Outcome
 from .fingerprint import bit_patterns, fingerprints
 from .gradients import all_finite
@@ -228,6 +229,11 @@ class Replayer:
                 "Schedule(audit_every=0)"
             )
         self.zero_grads_at_start = [g is not None for g in grads]
+
+    def micro_batch_isolation(self) -> MicroBatchIsolation:
+        """What isolates the audited micro-batch's local gradient in training (accumulation):
+        hooks on the tensors whose gradient a replay fingerprints, here the parameters."""
+        return MicroBatchIsolation(self.params)
 
     def snapshot_buffers(self) -> None:
         """Remember the module's buffers as they are now (called just before the training forward)."""

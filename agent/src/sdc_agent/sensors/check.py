@@ -78,9 +78,15 @@ class SensorCheck:
     """The online sensors of one guard (a do-nothing when the model has no protected layer or
     ``Schedule.sensors`` is False)."""
 
-    def __init__(self, module: nn.Module, schedule: Schedule) -> None:
-        """Find ``module``'s sensor board and plan the rotation under ``Schedule.sensor_budget``."""
-        board = find_board(module) if schedule.sensors else None
+    def __init__(
+        self, module: nn.Module, schedule: Schedule, *, unsupported: str | None = None
+    ) -> None:
+        """Find ``module``'s sensor board and plan the rotation under ``Schedule.sensor_budget``.
+
+        ``unsupported``: why this guard cannot run sensors (its parallelism); they stay off and
+        :meth:`describe` says why."""
+        self.unsupported = unsupported if find_board(module) is not None else None
+        board = find_board(module) if schedule.sensors and unsupported is None else None
         self.board: SensorBoard | None = board
         self.plan: SensorPlan | None = (
             plan_sensors(board, schedule.sensor_budget) if board is not None else None
@@ -247,7 +253,8 @@ class SensorCheck:
         if self.board is None or self.plan is None:
             return {
                 "on": False,
-                "why": "no protected layer (sdc_agent.sensors.protect) or Schedule.sensors=False",
+                "why": self.unsupported
+                or "no protected layer (sdc_agent.sensors.protect) or Schedule.sensors=False",
                 "layers": {},
             }
         layers: dict[str, dict[str, float]] = {}

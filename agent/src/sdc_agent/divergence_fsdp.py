@@ -1,0 +1,170 @@
+"""Check 3 on a sharded model: each shard compared across its replicas (HSDP).
+
+Under HSDP every shard has one copy per replica (the mesh's ``replicate`` dimension), and those
+copies must stay bit-identical, as DDP's replicas must. :class:`ShardedDivergenceCheck` fingerprints
+this rank's local shard of every parameter and compares it with its replicas' in one all-reduce
+over the replicate group (max and min at once, as :class:`~sdc_agent.divergence.DivergenceCheck`
+does). So that every rank returns the same verdict, one small all-gather over the shard group
+then tells each rank whether any shard's replicas disagreed, together with each shard's digest;
+only when some disagree are the whole tables all-gathered (over every rank) to name the minority
+copies, shard by shard: a strict majority needs >= 3 replicas; with 2, the divergence is reported
+with nobody named (``unattributable``) and the next audit decides.
+
+The digest a checkpoint is tagged with is one per shard (the fingerprint table of that shard,
+agreed by its replicas), combined in shard order into one: it names the sharded checkpoint's
+weights as a whole, identical on every rank.
+
+Under full sharding a shard has a single copy: :class:`WeightCheckOff` stands in, comparing
+nothing (the adapter logs this at start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from .divergence import DivergenceReport, _attribute
+from .fingerprint import fingerprints, table_digest
+
+if TYPE_CHECKING:
+    from .alarm import Alarm
+    from .parallel_fsdp import FSDP2Adapter
+    from .reporting import Reporter
+
+_DIGEST_WORDS = 4
+"""A sha256 hex digest as four int64 words (the all-gather carries integers)."""
+
+
+def _digest_words(digest: str) -> list[int]:
+    return list(struct.unpack("<4q", bytes.fromhex(digest)))
+
+
+def _words_digest(words: list[int]) -> str:
+    return struct.pack("<4q", *words).hex()
+
+
+class ShardedDivergenceCheck:
+    """One comparison of every shard with its replicas, launched when made (see the module
+    docstring). Collective: make it and call :meth:`report` (or :meth:`wait`) on every rank."""
+
+    def __init__(self, adapter: FSDP2Adapter) -> None:
+        """Fingerprint this rank's shards now and launch the all-reduce over its replicas."""
+        self._adapter = adapter
+        self._names = [name for name, _ in adapter.named_weights]
+        device = adapter.collective_device
+        shards = [p.to_local() for _, p in adapter.named_weights]
+        self._table = fingerprints(shards).to(device)
+        # ~x is a monotone decreasing bijection on int64: max(~x) == ~min(x), one all-reduce.
+        self._extremes = torch.cat([self._table, torch.bitwise_not(self._table)])
+        self._work = dist.all_reduce(
+            self._extremes, op=dist.ReduceOp.MAX, group=adapter.replicate_group, async_op=True
+        )
+        self._report: DivergenceReport | None = None
+
+    def wait(self) -> None:
+        """Wait for the all-reduce without judging (when the result is no longer needed)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+
+    def report(self) -> DivergenceReport:
+        """The comparison's outcome, identical on every rank (collective: one small all-gather
+        over the shard group; the tables over every rank only when copies differ)."""
+        if self._report is not None:
+            return self._report
+        self.wait()
+        a, layout = self._adapter, self._adapter.layout
+        rows = len(self._table)
+        agreed_here = bool(
+            torch.equal(self._extremes[:rows], torch.bitwise_not(self._extremes[rows:]))
+        )
+        mine = torch.tensor(
+            [int(not agreed_here), *_digest_words(table_digest(self._table))],
+            dtype=torch.int64,
+            device=a.collective_device,
+        )
+        per_shard = [torch.empty_like(mine) for _ in range(layout.shards)]
+        dist.all_gather(per_shard, mine, group=a.shard_group)
+        shard_rows = [r.cpu().tolist() for r in per_shard]  # in shard order
+        if not any(r[0] for r in shard_rows):
+            combined = hashlib.sha256(
+                "".join(_words_digest(r[1 : 1 + _DIGEST_WORDS]) for r in shard_rows).encode()
+            ).hexdigest()
+            self._report = DivergenceReport(digest=combined)
+            return self._report
+        gathered = [torch.empty_like(self._table) for _ in range(a.world)]
+        dist.all_gather(gathered, self._table, group=a.dp_group)
+        tables = torch.stack(gathered).cpu()
+        ranks: set[int] = set()
+        tensors: list[str] = []
+        unattributable = False
+        for copies in layout.replicas_of_shard:
+            shard_report = _attribute(tables[list(copies)], self._names, list(copies))
+            ranks.update(shard_report.ranks)
+            tensors += [t for t in shard_report.tensors if t not in tensors]
+            unattributable = unattributable or shard_report.unattributable
+        self._report = DivergenceReport(
+            ranks=sorted(ranks), tensors=tensors, unattributable=unattributable, digest=None
+        )
+        return self._report
+
+
+class ShardedWeightCheck:
+    """Check 3 for an HSDP model: the same surface as :class:`~sdc_agent.divergence.WeightCheck`
+    (the guard calls it at the same points), comparing each shard across its replicas."""
+
+    def __init__(self, adapter: FSDP2Adapter, reporter: Reporter) -> None:
+        """Compare ``adapter``'s local shards over its replicate group."""
+        self._adapter = adapter
+        self._reporter = reporter
+        self._in_flight: tuple[int, ShardedDivergenceCheck] | None = None
+
+    def compare_now(self, step: int) -> Alarm | None:
+        """Compare the shards as they are now, after ``step``'s update (collective, blocking)."""
+        return self.judge(step, ShardedDivergenceCheck(self._adapter))
+
+    def launch(self, step: int) -> None:
+        """Fingerprint the shards after ``step``'s update and launch their comparison."""
+        if self._in_flight is not None:
+            raise RuntimeError(
+                "sdc_agent: a weight check is still in flight; call check_gradients (or "
+                "Guard.finish) between two after_update calls"
+            )
+        self._in_flight = (step, ShardedDivergenceCheck(self._adapter))
+
+    def take_in_flight(self) -> tuple[int, ShardedDivergenceCheck] | None:
+        """The launched comparison (the step it was taken after), now owned by the caller."""
+        in_flight, self._in_flight = self._in_flight, None
+        return in_flight
+
+    def judge(self, step: int, check: ShardedDivergenceCheck) -> Alarm | None:
+        """Record the pass and the combined digest, or log, publish and return the Alarm."""
+        report = check.report()
+        reporter = self._reporter
+        if report.agreed:
+            reporter.passes.last_weight_check_pass = step
+            reporter.passes.last_weights_digest = report.digest
+            reporter.record_pass("weights", step)
+            return None
+        return reporter.log_and_publish(reporter.weights_alarm(step, report))
+
+
+class WeightCheckOff:
+    """Check 3 where weights have no redundancy (full sharding): compares nothing, records no
+    pass (``last_weight_check_pass`` stays None, so checkpoint tags say the weights were not
+    verified)."""
+
+    def compare_now(self, step: int) -> Alarm | None:
+        """Nothing to compare: no alarm."""
+        return None
+
+    def launch(self, step: int) -> None:
+        """Nothing to launch."""
+
+    def take_in_flight(self) -> None:
+        """Nothing is ever in flight."""
+        return None

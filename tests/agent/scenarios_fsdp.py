@@ -1,0 +1,108 @@
+"""FSDP2 / HSDP jobs the multi-process tests run on every rank (importable by the launcher)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import sdc_agent as sdc
+from sdc_agent.drill import make_batch, make_loss
+from sdc_agent.drill_fsdp import ShardedDrillModel, build_sharded
+from sdc_agent.fingerprint import fingerprints, table_digest
+from sdc_agent.replay import step_seed
+from tests.agent.scenarios import CountingPublisher
+
+
+def long_clean_run(*, parallel: str, steps: int, schedule: dict[str, Any]) -> dict[str, Any]:
+    """Train without faults (bf16 autocast, activation checkpointing); count the checks."""
+    publisher = CountingPublisher()
+    _, _, guard = build_sharded(
+        schedule,
+        parallel=parallel,
+        autocast_bf16=True,
+        activation_checkpointing=True,
+        publisher=publisher,
+    )
+    saves: list[dict[str, Any]] = []
+    alarm = guard.train(
+        (make_batch(s, dist.get_rank()) for s in range(steps)),
+        save_checkpoint=lambda s, tags: saves.append(tags),
+    )
+    return {
+        "alarm": alarm.to_dict() if alarm else None,
+        "audit_passes": publisher.audit_passes,
+        "weight_check_passes": publisher.weight_check_passes,
+        "alarms_published": len(publisher.alarms),
+        "saves": saves,
+        "rank": dist.get_rank(),
+        "weight_redundancy": guard.parallel.weight_redundancy,
+        "coverage_facts": guard.parallel.coverage_facts(),
+        "coverage": guard.coverage(),
+    }
+
+
+def replays_leave_training_unchanged(
+    *, parallel: str, steps: int, mixed_precision: bool = False
+) -> dict[str, Any]:
+    """Train the same steps twice from the same weights: audited every step, and not audited
+    (seeding each step as an audit step is seeded). Returns both runs' final shard digests.
+    ``mixed_precision``: FSDP2's bf16-parameter / float32-reduction policy."""
+    digests = []
+    for audit_every in (1, 0):
+        model, optimizer, guard = build_sharded(
+            {"audit_every": audit_every, "check_every": 0, "peer_offset": 2},
+            parallel=parallel,
+            mixed_precision=mixed_precision,
+        )
+        compute_loss = make_loss()
+        for step in range(steps):
+            with guard.step(step) as guarded:
+                if audit_every == 0:  # the RNG an audit step runs with, without the audit
+                    torch.manual_seed(step_seed(step, dist.get_rank()))
+                loss = compute_loss(model, make_batch(step, dist.get_rank()))
+                loss.backward()
+                assert guarded.check_gradients(loss) is None
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                assert guarded.after_update() is None
+        assert guard.finish() is None
+        assert guard.last_audit_pass == (steps - 1 if audit_every else None)
+        digests.append(table_digest(fingerprints([p.to_local() for p in model.parameters()])))
+    return {"audited": digests[0], "unaudited": digests[1]}
+
+
+def unsupported_mesh() -> dict[str, Any]:
+    """A 2-D mesh whose dimensions are not named ("replicate", "shard"): refused at construction."""
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (3, 2), mesh_dim_names=("dp", "tp"))
+    model = ShardedDrillModel()
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        sdc.Guard(
+            model,
+            optimizer,
+            compute_loss=make_loss(),
+            rebuild_batch=make_batch,
+            schedule=sdc.Schedule(peer_offset=2),
+        )
+    except ValueError as err:
+        return {"error_type": type(err).__name__, "message": str(err)}
+    return {"error_type": None, "message": ""}
+
+
+def scaler_refused(*, parallel: str) -> dict[str, Any]:
+    """Guard(scaler=GradScaler) on an FSDP2 model: refused at construction, on every rank."""
+    try:
+        build_sharded(
+            {"audit_every": 5, "peer_offset": 2},
+            parallel=parallel,
+            scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10),
+        )
+    except ValueError as err:
+        return {"error_type": type(err).__name__, "message": str(err)}
+    return {"error_type": None, "message": ""}
