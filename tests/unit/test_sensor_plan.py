@@ -168,3 +168,12 @@ def test_the_guards_sensor_coverage_says_what_is_checked_and_at_what_rate():
     rates = [r for layer in report["layers"].values() for r in layer.values()]
     assert min(rates) >= 1 / report["period"] and report["estimated_cost"] <= 0.01 + 1e-12
     assert any(on.checks_at(s) for s in range(report["period"]))
+
+
+def test_sensors_refused_by_the_parallelism_stay_off_and_say_why():
+    from sdc_agent.sensors.check import SensorCheck
+
+    model = nn.Sequential(nn.Linear(8, 8))
+    protect(model)
+    check = SensorCheck(model, sdc.Schedule(), unsupported="DDP only")
+    assert not check.enabled and check.describe() == {"on": False, "why": "DDP only", "layers": {}}
