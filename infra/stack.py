@@ -52,7 +52,12 @@ class SdcGuardStack(cdk.Stack):
 
         self.ledger = Ledger(self, "Ledger")
         self.approvals = Approvals(self, "Approvals")
-        self.notifications = Notifications(self, "Notifications", emails=config.notification_emails)
+        self.notifications = Notifications(
+            self,
+            "Notifications",
+            emails=config.notification_emails,
+            alarm_name_prefix=config.resource_prefix,
+        )
         self.functions = Functions(
             self,
             "Functions",
