@@ -15,7 +15,7 @@ from typing import Any
 import botocore.exceptions
 import click
 
-from .approvals import Approvals
+from .approvals import Approvals, caller_arn
 from .errors import ConfigurationError, NoCredentials, RemediationError
 from .ledger import Ledger
 
@@ -171,3 +171,20 @@ def history(ctx: click.Context, node: str | None, as_json: bool) -> None:
         click.echo(
             f"{e['at']}  {e['pk']}  {e.get('node_name') or '-'}  {e['transition']}{who}  {e['remediation_id']}"
         )
+
+
+@main.command()
+@click.argument("node")
+@click.option("--reason", default="", help="Why (recorded in the ledger).")
+@click.pass_context
+@_fail_cleanly
+def release(ctx: click.Context, node: str, reason: str) -> None:
+    """Tell the blast-radius guard that NODE (hyperpod-i-... or i-...) is back in service.
+
+    A node sdc-guard cordoned keeps counting against MAX_NODES_PER_HOUR and MAX_FRACTION until
+    released: after a rejection that kept it cordoned, an approval timeout, a failure or an
+    abandoned run. Uncordon it (kubectl uncordon) or replace it first; this command does not
+    touch Kubernetes. Your IAM identity is recorded as who released it.
+    """
+    instance_id = _ledger(ctx).release(None, node, released_by=caller_arn(), reason=reason)
+    click.echo(f"Released {instance_id}: it no longer counts against the blast-radius guard.")

@@ -98,3 +98,10 @@ __all__ = [
     "ReplaceFailed",
     "ReportNotYetVisible",
 ]
+
+
+class NodeNotHeld(RemediationError):
+    """``sdc-remediation release``: the blast-radius guard does not hold that node."""
+
+
+__all__ += ["NodeNotHeld"]

@@ -256,6 +256,9 @@ class ItemState(_Model):
     execution: str = ""
     suspects_in_alarm: int = Field(default=1, ge=1)
     """How many nodes the same alarm names (the Map's item count)."""
+    item: int | None = None
+    """The Map item's index (``$$.Map.Item.Index``): with ``execution``, what the execution
+    itself knows about this remediation, whatever the steps returned."""
     admission: Admission | None = None
     cordon: CordonResult | None = None
     health: HealthResult | None = None
@@ -293,6 +296,7 @@ Transition = Literal[
     "approval_timed_out",
     "replaced",
     "failed",
+    "abandoned",
 ]
 
 
@@ -310,6 +314,7 @@ class RecordState(_Model):
     suspect: Suspect | None = None
     suspects: list[Suspect] = Field(default_factory=list)
     execution: str = ""
+    item: int | None = None
     admission: Admission | None = None
     cordon: CordonResult | None = None
     health: HealthResult | None = None
@@ -325,6 +330,8 @@ class RecordInput(_Model):
     notify: bool = False
     state: RecordState = Field(default_factory=RecordState)
     error: StepError | None = None
+    execution: str = ""
+    """``$$.Execution.Id``, set by the workflow on every record task (the state may lack it)."""
 
 
 class RecordResult(_Model):

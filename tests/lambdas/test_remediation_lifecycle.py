@@ -1,0 +1,128 @@
+"""Every admitted remediation ends: a step killed mid-way, a step result missing keys, a damaged
+approval, or an execution that is no longer running never leaves the node open (moto ledger)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from click.testing import CliRunner
+from remediation_factories import CLUSTER, LEDGER, item_state
+
+from sdc_remediation import aws, ledger
+from sdc_remediation.cli import main
+from sdc_remediation.dynamo import from_item, to_item
+
+MOTO_CALLER = "arn:aws:sts::123456789012:user/moto"
+FAILURE = {"Error": "States.TaskFailed", "Cause": "the Lambda timed out"}
+
+
+def _item(pk: str, sk: str) -> dict | None:
+    ddb = aws.client("dynamodb")
+    return from_item(ddb.get_item(TableName=LEDGER, Key=to_item({"pk": pk, "sk": sk})).get("Item"))
+
+
+def _events(node: str) -> list[dict[str, Any]]:
+    return ledger.Ledger(LEDGER).events(node)
+
+
+def test_an_admission_that_committed_but_never_answered_is_closed_by_the_failure_recorder(
+    cloud, invoke
+):
+    # Given admit committed the node, then its Lambda timed out: the state has no $.admission
+    node = cloud.nodes[0]
+    invoke("admit", {**item_state(node, execution="arn:exec:e1"), "item": 0})
+    state = {**item_state(node, execution="arn:exec:e1"), "item": 0}
+    state.pop("admission", None)
+
+    # When the Catch records the failure
+    invoke("record", {"transition": "failed", "notify": True, "state": state, "error": FAILURE})
+
+    # Then the remediation is closed (keyed by the execution and item), the event names it
+    st = _item(node, "STATE")
+    assert st["open"] is False and st["status"] == "failed"
+    assert [e["remediation_id"] for e in _events(node) if e["transition"] == "failed"] == [
+        st["remediation_id"]
+    ]
+    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == []
+
+
+def test_an_approval_without_approver_is_recorded_and_closes(cloud, invoke):
+    # Given an approval output that lacks `approver` (sent by hand, or by a broken client)
+    node = cloud.nodes[0]
+    admission = invoke("admit", item_state(node, execution="arn:exec:e1"))
+    damaged = {
+        **item_state(node, execution="arn:exec:e1", admission=admission),
+        "approval": {"decision": "approve", "approval_id": "a-1"},
+    }
+
+    # When RecordApproved raises on it and the Catch's RecordItemFailed gets the same state
+    out = invoke(
+        "record", {"transition": "failed", "notify": True, "state": damaged, "error": FAILURE}
+    )
+
+    # Then the failure recorder did not raise, closed the remediation, and says what was damaged
+    assert out == {"recorded": True}
+    assert _item(node, "STATE")["open"] is False
+    (failed,) = [e for e in _events(node) if e["transition"] == "failed"]
+    assert "approval" in failed["error"] and "approver" in failed["error"]
+    assert failed["node_name"] == f"hyperpod-{node}"
+
+
+def test_the_failure_recorder_salvages_a_state_whose_suspect_does_not_parse(cloud, invoke):
+    # Given a state whose suspect lost required keys (only the instance id is left)
+    node = cloud.nodes[0]
+    invoke("admit", item_state(node, execution="arn:exec:e1"))
+    state = item_state(node, execution="arn:exec:e1")
+    state["suspect"] = {"instance_id": node}
+
+    # When the failure is recorded
+    invoke("record", {"transition": "failed", "notify": True, "state": state, "error": FAILURE})
+
+    # Then the node's remediation is closed and the failure recorded under the node
+    assert _item(node, "STATE")["open"] is False
+    assert [e["transition"] for e in _events(node)][-1] == "failed"
+
+
+def test_a_failure_of_the_second_naming_of_a_node_does_not_close_the_first(cloud, invoke):
+    # Given one alarm naming the same instance in two Map items: item 0 admitted, item 1 not
+    node = cloud.nodes[0]
+    first = invoke("admit", {**item_state(node, execution="arn:exec:e1"), "item": 0})
+    second = invoke("admit", {**item_state(node, execution="arn:exec:e1"), "item": 1})
+
+    # When item 1's path fails (its state lost its admission)
+    state = {**item_state(node, execution="arn:exec:e1"), "item": 1}
+    invoke("record", {"transition": "failed", "notify": True, "state": state, "error": FAILURE})
+
+    # Then it was one admission, and item 0's remediation is still open
+    assert first["decision"] == "admitted"
+    assert second["decision"] == "duplicate"
+    assert second["remediation_id"] == first["remediation_id"]
+    assert _item(node, "STATE")["open"] is True
+
+
+def test_release_records_the_callers_identity_and_frees_the_guard(cloud, invoke):
+    # Given a node kept cordoned after a rejection
+    node = cloud.nodes[0]
+    admission = invoke("admit", item_state(node, execution="e1"))
+    invoke(
+        "record",
+        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
+    )
+    held_before = ledger.Ledger(LEDGER).held(CLUSTER)
+
+    # When an operator releases it with the CLI, and tries again
+    runner = CliRunner()
+    args = ["--ledger-table", LEDGER, "release", f"hyperpod-{node}", "--reason", "GPU swapped"]
+    first = runner.invoke(main, args)
+    again = runner.invoke(main, args)
+
+    # Then the guard no longer holds it and the ledger says who released it and why
+    assert [h["instance_id"] for h in held_before] == [node]
+    assert first.exit_code == 0, first.output
+    assert ledger.Ledger(LEDGER).held(CLUSTER) == []
+    (released,) = [e for e in _events(node) if e["transition"] == "released"]
+    assert released["approver"] == MOTO_CALLER
+    assert released["reason"] == "GPU swapped"
+    # And a second release is a clear one-line error
+    assert again.exit_code == 1
+    assert "NodeNotHeld" in again.output
