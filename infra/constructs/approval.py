@@ -73,6 +73,7 @@ def request_approval_task(
         payload=sfn.TaskInput.from_object(payload),
         task_timeout=sfn.Timeout.duration(timeout),
         result_path="$.approval",
+        retry_on_service_exceptions=False,  # the workflow's jittered retry covers them
         comment="Store the token under an approval id, notify, wait for `sdc-remediation approve|reject`",
     )
 

@@ -55,11 +55,10 @@ STEPS: dict[str, StepSpec] = {
         kubernetes=True,
     ),
     "admit": StepSpec(
+        # No reserved concurrency: the guard's DynamoDB transaction (conditioned on the guard
+        # item's version) already serialises concurrent admissions; a limit of one only turned
+        # a storm into throttling and a failure per node.
         "Dedupe per node and apply the blast-radius guard before any cordon",
-        # One at a time: the guard counts open remediations and then admits; two concurrent
-        # admissions (two suspects in one Map, or two alarms at once) could both see room for
-        # one more. Throttled invocations are retried by the workflow (Lambda.TooManyRequests).
-        reserved_concurrency=1,
     ),
     "cordon": StepSpec("Cordon and label the suspect node", kubernetes=True),
     "uncordon": StepSpec("Uncordon a node an approver released", kubernetes=True),

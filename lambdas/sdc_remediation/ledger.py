@@ -466,6 +466,33 @@ class Ledger:
             if aws.error_code(exc) != "ConditionalCheckFailedException":
                 raise
 
+    def first_notice(self, cluster: str, execution: str, transition: str) -> bool:
+        """Claim the one notification of ``transition`` for ``execution``: True the first time.
+
+        A storm's items each record ``circuit_open``; the on-call gets one message per alarm,
+        not one per node.
+        """
+        if not execution:
+            return True
+        try:
+            with aws.aws_errors("dynamodb:PutItem"):
+                self._ddb.put_item(
+                    TableName=self.table,
+                    Item=to_item(
+                        {
+                            "pk": cluster_pk(cluster),
+                            "sk": f"NOTICE#{execution}#{transition}",
+                            "at": clock.iso(clock.now()),
+                        }
+                    ),
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+        except botocore.exceptions.ClientError as exc:
+            if aws.error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
     def events(self, pk: str) -> list[dict[str, Any]]:
         """Every transition recorded under ``pk`` (an instance id), oldest first."""
         ddb = self._ddb

@@ -37,6 +37,9 @@ CLOSING_TRANSITIONS = {
 # Transitions about an alarm that was NOT admitted: recorded in the node's history, but they must
 # not overwrite the status of the remediation that is open on the node.
 NOT_ADMITTED = {"duplicate", "circuit_open"}
+# Transitions notified once per execution: every item of a storm records its own, one message
+# (the first item's, whose reason names the whole alarm) tells the on-call.
+ONCE_PER_EXECUTION = {"circuit_open"}
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,11 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     )
     metrics.add_dimension(name="ClusterName", value=cluster)
     metrics.add_metric(name=inp.transition, unit="Count", value=1)
-    if inp.notify:
+    notify_now = inp.notify and (
+        inp.transition not in ONCE_PER_EXECUTION
+        or ledger.first_notice(cluster, execution, inp.transition)
+    )
+    if notify_now:
         subject, body = notify.transition_message(inp, cluster, dry_run=settings.dry_run)
         if node is not None:
             subject = subject.replace(f"cluster {cluster}", node.node_name or node.instance_id)

@@ -192,7 +192,8 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         assert state["Type"] == "Task"
         assert state["Resource"].startswith("arn:<AWS::Partition>:states:::lambda:invoke")
         assert state["Parameters"]["FunctionName"] == f"<{ids[folder]}.Arn>"
-    # And the Map iterates the suspects, each item starting as {alarm, suspect, execution}
+    # And the Map iterates the suspects, each item starting as {alarm, suspect, execution,
+    # item} (the last two: what keys the remediation whatever the steps return)
     remediate = asl["States"]["RemediateSuspects"]
     assert remediate["Type"] == "Map"
     assert remediate["ItemsPath"] == "$.suspects"
@@ -200,6 +201,7 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         "alarm.$": "$.alarm",
         "suspect.$": "$$.Map.Item.Value",
         "execution.$": "$$.Execution.Id",
+        "item.$": "$$.Map.Item.Index",
         "suspects_in_alarm.$": "States.ArrayLength($.suspects)",
     }
 
@@ -312,18 +314,27 @@ def test_approval_waits_for_the_task_token_with_the_configured_timeout(
 def test_decision_branches(default_synth: Any) -> None:
     # Given the ApprovalDecision and HealthCheckStatus choices
     states = item_states(definition(default_synth.template))
-    decision = states["ApprovalDecision"]["Choices"]
+    guard, *decision = states["ApprovalDecision"]["Choices"]
 
     def target(choice: dict[str, Any]) -> str:
         return choice["Next"]
 
-    # Then approve -> record approved -> Replace; reject+release -> Uncordon; reject -> rejected
+    # Then a decision without its decision or approver is a recorded failure, checked first
+    assert target(guard) == "IncompleteDecision"
+    assert states["IncompleteDecision"]["Next"] == "RecordItemFailed"
+    # And approve -> record approved -> Replace; reject+release -> Uncordon; reject -> rejected
     assert target(decision[0]) == "RecordApproved" and states["RecordApproved"]["Next"] == "Replace"
     assert {target(c) for c in decision[1:]} == {"RecordRejected", "Uncordon"}
     assert states["UncordonResult"]["Next"] == "RecordReleased"
     assert states["ReplaceResult"]["Next"] == "RecordReplaced"
     # And the health poll loops while in progress, and skips approval when HyperPod replaced it
-    health = {c["StringEquals"]: c["Next"] for c in states["HealthCheckStatus"]["Choices"]}
+    no_status, *by_status = states["HealthCheckStatus"]["Choices"]
+    assert no_status == {
+        "Variable": "$.health.status",
+        "IsPresent": False,
+        "Next": "NoHealthStatus",
+    }
+    health = {c["StringEquals"]: c["Next"] for c in by_status}
     assert health["in_progress"] == "WaitForHealthCheck"
     assert states["WaitForHealthCheck"]["Next"] == "PollHealthCheck"
     assert states[health["replaced_by_hyperpod"]].get("End") is True
@@ -378,9 +389,9 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert "stateMachine:sdc-guard-example-hyperpod-cluster" in flatten(
             env["STATE_MACHINE_ARN"]
         )
-    # And admit runs one at a time, so the blast-radius guard cannot race itself
-    admit = functions[function_ids(default_synth.template)["admit"]]
-    assert admit["Properties"]["ReservedConcurrentExecutions"] == 1
+    # And no function has a reserved concurrency (admit's guard transaction serialises; a
+    # limit of one turned a storm into throttling and a failure per node)
+    assert all("ReservedConcurrentExecutions" not in f["Properties"] for f in functions.values())
 
 
 def test_tables_have_the_contract_keys_and_protection(default_synth: Any) -> None:

@@ -126,3 +126,33 @@ def test_release_records_the_callers_identity_and_frees_the_guard(cloud, invoke)
     # And a second release is a clear one-line error
     assert again.exit_code == 1
     assert "NodeNotHeld" in again.output
+
+
+def test_a_50_node_storm_ends_with_circuit_open_and_one_message(cloud, invoke):
+    # Given one alarm naming 50 nodes (40-node moto cluster: the guard allows 2)
+    nodes = [f"i-{n:017x}" for n in range(50)]
+    # When every Map item is admitted and recorded as the workflow does (circuit_open notifies)
+    decisions = []
+    for index, node in enumerate(nodes):
+        state = {
+            **item_state(node, execution="arn:exec:storm"),
+            "item": index,
+            "suspects_in_alarm": 50,
+        }
+        admission = invoke("admit", state)
+        decisions.append(admission["decision"])
+        invoke(
+            "record",
+            {
+                "transition": admission["decision"],
+                "notify": True,
+                "state": {**state, "admission": admission},
+                "execution": "arn:exec:storm",
+            },
+        )
+    # Then nothing is admitted, and the on-call gets one message, not fifty
+    assert set(decisions) == {"circuit_open"}
+    messages = cloud.sns_messages()
+    assert len(messages) == 1
+    assert "50 nodes" in messages[0]["message"]
+    assert _item(ledger.guard_pk(CLUSTER), "GUARD") is None  # nothing was written to the guard
