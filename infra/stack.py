@@ -16,10 +16,11 @@ from infra.constructs.alarms import LivenessAlarm, PipelineAlarms, SdcAlarms
 from infra.constructs.approval import Approvals, OperatorPolicy
 from infra.constructs.dashboard import Dashboard
 from infra.constructs.eks_access import EksAccess
-from infra.constructs.functions import Functions, log_retention
+from infra.constructs.functions import SWEEP_RATE, Functions, log_retention
 from infra.constructs.ledger import Ledger
 from infra.constructs.notifications import Notifications
 from infra.constructs.rule import AlarmRule
+from infra.constructs.sweeper import SweeperSchedule
 from infra.constructs.workflow import Workflow
 
 # Margin on top of the health-check and approval windows before the execution itself times out:
@@ -81,6 +82,12 @@ class SdcGuardStack(cdk.Stack):
             log_retention=log_retention(config.log_retention_days),
         )
         state_machine = self.workflow.state_machine
+        self.sweeper = SweeperSchedule(
+            self,
+            "Sweeper",
+            function=self.functions.services["sweeper"].function,
+            rate=SWEEP_RATE,
+        )
 
         self.sdc_alarms = SdcAlarms(self, "SdcAlarms", config=config)
         self.rule = AlarmRule(
@@ -114,7 +121,10 @@ class SdcGuardStack(cdk.Stack):
             config=config,
             alarms=self.sdc_alarms.alarms,
             state_machine=state_machine,
-            functions=[step.function for step in self.functions.steps.values()],
+            functions=[
+                f.function
+                for f in (*self.functions.steps.values(), *self.functions.services.values())
+            ],
             dead_letter_queue=self.rule.dead_letter_queue,
             record_log_group=self.functions.steps["record"].log_group,
         )

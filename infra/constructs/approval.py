@@ -16,8 +16,6 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from infra.constructs.ledger import BY_CLUSTER_INDEX
-
 TTL_ATTRIBUTE = "expires_at"
 
 # The keys of a Map item's state when RequestApproval runs (docs/CONTRACT.md "Workflow state").
@@ -119,7 +117,7 @@ class OperatorPolicy(Construct):
                     sid="ReadLedger",
                     # `history` without --node scans the (small) ledger.
                     actions=["dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan"],
-                    resources=[ledger.table_arn, f"{ledger.table_arn}/index/{BY_CLUSTER_INDEX}"],
+                    resources=[ledger.table_arn],
                 ),
             ],
         )

@@ -23,7 +23,6 @@ from constructs import Construct
 
 from infra import bundling, nag
 from infra.config import LOG_RETENTION_DAYS, SdcConfig
-from infra.constructs.ledger import BY_CLUSTER_INDEX
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14  # the newest: cdk-nag L1 asks for it
 ARCHITECTURE = lambda_.Architecture.ARM_64  # Graviton: cheaper per ms; every wheel we need exists
@@ -70,6 +69,18 @@ STEPS: dict[str, StepSpec] = {
     "replace": StepSpec("Replace the node (BatchReplaceClusterNodes or the health label)"),
     "record": StepSpec("Record a transition in the ledger, emit a metric, notify"),
 }
+
+
+# Functions outside the workflow (same defaults, their own roles): folder -> spec.
+SERVICES: dict[str, StepSpec] = {
+    "sweeper": StepSpec(
+        "Close remediations whose workflow execution is no longer running (scheduled)",
+        timeout_seconds=120,
+    ),
+}
+
+SWEEP_RATE = cdk.Duration.minutes(15)
+"""How often the sweeper looks for remediations whose execution ended without closing them."""
 
 
 class StepFunction(Construct):
@@ -190,9 +201,13 @@ class Functions(Construct):
             if spec.kubernetes or (folder == "replace" and config.replace_mode == "label")
         ]
         self.steps: dict[str, StepFunction] = {}
-        for folder, spec in STEPS.items():
+        """The workflow's step functions, by contract folder."""
+        self.services: dict[str, StepFunction] = {}
+        """The functions outside the workflow (SERVICES), by folder."""
+        for folder, spec in {**STEPS, **SERVICES}.items():
             in_vpc = folder in self.kubernetes_steps and vpc is not None
-            self.steps[folder] = StepFunction(
+            into = self.steps if folder in STEPS else self.services
+            into[folder] = StepFunction(
                 self,
                 _pascal(folder),
                 folder=folder,
@@ -234,7 +249,7 @@ class Functions(Construct):
         # Explicit ARNs instead of table.grant()/topic.grant_publish(): those add `index/*` and
         # `kms:GenerateDataKey*` wildcards; these are the exact resources and actions used.
         # (TransactWriteItems is authorized per item as PutItem/UpdateItem/ConditionCheckItem.)
-        ledger_arns = [ledger.table_arn, f"{ledger.table_arn}/index/{BY_CLUSTER_INDEX}"]
+        ledger_arns = [ledger.table_arn]
         ledger_rw = (
             "dynamodb:GetItem",
             "dynamodb:PutItem",
@@ -245,7 +260,7 @@ class Functions(Construct):
         ledger_read = ("dynamodb:GetItem", "dynamodb:Query")
 
         def allow(folder: str, sid: str, actions: Sequence[str], resources: Sequence[str]) -> None:
-            self.steps[folder].role.add_to_policy(
+            self._function(folder).role.add_to_policy(
                 iam.PolicyStatement(sid=sid, actions=list(actions), resources=list(resources))
             )
 
@@ -321,10 +336,28 @@ class Functions(Construct):
         allow("record", "Ledger", ledger_rw, ledger_arns)
         allow_notify("record")
 
+        allow("sweeper", "Ledger", (*ledger_rw, "dynamodb:Scan"), ledger_arns)
+        executions_arn = stack.format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{config.resource_prefix}:*",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+        allow(
+            "sweeper", "DescribeWorkflowExecutions", ["states:DescribeExecution"], [executions_arn]
+        )
+        nag.acknowledge(
+            self.services["sweeper"].role,
+            nag.wildcard_resource_finding(self, executions_arn),
+            "DescribeExecution (read only) on the executions of this stack's state machine; "
+            "execution names are made at run time",
+        )
+        allow_notify("sweeper")
+
         for folder in self.kubernetes_steps:
             allow(folder, "DescribeEksCluster", ["eks:DescribeCluster"], [eks_arn])
 
-        for folder, step in self.steps.items():
+        for folder, step in {**self.steps, **self.services}.items():
             reasons = [
                 "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) have no resource-level permissions"
             ]
@@ -337,6 +370,10 @@ class Functions(Construct):
                     "the Lambda VPC network-interface calls have no resource-level permissions for Describe*"
                 )
             nag.acknowledge(step.role, nag.ANY_RESOURCE, "; ".join(reasons))
+
+    def _function(self, folder: str) -> StepFunction:
+        """A step's or a service's function."""
+        return self.steps[folder] if folder in self.steps else self.services[folder]
 
     @property
     def kubernetes_roles(self) -> dict[str, iam.IRole]:

@@ -8,8 +8,7 @@ Items (docs/CONTRACT.md, "DynamoDB tables"):
   Cluster-level transitions (ambiguous, no suspects, a failure before any node is known) use
   ``pk=CLUSTER#<cluster>``.
 - ``pk=GUARD#<cluster>, sk=GUARD``: the guard's own item (``version``, ``admissions`` in the last
-  hour, ``open_instances``). It carries no ``cluster``/``admitted_at``, so the ``by_cluster`` GSI
-  never sees it.
+  hour, ``open_instances`` in flight, ``held``: nodes admitted and not released).
 
 A remediation is open from its admission until ``record`` writes any terminal transition for
 it (released, replaced, replaced_by_hyperpod, rejected, approval_timed_out, failed): ``close``

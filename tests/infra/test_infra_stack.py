@@ -13,7 +13,7 @@ from aws_cdk.assertions import Match, Template
 
 from infra.config import METRIC_NAMES
 from infra.constructs.eks_access import KUBERNETES_GROUP
-from infra.constructs.functions import STEPS
+from infra.constructs.functions import SERVICES, STEPS
 from tests.infra.infra_template import (
     as_list,
     definition,
@@ -81,10 +81,10 @@ def test_cfn_lint_is_clean(which: str, request: pytest.FixtureRequest) -> None:
 def test_resource_counts(default_synth: Any) -> None:
     # Given the default stack / Then it holds exactly the pipeline's resources
     template = Template.from_json(default_synth.template)
-    template.resource_count_is("AWS::Lambda::Function", 9)
+    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES))  # steps + services
     template.resource_count_is("AWS::Lambda::LayerVersion", 1)
     template.resource_count_is("AWS::StepFunctions::StateMachine", 1)
-    template.resource_count_is("AWS::Events::Rule", 1)
+    template.resource_count_is("AWS::Events::Rule", 2)  # the alarms' rule, the sweeper's schedule
     template.resource_count_is("AWS::DynamoDB::Table", 2)
     template.resource_count_is("AWS::SNS::Topic", 1)
     template.resource_count_is("AWS::SQS::Queue", 1)
@@ -133,7 +133,11 @@ def test_rule_matches_exactly_our_alarms_entering_alarm_and_starts_the_workflow(
 ) -> None:
     # Given the default stack
     template = default_synth.template
-    (rule,) = resources(template, "AWS::Events::Rule").values()
+    (rule,) = [
+        r
+        for r in resources(template, "AWS::Events::Rule").values()
+        if "EventPattern" in r["Properties"]
+    ]
     pattern = rule["Properties"]["EventPattern"]
     alarm_ids = {
         logical_id
@@ -370,7 +374,7 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
     functions = resources(default_synth.template, "AWS::Lambda::Function")
     handlers = sorted(fn["Properties"]["Handler"] for fn in functions.values())
     # Then one per contract folder, handler <folder>.handler.handler
-    assert handlers == sorted(f"{folder}.handler.handler" for folder in STEPS)
+    assert handlers == sorted(f"{folder}.handler.handler" for folder in {**STEPS, **SERVICES})
     for fn in functions.values():
         props = fn["Properties"]
         assert props["Runtime"] == "python3.14"
@@ -397,7 +401,8 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
 def test_tables_have_the_contract_keys_and_protection(default_synth: Any) -> None:
     # Given the two tables
     template = Template.from_json(default_synth.template)
-    # Then the ledger is pk/sk with the by_cluster index, PITR and KMS encryption
+    # Then the ledger is pk/sk (no secondary index: the guard counts from its own item), PITR
+    # and KMS encryption
     template.has_resource(
         "AWS::DynamoDB::Table",
         {
@@ -407,17 +412,6 @@ def test_tables_have_the_contract_keys_and_protection(default_synth: Any) -> Non
                     "KeySchema": [
                         {"AttributeName": "pk", "KeyType": "HASH"},
                         {"AttributeName": "sk", "KeyType": "RANGE"},
-                    ],
-                    "GlobalSecondaryIndexes": [
-                        Match.object_like(
-                            {
-                                "IndexName": "by_cluster",
-                                "KeySchema": [
-                                    {"AttributeName": "cluster", "KeyType": "HASH"},
-                                    {"AttributeName": "admitted_at", "KeyType": "RANGE"},
-                                ],
-                            }
-                        )
                     ],
                     "BillingMode": "PAY_PER_REQUEST",
                     "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
@@ -538,7 +532,7 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
     (ledger_id,) = [
         k
         for k, t in resources(template, "AWS::DynamoDB::Table").items()
-        if "GlobalSecondaryIndexes" in t["Properties"]
+        if len(t["Properties"]["KeySchema"]) == 2
     ]
     (topic_id,) = resources(template, "AWS::SNS::Topic")
     cluster_arn = "arn:aws:sagemaker:us-west-2:123456789012:cluster/abcdef123456"
@@ -557,15 +551,13 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         for f, acts in by_step.items()
         if "dynamodb:PutItem" in acts and any(ledger_id in r for r in acts["dynamodb:PutItem"])
     }
-    assert writers == {"admit", "record"}
-    assert by_step["admit"]["dynamodb:Query"] == [
-        f"<{ledger_id}.Arn>",
-        f"<{ledger_id}.Arn>/index/by_cluster",
-    ]
-    # And notifications are published only by record and request_approval, to our topic
+    assert writers == {"admit", "record", "sweeper"}
+    assert by_step["admit"]["dynamodb:Query"] == [f"<{ledger_id}.Arn>"]
+    # And notifications are published only by record, request_approval and the sweeper
     assert {f for f, acts in by_step.items() if "sns:Publish" in acts} == {
         "record",
         "request_approval",
+        "sweeper",
     }
     assert by_step["record"]["sns:Publish"] == [f"<{topic_id}>"]
     # And eks:DescribeCluster is on the named cluster, for the Kubernetes-facing steps only
@@ -577,6 +569,7 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         "admit",
         "record",
         "request_approval",
+        "sweeper",
     }
 
 
@@ -719,3 +712,28 @@ def test_code_asset_is_the_lambdas_folder_without_build_leftovers(default_synth:
     assert not [f for f in files if "__pycache__" in f or ".egg-info" in f or f.endswith(".pyc")]
     assert not [f for f in files if f == "tests" or f.startswith("tests/") or "/tests/" in f]
     assert "pyproject.toml" not in files
+
+
+def test_the_sweeper_runs_on_a_schedule_and_may_only_read_executions(default_synth: Any) -> None:
+    # Given the sweeper function and the schedule rules
+    template = default_synth.template
+    sweeper = function_ids(template)["sweeper"]
+    (schedule,) = [
+        r["Properties"]
+        for r in resources(template, "AWS::Events::Rule").values()
+        if "ScheduleExpression" in r["Properties"]
+    ]
+    # Then it runs every 15 minutes
+    assert schedule["ScheduleExpression"] == "rate(15 minutes)"
+    assert schedule["Targets"][0]["Arn"] == {"Fn::GetAtt": [sweeper, "Arn"]}
+    # And its role reads executions of this state machine only, and never sends task results
+    role = template["Resources"][sweeper]["Properties"]["Role"]["Fn::GetAtt"][0]
+    statements = role_statements(template, role)
+    states_actions = {
+        a for s in statements for a in as_list(s["Action"]) if a.startswith("states:")
+    }
+    assert states_actions == {"states:DescribeExecution"}
+    (describe,) = [s for s in statements if "states:DescribeExecution" in as_list(s["Action"])]
+    assert flatten(as_list(describe["Resource"])[0]).endswith(
+        ":execution:sdc-guard-example-hyperpod-cluster:*"
+    )

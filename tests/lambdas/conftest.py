@@ -146,18 +146,6 @@ def cloud() -> Iterator[Cloud]:
             AttributeDefinitions=[
                 {"AttributeName": "pk", "AttributeType": "S"},
                 {"AttributeName": "sk", "AttributeType": "S"},
-                {"AttributeName": "cluster", "AttributeType": "S"},
-                {"AttributeName": "admitted_at", "AttributeType": "S"},
-            ],
-            GlobalSecondaryIndexes=[
-                {
-                    "IndexName": "by_cluster",
-                    "KeySchema": [
-                        {"AttributeName": "cluster", "KeyType": "HASH"},
-                        {"AttributeName": "admitted_at", "KeyType": "RANGE"},
-                    ],
-                    "Projection": {"ProjectionType": "ALL"},
-                }
             ],
             BillingMode="PAY_PER_REQUEST",
         )

@@ -156,3 +156,64 @@ def test_a_50_node_storm_ends_with_circuit_open_and_one_message(cloud, invoke):
     assert len(messages) == 1
     assert "50 nodes" in messages[0]["message"]
     assert _item(ledger.guard_pk(CLUSTER), "GUARD") is None  # nothing was written to the guard
+
+
+def _machine_and_execution(name: str) -> tuple[Any, str]:
+    sfn = aws.client("stepfunctions")
+    machine = sfn.create_state_machine(
+        name="sdc-guard-test",
+        definition='{"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": true}}}',
+        roleArn="arn:aws:iam::123456789012:role/sfn",
+    )["stateMachineArn"]
+    execution = sfn.start_execution(stateMachineArn=machine, name=name)["executionArn"]
+    return sfn, execution
+
+
+def test_the_sweeper_closes_remediations_whose_execution_ended(cloud, invoke):
+    # Given two admitted remediations: one whose execution was aborted mid-way, one still running
+    sfn, aborted = _machine_and_execution("aborted")
+    running = sfn.start_execution(
+        stateMachineArn=aborted.rsplit(":", 1)[0].replace(":execution:", ":stateMachine:"),
+        name="running",
+    )["executionArn"]
+    dead, alive = cloud.nodes[:2]
+    invoke("admit", {**item_state(dead, execution=aborted), "item": 0})
+    invoke("admit", {**item_state(alive, execution=running), "item": 0})
+    sfn.stop_execution(executionArn=aborted)
+
+    # When the scheduled sweeper runs (twice: the second finds nothing left to do)
+    first = invoke("sweeper", {"source": "aws.events", "detail-type": "Scheduled Event"})
+    second = invoke("sweeper", {})
+
+    # Then the aborted one is closed as abandoned with the execution's status, notified once,
+    # and still counts against the guard (nobody released the cordoned node); the other is open
+    assert [(a["instance_id"], a["execution_status"]) for a in first["abandoned"]] == [
+        (dead, "ABORTED")
+    ]
+    assert second["abandoned"] == []
+    assert _item(dead, "STATE")["open"] is False
+    assert _item(dead, "STATE")["status"] == "abandoned"
+    assert _item(alive, "STATE")["open"] is True
+    (event,) = [e for e in _events(dead) if e["transition"] == "abandoned"]
+    assert "ABORTED" in event["error"]
+    assert len(cloud.sns_messages()) == 1
+    assert dead in cloud.sns_messages()[0]["message"]
+    guard = _item(ledger.guard_pk(CLUSTER), "GUARD")
+    assert guard["open_instances"] == [alive]
+    assert dead in [h["instance_id"] for h in guard["held"]]
+
+
+def test_the_sweeper_closes_a_remediation_whose_execution_step_functions_does_not_know(
+    cloud, invoke
+):
+    # Given an open remediation naming an execution that does not exist (any more)
+    node = cloud.nodes[0]
+    gone = "arn:aws:states:us-east-1:123456789012:execution:sdc-guard-test:gone"
+    invoke("admit", item_state(node, execution=gone))
+
+    # When the sweeper runs
+    out = invoke("sweeper", {})
+
+    # Then it is closed as abandoned
+    assert [a["execution_status"] for a in out["abandoned"]] == ["DOES_NOT_EXIST"]
+    assert _item(node, "STATE")["open"] is False
