@@ -137,8 +137,7 @@ class SdcGuardStack(cdk.Stack):
         self.operator_policy = OperatorPolicy(
             self,
             "Operators",
-            state_machine_arn=state_machine.state_machine_arn,
-            approvals=self.approvals.table,
+            approve_function=self.functions.services["approve"].function,
             ledger=self.ledger.table,
         )
         self.agent_policy = AgentPolicy(self, "Agent", config=config)
@@ -170,16 +169,19 @@ class SdcGuardStack(cdk.Stack):
                 self.agent_policy.policy.managed_policy_arn,
                 "Attach to the training pods' role so the agent can publish",
             ),
+            "ApprovalUrl": (
+                self.functions.approval_url.url,
+                "The approve function's AWS_IAM URL (SDC_APPROVAL_URL for the CLI)",
+            ),
             "ApproveCommand": (
                 cdk.Fn.join(
                     "",
                     [
-                        "sdc-remediation approve APPROVAL_ID --approvals-table ",
-                        approvals,
+                        "sdc-remediation --approval-url ",
+                        self.functions.approval_url.url,
                         " --ledger-table ",
                         ledger,
-                        " --region ",
-                        self.region,
+                        " approve APPROVAL_ID",
                     ],
                 ),
                 "Approve a pending replacement (the id is in the notification; list with `pending`)",

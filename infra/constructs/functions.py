@@ -73,6 +73,9 @@ STEPS: dict[str, StepSpec] = {
 
 # Functions outside the workflow (same defaults, their own roles): folder -> spec.
 SERVICES: dict[str, StepSpec] = {
+    "approve": StepSpec(
+        "Decide approvals and release nodes as the IAM caller its function URL authenticated"
+    ),
     "sweeper": StepSpec(
         "Close remediations whose workflow execution is no longer running (scheduled)",
         timeout_seconds=120,
@@ -221,7 +224,19 @@ class Functions(Construct):
                 security_groups=security_groups if in_vpc else (),
             )
 
-        self._grant(config, ledger=ledger, approvals=approvals, topic=topic, topic_key=topic_key)
+        self._grant(
+            config,
+            ledger=ledger,
+            approvals=approvals,
+            topic=topic,
+            topic_key=topic_key,
+            state_machine_arn=state_machine_arn,
+        )
+        # Operators call the approve function only through this URL: Lambda authenticates the
+        # SigV4 signature and hands the function the caller's ARN.
+        self.approval_url = self.services["approve"].function.add_function_url(
+            auth_type=lambda_.FunctionUrlAuthType.AWS_IAM
+        )
 
     def _grant(
         self,
@@ -231,6 +246,7 @@ class Functions(Construct):
         approvals: dynamodb.ITable,
         topic: sns.ITopic,
         topic_key: kms.IKey,
+        state_machine_arn: str,
     ) -> None:
         """Each step's statements, on exact ARNs; each remaining wildcard acknowledged with its reason."""
         stack = cdk.Stack.of(self)
@@ -335,6 +351,17 @@ class Functions(Construct):
 
         allow("record", "Ledger", ledger_rw, ledger_arns)
         allow_notify("record")
+
+        # The approve function is the only principal that reads task tokens and sends task
+        # results (operators reach it through its AWS_IAM function URL).
+        allow(
+            "approve",
+            "DecideApprovals",
+            ["dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Scan"],
+            [approvals.table_arn],
+        )
+        allow("approve", "SendDecision", ["states:SendTaskSuccess"], [state_machine_arn])
+        allow("approve", "ReleaseNodes", ledger_rw, ledger_arns)
 
         allow("sweeper", "Ledger", (*ledger_rw, "dynamodb:Scan"), ledger_arns)
         executions_arn = stack.format_arn(

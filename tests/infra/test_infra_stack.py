@@ -551,7 +551,7 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         for f, acts in by_step.items()
         if "dynamodb:PutItem" in acts and any(ledger_id in r for r in acts["dynamodb:PutItem"])
     }
-    assert writers == {"admit", "record", "sweeper"}
+    assert writers == {"admit", "record", "sweeper", "approve"}  # approve: releases
     assert by_step["admit"]["dynamodb:Query"] == [f"<{ledger_id}.Arn>"]
     # And notifications are published only by record, request_approval and the sweeper
     assert {f for f, acts in by_step.items() if "sns:Publish" in acts} == {
@@ -570,6 +570,7 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         "record",
         "request_approval",
         "sweeper",
+        "approve",
     }
 
 
@@ -642,17 +643,51 @@ def test_liveness_alarm_notifies_when_the_job_stops_checking(variant_synth: Any)
     assert alarm["AlarmActions"] == [{"Ref": topic_id}]
 
 
-def test_operator_policy_can_answer_the_workflow_and_decide_approvals(default_synth: Any) -> None:
-    # Given the operators' managed policy
+def test_operators_decide_only_through_the_approve_function_url(default_synth: Any) -> None:
+    # Given the operators' managed policy and every role of the stack
     template = default_synth.template
-    (machine_id,) = resources(template, "AWS::StepFunctions::StateMachine")
+    (approvals_id,) = [
+        k
+        for k, t in resources(template, "AWS::DynamoDB::Table").items()
+        if len(t["Properties"]["KeySchema"]) == 1
+    ]
+    approve_id = function_ids(template)["approve"]
     policies = [p["Properties"] for p in resources(template, "AWS::IAM::ManagedPolicy").values()]
     (operators,) = [p for p in policies if "operators" in p["Description"]]
-    allowed = actions_of(operators["PolicyDocument"]["Statement"])
-    # Then SendTaskSuccess is allowed on this state machine only, and approvals can be updated
-    assert allowed["states:SendTaskSuccess"] == [f"<{machine_id}>"]
-    assert "dynamodb:UpdateItem" in allowed
+    statements = operators["PolicyDocument"]["Statement"]
+    allowed = actions_of(statements)
+    # Then operators may call the approve function's AWS_IAM URL, and invoke it only that way
+    assert allowed["lambda:InvokeFunctionUrl"] == [f"<{approve_id}.Arn>"]
+    (url,) = [s for s in statements if "lambda:InvokeFunctionUrl" in as_list(s["Action"])]
+    assert url["Condition"] == {"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}
+    (invoke,) = [s for s in statements if "lambda:InvokeFunction" in as_list(s["Action"])]
+    assert invoke["Condition"] == {"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}
+    # And they can neither send task results nor read the approvals table (task tokens) nor
+    # read execution histories (which hold the token too)
+    assert not [a for a in allowed if a.startswith("states:")]
+    assert not any(approvals_id in r for rs in allowed.values() for r in rs)
     assert not any(r == "*" for rs in allowed.values() for r in rs)
+    # And of all the stack's roles, only the approve function's may send task results
+    senders = set()
+    for policy in resources(template, "AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if any(a.startswith("states:SendTask") for a in as_list(statement["Action"])):
+                senders.update(r["Ref"] for r in policy["Properties"]["Roles"])
+                assert as_list(statement["Action"]) == ["states:SendTaskSuccess"]
+                (machine_arn,) = as_list(statement["Resource"])
+                assert flatten(machine_arn).endswith(
+                    ":stateMachine:sdc-guard-example-hyperpod-cluster"
+                )
+    approve_role = template["Resources"][approve_id]["Properties"]["Role"]["Fn::GetAtt"][0]
+    assert senders == {approve_role}
+
+
+def test_the_approve_function_has_an_aws_iam_url(default_synth: Any) -> None:
+    template = default_synth.template
+    approve_id = function_ids(template)["approve"]
+    (url,) = resources(template, "AWS::Lambda::Url").values()
+    assert url["Properties"]["AuthType"] == "AWS_IAM"
+    assert url["Properties"]["TargetFunctionArn"] == {"Fn::GetAtt": [approve_id, "Arn"]}
 
 
 def test_outputs_tell_the_user_what_to_run(default_synth: Any) -> None:
@@ -666,12 +701,14 @@ def test_outputs_tell_the_user_what_to_run(default_synth: Any) -> None:
         "TopicArn",
         "DashboardUrl",
         "ApproveCommand",
+        "ApprovalUrl",
         "OperatorPolicyArn",
         "AgentPolicyArn",
     ):
         assert name in outputs, name
     command = flatten(outputs["ApproveCommand"]["Value"])
-    assert command.startswith("sdc-remediation approve APPROVAL_ID --approvals-table <")
+    assert command.startswith("sdc-remediation --approval-url <")
+    assert command.endswith(" approve APPROVAL_ID")
     assert "--ledger-table <" in command
 
 
