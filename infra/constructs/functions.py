@@ -432,6 +432,7 @@ class Functions(Construct):
             "HEALTH_CHECK_TIMEOUT_SECONDS": str(config.health_check_timeout_seconds),
             "REPLACE_MODE": config.replace_mode,
             "APPROVAL_TTL_SECONDS": str(config.approval_ttl_seconds),
+            "APPROVAL_TIMEOUT_SECONDS": str(config.approval_timeout_seconds),
             "DRY_RUN": "true" if config.dry_run else "false",
             "STATE_MACHINE_ARN": state_machine_arn,
             "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,

@@ -40,6 +40,7 @@ CONTRACT_ENV = {
     "HEALTH_CHECK_TIMEOUT_SECONDS",
     "REPLACE_MODE",
     "APPROVAL_TTL_SECONDS",
+    "APPROVAL_TIMEOUT_SECONDS",
     "DRY_RUN",
     "STATE_MACHINE_ARN",
     "POWERTOOLS_SERVICE_NAME",
@@ -390,6 +391,8 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert env["DRY_RUN"] == "false"
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "SDCRemediation"
         assert int(env["APPROVAL_TTL_SECONDS"]) > 86400
+        # The approval timeout is passed as itself (the functions no longer subtract a day)
+        assert env["APPROVAL_TIMEOUT_SECONDS"] == "86400"
         assert "stateMachine:sdc-guard-example-hyperpod-cluster" in flatten(
             env["STATE_MACHINE_ARN"]
         )
