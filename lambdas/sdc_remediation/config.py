@@ -124,6 +124,15 @@ class Settings:
         return self._optional("STATE_MACHINE_ARN")
 
     @property
+    def approval_url(self) -> str | None:
+        """APPROVAL_URL: the approve function's AWS_IAM URL, quoted in approval messages
+        (optional: without it the message names the approvals table, the direct path)."""
+        value = self._optional("APPROVAL_URL")
+        if value is not None and not value.startswith("https://"):
+            raise ConfigurationError(f"APPROVAL_URL must be an https:// URL, got {value!r}")
+        return value
+
+    @property
     def approval_ttl_seconds(self) -> int:
         """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
         timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""

@@ -122,7 +122,11 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         timeout_seconds=settings.approval_timeout_seconds,
     )
     if announce:
-        prefix = f"sdc-remediation --approvals-table {settings.approvals_table}"
+        prefix = (
+            f"sdc-remediation --approval-url {settings.approval_url}"
+            if settings.approval_url
+            else f"sdc-remediation --approvals-table {settings.approvals_table}"
+        )
         subject, body = notify.approval_message(approval_id, ev, prefix, dry_run=settings.dry_run)
         notify.publish(settings.topic_arn, subject, body)
         approvals.mark_notified(approval_id)

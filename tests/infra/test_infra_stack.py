@@ -85,7 +85,8 @@ def test_resource_counts(default_synth: Any) -> None:
     template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES))  # steps + services
     template.resource_count_is("AWS::Lambda::LayerVersion", 1)
     template.resource_count_is("AWS::StepFunctions::StateMachine", 1)
-    template.resource_count_is("AWS::Events::Rule", 2)  # the alarms' rule, the sweeper's schedule
+    template.resource_count_is("AWS::Events::Rule", 1)
+    template.resource_count_is("AWS::Scheduler::Schedule", 1)  # the sweeper's
     template.resource_count_is("AWS::DynamoDB::Table", 2)
     template.resource_count_is("AWS::SNS::Topic", 1)
     template.resource_count_is("AWS::SQS::Queue", 1)
@@ -134,11 +135,7 @@ def test_rule_matches_exactly_our_alarms_entering_alarm_and_starts_the_workflow(
 ) -> None:
     # Given the default stack
     template = default_synth.template
-    (rule,) = [
-        r
-        for r in resources(template, "AWS::Events::Rule").values()
-        if "EventPattern" in r["Properties"]
-    ]
+    (rule,) = resources(template, "AWS::Events::Rule").values()
     pattern = rule["Properties"]["EventPattern"]
     alarm_ids = {
         logical_id
@@ -755,17 +752,15 @@ def test_code_asset_is_the_lambdas_folder_without_build_leftovers(default_synth:
 
 
 def test_the_sweeper_runs_on_a_schedule_and_may_only_read_executions(default_synth: Any) -> None:
-    # Given the sweeper function and the schedule rules
+    # Given the sweeper function and its schedule
     template = default_synth.template
     sweeper = function_ids(template)["sweeper"]
     (schedule,) = [
-        r["Properties"]
-        for r in resources(template, "AWS::Events::Rule").values()
-        if "ScheduleExpression" in r["Properties"]
+        r["Properties"] for r in resources(template, "AWS::Scheduler::Schedule").values()
     ]
     # Then it runs every 15 minutes
     assert schedule["ScheduleExpression"] == "rate(15 minutes)"
-    assert schedule["Targets"][0]["Arn"] == {"Fn::GetAtt": [sweeper, "Arn"]}
+    assert schedule["Target"]["Arn"] == {"Fn::GetAtt": [sweeper, "Arn"]}
     # And its role reads executions of this state machine only, and never sends task results
     role = template["Resources"][sweeper]["Properties"]["Role"]["Fn::GetAtt"][0]
     statements = role_statements(template, role)
