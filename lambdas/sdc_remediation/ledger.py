@@ -3,7 +3,7 @@ and a transition history per node (repeat offenders).
 
 Items (docs/CONTRACT.md, "DynamoDB tables"):
 - ``pk=<instance id>, sk=STATE``: the node's current remediation (``open``, ``remediation_id``,
-  ``status``, ``cluster``, ``admitted_at``, ``node_name``, ``execution``).
+  ``status``, ``cluster``, ``admitted_at``, ``node_name``, ``execution``, ``item``).
 - ``pk=<instance id>, sk=EVENT#<iso time>#<remediation id>#<n>``: one per transition.
   Cluster-level transitions (ambiguous, no suspects, a failure before any node is known) use
   ``pk=CLUSTER#<cluster>``.
@@ -11,17 +11,18 @@ Items (docs/CONTRACT.md, "DynamoDB tables"):
   hour, ``open_instances`` in flight, ``held``: nodes admitted and not released).
 
 A remediation is open from its admission until ``record`` writes any terminal transition for
-it (released, replaced, replaced_by_hyperpod, rejected, approval_timed_out, failed): ``close``
-then frees the node and its place in ``open_instances``. ``duplicate`` therefore means a
-remediation still in flight; a node left cordoned after a human decision, a timeout or a failure
-is admitted again (as a new remediation) by its next alarm. The hourly admission count is kept
-regardless of closing.
+it (released, replaced, replaced_by_hyperpod, rejected, approval_timed_out, failed) or the
+sweeper closes it (abandoned): ``close`` then frees the node and its place in
+``open_instances``. ``duplicate`` therefore means a remediation still in flight. The node stays
+in ``held`` (out of service: it counts against the guard, ``admission.decide``) until a
+transition that puts it back or removes it (``RELEASING_TRANSITIONS``) or an operator's
+``release``. The hourly admission count is kept regardless of closing.
 
-Why a guard item: the GSI is eventually consistent, so counting admissions through it lets two
-concurrent alarms both see "1 admitted" and both admit. Every admission instead rewrites the
-guard item under ``version = :read_version`` in the same transaction that claims the node's STATE
-(``open`` must be false or absent), so concurrent admissions serialise: a loser re-reads and
-re-decides. The same transaction makes a duplicate event a no-op.
+Why a guard item: a secondary index is eventually consistent, so counting admissions through it
+lets two concurrent alarms both see "1 admitted" and both admit. Every admission instead
+rewrites the guard item under ``version = :read_version`` in the same transaction that claims
+the node's STATE (``open`` must be false or absent), so concurrent admissions serialise: a loser
+re-reads and re-decides. The same transaction makes a duplicate event a no-op.
 """
 
 from __future__ import annotations
