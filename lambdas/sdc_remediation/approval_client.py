@@ -49,10 +49,15 @@ class ApprovalService:
     """Calls the approve function's URL as the caller's IAM identity."""
 
     def __init__(self, url: str, *, region: str | None = None, send: Transport | None = None):
-        if not url.startswith(("https://", "http://")):
-            raise ConfigurationError(f"the approval URL must be an https:// URL, got {url!r}")
-        self.url = url
         host = urlsplit(url).hostname or ""
+        loopback = url.startswith("http://") and host in ("127.0.0.1", "localhost", "::1")
+        if not (url.startswith("https://") or loopback):
+            # A signed request is replayable for minutes: never over plain HTTP off this host.
+            raise ConfigurationError(
+                f"the approval URL must be an https:// URL (http:// only to a loopback stand-in), "
+                f"got {url!r}"
+            )
+        self.url = url
         match = _URL_REGION.search(host)
         self.region = (match.group(1) if match else None) or region or aws.session().region_name
         if not self.region:

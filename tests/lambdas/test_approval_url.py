@@ -196,3 +196,10 @@ def test_release_through_the_url_records_the_authenticated_principal(cloud, invo
     assert result.exit_code == 0, result.output
     (released,) = [e for e in ledger.Ledger(LEDGER).events(node) if e["transition"] == "released"]
     assert released["approver"] == ONCALL
+
+
+@pytest.mark.parametrize("url", ["http://approve.example.com/", "ftp://x/", "approve"])
+def test_the_cli_refuses_to_send_a_signed_request_in_clear_text(cloud, url):
+    result = CliRunner().invoke(main, ["--approval-url", url, "approve", "a-1"])
+    assert result.exit_code == 1
+    assert "https://" in result.output
