@@ -371,3 +371,31 @@ def test_a_step_that_keeps_failing_ends_recorded_on_every_path(fast_synth: Synth
         assert result["status"] == "SUCCEEDED", (broken, result)
         assert run.transitions()[-1] == "failed", broken
         assert run.inputs("record")[-1]["error"]["Error"] == "KeyError", broken
+
+
+def test_a_50_node_storm_runs_through_the_definition_without_a_failure_per_node(
+    fast_synth: Synth,
+) -> None:
+    # Given one alarm naming 50 nodes, and admit answering circuit_open for each (the guard's
+    # answer to an alarm larger than the blast radius; tests/lambdas checks the guard and the
+    # once-per-execution message)
+    suspects = [
+        {**SUSPECT, "node_name": f"hyperpod-i-{n:017x}", "instance_id": f"i-{n:017x}"}
+        for n in range(50)
+    ]
+    steps = happy_steps([])
+    steps["localize"] = localized(suspects)
+    steps["admit"] = lambda s: {
+        "decision": "circuit_open",
+        "remediation_id": None,
+        "reason": f"one alarm names {s['suspects_in_alarm']} nodes",
+    }
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "storm"), timeout=180)
+    # Then every item ends as circuit_open (recorded with the execution and its own item index),
+    # nothing is cordoned and nothing fails
+    assert result["status"] == "SUCCEEDED", result
+    assert run.transitions() == ["circuit_open"] * 50
+    assert sorted(r["state"]["item"] for r in run.inputs("record")) == list(range(50))
+    assert {r["state"]["suspects_in_alarm"] for r in run.inputs("record")} == {50}
+    assert run.inputs("cordon") == []
