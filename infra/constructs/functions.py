@@ -23,11 +23,12 @@ from constructs import Construct
 
 from infra import bundling, nag
 from infra.config import LOG_RETENTION_DAYS, SdcConfig
+from sdc_remediation import contract
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14  # the newest: cdk-nag L1 asks for it
 ARCHITECTURE = lambda_.Architecture.ARM_64  # Graviton: cheaper per ms; every wheel we need exists
-POWERTOOLS_SERVICE_NAME = "sdc-remediation"
-POWERTOOLS_METRICS_NAMESPACE = "SDCRemediation"
+POWERTOOLS_SERVICE_NAME = contract.POWERTOOLS_SERVICE_NAME
+POWERTOOLS_METRICS_NAMESPACE = contract.POWERTOOLS_METRICS_NAMESPACE
 LOOKBACK_SECONDS = 600
 
 assert RUNTIME.name == f"python{bundling.PYTHON_VERSION}", "layer wheels must match the runtime"
@@ -417,24 +418,27 @@ class Functions(Construct):
         state_machine_arn: str,
     ) -> dict[str, str]:
         """The environment docs/CONTRACT.md ("Lambdas: environment") promises every handler."""
+        env = {
+            contract.HYPERPOD_CLUSTER_NAME: config.hyperpod_cluster_name,
+            contract.EKS_CLUSTER_NAME: config.eks_cluster_name,
+            contract.METRIC_NAMESPACE: config.namespace,
+            contract.REPORT_LOG_GROUP: config.report_log_group,
+            contract.LOOKBACK_SECONDS: str(LOOKBACK_SECONDS),
+            contract.LEDGER_TABLE: ledger.table_name,
+            contract.APPROVALS_TABLE: approvals.table_name,
+            contract.TOPIC_ARN: topic.topic_arn,
+            contract.MAX_NODES_PER_HOUR: str(config.max_nodes_per_hour),
+            contract.MAX_FRACTION: str(config.max_fraction),
+            contract.HEALTH_CHECKS: ",".join(config.health_checks),
+            contract.HEALTH_CHECK_TIMEOUT_SECONDS: str(config.health_check_timeout_seconds),
+            contract.REPLACE_MODE: config.replace_mode,
+            contract.APPROVAL_TTL_SECONDS: str(config.approval_ttl_seconds),
+            contract.APPROVAL_TIMEOUT_SECONDS: str(config.approval_timeout_seconds),
+            contract.DRY_RUN: "true" if config.dry_run else "false",
+            contract.STATE_MACHINE_ARN: state_machine_arn,
+        }
         return {
-            "HYPERPOD_CLUSTER_NAME": config.hyperpod_cluster_name,
-            "EKS_CLUSTER_NAME": config.eks_cluster_name,
-            "METRIC_NAMESPACE": config.namespace,
-            "REPORT_LOG_GROUP": config.report_log_group,
-            "LOOKBACK_SECONDS": str(LOOKBACK_SECONDS),
-            "LEDGER_TABLE": ledger.table_name,
-            "APPROVALS_TABLE": approvals.table_name,
-            "TOPIC_ARN": topic.topic_arn,
-            "MAX_NODES_PER_HOUR": str(config.max_nodes_per_hour),
-            "MAX_FRACTION": str(config.max_fraction),
-            "HEALTH_CHECKS": ",".join(config.health_checks),
-            "HEALTH_CHECK_TIMEOUT_SECONDS": str(config.health_check_timeout_seconds),
-            "REPLACE_MODE": config.replace_mode,
-            "APPROVAL_TTL_SECONDS": str(config.approval_ttl_seconds),
-            "APPROVAL_TIMEOUT_SECONDS": str(config.approval_timeout_seconds),
-            "DRY_RUN": "true" if config.dry_run else "false",
-            "STATE_MACHINE_ARN": state_machine_arn,
+            **env,
             "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": POWERTOOLS_METRICS_NAMESPACE,
             "LOG_LEVEL": "INFO",

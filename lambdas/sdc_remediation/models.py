@@ -14,9 +14,10 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import contract
 from .errors import InvalidAlarmEvent, InvalidStepInput
 
-SDC_METRICS = ("sdc_nonfinite_grad", "sdc_replay_mismatch", "sdc_divergent_tensors")
+SDC_METRICS = contract.SDC_ALARM_METRICS
 ALARM_SCHEMA = "sdc.alarm/v1"
 RANKMAP_SCHEMA = "sdc.rankmap/v1"
 

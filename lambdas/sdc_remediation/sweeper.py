@@ -87,8 +87,6 @@ def sweep(settings: Settings) -> SweepResult:
             },
             update_status=False,
         )
-        metrics.add_dimension(name="ClusterName", value=cluster)
-        metrics.add_metric(name="abandoned", unit="Count", value=1)
         result.abandoned.append(
             {
                 "instance_id": instance_id,
@@ -98,6 +96,11 @@ def sweep(settings: Settings) -> SweepResult:
                 "execution_status": status,
             }
         )
+    # Every sweep reports how many remediations were open and how many it closed (a steady
+    # count of open ones is also the dashboard's "in flight" line).
+    metrics.add_dimension(name="ClusterName", value=settings.hyperpod_cluster_name)
+    metrics.add_metric(name="open_remediations", unit="Count", value=result.checked)
+    metrics.add_metric(name="abandoned", unit="Count", value=len(result.abandoned))
     if result.abandoned:
         subject = (
             f"{notify.subject_prefix(settings.dry_run)} abandoned: "

@@ -14,6 +14,7 @@ from aws_cdk.assertions import Match, Template
 from infra.config import METRIC_NAMES
 from infra.constructs.eks_access import KUBERNETES_GROUP
 from infra.constructs.functions import SERVICES, STEPS
+from sdc_remediation import contract
 from tests.infra.infra_template import (
     as_list,
     definition,
@@ -25,24 +26,7 @@ from tests.infra.infra_template import (
 
 pytestmark = pytest.mark.slow
 
-CONTRACT_ENV = {
-    "HYPERPOD_CLUSTER_NAME",
-    "EKS_CLUSTER_NAME",
-    "METRIC_NAMESPACE",
-    "REPORT_LOG_GROUP",
-    "LOOKBACK_SECONDS",
-    "LEDGER_TABLE",
-    "APPROVALS_TABLE",
-    "TOPIC_ARN",
-    "MAX_NODES_PER_HOUR",
-    "MAX_FRACTION",
-    "HEALTH_CHECKS",
-    "HEALTH_CHECK_TIMEOUT_SECONDS",
-    "REPLACE_MODE",
-    "APPROVAL_TTL_SECONDS",
-    "APPROVAL_TIMEOUT_SECONDS",
-    "DRY_RUN",
-    "STATE_MACHINE_ARN",
+CONTRACT_ENV = set(contract.FUNCTION_ENVIRONMENT) | {
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
     "LOG_LEVEL",

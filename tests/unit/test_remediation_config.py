@@ -87,3 +87,14 @@ def test_the_approval_timeout_is_read_as_itself():
         _ = Settings(
             {"APPROVAL_TIMEOUT_SECONDS": "90000", "APPROVAL_TTL_SECONDS": "3600"}
         ).approval_timeout_seconds
+
+
+def test_every_variable_infra_sets_is_one_the_functions_read():
+    # Given the contract module's list (infra sets exactly these: tests/infra)
+    import inspect
+
+    from sdc_remediation import config, contract
+
+    source = inspect.getsource(config)
+    # Then the settings read each of them, under the same name
+    assert [n for n in contract.FUNCTION_ENVIRONMENT if f'"{n}"' not in source] == []
