@@ -153,6 +153,15 @@ class Settings:
         return self._optional("STATE_MACHINE_ARN")
 
     @property
+    def approval_url(self) -> str | None:
+        """APPROVAL_URL: the approve function's AWS_IAM URL, quoted in approval messages
+        (optional: without it the message names the approvals table, the direct path)."""
+        value = self._optional("APPROVAL_URL")
+        if value is not None and not value.startswith("https://"):
+            raise ConfigurationError(f"APPROVAL_URL must be an https:// URL, got {value!r}")
+        return value
+
+    @property
     def approval_ttl_seconds(self) -> int:
         """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
         timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""
@@ -160,12 +169,20 @@ class Settings:
 
     @property
     def approval_timeout_seconds(self) -> int:
-        """How long the workflow waits for a decision (the RequestApproval task's timeout).
+        """APPROVAL_TIMEOUT_SECONDS: how long the workflow waits for a decision (the
+        RequestApproval task's timeout); infra sets it beside APPROVAL_TTL_SECONDS.
 
-        Not passed to the functions on its own: infra sets APPROVAL_TTL_SECONDS to it plus one
-        day (``approval_ttl_seconds`` in infra/config.py, so a late CLI call finds the record
-        and says "expired" rather than "not found"), and this undoes that.
+        When it is not set (an environment from before it existed), it is derived as before:
+        the TTL minus the one day infra adds to it.
         """
+        if self._optional("APPROVAL_TIMEOUT_SECONDS") is not None:
+            timeout = self._int("APPROVAL_TIMEOUT_SECONDS", 86400, minimum=60)
+            if timeout > self.approval_ttl_seconds:
+                raise ConfigurationError(
+                    f"APPROVAL_TIMEOUT_SECONDS ({timeout}) must not exceed APPROVAL_TTL_SECONDS "
+                    f"({self.approval_ttl_seconds}): the record must outlive the wait"
+                )
+            return timeout
         timeout = self.approval_ttl_seconds - APPROVAL_TTL_MARGIN_SECONDS
         if timeout < 60:
             raise ConfigurationError(
