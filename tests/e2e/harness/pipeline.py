@@ -215,6 +215,8 @@ class LocalPipeline:
         self._in_flight = threading.Condition()
         self._running_invokes = 0
         self._closing = False
+        self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
         self._physical: dict[str, str] = {}
         self._arns: dict[str, str] = {}
 
@@ -254,6 +256,19 @@ class LocalPipeline:
         # stopped (the exit stack unwinds in reverse).
         self._stack.enter_context(process_environment({**self.aws_env, **runtime_env}))
         self._import_handlers()
+        self._session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION
+        )
+        # moto's executor threads build a Lambda client from boto3's default session for each
+        # task, concurrently under a Map; build one here first, so that the session's lazily
+        # created parts (loaders, resolvers) exist before they race to create them.
+        boto3.client(
+            "lambda",
+            region_name=REGION,
+            endpoint_url=self.endpoint,
+            aws_access_key_id="ak",
+            aws_secret_access_key="sk",
+        )
         # moto's backends are process globals: start every pipeline from an empty account.
         requests.post(f"{self.endpoint}/moto-api/reset", timeout=10).raise_for_status()
         requests.post(
@@ -351,8 +366,16 @@ class LocalPipeline:
                 )
 
     def client(self, service: str) -> Any:
-        """A boto3 client for the embedded AWS."""
-        return boto3.client(service, region_name=REGION, endpoint_url=self.endpoint)
+        """A boto3 client for the embedded AWS (one per service, made on first use).
+
+        From a session of the pipeline's own with its credentials given, not boto3's default
+        session: a boto3 session is not thread-safe, and moto's executor threads build their
+        clients from the default one.
+        """
+        with self._clients_lock:
+            if service not in self._clients:
+                self._clients[service] = self._session.client(service, endpoint_url=self.endpoint)
+            return self._clients[service]
 
     # ------------------------------------------------------------------ the cluster
     def _create_cluster(self) -> None:
@@ -670,9 +693,13 @@ class LocalPipeline:
             job_name=self.cluster.job,
             namespace=self.context.get("namespace", "SDC"),
             spool_dir=spool_dir,
+            # A busy machine may keep the embedded AWS from answering within the production
+            # timeouts (2 s / 5 s); a late answer is not what these tests are about.
+            connect_timeout=30.0,
+            read_timeout=60.0,
         )
         publisher.publish_alarm(alarm)
-        if not publisher.flush(30):
+        if not publisher.flush(240):
             raise RuntimeError("the agent's publisher could not deliver the alarm to local AWS")
         publisher.close(5)
 
