@@ -61,6 +61,8 @@ def test_a_breach_fires_even_when_evaluation_comes_long_after_it():
     # Then the alarm fires once, as CloudWatch's evaluation every period would have
     assert [e["detail"]["alarmName"] for e in fired] == ["sdc_replay_mismatch"]
     assert ev.delivered == fired
+    # At the round that saw the datapoint: the period after it began
+    assert fired[0]["time"] == "2026-12-01T12:02:00Z"
     # And the next round, with nothing new, returns it to OK without another event
     assert ev.evaluate(now=T0 + 21 * MINUTE) == []
     assert ev.cloudwatch.states == ["ALARM", "OK"]

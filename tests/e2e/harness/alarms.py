@@ -120,7 +120,7 @@ class LocalAlarmEvaluator:
         since, self.evaluated_until = self.evaluated_until, now
         fired = []
         for alarm in self.alarms:
-            values, breaching = self._breaching_run(alarm, since, now)
+            values, breaching, round_end = self._breaching_run(alarm, since, now)
             new_state = "ALARM" if breaching else "OK"
             if new_state == alarm.state:
                 continue
@@ -134,7 +134,8 @@ class LocalAlarmEvaluator:
             )
             if new_state != "ALARM":
                 continue
-            event = self._event(alarm, previous, reason, breaching, now)
+            # Stamped with the round that would have fired, as CloudWatch's would have been.
+            event = self._event(alarm, previous, reason, breaching, round_end)
             if matches_pattern(event, self.rule_pattern):
                 self.delivered.append(event)
                 self.deliver(event)
@@ -143,19 +144,22 @@ class LocalAlarmEvaluator:
 
     def _breaching_run(
         self, alarm: AlarmSpec, since: datetime.datetime, now: datetime.datetime
-    ) -> tuple[list[float], list[float]]:
-        """The datapoints of the rounds since ``since``, and the breaching ones of the first run
-        of EvaluationPeriods periods that held DatapointsToAlarm of them ([] when none did)."""
-        span = datetime.timedelta(seconds=alarm.period * max(alarm.evaluation_periods, 1))
+    ) -> tuple[list[float], list[float], datetime.datetime]:
+        """The datapoints of the rounds since ``since``, the breaching ones of the first run of
+        EvaluationPeriods periods that held DatapointsToAlarm of them ([] when none did), and
+        the end of the round that saw that run (``now`` when none did)."""
+        period = datetime.timedelta(seconds=alarm.period)
+        span = period * max(alarm.evaluation_periods, 1)
         points = self._datapoints(alarm, since - span, now)
         breaching = [
             (t, v) for t, v in points if _COMPARISONS[alarm.comparison](v, alarm.threshold)
         ]
         for i, (start, _) in enumerate(breaching):
-            run = [v for t, v in breaching[i:] if t < start + span]
+            run = [(t, v) for t, v in breaching[i:] if t < start + span]
             if len(run) >= alarm.datapoints_to_alarm:
-                return [v for _, v in points], run
-        return [v for _, v in points], []
+                seen_at = run[alarm.datapoints_to_alarm - 1][0] + period
+                return [v for _, v in points], [v for _, v in run], min(seen_at, now)
+        return [v for _, v in points], [], now
 
     def _datapoints(
         self, alarm: AlarmSpec, start: datetime.datetime, now: datetime.datetime
