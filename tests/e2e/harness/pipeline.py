@@ -11,6 +11,13 @@ stood in for:
   the only adapter, documented there). Handlers learn nothing but endpoints: AWS_ENDPOINT_URL and
   K8S_API_ENDPOINT / K8S_API_CA_DATA, their documented endpoint configuration.
 
+- HyperPod: :class:`HyperPodSimulator` (moto lacks StartClusterHealthCheck and
+  BatchReplaceClusterNodes).
+- Kubernetes: the loopback HTTPS API stand-in of tests/support.
+- CloudWatch alarm evaluation + EventBridge delivery: :class:`LocalAlarmEvaluator`.
+What this cannot prove: IAM (every call is allowed), KMS, Lambda packaging and cold starts,
+real service latencies and eventual consistency, and EventBridge/Step Functions quotas.
+
 The process environment is shared by every thread here (the test's, moto's request and execution
 threads, the handlers'), and botocore and requests iterate it whenever they build a client. So
 it is written only while no thread of the pipeline runs: once at start (the endpoint, fake
@@ -18,12 +25,6 @@ credentials, the Powertools settings every function shares) and once at exit, af
 execution was stopped and every invocation returned. What differs per function (its template
 environment) reaches its handler through ``sdc_remediation.config.environment``, never through
 ``os.environ``.
-- HyperPod: :class:`HyperPodSimulator` (moto lacks StartClusterHealthCheck and
-  BatchReplaceClusterNodes).
-- Kubernetes: the loopback HTTPS API stand-in of tests/support.
-- CloudWatch alarm evaluation + EventBridge delivery: :class:`LocalAlarmEvaluator`.
-What this cannot prove: IAM (every call is allowed), KMS, Lambda packaging and cold starts,
-real service latencies and eventual consistency, and EventBridge/Step Functions quotas.
 """
 
 from __future__ import annotations
@@ -238,23 +239,26 @@ class LocalPipeline:
         runtime_env = self._shared_runtime_env()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
-        self._stack.callback(server.stop)
-        host, port = server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
-        self.aws_env = {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_SESSION_TOKEN": "testing",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            # moto's Step Functions executor calls Lambda at localhost:$MOTO_PORT.
-            "MOTO_PORT": str(port),
-        }
-        # The one write at start: the server thread only waits for connections until the first
-        # request below, and nothing else of this pipeline runs yet. Restored after the server
-        # stopped (the exit stack unwinds in reverse).
-        self._stack.enter_context(process_environment({**self.aws_env, **runtime_env}))
+        try:
+            host, port = server.get_host_and_port()
+            self.endpoint = f"http://{host}:{port}"
+            self.aws_env = {
+                "AWS_ENDPOINT_URL": self.endpoint,
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_SESSION_TOKEN": "testing",
+                "AWS_DEFAULT_REGION": REGION,
+                "AWS_REGION": REGION,
+                # moto's Step Functions executor calls Lambda at localhost:$MOTO_PORT.
+                "MOTO_PORT": str(port),
+            }
+            # The one write at start: the server thread only waits for connections until the
+            # first request below, and nothing else of this pipeline runs yet.
+            self._stack.enter_context(process_environment({**self.aws_env, **runtime_env}))
+        finally:
+            # Registered after the environment, so unwound before it: the server has stopped
+            # when the environment is put back.
+            self._stack.callback(server.stop)
         self._import_handlers()
         self._session = boto3.session.Session(
             aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION
