@@ -39,6 +39,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/fingerprint.py
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/publish.py
+	$(PY) benchmarks/collectives.py --model
+	$(PY) benchmarks/collectives.py
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .pytest_cache

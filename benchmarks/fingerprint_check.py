@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for device in devices:
         tensors = cases(device, args.scale)
-        bits = [FP._bit_patterns(t) for t in tensors]
+        bits = [FP.bit_patterns(t) for t in tensors]
         with FP._LOCK:
             by_torch = FP._run_torch(bits, torch.device(device))
         failures += check(f"{device}: torch ops", by_torch, tensors)

@@ -170,8 +170,9 @@ class SdcGuardStack(cdk.Stack):
                 "Approve a pending replacement (the id is in the notification; list with `pending`)",
             ),
             "KubernetesRbacCommand": (
-                "kubectl apply -f infra/k8s/rbac.yaml",
-                "Run once against the EKS cluster: lets the sdc-remediator group read and cordon nodes",
+                "kubectl apply -f infra/k8s/rbac.yaml -f infra/k8s/admission-policy.yaml",
+                "Run once against the EKS cluster: the sdc-reader/sdc-cordoner/sdc-replacer groups "
+                "and the admission policy limiting what they may change on a node",
             ),
         }
         for name, (value, description) in outputs.items():

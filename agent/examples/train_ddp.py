@@ -10,12 +10,20 @@ On one machine without GPUs (gloo), pretending 6 processes are 3 nodes of 2:
         --simulate-nodes 3 --peer-offset 2 --steps 60 --audit-every 10 \
         --fault scale --fault-rank 3 --fault-step 25      # exits 3, naming rank 3
 
+The restart after an SDC stop (docs/recovery.md): with --ckpt-every the guard records every alarm
+in --ckpt-dir, and --resume auto loads the newest checkpoint no recorded alarm's suspect window
+covers (sdc.clean_resume_step), so the same command line resumes safely:
+
+    torchrun ... train_ddp.py --ckpt-every 10 --ckpt-dir /tmp/ckpt --fault scale --fault-step 25
+    torchrun ... train_ddp.py --ckpt-every 10 --ckpt-dir /tmp/ckpt --resume auto   # from step 19
+
 What it shows:
 - rebuild_batch(step, rank): the exact micro-batch any rank trained on at any step, from a
   seeded permutation of a fixed dataset (what DistributedSampler with set_epoch does), so a
   peer can replay it;
 - the guard with the CloudWatch publisher when SDC_CLUSTER_NAME is set (else no publishing);
-- checkpoints tagged with the guard's last passing checks;
+- checkpoints tagged with the guard's last passing checks, and every alarm recorded next to them;
+- the restart: resume from the checkpoint sdc.clean_resume_step chooses, verified by the guard;
 - exit code 3 (sdc_agent.exit_on_alarm) when a check fails, so the restart policy can tell an
   SDC stop from a crash.
 """
@@ -99,7 +107,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--audit-every", type=int, default=50, help="ring replay audit period (0: off)")
     p.add_argument("--check-every", type=int, default=50, help="weight check period (0: off)")
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint period (0: never)")
-    p.add_argument("--ckpt-dir", default="checkpoints", help="where rank 0 saves checkpoints")
+    p.add_argument(
+        "--ckpt-dir",
+        default="checkpoints",
+        help="where rank 0 saves checkpoints and the guard records alarms (shared storage)",
+    )
+    p.add_argument(
+        "--resume",
+        choices=["none", "auto"],
+        default="none",
+        help="auto: resume from the newest checkpoint before every recorded alarm's window",
+    )
     p.add_argument(
         "--peer-offset",
         type=int,
@@ -150,6 +168,27 @@ def make_drill_fault(args: argparse.Namespace) -> faults.Fault | None:
     return None
 
 
+def checkpoint_path(ckpt_dir: str, step: int) -> Path:
+    """The checkpoint saved after ``step``'s update."""
+    return Path(ckpt_dir, f"step{step:08d}.pt")
+
+
+def resume_step(ckpt_dir: str, *, announce: bool) -> int | None:
+    """The checkpoint to resume from: the newest that no recorded alarm's window covers.
+
+    Called on every rank (they read the same shared directory); the guard checks the choice
+    again at start, collectively, and refuses a checkpoint inside a window. ``announce``: log
+    the decision (one rank).
+    """
+    steps = sorted(int(p.stem.removeprefix("step")) for p in Path(ckpt_dir).glob("step*.pt"))
+    if not steps:
+        return None
+    decision = sdc.explain_resume(steps, ckpt_dir)
+    if announce:
+        logger.info("resume: %s; refused: %s", decision.reason, decision.refused or "none")
+    return decision.step
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train; exit 0 when done, 3 when the guard stopped the job."""
     args = parse_args(argv)
@@ -175,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     model = nn.parallel.DistributedDataParallel(MLP(32, 256, 8).to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    start = 0
+    resume = resume_step(args.ckpt_dir, announce=rank == 0) if args.resume == "auto" else None
+    if resume is not None:
+        state = torch.load(checkpoint_path(args.ckpt_dir, resume), map_location=device)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = resume + 1  # the checkpoint holds the weights after step `resume`'s update
 
     def compute_loss(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
@@ -192,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             peer_offset=args.peer_offset,
         ),
         publisher=make_publisher(args.publish),
+        # Alarms go next to the checkpoints, where the next start's resume reads them.
+        alarm_dir=args.ckpt_dir if args.ckpt_every or args.resume == "auto" else None,
     )
     fault = make_drill_fault(args)
     if fault is not None:
@@ -201,10 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
             state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
-            torch.save({**state, "sdc": tags}, Path(args.ckpt_dir, f"step{step:08d}.pt"))
+            torch.save({**state, "sdc": tags}, checkpoint_path(args.ckpt_dir, step))
 
-    batches = (data.batch_of(step, rank) for step in range(args.steps))
-    alarm = guard.train(batches, save_checkpoint=save_checkpoint)
+    batches = (data.batch_of(step, rank) for step in range(start, args.steps))
+    # From a checkpoint, train() first refuses one inside a recorded alarm's window
+    # (sdc.UnsafeResumeError) and compares every replica's loaded weights.
+    alarm = guard.train(batches, save_checkpoint=save_checkpoint, start_step=start)
     if alarm is not None:
         exit_on_alarm(alarm)  # flushes the publisher, exit code 3 on every rank
     guard.publisher.flush(30)

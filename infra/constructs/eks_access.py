@@ -1,8 +1,16 @@
-"""Kubernetes access for the functions that read or patch nodes.
+"""Kubernetes access for the functions that read or patch nodes, each with the least it needs.
 
-Each role gets an EKS access entry in the Kubernetes group `sdc-remediator`; what that group may
-do is defined by infra/k8s/rbac.yaml (nodes get/list/patch, pods get/list), applied once with
-kubectl. The cluster's authentication mode must include the EKS API (API or API_AND_CONFIG_MAP).
+Each role gets an EKS access entry in ONE Kubernetes group, by what its step does:
+- `sdc-reader` (localize, poll_health_check): read nodes and pods. localize parses reports that
+  training pods write; it must not be able to change anything in the cluster.
+- `sdc-cordoner` (cordon, uncordon): patch nodes, limited by the admission policy to
+  spec.unschedulable and sdc-guard's own labels, taints and annotations.
+- `sdc-replacer` (replace, only in REPLACE_MODE `label`): the one group allowed to set HyperPod's
+  node-health-status label, which makes HyperPod replace the node.
+infra/k8s/rbac.yaml binds the groups; infra/k8s/admission-policy.yaml (a
+ValidatingAdmissionPolicy) limits which fields the writers may change. Both are applied once
+with kubectl. The cluster's authentication mode must include the EKS API (API or
+API_AND_CONFIG_MAP).
 """
 
 from __future__ import annotations
@@ -13,16 +21,30 @@ from aws_cdk import aws_eks as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-KUBERNETES_GROUP = "sdc-remediator"
-"""Bound to the ClusterRole in infra/k8s/rbac.yaml."""
+READER_GROUP = "sdc-reader"
+CORDON_GROUP = "sdc-cordoner"
+REPLACE_GROUP = "sdc-replacer"
+
+STEP_GROUPS: dict[str, str] = {
+    "localize": READER_GROUP,
+    "poll_health_check": READER_GROUP,
+    "cordon": CORDON_GROUP,
+    "uncordon": CORDON_GROUP,
+    "replace": REPLACE_GROUP,
+}
+"""Step folder -> its Kubernetes group (infra/k8s/rbac.yaml)."""
+
+KUBERNETES_GROUP = CORDON_GROUP
+"""The group that may cordon (kept for importers; each step now has its own, STEP_GROUPS)."""
 
 
 class EksAccess(Construct):
-    """One STANDARD access entry per role, all in the `sdc-remediator` group.
+    """One STANDARD access entry per role, in the group of its step (`STEP_GROUPS`).
 
     `roles` is keyed by a stable name (the step folder): the construct id derives from it, so
     adding or removing a step never replaces another step's entry (EKS allows one entry per
     principal, and CloudFormation would create the replacement before deleting the old one).
+    A step without a group here is a wiring error, refused at synthesis.
     """
 
     def __init__(
@@ -34,13 +56,16 @@ class EksAccess(Construct):
         roles: Mapping[str, iam.IRole],
     ) -> None:
         super().__init__(scope, construct_id)
+        unknown = sorted(set(roles) - set(STEP_GROUPS))
+        if unknown:
+            raise ValueError(f"no Kubernetes group for step(s) {unknown}; add them to STEP_GROUPS")
         self.entries = {
             name: eks.CfnAccessEntry(
                 self,
                 name,
                 cluster_name=cluster_name,
                 principal_arn=role.role_arn,
-                kubernetes_groups=[KUBERNETES_GROUP],
+                kubernetes_groups=[STEP_GROUPS[name]],
                 type="STANDARD",
             )
             for name, role in roles.items()

@@ -341,7 +341,8 @@ class Functions(Construct):
 
     @property
     def kubernetes_roles(self) -> dict[str, iam.IRole]:
-        """Roles (by step folder) that need an EKS access entry in the `sdc-remediator` group."""
+        """Roles (by step folder) that need an EKS access entry (each in its step's group,
+        infra/constructs/eks_access.py)."""
         return {folder: self.steps[folder].role for folder in self.kubernetes_steps}
 
     @staticmethod
@@ -374,6 +375,10 @@ class Functions(Construct):
             "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": POWERTOOLS_METRICS_NAMESPACE,
             "LOG_LEVEL": "INFO",
+            # localize accepts alarm events only from this stack's account and alarms
+            # (infra/constructs/alarms.py names them "<resource prefix>-<metric>").
+            "ALARM_ACCOUNT_ID": cdk.Aws.ACCOUNT_ID,
+            "ALARM_NAME_PREFIX": f"{config.resource_prefix}-",
         }
 
     def _network(

@@ -50,6 +50,8 @@ TERMINAL_ERRORS: tuple[str, ...] = (
     "HealthCheckRejected",
     "ReplaceFailed",
     "ConfigurationError",
+    # A report that is malformed or contradicts HyperPod/Kubernetes: nothing is cordoned.
+    "UntrustedReport",
 )
 """Never retried: caught, recorded as `failed`, humans notified."""
 
@@ -221,7 +223,10 @@ class Workflow(Construct):
                 # admit refuses a whole alarm that names more nodes than the blast radius allows.
                 "suspects_in_alarm": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.suspects")),
             },
-            result_path="$.remediations",
+            # The items' states are discarded: 64 of them beside localize's output would pass
+            # Step Functions' 256 KiB (States.DataLimitExceeded cannot be caught). Each item's
+            # outcome is in the ledger and in the execution history.
+            result_path=sfn.JsonPath.DISCARD,
             comment="One remediation per suspect node, independent of the others",
         )
         remediate.item_processor(self._remediate_one(approval_timeout, health_check_poll))

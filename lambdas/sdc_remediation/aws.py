@@ -32,7 +32,10 @@ _CONFIG = Config(
 # its answer is lost (read timeout, closed connection); botocore's retry would then send it again
 # and report the second attempt's TaskTimedOut as if the decision had never arrived. With one
 # attempt the caller sees the ambiguity and can say so (approvals.py, status "sending").
-_SINGLE_ATTEMPT_SERVICES = {"stepfunctions"}
+# SageMaker likewise: StartClusterHealthCheck and BatchReplaceClusterNodes are not idempotent,
+# and a client's retry policy is per client, not per call; its reads (DescribeClusterNode,
+# ListClusterNodes) then fail as AwsApiUnavailable at once and the workflow retries the step.
+_SINGLE_ATTEMPT_SERVICES = {"stepfunctions", "sagemaker"}
 _SINGLE_ATTEMPT_CONFIG = _CONFIG.merge(
     Config(retries={"mode": "standard", "total_max_attempts": 1})
 )

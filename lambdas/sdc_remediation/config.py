@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import re
 from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from typing import Literal
@@ -26,6 +27,7 @@ HEALTH_CHECK_TYPES = ("InstanceStress", "InstanceConnectivity", "MultiNodeTraini
 
 APPROVAL_TTL_MARGIN_SECONDS = 86400
 """How much longer than the approval timeout an approval record lives (infra/config.py)."""
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no", ""}
 
@@ -128,6 +130,33 @@ class Settings:
     def lookback_seconds(self) -> int:
         """LOOKBACK_SECONDS: how far before the alarm to look for series and reports (600)."""
         return self._int("LOOKBACK_SECONDS", 600, minimum=10)
+
+    @property
+    def alarm_account_id(self) -> str:
+        """ALARM_ACCOUNT_ID: the account whose alarm events localize accepts (this stack's)."""
+        value = self._required("ALARM_ACCOUNT_ID")
+        if not (len(value) == 12 and value.isdigit()):
+            raise ConfigurationError(
+                f"ALARM_ACCOUNT_ID must be a 12-digit account id, got {value!r}"
+            )
+        return value
+
+    @property
+    def alarm_name_prefix(self) -> str:
+        """ALARM_NAME_PREFIX: localize accepts only alarms whose name starts with it (this
+        stack's SDC alarms are named ``<prefix><metric>``)."""
+        return self._required("ALARM_NAME_PREFIX")
+
+    @property
+    def training_namespace(self) -> str:
+        """TRAINING_NAMESPACE: the Kubernetes namespace of the guarded training jobs' pods; a
+        report's pod is looked up there only (default ``default``)."""
+        value = self._optional("TRAINING_NAMESPACE") or "default"
+        if not (len(value) <= 63 and _NAMESPACE.match(value)):
+            raise ConfigurationError(
+                f"TRAINING_NAMESPACE must be a Kubernetes namespace name, got {value!r}"
+            )
+        return value
 
     # -- ledger, approvals, notifications -----------------------------------------------------
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from . import clock
+from .hyperpod import DHC_LABEL
 from .kube import KubeApi, node_labels, node_unschedulable
 from .models import Alarm, CordonResult, Suspect
 from .observability import logger
 
-DHC_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
+__all__ = ["DHC_LABEL", "cordon", "uncordon"]
+
 SUSPECT_LABEL = "sdc.guard/suspect"
 ALARM_ANNOTATION = "sdc.guard/alarm"
 # Set when the node was already unschedulable before we cordoned it (someone else's cordon):

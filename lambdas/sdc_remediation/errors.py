@@ -77,6 +77,24 @@ class NoCredentials(RemediationError):
     """No AWS credentials were found for the CLI."""
 
 
+# --- Untrusted input (appended; the name is the workflow contract). ------------------------------
+
+
+class UntrustedReport(RemediationError):
+    """An agent report (or rank map) is malformed or contradicts HyperPod or Kubernetes.
+
+    Reports are written by training pods, so nothing in one is acted on until HyperPod and
+    Kubernetes confirm it: a node name that is not a Kubernetes name, an instance id that is not
+    one, a node name that is not the instance's, a pod that is not the job's or not on that
+    node. Terminal: the workflow records it as `failed`, notifies, and cordons nothing. ``field``
+    names what did not hold (e.g. ``ranks.3.instance_id``), for the on-call message.
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
 TRANSIENT = (ClusterApiUnavailable, AwsApiUnavailable, ReportNotYetVisible)
 """The errors the workflow retries; everything else ends cordoned-and-notified."""
 
@@ -97,4 +115,5 @@ __all__ = [
     "RemediationError",
     "ReplaceFailed",
     "ReportNotYetVisible",
+    "UntrustedReport",
 ]

@@ -19,33 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import botocore.exceptions
 
-from . import aws, clock
+from . import aws, clock, hyperpod
 from .config import Settings
-from .errors import HealthCheckRejected, InstanceNotInCluster, NodeNotFound
+from .errors import AwsApiUnavailable, HealthCheckRejected, NodeNotFound
+from .hyperpod import DHC_LABEL, DHC_RUNNING, FAILED_HEALTH, HEALTH_LABEL
 from .kube import KubeApi, node_labels
 from .models import CordonResult, HealthResult, HealthStatus, PollInput, Suspect
 from .observability import logger
 
-DHC_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
-HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
-_GONE_STATUSES = {"ShuttingDown", "NotFound"}
-_FAILED_HEALTH = {"UnschedulablePendingReplacement", "UnschedulablePendingReboot"}
-
-
-def describe_node(cluster: str, instance_id: str) -> dict[str, Any] | None:
-    """DescribeClusterNode's NodeDetails, or None when the instance is not in the cluster."""
-    sm = aws.client("sagemaker")
-    with aws.aws_errors("sagemaker:DescribeClusterNode"):
-        try:
-            return sm.describe_cluster_node(ClusterName=cluster, NodeId=instance_id)["NodeDetails"]
-        except botocore.exceptions.ClientError as exc:
-            if aws.error_code(exc) in ("ResourceNotFound", "ValidationException"):
-                return None
-            raise
+# Kept importable under their old names (tests and tools use them).
+describe_node = hyperpod.describe_node
+__all__ = ["DHC_LABEL", "HEALTH_LABEL", "classify", "describe_node", "poll", "start"]
 
 
 def start(settings: Settings, suspect: Suspect, cordon: CordonResult | None = None) -> HealthResult:
@@ -72,43 +59,46 @@ def start(settings: Settings, suspect: Suspect, cordon: CordonResult | None = No
             detail="dry run: no health check started",
             label_before=label_before,
         )
-    details = describe_node(cluster, suspect.instance_id)
-    if details is None:
-        raise InstanceNotInCluster(
-            f"instance {suspect.instance_id} is not in HyperPod cluster {cluster}"
-        )
-    if details.get("InstanceStatus", {}).get("Status") == "DeepHealthCheckInProgress":
+    details = hyperpod.require_node(cluster, suspect.instance_id)
+    if hyperpod.instance_status(details) == DHC_RUNNING:
         # A retry after our own successful call, or someone else's check: don't start another.
-        return HealthResult(
-            status="in_progress",
-            started_at=started_at,
-            checks=checks,
-            detail="a deep health check was already in progress",
-            label_before=label_before,
-            seen_in_progress=True,
+        return _already_running(started_at, checks, label_before)
+    try:
+        hyperpod.start_health_check(cluster, suspect.instance_group, suspect.instance_id, checks)
+    except botocore.exceptions.ClientError as exc:
+        raise HealthCheckRejected(
+            f"StartClusterHealthCheck refused {suspect.instance_id}: {aws.error_code(exc)}: "
+            f"{exc.response.get('Error', {}).get('Message', '')}"
+        ) from exc
+    except AwsApiUnavailable as exc:
+        # Sent once, answer lost or 5xx: the check may have started. HyperPod's own view
+        # settles it; if it shows no check, the workflow retries the step (which describes
+        # again before sending).
+        settled = hyperpod.describe_node(cluster, suspect.instance_id)
+        if hyperpod.instance_status(settled) != DHC_RUNNING:
+            raise
+        logger.info(
+            "StartClusterHealthCheck's answer was lost but the check is running",
+            extra={"instance": suspect.instance_id, "error": str(exc)[:300]},
         )
-    request = {
-        "ClusterName": cluster,
-        "DeepHealthCheckConfigurations": [
-            {
-                "InstanceGroupName": suspect.instance_group,
-                "InstanceIds": [suspect.instance_id],
-                "DeepHealthChecks": checks,
-            }
-        ],
-    }
-    sm = aws.client("sagemaker")
-    with aws.aws_errors("sagemaker:StartClusterHealthCheck"):
-        try:
-            sm.start_cluster_health_check(**request)
-        except botocore.exceptions.ClientError as exc:
-            raise HealthCheckRejected(
-                f"StartClusterHealthCheck refused {suspect.instance_id}: {aws.error_code(exc)}: "
-                f"{exc.response.get('Error', {}).get('Message', '')}"
-            ) from exc
-    logger.info("started deep health check", extra={"request": request})
+        return _already_running(started_at, checks, label_before)
+    logger.info(
+        "started deep health check",
+        extra={"instance": suspect.instance_id, "group": suspect.instance_group, "checks": checks},
+    )
     return HealthResult(
         status="in_progress", started_at=started_at, checks=checks, label_before=label_before
+    )
+
+
+def _already_running(started_at: str, checks: list[str], label_before: str | None) -> HealthResult:
+    return HealthResult(
+        status="in_progress",
+        started_at=started_at,
+        checks=checks,
+        detail="a deep health check was already in progress",
+        label_before=label_before,
+        seen_in_progress=True,
     )
 
 
@@ -123,11 +113,11 @@ def classify(status: str | None, labels: dict[str, str]) -> tuple[HealthStatus, 
     """The outcome from the instance status (None: instance gone) and the node labels."""
     dhc, health = labels.get(DHC_LABEL), labels.get(HEALTH_LABEL)
     detail = f"instance status={status}, {DHC_LABEL}={dhc}, {HEALTH_LABEL}={health}"
-    if status is None or status in _GONE_STATUSES:
+    if hyperpod.is_leaving(status):
         return "replaced_by_hyperpod", detail
-    if dhc == "Failed" or status == "Failure" or health in _FAILED_HEALTH:
+    if dhc == "Failed" or status == "Failure" or health in FAILED_HEALTH:
         return "failed", detail
-    if status == "DeepHealthCheckInProgress" or dhc == "InProgress":
+    if status == DHC_RUNNING or dhc == "InProgress":
         return "in_progress", detail
     if dhc == "Passed" and status == "Running":
         return "passed", detail
@@ -143,11 +133,11 @@ def poll(settings: Settings, state: PollInput, kube: Callable[[], KubeApi]) -> H
         return previous.model_copy(
             update={"status": "passed", "detail": "dry run: no health check was started"}
         )
-    details = describe_node(settings.hyperpod_cluster_name, state.suspect.instance_id)
-    status = None if details is None else details.get("InstanceStatus", {}).get("Status")
+    details = hyperpod.describe_node(settings.hyperpod_cluster_name, state.suspect.instance_id)
+    status = hyperpod.instance_status(details)
     labels = _label(kube(), state.suspect.node_name) if details is not None else {}
     dhc = labels.get(DHC_LABEL)
-    seen = previous.seen_in_progress or status == "DeepHealthCheckInProgress" or dhc == "InProgress"
+    seen = previous.seen_in_progress or status == DHC_RUNNING or dhc == "InProgress"
     stale = not seen and dhc in ("Passed", "Failed") and dhc == previous.label_before
     if stale:
         # An earlier check's verdict: judge by the rest (instance status, node health) only.

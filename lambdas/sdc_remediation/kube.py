@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import tempfile
 import urllib.parse
 from typing import Any
@@ -33,10 +34,32 @@ from .errors import (
 )
 
 TOKEN_PREFIX = "k8s-aws-v1."
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+"""Node and pod names (Kubernetes' IsDNS1123Subdomain): at most 253 characters."""
+DNS1123_LABEL = re.compile(rf"^{_DNS1123_LABEL}$")
+"""Namespace names (IsDNS1123Label): at most 63 characters."""
 _TOKEN_TTL_SECONDS = 60
 # (connect, read) seconds: a Lambda has minutes, but a stuck API should fail fast and be retried
 # by the workflow rather than eat the function's whole timeout.
 REQUEST_TIMEOUT = (5.0, 15.0)
+
+
+def is_subdomain_name(value: str) -> bool:
+    """Whether ``value`` is a valid node or pod name (DNS-1123 subdomain)."""
+    return len(value) <= 253 and bool(DNS1123_SUBDOMAIN.match(value))
+
+
+def is_label_name(value: str) -> bool:
+    """Whether ``value`` is a valid namespace name (DNS-1123 label)."""
+    return len(value) <= 63 and bool(DNS1123_LABEL.match(value))
+
+
+def _segment(kind: str, name: str, valid: bool) -> str:
+    """One URL path segment: validated, then escaped with nothing left safe (no ``/``)."""
+    if not valid:
+        raise InvalidStepInput(f"{kind} name {name!r} is not a valid Kubernetes name")
+    return urllib.parse.quote(name, safe="")
 
 
 def eks_token(cluster_name: str, session: boto3.session.Session | None = None) -> str:
@@ -180,29 +203,35 @@ class KubeApi:
             f"{what}: Kubernetes rejected the request ({status}): {resp.data[:300]!r}"
         )
 
+    @staticmethod
+    def _node_path(name: str) -> str:
+        return "/api/v1/nodes/" + _segment("node", name, is_subdomain_name(name))
+
     def get_node(self, name: str) -> dict[str, Any]:
-        """The node object (raises NodeNotFound on 404)."""
-        return self._call(f"get node {name}", "GET", f"/api/v1/nodes/{urllib.parse.quote(name)}")
+        """The node object (raises NodeNotFound on 404, InvalidStepInput on a bad name)."""
+        return self._call(f"get node {name!r}", "GET", self._node_path(name))
 
     def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Strategic-merge PATCH of a node (a ``None`` label value removes the label)."""
-        return self._call(
-            f"patch node {name}", "PATCH", f"/api/v1/nodes/{urllib.parse.quote(name)}", body
-        )
+        return self._call(f"patch node {name!r}", "PATCH", self._node_path(name), body)
 
-    def node_of_pod(self, pod_name: str) -> str:
-        """The node a pod is scheduled on, found by name across namespaces."""
-        pods = self._call(
-            f"find pod {pod_name}",
-            "GET",
-            "/api/v1/pods",
-            query={"fieldSelector": f"metadata.name={pod_name}"},
+    def node_of_pod(self, pod_name: str, namespace: str = "default") -> str:
+        """The node the pod ``namespace/pod_name`` is scheduled on (NodeNotFound if none).
+
+        Looked up in that namespace only: a pod of the same name in another namespace is
+        somebody else's workload, not the job's.
+        """
+        path = (
+            "/api/v1/namespaces/"
+            + _segment("namespace", namespace, is_label_name(namespace))
+            + "/pods/"
+            + _segment("pod", pod_name, is_subdomain_name(pod_name))
         )
-        for pod in pods.get("items", []):
-            node = (pod.get("spec") or {}).get("nodeName")
-            if node:
-                return node
-        raise NodeNotFound(f"pod {pod_name}: not found in Kubernetes or not scheduled")
+        pod = self._call(f"get pod {namespace}/{pod_name}", "GET", path)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            raise NodeNotFound(f"pod {namespace}/{pod_name}: not scheduled on a node")
+        return node
 
 
 def node_labels(node: dict[str, Any]) -> dict[str, str]:

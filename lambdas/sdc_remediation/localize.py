@@ -4,8 +4,19 @@ Sources, all in the alarm window [alarm time - LOOKBACK_SECONDS, alarm time + gr
 - the per-node series {ClusterName, JobName, NodeName} with non-zero values (ListMetrics, then
   GetMetricData MetricStat): which nodes the agent named;
 - the ``sdc.alarm/v1`` reports in ``/sdc/<ClusterName>`` (FilterLogEvents): who, why, when;
-- the Kubernetes API, only when a report has a rank's pod but not its node;
+- the Kubernetes API, where a report names a rank's pod (in TRAINING_NAMESPACE only);
 - HyperPod's DescribeClusterNode: instance id -> instance group, and proof the instance exists.
+
+Reports are written by training pods and are not trusted: every suspect's node name and instance
+id must be well-formed and agree with each other (HyperPod names an instance's node
+``hyperpod-<instance id>``), the instance must be in this HyperPod cluster, and a pod the report
+names must be the job's (in TRAINING_NAMESPACE) and run on that node. Anything else is
+``UntrustedReport`` (or ``InstanceNotInCluster``) before any node is touched. The alarm event
+itself must come from this stack's account and one of its alarms (ALARM_ACCOUNT_ID,
+ALARM_NAME_PREFIX). Each instance is one suspect, whatever the reports say.
+
+The suspects carry what the later steps need, bounded: a few divergent tensor names and a count,
+at most ``MAX_RANKS_PER_SUSPECT`` ranks, and where the full report is in CloudWatch Logs.
 
 CloudWatch is eventually consistent, so "a node has a series but no report names it yet" and
 "no report yet" are ``ReportNotYetVisible`` (retried), never a guess.
@@ -18,15 +29,23 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
-import botocore.exceptions
 from pydantic import ValidationError
 
-from . import aws, clock
+from . import aws, clock, hyperpod
 from .config import Settings
-from .errors import InstanceNotInCluster, InvalidAlarmEvent, NodeNotFound, ReportNotYetVisible
-from .kube import KubeApi
+from .errors import (
+    InstanceNotInCluster,
+    InvalidAlarmEvent,
+    NodeNotFound,
+    ReportNotYetVisible,
+    UntrustedReport,
+)
+from .hyperpod import NODE_NAME_PREFIX, is_instance_id
+from .kube import KubeApi, is_subdomain_name
 from .models import (
     ALARM_SCHEMA,
+    MAX_TENSOR_NAME_CHARS,
+    MAX_TENSOR_NAMES,
     RANKMAP_SCHEMA,
     SDC_METRICS,
     Alarm,
@@ -43,11 +62,45 @@ from .observability import logger
 # grace after the alarm time catches a report that a retrying sender delivered a bit late.
 GRACE_SECONDS = 120
 NODE_DIMENSIONS = {"ClusterName", "JobName", "NodeName"}
-HYPERPOD_NODE_PREFIX = "hyperpod-"
+HYPERPOD_NODE_PREFIX = NODE_NAME_PREFIX  # kept for importers of the old name
+ARN_PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
+MAX_RANKS_PER_SUSPECT = 8
+"""Ranks listed per suspect in the workflow state (a GPU node runs 8; the report has them all,
+and ``rank_count`` says how many the reports named on the node)."""
+
+
+def check_source(event: AlarmStateChangeEvent, settings: Settings) -> str:
+    """The alarm's ARN, for this stack's alarms in this stack's account only (InvalidAlarmEvent
+    otherwise).
+
+    EventBridge sets ``account`` and ``resources`` (the alarm ARN); a rule, a cross-account bus
+    or a StartExecution by hand could deliver anything else.
+    """
+    name = event.detail.alarm_name
+    expected = settings.alarm_account_id
+    if event.account != expected:
+        raise InvalidAlarmEvent(
+            f"alarm {name!r} comes from account {event.account!r}, this stack is {expected!r}"
+        )
+    prefix = settings.alarm_name_prefix
+    if not name.startswith(prefix):
+        raise InvalidAlarmEvent(f"alarm {name!r} is not one of this stack's ({prefix}*)")
+    wanted = {
+        f"arn:{partition}:cloudwatch:{event.region}:{expected}:alarm:{name}"
+        for partition in ARN_PARTITIONS
+    }
+    found = sorted(wanted.intersection(event.resources))
+    if not found:
+        raise InvalidAlarmEvent(
+            f"alarm {name!r}: the event's resources {event.resources[:3]} do not name this "
+            f"alarm in account {expected} and region {event.region}"
+        )
+    return found[0]
 
 
 def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
     """Normalise the alarm event; reject non-ALARM states, foreign metrics and other clusters."""
+    alarm_arn = check_source(event, settings)
     detail = event.detail
     if detail.state.value != "ALARM":
         raise InvalidAlarmEvent(
@@ -77,7 +130,7 @@ def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
     start = end - timedelta(seconds=settings.lookback_seconds)
     return Alarm(
         alarm_name=detail.alarm_name,
-        alarm_arn=event.resources[0] if event.resources else "",
+        alarm_arn=alarm_arn,
         state=detail.state.value,
         reason=detail.state.reason,
         time=clock.iso(end),
@@ -163,34 +216,60 @@ def _filter_events(
 
 
 def read_reports(alarm: Alarm, group: str, jobs: Iterable[str] | None = None) -> list[Report]:
-    """The ``sdc.alarm/v1`` reports of this cluster in the alarm window, oldest first."""
+    """The ``sdc.alarm/v1`` reports of this cluster in the alarm window, oldest first.
+
+    A report that claims the schema but does not validate (an empty ``suspect_window``, a rank
+    key that is not a number) is ``UntrustedReport``: acting on part of it is not an option, and
+    skipping it would hide the node it names.
+    """
     start = int(clock.parse_iso(alarm.window_start).timestamp() * 1000)
     end = int(clock.parse_iso(alarm.window_end).timestamp() * 1000)
     reports = []
     for event in _filter_events(group, f'"{ALARM_SCHEMA}"', jobs, start, end):
-        report = _parse_event(event, Report)
+        report = _parse_event(event, Report, ALARM_SCHEMA)
         if report is not None and report.cluster == alarm.cluster_name:
-            reports.append(report)
+            reports.append(report.model_copy(update={"log_stream": event.get("logStreamName")}))
     return sorted(reports, key=lambda r: r.time)
 
 
 def latest_rank_map(group: str, job: str) -> RankMap | None:
-    """The newest ``sdc.rankmap/v1`` event of a job (written once at job start)."""
+    """The newest ``sdc.rankmap/v1`` map of a job (written once at job start).
+
+    A large job's map arrives as several events of the same ``time``, each a part of the ranks
+    (the agent splits it under the 1 MiB event limit): all parts of the newest map are merged.
+    """
     maps = [
-        _parse_event(e, RankMap)
+        _parse_event(e, RankMap, RANKMAP_SCHEMA)
         for e in _filter_events(group, f'"{RANKMAP_SCHEMA}"', [job], None, None)
     ]
-    valid = [m for m in maps if m is not None]
-    return max(valid, key=lambda m: m.time) if valid else None
-
-
-def _parse_event(event: dict[str, Any], model: type[Report] | type[RankMap]) -> Any:
-    try:
-        return model.model_validate(json.loads(event.get("message", "")))
-    except (ValueError, ValidationError) as exc:
-        # Other events in the stream (or a malformed one) are not ours to act on.
-        logger.debug("skipping log event", extra={"error": str(exc)[:200]})
+    valid = [m for m in maps if m is not None and m.job == job]
+    if not valid:
         return None
+    newest = max(m.time for m in valid)
+    ranks: dict[str, RankInfo] = {}
+    for part in valid:
+        if part.time == newest:
+            ranks.update(part.ranks)
+    return valid[0].model_copy(update={"time": newest, "ranks": ranks})
+
+
+def _parse_event(event: dict[str, Any], model: type[Report] | type[RankMap], schema: str) -> Any:
+    try:
+        body = json.loads(event.get("message", ""))
+    except ValueError:
+        return None  # not JSON: another writer's line in the stream, not ours to act on
+    if not isinstance(body, dict) or body.get("schema") != schema:
+        return None
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UntrustedReport(
+            f"{schema} event in stream {event.get('logStreamName')!r} at "
+            f"{event.get('timestamp')} is malformed: {first['msg']}",
+            field=where,
+        ) from exc
 
 
 def verdict_for(report: Report, rank: int) -> str:
@@ -234,33 +313,79 @@ class _Resolver:
         }
         return RankInfo.model_validate(merged)
 
-    def node_name(self, info: RankInfo, rank: int, job: str) -> str:
-        if info.node_name:
-            return info.node_name
-        if not info.pod_name:
-            raise NodeNotFound(
-                f"job {job} rank {rank}: neither the report nor the rank map gives its node or pod"
-            )
+    def _kube_api(self) -> KubeApi:
         if self._kube is None:
             self._kube = self._kube_factory()
-        return self._kube.node_of_pod(info.pod_name)
+        return self._kube
+
+    def verified_node(self, info: RankInfo, rank: int, job: str) -> tuple[str, str]:
+        """(node name, instance id) of a rank, each checked against the other, the pod and
+        HyperPod; ``UntrustedReport`` names the field that does not hold."""
+        where = f"job {job} rank {rank}"
+        node, instance_id, pod = info.node_name, info.instance_id, info.pod_name
+        if node is not None and not is_subdomain_name(node):
+            raise UntrustedReport(
+                f"{where}: {node!r} is not a Kubernetes node name", field=f"ranks.{rank}.node_name"
+            )
+        if instance_id is not None and not is_instance_id(instance_id):
+            raise UntrustedReport(
+                f"{where}: {instance_id!r} is not an instance id",
+                field=f"ranks.{rank}.instance_id",
+            )
+        if pod is not None:
+            node = self._verified_pod_node(pod, node, where, rank)
+        if node is None:
+            raise NodeNotFound(
+                f"{where}: neither the report nor the rank map gives its node or pod"
+            )
+        if instance_id is None:
+            instance_id = node.removeprefix(NODE_NAME_PREFIX)
+            if not node.startswith(NODE_NAME_PREFIX) or not is_instance_id(instance_id):
+                raise UntrustedReport(
+                    f"{where}: node {node!r} is not a HyperPod node (hyperpod-<instance id>)",
+                    field=f"ranks.{rank}.node_name",
+                )
+        elif node != hyperpod.node_name_of(instance_id):
+            raise UntrustedReport(
+                f"{where}: the report puts instance {instance_id} on node {node!r}, but HyperPod "
+                f"names that instance's node {hyperpod.node_name_of(instance_id)!r}",
+                field=f"ranks.{rank}.instance_id",
+            )
+        return node, instance_id
+
+    def _verified_pod_node(self, pod: str, node: str | None, where: str, rank: int) -> str:
+        """The node the job's pod runs on; it must be the node the report names, if any."""
+        namespace = self._settings.training_namespace
+        if not is_subdomain_name(pod):
+            raise UntrustedReport(
+                f"{where}: {pod!r} is not a pod name", field=f"ranks.{rank}.pod_name"
+            )
+        try:
+            pod_node = self._kube_api().node_of_pod(pod, namespace)
+        except NodeNotFound as exc:
+            if node is None:
+                raise NodeNotFound(
+                    f"{where}: no scheduled pod {pod!r} in namespace {namespace!r} "
+                    "(TRAINING_NAMESPACE) to find the rank's node by"
+                ) from exc
+            # The job's pod may be gone by now (a job that stopped on the alarm); the node and
+            # instance are still checked against each other and against HyperPod.
+            logger.info("reported pod no longer exists", extra={"pod": pod, "node": node})
+            return node
+        if node is not None and node != pod_node:
+            raise UntrustedReport(
+                f"{where}: the report puts pod {namespace}/{pod} on node {node!r}, Kubernetes "
+                f"schedules it on {pod_node!r}",
+                field=f"ranks.{rank}.node_name",
+            )
+        return pod_node
 
     def instance_group(self, instance_id: str) -> str:
+        """The instance's group; ``InstanceNotInCluster`` when HyperPod does not know it."""
         if instance_id not in self._groups:
             cluster = self._settings.hyperpod_cluster_name
-            sm = aws.client("sagemaker")
-            with aws.aws_errors("sagemaker:DescribeClusterNode"):
-                try:
-                    node = sm.describe_cluster_node(ClusterName=cluster, NodeId=instance_id)
-                except botocore.exceptions.ClientError as exc:
-                    # HyperPod answers ResourceNotFound, moto ValidationException ("Could not
-                    # find node"): either way the instance is not in this cluster.
-                    if aws.error_code(exc) in ("ResourceNotFound", "ValidationException"):
-                        raise InstanceNotInCluster(
-                            f"instance {instance_id} is not a node of HyperPod cluster {cluster}: {exc}"
-                        ) from exc
-                    raise
-            group = node["NodeDetails"].get("InstanceGroupName")
+            node = hyperpod.require_node(cluster, instance_id)
+            group = node.get("InstanceGroupName")
             if not group:
                 raise InstanceNotInCluster(
                     f"instance {instance_id} has no instance group in {cluster}"
@@ -269,36 +394,48 @@ class _Resolver:
         return self._groups[instance_id]
 
 
+def _tensor_names(report: Report) -> list[str]:
+    """A few of the report's divergent tensors, for the message (the report has them all)."""
+    return [name[:MAX_TENSOR_NAME_CHARS] for name in report.divergent_tensors[:MAX_TENSOR_NAMES]]
+
+
 def suspects_from_reports(
     reports: list[Report], settings: Settings, kube: Callable[[], KubeApi]
 ) -> list[Suspect]:
-    """One suspect per node named by any report (the newest report's evidence wins)."""
+    """One suspect per instance named by any report (the newest report's evidence wins; the
+    ranks of every report naming the instance are merged)."""
     resolver = _Resolver(settings, kube)
-    by_node: dict[str, Suspect] = {}
+    by_instance: dict[str, Suspect] = {}
     for report in reports:  # oldest first, so later reports overwrite the evidence
-        for rank in report.suspects or []:
+        for rank in sorted(set(report.suspects or [])):
             info = resolver.rank_info(report, rank)
-            node = resolver.node_name(info, rank, report.job)
-            instance_id = info.instance_id or node.removeprefix(HYPERPOD_NODE_PREFIX)
-            ranks = dict(by_node[node].ranks) if node in by_node else {}
-            ranks[str(rank)] = info.model_copy(
-                update={"node_name": node, "instance_id": instance_id}
-            )
-            by_node[node] = Suspect(
+            node, instance_id = resolver.verified_node(info, rank, report.job)
+            group = resolver.instance_group(instance_id)
+            previous = by_instance.get(instance_id)
+            ranks = dict(previous.ranks) if previous else {}
+            named = (previous.rank_count if previous else 0) + (str(rank) not in ranks)
+            if len(ranks) < MAX_RANKS_PER_SUSPECT or str(rank) in ranks:
+                # Where the rank runs is the suspect's node; only what tells ranks apart stays.
+                ranks[str(rank)] = RankInfo(gpu_uuid=info.gpu_uuid, local_rank=info.local_rank)
+            by_instance[instance_id] = Suspect(
                 node_name=node,
                 instance_id=instance_id,
-                instance_group=resolver.instance_group(instance_id),
+                instance_group=group,
                 job=report.job,
                 ranks=ranks,
+                rank_count=named,
                 check=report.check,
                 verdict=verdict_for(report, rank),
                 step=report.step,
                 suspect_window=list(report.suspect_window),
                 last_audit_pass=report.last_audit_pass,
                 last_weight_check_pass=report.last_weight_check_pass,
-                divergent_tensors=report.divergent_tensors,
+                divergent_tensors=_tensor_names(report),
+                divergent_tensor_count=len(report.divergent_tensors),
+                report_log_group=settings.report_log_group,
+                report_log_stream=report.log_stream,
             )
-    return sorted(by_node.values(), key=lambda s: s.node_name)
+    return sorted(by_instance.values(), key=lambda s: s.node_name)
 
 
 def localize(

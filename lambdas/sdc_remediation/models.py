@@ -12,9 +12,24 @@ from typing import Any, Literal, TypeVar
 
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from .errors import InvalidAlarmEvent, InvalidStepInput
+from .hyperpod import is_instance_id, node_name_of
+from .kube import is_subdomain_name
+
+MAX_TENSOR_NAMES = 3
+"""How many divergent tensor names a suspect carries through the workflow (the full list stays
+in the report, in CloudWatch Logs, which the suspect references)."""
+MAX_TENSOR_NAME_CHARS = 120
 
 SDC_METRICS = ("sdc_nonfinite_grad", "sdc_replay_mismatch", "sdc_divergent_tensors")
 ALARM_SCHEMA = "sdc.alarm/v1"
@@ -87,6 +102,23 @@ class AlarmStateChangeEvent(EventBridgeModel):
 # --- The agent's report (schema sdc.alarm/v1) ---------------------------------------------------
 
 
+def check_rank_keys(ranks: dict[str, Any]) -> dict[str, Any]:
+    """Rank maps are keyed by the global rank as a decimal string ("0", "17")."""
+    bad = [k for k in ranks if not (k.isascii() and k.isdigit())]
+    if bad:
+        raise ValueError(f"rank keys must be non-negative integers, got {bad[:3]}")
+    return ranks
+
+
+def check_window(window: list[int]) -> list[int]:
+    """``suspect_window`` is [first, last] step, 0 <= first <= last."""
+    if len(window) != 2 or not 0 <= window[0] <= window[1]:
+        raise ValueError(
+            f"suspect_window must be [first, last] with 0 <= first <= last, got {window}"
+        )
+    return window
+
+
 class RankInfo(_Model):
     """Where one global rank runs, as the agent reports it."""
 
@@ -133,6 +165,18 @@ class Report(_Model):
     divergent_tensors: list[str] = Field(default_factory=list)
     ranks: dict[str, RankInfo] = Field(default_factory=dict)
     metric: ReportMetric | None = None
+    log_stream: str | None = Field(default=None, exclude=True)
+    """Where localize read the report (not part of the agent's schema)."""
+
+    @field_validator("ranks")
+    @classmethod
+    def _rank_keys(cls, value: dict[str, RankInfo]) -> dict[str, RankInfo]:
+        return check_rank_keys(value)
+
+    @field_validator("suspect_window")
+    @classmethod
+    def _suspect_window(cls, value: list[int]) -> list[int]:
+        return check_window(value)
 
 
 class RankMap(_Model):
@@ -143,6 +187,11 @@ class RankMap(_Model):
     job: str
     time: datetime
     ranks: dict[str, RankInfo] = Field(default_factory=dict)
+
+    @field_validator("ranks")
+    @classmethod
+    def _rank_keys(cls, value: dict[str, RankInfo]) -> dict[str, RankInfo]:
+        return check_rank_keys(value)
 
 
 # --- Workflow state ---------------------------------------------------------------------------
@@ -171,13 +220,61 @@ class Suspect(_Model):
     instance_group: str
     job: str
     ranks: dict[str, RankInfo]
+    rank_count: int = 0
+    """How many ranks the reports named on this node (``ranks`` lists at most 8 of them)."""
     check: str
     verdict: str
     step: int
     suspect_window: list[int]
     last_audit_pass: int | None = None
     last_weight_check_pass: int | None = None
-    divergent_tensors: list[str] = Field(default_factory=list)
+    divergent_tensors: list[str] = Field(default_factory=list, max_length=MAX_TENSOR_NAMES)
+    """At most ``MAX_TENSOR_NAMES`` of the report's divergent tensors, for the message."""
+    divergent_tensor_count: int = 0
+    """How many tensors the report named as divergent (all of them are in the report)."""
+    report_log_group: str | None = None
+    report_log_stream: str | None = None
+    """The report's place in CloudWatch Logs: the full evidence (every tensor, every rank)."""
+
+    @model_validator(mode="after")
+    def _node_is_the_instances(self) -> Suspect:
+        # HyperPod names an instance's node hyperpod-<instance id>: a suspect whose two names
+        # disagree would have the approver approve one node and replace act on another.
+        if self.node_name != node_name_of(self.instance_id):
+            raise ValueError(
+                f"node_name {self.node_name!r} is not instance {self.instance_id}'s node "
+                f"({node_name_of(self.instance_id)!r})"
+            )
+        return self
+
+    @field_serializer("ranks")
+    def _compact_ranks(self, ranks: dict[str, RankInfo]) -> dict[str, dict[str, Any]]:
+        # Unset fields are left out: the state carries up to 16 ranks per suspect.
+        return {key: info.model_dump(exclude_none=True) for key, info in ranks.items()}
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not is_subdomain_name(value):
+            raise ValueError(f"{value!r} is not a Kubernetes node name (DNS-1123 subdomain)")
+        return value
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id(cls, value: str) -> str:
+        if not is_instance_id(value):
+            raise ValueError(f"{value!r} is not an instance id (i- and 8 or 17 hex digits)")
+        return value
+
+    @field_validator("ranks")
+    @classmethod
+    def _rank_keys(cls, value: dict[str, RankInfo]) -> dict[str, RankInfo]:
+        return check_rank_keys(value)
+
+    @field_validator("suspect_window")
+    @classmethod
+    def _suspect_window(cls, value: list[int]) -> list[int]:
+        return check_window(value)
 
 
 class LocalizeResult(_Model):

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import botocore.exceptions
 
-from . import aws
+from . import aws, hyperpod
 from .config import Settings
 from .errors import AwsApiUnavailable, InvalidStepInput, ReplaceFailed
-from .health import HEALTH_LABEL, describe_node
+from .hyperpod import HEALTH_LABEL, PENDING_REPLACEMENT
 from .kube import KubeApi, node_labels
 from .models import ItemState, ReplaceResult
 from .observability import logger
 
-PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
-_ALREADY_GOING = {"ShuttingDown", "NotFound"}
+__all__ = ["PENDING_REPLACEMENT", "replace"]
 
 
 def replace(settings: Settings, state: ItemState, kube: KubeApi | None) -> ReplaceResult:
@@ -53,25 +52,41 @@ def _replace_by_label(kube: KubeApi, node_name: str) -> ReplaceResult:
     )
 
 
+def _already_leaving(cluster: str, instance_id: str) -> ReplaceResult | None:
+    """A result when HyperPod shows the instance leaving the cluster (None: it is not)."""
+    status = hyperpod.instance_status(hyperpod.describe_node(cluster, instance_id))
+    if not hyperpod.is_leaving(status):
+        return None
+    return ReplaceResult(
+        mode="api",
+        requested=True,
+        dry_run=False,
+        detail=f"instance already leaving the cluster (status {status})",
+    )
+
+
 def _replace_by_api(cluster: str, instance_id: str) -> ReplaceResult:
-    details = describe_node(cluster, instance_id)
-    status = None if details is None else details.get("InstanceStatus", {}).get("Status")
-    if status is None or status in _ALREADY_GOING:
-        # Our own earlier call (a retried Lambda) or HyperPod got there first.
-        return ReplaceResult(
-            mode="api",
-            requested=True,
-            dry_run=False,
-            detail=f"instance already leaving the cluster (status {status})",
+    # Our own earlier call (a retried Lambda) or HyperPod got there first.
+    already = _already_leaving(cluster, instance_id)
+    if already is not None:
+        return already
+    try:
+        resp = hyperpod.batch_replace(cluster, instance_id)
+    except botocore.exceptions.ClientError as exc:
+        raise ReplaceFailed(
+            f"BatchReplaceClusterNodes refused {instance_id}: {aws.error_code(exc)}: {exc}"
+        ) from exc
+    except AwsApiUnavailable as exc:
+        # Sent once, answer lost or 5xx: the replacement may have been accepted. If HyperPod
+        # shows the instance leaving, it was; otherwise the workflow retries the step.
+        settled = _already_leaving(cluster, instance_id)
+        if settled is None:
+            raise
+        logger.info(
+            "BatchReplaceClusterNodes's answer was lost but the instance is leaving",
+            extra={"instance": instance_id, "error": str(exc)[:300]},
         )
-    sm = aws.client("sagemaker")
-    with aws.aws_errors("sagemaker:BatchReplaceClusterNodes"):
-        try:
-            resp = sm.batch_replace_cluster_nodes(ClusterName=cluster, NodeIds=[instance_id])
-        except botocore.exceptions.ClientError as exc:
-            raise ReplaceFailed(
-                f"BatchReplaceClusterNodes refused {instance_id}: {aws.error_code(exc)}: {exc}"
-            ) from exc
+        return settled
     if instance_id in resp.get("Successful", []):
         logger.info("replacement requested", extra={"instance": instance_id})
         return ReplaceResult(

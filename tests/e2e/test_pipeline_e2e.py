@@ -199,10 +199,12 @@ def test_kubernetes_api_down_is_retried_then_fails_notified_without_changes(spoo
         p.kube.down = True
         execution = raise_alarm(p, culprit_alarm(CLUSTER, [3]), spool)
         p.finish(execution)
-        # Then cordon was retried (the state machine's Retry on ClusterApiUnavailable) ...
-        cordons = [c for c in p.invocations if c.folder == "cordon"]
-        assert len(cordons) > 1
-        assert all(c.error and c.error.startswith("ClusterApiUnavailable") for c in cordons)
+        # Then the first step that needs Kubernetes was retried (the state machine's Retry on
+        # ClusterApiUnavailable): localize, which checks the report's pod before naming its node
+        localizes = [c for c in p.invocations if c.folder == "localize"]
+        assert len(localizes) > 1
+        assert all(c.error and c.error.startswith("ClusterApiUnavailable") for c in localizes)
+        assert [c for c in p.invocations if c.folder == "cordon"] == []
         # ... and the remediation ended failed and notified: no health check, no replacement
         assert {"transition": "failed", "notify": True} in recorded(p)
         assert p.hyperpod.calls == []
@@ -252,13 +254,14 @@ def test_a_nan_the_third_gpu_reproduces_names_nobody_and_notifies(spool):
 
 def test_after_a_failed_remediation_the_next_alarm_on_that_node_is_handled_again(spool):
     with pipeline(retry_interval_seconds=1) as p:
-        # Given a remediation that failed because the Kubernetes API was down
-        p.kube.down = True
+        # Given a remediation that failed after admission because cordon could not reach the
+        # Kubernetes API (localize, which only reads pods, could)
+        p.kube.nodes_down = True
         first = raise_alarm(p, culprit_alarm(CLUSTER, [3]), spool)
         p.finish(first)
         assert transitions(p)[-1] == "failed"
         # When the API is back and the node alarms again
-        p.kube.down = False
+        p.kube.nodes_down = False
         second = p.start_execution(p.evaluator.delivered[-1])
         pending_for(p, second)
         # Then it is admitted as a new remediation (not dropped as a duplicate) and cordoned

@@ -12,7 +12,6 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from infra.config import METRIC_NAMES
-from infra.constructs.eks_access import KUBERNETES_GROUP
 from infra.constructs.functions import STEPS
 from tests.infra.infra_template import (
     as_list,
@@ -45,6 +44,8 @@ CONTRACT_ENV = {
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
     "LOG_LEVEL",
+    "ALARM_ACCOUNT_ID",
+    "ALARM_NAME_PREFIX",
 }
 
 
@@ -374,6 +375,8 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert env["HEALTH_CHECKS"] == "InstanceStress"
         assert env["DRY_RUN"] == "false"
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "SDCRemediation"
+        assert env["ALARM_ACCOUNT_ID"] == {"Ref": "AWS::AccountId"}
+        assert env["ALARM_NAME_PREFIX"] == "sdc-guard-example-hyperpod-cluster-"
         assert int(env["APPROVAL_TTL_SECONDS"]) > 86400
         assert "stateMachine:sdc-guard-example-hyperpod-cluster" in flatten(
             env["STATE_MACHINE_ARN"]
@@ -569,37 +572,28 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
     }
 
 
-def test_eks_access_entries_put_the_kubernetes_steps_in_the_rbac_group(
+def test_eks_access_entries_put_each_kubernetes_step_in_its_own_group(
     default_synth: Any, variant_synth: Any
 ) -> None:
     # Given both configs (the variant replaces by node label, so replace talks to Kubernetes)
-    def entries(template: dict[str, Any]) -> set[str]:
+    def entries(template: dict[str, Any]) -> dict[str, list[str]]:
         roles = {
             fn["Properties"]["Role"]["Fn::GetAtt"][0]: fn["Properties"]["Handler"].split(".")[0]
             for fn in resources(template, "AWS::Lambda::Function").values()
         }
-        found = set()
+        found = {}
         for entry in resources(template, "AWS::EKS::AccessEntry").values():
             props = entry["Properties"]
-            assert props["KubernetesGroups"] == [KUBERNETES_GROUP]
             assert props["Type"] == "STANDARD"
-            found.add(roles[props["PrincipalArn"]["Fn::GetAtt"][0]])
+            found[roles[props["PrincipalArn"]["Fn::GetAtt"][0]]] = props["KubernetesGroups"]
         return found
 
-    # Then the entries cover exactly the steps that read or patch nodes
-    assert entries(default_synth.template) == {
-        "localize",
-        "cordon",
-        "uncordon",
-        "poll_health_check",
-    }
-    assert entries(variant_synth.template) == {
-        "localize",
-        "cordon",
-        "uncordon",
-        "poll_health_check",
-        "replace",
-    }
+    # Then localize (which parses untrusted reports) and poll only read; cordon and uncordon
+    # may cordon; only replace, in label mode, is in the group that may trigger a replacement
+    reading = {"localize": ["sdc-reader"], "poll_health_check": ["sdc-reader"]}
+    cordoning = {"cordon": ["sdc-cordoner"], "uncordon": ["sdc-cordoner"]}
+    assert entries(default_synth.template) == reading | cordoning
+    assert entries(variant_synth.template) == reading | cordoning | {"replace": ["sdc-replacer"]}
     (entry,) = [e for e in resources(variant_synth.template, "AWS::EKS::AccessEntry").values()][:1]
     assert entry["Properties"]["ClusterName"] == "ml-prod-eks"
 

@@ -275,7 +275,7 @@ def test_each_suspect_is_remediated_independently(fast_synth: Synth) -> None:
     assert sorted(run.transitions()) == ["cordoned", "duplicate", "replaced_by_hyperpod"]
     assert [s["suspect"]["instance_id"] for s in run.inputs("cordon")] == [SUSPECT["instance_id"]]
     assert run.inputs("request_approval") == []
-    assert len(json.loads(result["output"])["remediations"]) == 2
+    assert "remediations" not in json.loads(result["output"])
 
 
 def test_approval_timeout_leaves_the_node_cordoned_and_notifies(fast_synth: Synth) -> None:
@@ -297,3 +297,87 @@ def test_approval_timeout_leaves_the_node_cordoned_and_notifies(fast_synth: Synt
     assert run.transitions()[-1] == "approval_timed_out"
     assert run.inputs("record")[-1]["notify"] is True
     assert run.inputs("replace") == [] and run.inputs("uncordon") == []
+
+
+def largest_suspects(nodes: int = 64) -> list[dict[str, Any]]:
+    """localize's suspects for the largest alarm the agent can produce (a 1,024-rank job, every
+    rank of 64 nodes named, hundreds of long divergent tensor names), at the size localize
+    bounds each suspect to (tests/lambdas/test_step_localize_untrusted.py measures that)."""
+    out = []
+    for n in range(nodes):
+        instance = f"i-{n + 1:017x}"
+        out.append(
+            {
+                **SUSPECT,
+                "node_name": f"hyperpod-{instance}",
+                "instance_id": instance,
+                "ranks": {
+                    str(n * 16 + r): {
+                        "gpu_uuid": f"GPU-{n * 16 + r:08x}-1111-2222-3333-444444444444",
+                        "local_rank": r,
+                    }
+                    for r in range(8)
+                },
+                "rank_count": 16,
+                "divergent_tensors": [
+                    f"model.layers.{i}.mlp.down_proj.weight".ljust(120, "_") for i in range(3)
+                ],
+                "divergent_tensor_count": 400,
+                "report_log_group": "/sdc/example-hyperpod-cluster",
+                "report_log_stream": "llama-pretrain",
+                "last_audit_pass": 1190,
+                "last_weight_check_pass": 1150,
+            }
+        )
+    return out
+
+
+def test_the_largest_alarm_runs_through_the_definition_under_the_payload_limit(
+    fast_synth: Synth,
+) -> None:
+    # Given the largest alarm: 64 suspects; the guard admits two, the rest find the circuit open
+    limit = 256 * 1024
+    steps = happy_steps(["replaced_by_hyperpod"] * 2)
+    steps["localize"] = localized(largest_suspects())
+    admitted = {"i-00000000000000001", "i-00000000000000002"}
+    steps["admit"] = lambda s: {
+        "decision": "admitted" if s["suspect"]["instance_id"] in admitted else "circuit_open",
+        "remediation_id": "r-" + s["suspect"]["instance_id"],
+        "reason": "",
+    }
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "largest"))
+
+    # Then it ends, every state a step received and the execution's output stay under
+    # Step Functions' 256 KiB (States.DataLimitExceeded cannot be caught)
+    assert result["status"] == "SUCCEEDED"
+    assert sorted(run.transitions()).count("circuit_open") == 62
+    assert max(len(json.dumps(payload).encode()) for _, payload in run.calls) < limit
+    # And the execution's output does not grow with the items' results (the Map discards them:
+    # each item's outcome is in the ledger and the execution history)
+    assert len(result["output"].encode()) < limit // 2, len(result["output"].encode()) // 1024
+
+
+class UntrustedReport(Exception):
+    """Stands in for sdc_remediation.errors.UntrustedReport (the class name is the contract)."""
+
+
+def test_an_untrusted_report_ends_notified_with_nothing_cordoned(fast_synth: Synth) -> None:
+    # Given localize finds a report whose instance id is not the node's
+    steps = happy_steps([])
+    steps["localize"] = lambda event: (_ for _ in ()).throw(
+        UntrustedReport("ranks.3.instance_id: instance i-b is not node hyperpod-i-a")
+    )
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "untrusted"))
+
+    # Then it is recorded once as failed, notified with the field that lied, never retried, and
+    # no node is admitted or cordoned
+    assert result["status"] == "FAILED"
+    assert run.transitions() == ["failed"]
+    [failed] = run.inputs("record")
+    assert failed["notify"] is True
+    assert failed["error"]["Error"] == "UntrustedReport"
+    assert "ranks.3.instance_id" in failed["error"]["Cause"]
+    assert len(run.inputs("localize")) == 1
+    assert run.inputs("admit") == [] and run.inputs("cordon") == []

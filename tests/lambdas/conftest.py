@@ -30,6 +30,7 @@ from remediation_factories import (  # noqa: E402
     NODES,
     REGION,
     TOPIC,
+    TRAINING_NAMESPACE,
 )
 
 from sdc_remediation import aws  # noqa: E402
@@ -65,6 +66,9 @@ _OWNED_VARS = [
     "STATE_MACHINE_ARN",
     "K8S_API_ENDPOINT",
     "K8S_API_CA_DATA",
+    "ALARM_ACCOUNT_ID",
+    "ALARM_NAME_PREFIX",
+    "TRAINING_NAMESPACE",
     "AWS_PROFILE",
     "AWS_ENDPOINT_URL",
     "AWS_SESSION_TOKEN",
@@ -95,6 +99,9 @@ def remediation_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "APPROVALS_TABLE": APPROVALS,
         "TOPIC_ARN": f"arn:aws:sns:{REGION}:123456789012:{TOPIC}",
         "DRY_RUN": "false",
+        "ALARM_ACCOUNT_ID": "123456789012",
+        "ALARM_NAME_PREFIX": "sdc-",
+        "TRAINING_NAMESPACE": TRAINING_NAMESPACE,
     }
     for key, value in values.items():
         monkeypatch.setenv(key, value)
@@ -112,7 +119,7 @@ def _test_client(service: str, region_name: str = REGION) -> Any:
 class Cloud:
     """The moto account the tests run against."""
 
-    nodes: list[str]  # HyperPod instance ids, in order ("workers-0", ...)
+    nodes: list[str]  # HyperPod instance ids, in order ("i-00000000000000001", ...)
 
     def client(self, service: str) -> Any:
         """A test-side client (separate from the code's cached ones)."""
@@ -189,11 +196,24 @@ def cloud() -> Iterator[Cloud]:
                 }
             ],
         )
-        nodes = [
-            n["InstanceId"]
-            for n in sm.list_cluster_nodes(ClusterName=CLUSTER)["ClusterNodeSummaries"]
-        ]
-        yield Cloud(nodes=sorted(nodes, key=lambda i: int(i.rsplit("-", 1)[1])))
+        yield Cloud(nodes=_real_looking_instance_ids(CLUSTER))
+
+
+def _real_looking_instance_ids(cluster_name: str) -> list[str]:
+    """Give moto's nodes (``workers-0``, ...) EC2-shaped ids (``i-`` + 17 hex digits), as
+    HyperPod reports them and as localize insists; the ids in node order."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    cluster = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[cluster_name]
+    old = sorted(cluster.nodes.values(), key=lambda n: int(n.instance_id.rsplit("-", 1)[1]))
+    cluster.nodes.clear()
+    ids = []
+    for index, node in enumerate(old):
+        node.instance_id = f"i-{index + 1:017x}"
+        cluster.nodes[node.instance_id] = node
+        ids.append(node.instance_id)
+    return ids
 
 
 @pytest.fixture

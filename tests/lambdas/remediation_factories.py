@@ -15,6 +15,7 @@ REGION = "us-east-1"
 LEDGER = "sdc-ledger"
 APPROVALS = "sdc-approvals"
 TOPIC = "sdc-remediation"
+TRAINING_NAMESPACE = "training"  # where the guarded jobs' pods run (TRAINING_NAMESPACE)
 NODES = 40  # HyperPod nodes in the moto cluster: MAX_FRACTION 0.05 then allows 2 open
 
 
@@ -31,6 +32,7 @@ def alarm_event(
     state: str = "ALARM",
     namespace: str = NAMESPACE,
     alarm_name: str = "sdc-replay-mismatch-hp-test",
+    account: str = "123456789012",
 ) -> dict[str, Any]:
     """An EventBridge "CloudWatch Alarm State Change" event as CloudWatch sends it."""
     stamp = time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "+0000"
@@ -39,10 +41,10 @@ def alarm_event(
         "id": "c4c1c1c9-6542-e61b-6ef0-8c4d36933a92",
         "detail-type": "CloudWatch Alarm State Change",
         "source": "aws.cloudwatch",
-        "account": "123456789012",
+        "account": account,
         "time": iso(time),
         "region": REGION,
-        "resources": [f"arn:aws:cloudwatch:{REGION}:123456789012:alarm:{alarm_name}"],
+        "resources": [f"arn:aws:cloudwatch:{REGION}:{account}:alarm:{alarm_name}"],
         "detail": {
             "alarmName": alarm_name,
             "state": {

@@ -217,3 +217,15 @@ def test_ca_data_that_is_not_base64_is_a_configuration_error(cloud, k8s, invoke,
     with pytest.raises(ConfigurationError, match="base64"):
         invoke("cordon", item_state(NODE_ID))
     assert base64  # the module is used by the stand-in's token decoder too
+
+
+@pytest.mark.parametrize("name", ["../nodes/victim", "victim/status", "hyperpod-i-1?x=1", "A"])
+def test_the_kubernetes_client_never_puts_a_non_name_in_a_url_path(cloud, k8s, name):
+    # Given a node "victim", and a name that is not a Kubernetes node name
+    k8s.add_node("victim")
+    api = kube.KubeApi.from_settings(Settings())
+
+    # When / Then: refused before any request, whatever reaches the client
+    with pytest.raises(InvalidStepInput, match="not a valid Kubernetes name"):
+        api.patch_node(name, {"spec": {"unschedulable": True}})
+    assert k8s.requests == []

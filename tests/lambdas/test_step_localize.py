@@ -65,11 +65,12 @@ def test_localize_maps_rank_to_node_through_the_pod_when_the_report_lacks_it(clo
     # When
     out = invoke("localize", alarm_event(time=t))
 
-    # Then: the pod lookup named the node, and the instance id came from the node name
+    # Then: the pod lookup (in the jobs' namespace) named the node, and the instance id came
+    # from the node name
     [suspect] = out["suspects"]
     assert suspect["node_name"] == node
     assert suspect["instance_id"] == instance
-    assert any(r.path.startswith("/api/v1/pods?") for r in k8s.requests)
+    assert [r.path for r in k8s.requests] == ["/api/v1/namespaces/training/pods/trainer-worker-1"]
 
 
 def test_localize_uses_the_rank_map_when_the_report_has_no_entry_for_the_rank(cloud, invoke):

@@ -164,6 +164,9 @@ class KubeStandIn:
     hang_seconds: float = 0.0
     down: bool = False
     """Answer every request 503 (the API server unreachable behind its load balancer)."""
+    nodes_down: bool = False
+    """Answer requests for nodes 503 and serve the rest (pods): an outage that hits cordon
+    but not localize's pod check."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Held while a request is served; hold it to change nodes from another thread."""
 
@@ -257,7 +260,7 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             api.requests.append(
                 Recorded(method, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             )
-            if api.down:
+            if api.down or (api.nodes_down and self.path.startswith("/api/v1/nodes")):
                 self._status(503, "ServiceUnavailable")
                 return
             if api.hang_seconds:
@@ -276,7 +279,7 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             parts = urllib.parse.urlsplit(self.path)
             segments = parts.path.strip("/").split("/")
             if segments[:3] == ["api", "v1", "nodes"] and len(segments) == 4:
-                name = segments[3]
+                name = urllib.parse.unquote(segments[3])
                 if name not in api.nodes:
                     self._status(404, "NotFound")
                     return
@@ -286,6 +289,24 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                         return
                     api.nodes[name] = strategic_merge(api.nodes[name], body or {})
                 self._reply(200, api.nodes[name])
+                return
+            if (
+                len(segments) == 6
+                and segments[:3] == ["api", "v1", "namespaces"]
+                and segments[4] == "pods"
+                and method == "GET"
+            ):
+                namespace = urllib.parse.unquote(segments[3])
+                name = urllib.parse.unquote(segments[5])
+                found = [
+                    p
+                    for p in api.pods
+                    if p["metadata"]["name"] == name and p["metadata"]["namespace"] == namespace
+                ]
+                if not found:
+                    self._status(404, "NotFound")
+                    return
+                self._reply(200, found[0])
                 return
             if segments == ["api", "v1", "pods"] and method == "GET":
                 selector = urllib.parse.parse_qs(parts.query).get("fieldSelector", [""])[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdc_agent.audit import (
+from sdc_agent.attribution import (
     Outcome,
     confirmation_jobs,
     find_culprits,
@@ -93,7 +93,7 @@ def test_mismatch_verdicts(original, replayed, third, again, expected):
     [
         (GOOD, GOOD, ("transient", "target")),
         (GOOD, NAN, ("persistent", "target")),
-        (NAN, NAN, ("unattributable", "")),
+        (NAN, NAN, ("reproducible", "")),
         (GOOD, BAD, ("unclear", "target")),
     ],
     ids=["transient", "persistent", "bad-batch", "unclear"],

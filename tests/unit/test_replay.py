@@ -58,3 +58,37 @@ def test_accumulated_gradients_are_refused_before_an_audit():
     compute_loss(model, torch.ones(4)).backward()  # an earlier micro-batch's gradient
     with pytest.raises(RuntimeError, match="gradient accumulation"):
         replayer.note_gradients_at_start(step=3)
+
+
+class Scaled(nn.Module):
+    """d loss / d w = the batch: a replay's gradient is whatever the batch says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(4))
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return (self.w * c).sum()
+
+
+def test_a_replay_calls_huge_finite_gradients_finite_as_check_1_does():
+    # Given a micro-batch whose gradient is huge but finite (its squared norm overflows float32)
+    model = Scaled()
+    replayer = Replayer(model, [model.w], compute_loss)
+    # When it is replayed
+    replayed = replayer.replay(torch.full((4,), 1e30), seed=0, deterministic=True)
+    # Then the outcome is finite: no false mismatch against the finite training step
+    assert torch.isfinite(model.w.grad).all() if model.w.grad is not None else True
+    assert replayed.finite
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_replay_calls_a_nan_or_inf_gradient_non_finite(bad):
+    # Given a micro-batch whose gradient holds one NaN/Inf element (the loss stays finite: w is 0)
+    model = Scaled()
+    replayer = Replayer(model, [model.w], compute_loss)
+    batch = torch.tensor([1.0, bad, 1.0, 1.0])
+    # When it is replayed
+    replayed = replayer.replay(batch, seed=0, deterministic=False)
+    # Then the outcome is non-finite
+    assert not replayed.finite

@@ -8,7 +8,11 @@ from typing import Any, Literal
 SCHEMA = "sdc.alarm/v1"
 
 CheckName = Literal["compute", "reduced_gradient", "weights"]
-VerdictKind = Literal["persistent", "transient", "replayer_wrong", "unclear", "unattributable"]
+VerdictKind = Literal[
+    "persistent", "transient", "replayer_wrong", "unclear", "unattributable", "reproducible"
+]
+"""How a confirmation settled a dispute. ``reproducible``: a non-finite gradient that a third
+GPU (on another node) reproduces from the same micro-batch: numerics or data, not a GPU."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ class Alarm:
     last_weight_check_pass: int | None = None
     divergent_tensors: list[str] = field(default_factory=list)
     ranks: dict[str, RankInfo] = field(default_factory=dict)
+    diagnosis: str | None = None
+    """A sentence for the reader when the evidence points away from hardware (a non-finite
+    gradient that reproduced on another GPU: numerics or data); None otherwise."""
     schema: str = SCHEMA
 
     @property

@@ -1,147 +1,415 @@
-"""Check 2's reasoning: which replay comparisons disagree, and whom a disagreement blames.
+"""Check 2, the ring replay audit: replays, the audit collective, confirmations, attribution.
 
-Pure logic over DP ranks (0..world-1); no collectives, no tensors. Rank r replays the micro-batch
-of target t = (r + offset) % world, so every rank sits in two comparisons: as the target of
-r - offset and as the replayer of r + offset. A rank in two mismatched comparisons computed wrong
-both times: it is the culprit. A single mismatch is settled by a confirmation: the third GPU
-(target + offset, on a third node) and the target itself replay the target's batch once more.
+On an audit step every rank recomputes another rank's micro-batch on the bare module
+(:class:`~sdc_agent.replay.Replayer`) and the results are compared bit for bit; the pure
+reasoning over the gathered results (who mismatched, who is to blame) is in
+:mod:`sdc_agent.attribution`. The same replays confirm check 1: a rank whose local gradient was
+non-finite has its micro-batch replayed on a third GPU and on itself.
+
+Every method that issues a collective says so; the guard calls them on every rank at the same
+points, and a replay that raises is sent as a failed row instead, so no rank is left waiting.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
+from typing import Any
 
-from .alarm import VerdictKind
+import torch
+import torch.distributed as dist
 
-ROW_WIDTH = 5
-"""Int64 values per outcome in the collectives: loss bits, two digest words, finite, valid."""
+from .accumulation import MicroBatchIsolation
+from .alarm import Alarm, Verdict
+from .attribution import (
+    FAILED_ROW,
+    ROW_WIDTH,
+    Outcome,
+    confirmation_jobs,
+    find_culprits,
+    find_mismatches,
+    is_failed,
+    mismatch_verdict,
+    nonfinite_verdict,
+    replay_target,
+    third_gpu,
+    unexplained,
+)
+from .gradients import FlagTable
+from .parallel import DDPAdapter
+from .replay import (
+    Replayer,
+    StepEnvironment,
+    combine_outcomes,
+    outcome_of,
+    seed_all,
+    step_seed,
+)
+from .reporting import Reporter
 
-FAILED_ROW = [0, 0, 0, 0, 2]
-"""Sent instead of an outcome when a replay raised: the collective still completes everywhere,
-and nobody is judged on a computation that did not happen."""
+logger = logging.getLogger("sdc_agent")
 
-
-def is_failed(row: list[int]) -> bool:
-    """Whether ``row`` is :data:`FAILED_ROW` (a replay that raised)."""
-    return row[4] == FAILED_ROW[4]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one computation of one micro-batch produced, reduced to comparable bits."""
-
-    loss_bits: int
-    grad_digest: tuple[int, int]
-    finite: bool
-
-    def matches(self, other: Outcome, *, compare_grads: bool) -> bool:
-        """Bit-for-bit agreement of the loss (and of every gradient, with deterministic kernels)."""
-        if self.finite != other.finite or self.loss_bits != other.loss_bits:
-            return False
-        return not compare_grads or self.grad_digest == other.grad_digest
-
-    def to_row(self) -> list[int]:
-        """The outcome as ROW_WIDTH int64 values (the last one marks the row as filled)."""
-        return [self.loss_bits, *self.grad_digest, int(self.finite), 1]
-
-    @classmethod
-    def from_row(cls, row: list[int]) -> Outcome:
-        """Inverse of :meth:`to_row`."""
-        if len(row) != ROW_WIDTH or row[4] != 1:
-            raise ValueError(f"not a filled outcome row: {row!r}")
-        return cls(loss_bits=row[0], grad_digest=(row[1], row[2]), finite=bool(row[3]))
+RebuildBatch = Callable[[int, int], Any]
 
 
-def replay_target(replayer: int, world: int, offset: int) -> int:
-    """The DP rank whose micro-batch ``replayer`` recomputes."""
-    return (replayer + offset) % world
+class RingAudit:
+    """Check 2 for one guard (and the confirmation replays check 1 asks for)."""
 
+    def __init__(
+        self,
+        adapter: DDPAdapter,
+        replayer: Replayer,
+        rebuild_batch: RebuildBatch,
+        reporter: Reporter,
+        *,
+        peer_offset: int,
+        can_confirm: bool,
+        overflow_is_expected: bool = False,
+    ) -> None:
+        """``can_confirm``: the placement puts a third GPU on a third node (see topology).
+        ``overflow_is_expected``: a GradScaler scales the loss, so a non-finite gradient that
+        another GPU reproduces is an overflow to skip, not an alarm (:meth:`judge_nonfinite`).
+        With accumulation (``replayer.grad_accum`` > 1) ``rebuild_batch(step, rank)`` returns
+        the step's sequence of micro-batches and the audit replays one of them."""
+        self.adapter = adapter
+        self.replayer = replayer
+        self.rebuild_batch = rebuild_batch
+        self.reporter = reporter
+        self.peer_offset = peer_offset
+        self.can_confirm = can_confirm
+        self.overflow_is_expected = overflow_is_expected
+        self.grad_accum = replayer.grad_accum
+        self.isolation = MicroBatchIsolation(replayer.params) if self.grad_accum > 1 else None
+        """Isolates the audited micro-batch's gradient (accumulation only)."""
+        self.position = 0
+        """The micro-batch position the current step's audit replays."""
+        self.isolated_fingerprints: torch.Tensor | None = None
+        """[num_params, 2] fingerprints of the audited micro-batch's own local gradient
+        (accumulation with deterministic audits; None otherwise)."""
+        self.current_micro_batch: int | None = None
+        """The micro-batch position being computed (trained or replayed), else None."""
+        self._isolating = False
+        self._snapshot_pending = False
+        if any(True for _ in adapter.module.buffers()):
+            adapter.module.register_forward_pre_hook(self._before_module_forward)
 
-def third_gpu(target: int, world: int, offset: int) -> int:
-    """The DP rank that settles a dispute over ``target``'s batch (neither target nor replayer)."""
-    return (target + offset) % world
+    # ------------------------------------------------------------------ per step (local)
+    def prepare_step(
+        self,
+        step: int,
+        *,
+        audit: bool,
+        deterministic: bool,
+        position: int = 0,
+        seeded: bool = False,
+    ) -> StepEnvironment:
+        """Before ``step``'s forward pass: on audit steps note how the gradients start, snapshot
+        the buffers as the (audited micro-batch's) forward begins, seed the RNG from (step,
+        rank) and select deterministic kernels. ``position``: the micro-batch the audit
+        replays; ``seeded``: seed a step that is not audited too (a confirmation can then
+        replay it exactly). Returns what :meth:`StepEnvironment.restore` puts back."""
+        self.replayer.forward_buffers = None
+        self.replayer.zero_grads_at_start = None
+        self.isolated_fingerprints = None
+        self.position = position
+        self._snapshot_pending = audit and self.grad_accum == 1
+        if not audit:
+            if not seeded:
+                return StepEnvironment()
+            return StepEnvironment.enter(
+                seed=step_seed(step, self.adapter.rank), deterministic=False
+            )
+        self.replayer.note_gradients_at_start(step)
+        if self.grad_accum > 1:
+            # The audited micro-batch's gradient is isolated from no gradient (accumulation.py),
+            # so its replay starts from None whatever the step started from.
+            self.replayer.zero_grads_at_start = None
+        # The step's computation must be reproducible by another GPU: seed it from
+        # (step, rank) instead of the job's RNG stream, which is put back afterwards.
+        return StepEnvironment.enter(
+            seed=step_seed(step, self.adapter.rank), deterministic=deterministic
+        )
 
+    def begin_micro_batch(
+        self, step: int, index: int, *, audited: bool, seeded: bool, isolate: bool
+    ) -> None:
+        """Before micro-batch ``index``'s forward (accumulation): seed it from (step, rank,
+        index) on seeded steps; for the audited one, snapshot the buffers as its forward starts
+        and, with ``isolate``, set the accumulated gradient aside (:mod:`sdc_agent.accumulation`)."""
+        self.current_micro_batch = index
+        if seeded:
+            seed_all(step_seed(step, self.adapter.rank, base=index))
+        if audited:
+            self._snapshot_pending = True
+            if isolate and self.isolation is not None:
+                self.isolation.begin()
+                self._isolating = True
 
-def find_mismatches(
-    own: list[Outcome], replayed: list[Outcome], offset: int, *, compare_grads: bool
-) -> list[tuple[int, int]]:
-    """(target, replayer) pairs whose results differ; ``replayed[r]`` is r's replay of its target."""
-    world = len(own)
-    pairs = []
-    for replayer in range(world):
-        target = replay_target(replayer, world, offset)
-        if not own[target].matches(replayed[replayer], compare_grads=compare_grads):
-            pairs.append((target, replayer))
-    return sorted(pairs)
+    def end_micro_batch(self) -> None:
+        """After a micro-batch's backward: add the accumulated gradient back under the audited
+        one's and keep its fingerprints (a no-op for the others)."""
+        self.current_micro_batch = None
+        self._snapshot_pending = False
+        if self._isolating and self.isolation is not None:
+            self._isolating = False
+            self.isolated_fingerprints = self.isolation.end()
 
+    def end_step(self) -> None:
+        """The step's forward passes are over: take no more buffer snapshots."""
+        self._snapshot_pending = False
+        if self._isolating:
+            self.end_micro_batch()
 
-def find_culprits(pairs: list[tuple[int, int]]) -> list[int]:
-    """Ranks in two mismatched comparisons: wrong as target AND as replayer."""
-    counts = Counter(rank for pair in pairs for rank in pair)
-    return sorted(rank for rank, n in counts.items() if n >= 2)
+    def _before_module_forward(self, module: torch.nn.Module, args: Any) -> None:
+        """Snapshot buffers as the audited step's forward starts (after DDP's buffer broadcast)."""
+        if self._snapshot_pending:
+            self._snapshot_pending = False
+            self.replayer.snapshot_buffers()
 
+    # ------------------------------------------------------------------ replays
+    def _micro_batches(self, step: int, target: int) -> list[Any]:
+        """``rebuild_batch(step, target)`` as the step's list of micro-batches."""
+        rebuilt = self.rebuild_batch(step, target)
+        if self.grad_accum == 1:
+            return [rebuilt]
+        micros = list(rebuilt)
+        if len(micros) != self.grad_accum:
+            raise ValueError(
+                f"rebuild_batch({step}, {target}) returned {len(micros)} micro-batches; "
+                f"Schedule.grad_accum is {self.grad_accum}"
+            )
+        return micros
 
-def unexplained(pairs: list[tuple[int, int]], culprits: list[int]) -> list[tuple[int, int]]:
-    """Mismatched pairs that no culprit accounts for: each needs a confirmation."""
-    blamed = set(culprits)
-    return [p for p in pairs if not blamed.intersection(p)]
+    def _replay(self, step: int, target_dp: int, deterministic: bool, whole_step: bool) -> Outcome:
+        """Recompute DP rank ``target_dp``'s audited micro-batch of ``step`` on the bare module
+        (``whole_step``: each of its micro-batches alone, combined)."""
+        target = self.adapter.global_rank(target_dp)
+        micros = self._micro_batches(step, target)
+        positions = range(len(micros)) if whole_step else [self.position]
+        outcomes = []
+        try:
+            for i in positions:
+                self.current_micro_batch = i if self.grad_accum > 1 else None
+                outcomes.append(
+                    self.replayer.replay(
+                        micros[i], seed=step_seed(step, target, base=i), deterministic=deterministic
+                    )
+                )
+        finally:
+            self.current_micro_batch = None
+        return combine_outcomes(outcomes)
 
+    def _replay_row(
+        self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
+    ) -> list[int]:
+        """A replay as a collective row; a replay that raises (a bug in ``rebuild_batch`` or
+        ``compute_loss``) is logged and sent as FAILED_ROW, so no rank is left in a collective."""
+        try:
+            return self._replay(step, target_dp, deterministic, whole_step).to_row()
+        except Exception:
+            logger.exception(
+                "sdc_agent: replaying rank %d's batch of step %d failed on rank %d",
+                self.adapter.global_rank(target_dp),
+                step,
+                self.adapter.rank,
+            )
+            return list(FAILED_ROW)
 
-def confirmation_jobs(
-    targets: list[int], world: int, offset: int, me: int
-) -> list[tuple[int, int, int]]:
-    """(slot, column, target) replays rank ``me`` runs to confirm ``targets``.
+    def _confirm(
+        self, step: int, targets: list[int], deterministic: bool, whole_step: bool = False
+    ) -> list[tuple[Outcome, Outcome] | None]:
+        """Replay each target's batch on its third GPU and on itself (collective: one all-reduce).
 
-    Slot i holds two replays of ``targets[i]``'s batch: column 0 by the third GPU, column 1 by
-    the target itself (never the target alone: the third is what makes the verdict).
-    """
-    jobs = []
-    for slot, target in enumerate(targets):
-        if third_gpu(target, world, offset) == me:
-            jobs.append((slot, 0, target))
-        if target == me:
-            jobs.append((slot, 1, target))
-    return jobs
+        ``whole_step``: replay every micro-batch of the step (a non-finite accumulated gradient
+        does not say which micro-batch it came from); else the audited one.
 
+        Returns, per target, (third GPU's outcome, target's own re-replay), or None when either
+        replay raised (then the confirmation cannot judge anyone).
+        """
+        a = self.adapter
+        jobs = confirmation_jobs(targets, a.world, self.peer_offset, a.dp_rank)
+        table = torch.zeros((len(targets), 2, ROW_WIDTH), dtype=torch.int64)
+        for slot, column, target_dp in jobs:
+            table[slot, column] = torch.tensor(
+                self._replay_row(step, target_dp, deterministic, whole_step)
+            )
+        table = table.to(a.collective_device)
+        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=a.dp_group)  # one writer per slot
+        rows = table.cpu().tolist()
+        return [
+            None
+            if is_failed(r[0]) or is_failed(r[1])
+            else (Outcome.from_row(r[0]), Outcome.from_row(r[1]))
+            for r in rows
+        ]
 
-def mismatch_verdict(
-    original: Outcome,
-    replayed: Outcome,
-    third: Outcome,
-    again: Outcome,
-    *,
-    compare_grads: bool,
-) -> tuple[VerdictKind, str]:
-    """Settle one mismatched pair; returns (kind, who): who is "target", "replayer" or "".
+    # ------------------------------------------------------------------ check 2
+    def audit(
+        self,
+        step: int,
+        loss: torch.Tensor,
+        own_fingerprints: torch.Tensor | None,
+        *,
+        deterministic: bool,
+    ) -> Alarm | None:
+        """Replay the target's batch, gather every rank's results, attribute (collective: one
+        all-gather, then one all-reduce when a mismatch needs confirming).
 
-    ``original``: the target's own training computation; ``replayed``: the replayer's;
-    ``third``: the third GPU's replay; ``again``: the target's replay of its own batch.
-    """
+        Call it on every rank after a clean check 1. Records a pass, or returns the Alarm (not
+        yet logged nor published); a replay that raised skips the audit on every rank, logged.
+        """
+        a, offset = self.adapter, self.peer_offset
+        if self.grad_accum > 1:
+            own_fingerprints = self.isolated_fingerprints if deterministic else None
+        own = outcome_of(loss, own_fingerprints, True)  # audits run only when every flag was clean
+        replayed = self._replay_row(step, replay_target(a.dp_rank, a.world, offset), deterministic)
+        mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=a.collective_device)
+        gathered = [torch.zeros_like(mine) for _ in range(a.world)]
+        dist.all_gather(gathered, mine, group=a.dp_group)
+        rows = torch.stack(gathered).cpu().tolist()
+        failed = [a.global_rank(dp) for dp, r in enumerate(rows) if is_failed(r[1])]
+        if failed:
+            # Not a pass (liveness shows audits stopping) and not an alarm (no GPU is implicated).
+            if self.reporter.publishes:
+                logger.error(
+                    "sdc_agent: the audit of step %d did not run: replays raised on ranks %s "
+                    "(see their logs); the step is applied unaudited",
+                    step,
+                    failed,
+                )
+            return None
+        owns = [Outcome.from_row(r[0]) for r in rows]
+        replays = [Outcome.from_row(r[1]) for r in rows]
+        pairs = find_mismatches(owns, replays, offset, compare_grads=deterministic)
+        if not pairs:
+            self.reporter.passes.last_audit_pass = step
+            self.reporter.record_pass("audit", step)
+            return None
 
-    def same(a: Outcome, b: Outcome) -> bool:
-        return a.matches(b, compare_grads=compare_grads)
+        culprits = find_culprits(pairs)
+        disputed = unexplained(pairs, culprits)
+        results = self._confirm(step, [t for t, _ in disputed], deterministic) if disputed else []
+        verdicts: list[Verdict] = []
+        blamed = list(culprits)
+        for (target, replayer), result in zip(disputed, results, strict=True):
+            kind, who = (
+                mismatch_verdict(
+                    owns[target], replays[replayer], *result, compare_grads=deterministic
+                )
+                if result is not None
+                else ("unattributable", "")
+            )
+            suspect = {"target": target, "replayer": replayer}.get(who)
+            if suspect is not None:
+                blamed.append(suspect)
+            verdicts.append(
+                Verdict(
+                    pair=(a.global_rank(target), a.global_rank(replayer)),
+                    third=a.global_rank(third_gpu(target, a.world, offset)),
+                    suspect=a.global_rank(suspect) if suspect is not None else None,
+                    kind=kind,
+                )
+            )
+        return self.reporter.alarm(
+            step,
+            "compute",
+            last_pass=self.reporter.passes.last_audit_pass,
+            suspects=[a.global_rank(r) for r in blamed],
+            pairs=[(a.global_rank(t), a.global_rank(r)) for t, r in pairs],
+            culprits=[a.global_rank(r) for r in culprits],
+            verdicts=verdicts,
+        )
 
-    if same(third, original):
-        return "replayer_wrong", "replayer"
-    if same(third, replayed):
-        # Two GPUs on two other nodes agree: the target's original result was wrong.
-        return ("transient", "target") if same(again, third) else ("persistent", "target")
-    return "unclear", ""
+    # ------------------------------------------------------------------ check 1's confirmation
+    def judge_nonfinite(self, table: FlagTable, *, deterministic: bool) -> Alarm | None:
+        """Check 1's verdict on a table that is not clean, while every rank still holds the
+        step's state (collective like :meth:`flags_alarm` with ``confirm``).
 
+        Returns None for an fp16 overflow: a GradScaler is in use, every rank's reduced
+        gradient is non-finite (so every rank's ``scaler.step`` skips the step and
+        ``scaler.update`` lowers the scale) and every non-finite local gradient reproduced on
+        a third GPU at the same scale. Anything else is the Alarm of :meth:`flags_alarm`.
+        """
+        overflow_possible = (
+            self.overflow_is_expected
+            and self.can_confirm
+            and bool(table.nonfinite)
+            and all(table.reduced)
+        )
+        alarm = self.flags_alarm(table, confirm=True, deterministic=deterministic)
+        if (
+            overflow_possible
+            and alarm.verdicts
+            and all(v.kind == "reproducible" for v in alarm.verdicts)
+        ):
+            if self.reporter.publishes:
+                logger.info(
+                    "sdc_agent: step %d overflowed (non-finite gradients on ranks %s reproduced "
+                    "on other GPUs at the same loss scale): not SDC; the GradScaler skips the "
+                    "step and lowers the scale",
+                    table.step,
+                    alarm.nonfinite,
+                )
+            return None
+        return alarm
 
-def nonfinite_verdict(
-    third: Outcome, again: Outcome, *, compare_grads: bool
-) -> tuple[VerdictKind, str]:
-    """Settle a non-finite local gradient; who is "target" or "" (nobody).
+    def flags_alarm(self, table: FlagTable, *, confirm: bool, deterministic: bool) -> Alarm:
+        """Check 1's alarm for a table that is not clean (not yet logged nor published).
 
-    A healthy third GPU that also gets a non-finite result on the same batch means the batch or
-    the model, not the GPU, is at fault: nobody is blamed.
-    """
-    if not third.finite:
-        return "unattributable", ""
-    if not again.finite:
-        return "persistent", "target"
-    if again.matches(third, compare_grads=compare_grads):
-        return "transient", "target"
-    return "unclear", "target"
+        With ``confirm`` (and a placement that allows it) each rank whose local gradient was
+        non-finite has its batch replayed on its third GPU and on itself (collective: one
+        all-reduce); call it with ``confirm`` only while every rank still holds the step's state.
+        """
+        if table.nonfinite:
+            return self._nonfinite_alarm(
+                table.step,
+                table.nonfinite,
+                confirm=confirm and self.can_confirm,
+                deterministic=deterministic,
+            )
+        return self.reporter.alarm(
+            table.step,
+            "reduced_gradient",
+            last_pass=self.reporter.passes.last_gradient_check_pass,
+            suspects=None,
+        )
+
+    def _nonfinite_alarm(
+        self, step: int, nonfinite: list[int], *, confirm: bool, deterministic: bool
+    ) -> Alarm:
+        """Name the ranks whose local gradient was non-finite, confirmed by replays if asked."""
+        a = self.adapter
+        verdicts: list[Verdict] = []
+        blamed = list(nonfinite)
+        if confirm:
+            results = self._confirm(step, nonfinite, deterministic, whole_step=True)
+            blamed = []
+            for target, result in zip(nonfinite, results, strict=True):
+                # A confirmation that could not run leaves check 1's own evidence standing.
+                kind, who = (
+                    nonfinite_verdict(*result, compare_grads=deterministic)
+                    if result is not None
+                    else ("unclear", "target")
+                )
+                suspect = a.global_rank(target) if who else None
+                third_rank = a.global_rank(third_gpu(target, a.world, self.peer_offset))
+                pair = (a.global_rank(target), a.global_rank(target))
+                verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
+                if suspect is not None:
+                    blamed.append(target)
+        reproduced = [v.pair[0] for v in verdicts if v.kind == "reproducible"]
+        diagnosis = (
+            f"numerics or data, not a GPU: the non-finite gradient of ranks {reproduced} "
+            "reproduced on a third GPU on another node from the same micro-batches"
+            if reproduced
+            else None
+        )
+        return self.reporter.alarm(
+            step,
+            "compute",
+            last_pass=self.reporter.passes.last_gradient_check_pass,
+            suspects=[a.global_rank(r) for r in blamed],
+            nonfinite=[a.global_rank(r) for r in nonfinite],
+            verdicts=verdicts,
+            diagnosis=diagnosis,
+        )

@@ -1,10 +1,16 @@
-"""Check 3: are the replicas' weights still bit-identical, and if not, whose copy is wrong?"""
+"""Check 3: are the replicas' weights still bit-identical, and if not, whose copy is wrong?
+
+:class:`DivergenceCheck` is one comparison (fingerprints + one all-reduce, an all-gather only when
+copies differ); :class:`WeightCheck` is the guard's check 3: comparisons run at once (before a
+checkpoint, after a load) or launched after an update and judged at the next agreement point.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -12,6 +18,10 @@ from torch import nn
 
 from .fingerprint import fingerprints, table_digest
 from .topology import collective_device, group_ranks
+
+if TYPE_CHECKING:
+    from .alarm import Alarm
+    from .reporting import Reporter
 
 
 @dataclass(frozen=True)
@@ -138,3 +148,55 @@ def find_divergent_ranks(
     reported as ``unattributable`` without a name.
     """
     return DivergenceCheck(params, dp_group).report()
+
+
+class WeightCheck:
+    """Check 3 for one guard: compares every replica's weights and reports the verdict.
+
+    Collective like :class:`DivergenceCheck`: every rank calls :meth:`compare_now` and
+    :meth:`launch` at the same steps, and settles what :meth:`launch` started at the same
+    agreement point (:meth:`take_in_flight` then :meth:`judge` or :meth:`DivergenceCheck.wait`).
+    """
+
+    def __init__(
+        self,
+        named_weights: list[tuple[str, torch.Tensor]],
+        dp_group: dist.ProcessGroup | None,
+        reporter: Reporter,
+    ) -> None:
+        """``named_weights``: what every replica must hold bit-identically."""
+        self._named_weights = named_weights
+        self._group = dp_group
+        self._reporter = reporter
+        self._in_flight: tuple[int, DivergenceCheck] | None = None
+
+    def compare_now(self, step: int) -> Alarm | None:
+        """Compare the weights as they are now, after ``step``'s update (collective, blocking)."""
+        return self.judge(step, DivergenceCheck(self._named_weights, self._group))
+
+    def launch(self, step: int) -> None:
+        """Fingerprint the weights after ``step``'s update and launch their comparison; it is
+        judged at the next agreement point."""
+        if self._in_flight is not None:
+            raise RuntimeError(
+                "sdc_agent: a weight check is still in flight; call check_gradients (or "
+                "Guard.finish) between two after_update calls"
+            )
+        self._in_flight = (step, DivergenceCheck(self._named_weights, self._group))
+
+    def take_in_flight(self) -> tuple[int, DivergenceCheck] | None:
+        """The launched comparison (the step it was taken after), now owned by the caller."""
+        in_flight, self._in_flight = self._in_flight, None
+        return in_flight
+
+    def judge(self, step: int, check: DivergenceCheck) -> Alarm | None:
+        """Check 3's verdict on a comparison of the weights after ``step``'s update: records the
+        pass, or logs, publishes and returns the Alarm."""
+        report = check.report()
+        reporter = self._reporter
+        if report.agreed:
+            reporter.passes.last_weight_check_pass = step
+            reporter.passes.last_weights_digest = report.digest
+            reporter.record_pass("weights", step)
+            return None
+        return reporter.log_and_publish(reporter.weights_alarm(step, report))

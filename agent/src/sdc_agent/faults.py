@@ -61,13 +61,27 @@ def _flip_bit_(flat: torch.Tensor, index: int, bit: int) -> None:
 class Fault(ABC):
     """Base of every injector: which rank, from which step, how often."""
 
-    def __init__(self, *, rank: int, step: int = 0, persistent: bool = True) -> None:
-        """Fire on global ``rank`` from ``step``; every time, or once when not ``persistent``."""
+    def __init__(
+        self,
+        *,
+        rank: int,
+        step: int = 0,
+        persistent: bool = True,
+        micro_batch: int | None = None,
+    ) -> None:
+        """Fire on global ``rank`` from ``step``; every time, or once when not ``persistent``.
+
+        ``micro_batch``: with gradient accumulation, fire only while the micro-batch at that
+        position is computed (in training, and when this rank replays that position of a
+        step); None: any micro-batch."""
         if rank < 0 or step < 0:
             raise ValueError(f"rank and step must be >= 0, got rank={rank}, step={step}")
+        if micro_batch is not None and micro_batch < 0:
+            raise ValueError(f"micro_batch must be >= 0 or None, got {micro_batch}")
         self.rank = rank
         self.step = step
         self.persistent = persistent
+        self.micro_batch = micro_batch
         self.fired = 0
         """How many times the fault has fired on this process."""
         self._guard: Guard | None = None
@@ -93,6 +107,10 @@ class Fault(ABC):
     def _should_fire(self) -> bool:
         step = self._guard.current_step if self._guard is not None else None
         if step is None or step < self.step:
+            return False
+        if self.micro_batch is not None and (
+            self._guard is None or self._guard.current_micro_batch != self.micro_batch
+        ):
             return False
         if not self.persistent and (step != self.step or self.fired):
             return False
@@ -248,7 +266,7 @@ class NaNReducedGradient(Fault):
         self.index = index
 
     def _install(self, guard: Guard) -> None:
-        guard._stats.reduced_taps.append(self._tap)
+        guard.gradients.add_reduced_tap(self._tap)
 
     def _tap(self, bucket: dist.GradBucket, reduced: torch.Tensor) -> None:
         if bucket.index() == 0 and self._should_fire():
@@ -259,7 +277,7 @@ class WeightFault(Fault):
     """Changes one replica's weights once, right after the optimizer step of ``step``."""
 
     def __init__(self, param: str, *, rank: int, step: int = 0) -> None:
-        super().__init__(rank=rank, step=step, persistent=False)
+        super().__init__(rank=rank, step=step, persistent=False)  # after the update: no micro-batch
         self.param = param
 
     def _install(self, guard: Guard) -> None:

@@ -64,9 +64,6 @@ def bit_patterns(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(_BITS_VIEW[flat.element_size()])
 
 
-_bit_patterns = bit_patterns  # the name benchmarks/fingerprint_check.py uses
-
-
 def _signature(bits: Sequence[torch.Tensor]) -> Signature:
     """What the plan depends on: width, size and (16-bit) whether pairs can be viewed as int32."""
     return tuple(

@@ -1,31 +1,40 @@
-"""The guard: the three SDC checks around a DistributedDataParallel training step.
+"""The guard: the wiring of the three SDC checks around a data-parallel training step.
 
-Per step (DESIGN.md, "The agent"):
-1. Non-finite gradients: the comm hook checks each bucket of the local gradient before the
-   all-reduce (in the pass that divides it by the world size) and sums the reduced one after it; one small all-gather of two flags per rank
-   names the ranks whose local gradient is NaN/Inf and says whether any rank's reduced (clipped)
-   gradient is. Either fails the step. The all-gather is asynchronous: a rank waits for it only
-   when its own flags are bad, on audit and checkpoint steps, and at the next step's check or
-   the end of the loop (see :mod:`.gradflags`).
-2. Ring replay audit (audit steps): every rank recomputes another rank's micro-batch on the bare
-   module and the results are compared bit for bit; see :mod:`sdc_agent.audit`.
-3. Weight fingerprints (after the update, every ``check_every`` steps and before checkpoints).
-   Before a checkpoint the comparison is awaited at once; a periodic one is launched after the
-   update and judged at the next agreement point (the next step's check, whose step is then
-   not applied on a failure), naming the step whose weights were compared.
+Each check lives in its own module; this one decides when each runs and, above all, fixes the
+ORDER of the collectives: every rank must issue the same collectives in the same order, or the
+job hangs (or, worse, pairs up the wrong tensors). The checks (architecture: docs/architecture.md,
+"The agent"):
+
+1. Non-finite gradients, every step (:mod:`sdc_agent.gradients`): the comm hook flags each bucket
+   of the local gradient before the all-reduce and sums the reduced one after it; one small
+   asynchronous all-reduce of three flags says whether any rank's local or reduced (clipped)
+   gradient is NaN/Inf, and only then a gather names the ranks. Either fails the step. A rank
+   waits for the reduction only when its own flags are bad, on audit and checkpoint steps, and at
+   the next step's check or the end of the loop.
+2. Ring replay audit, on audit steps (:mod:`sdc_agent.audit`): every rank recomputes another
+   rank's micro-batch on the bare module and the results are compared bit for bit.
+3. Weight fingerprints (:mod:`sdc_agent.divergence`), after the update every ``check_every``
+   steps and before checkpoints. Before a checkpoint the comparison is awaited at once; a periodic
+   one is launched after the update and judged at the next agreement point (the next step's
+   check, whose step is then not applied on a failure), naming the step whose weights were
+   compared.
+
 A step that fails check 1 or 2 is not applied: its gradients are dropped and the optimizer does
 not step, so the exact state is still there for the confirmation replays. Every decision is made
 from gathered data with the same code on every rank, so every rank returns the same Alarm and no
-rank is left waiting in a collective the others skipped.
+rank is left waiting in a collective the others skipped. Alarms are built, logged and published
+in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind
+:class:`sdc_agent.parallel.DDPAdapter`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -33,33 +42,27 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .alarm import Alarm, CheckName, RankInfo, Verdict
-from .audit import (
-    FAILED_ROW,
-    ROW_WIDTH,
-    Outcome,
-    confirmation_jobs,
-    find_culprits,
-    find_mismatches,
-    is_failed,
-    mismatch_verdict,
-    nonfinite_verdict,
-    replay_target,
-    third_gpu,
-    unexplained,
-)
-from .divergence import DivergenceCheck, DivergenceReport
-from .gradflags import FlagExchange, FlagTable
-from .gradstats import GradStatsState, grad_stats_hook
+from .alarm import Alarm, RankInfo
+from .audit import RebuildBatch, RingAudit
+from .coverage import describe
+from .divergence import WeightCheck
+from .gradients import FlagExchange, GradientCheck
+from .parallel import DDPAdapter
 from .publisher import NullPublisher, Publisher
-from .replay import DeterminismState, Replayer, RngState, outcome_of, seed_all, step_seed
+from .recording import open_alarm_log
+from .replay import (
+    ComputeLoss,
+    Replayer,
+    StepEnvironment,
+    micro_batch_loss,
+    scaled_for_backward,
+)
+from .reporting import Reporter
 from .schedule import Schedule
-from .topology import TopologyError, collective_device, group_ranks, rank_map, validate_placement
+from .topology import TopologyError, rank_map, validate_placement
 
 logger = logging.getLogger("sdc_agent")
 
-ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
-RebuildBatch = Callable[[int, int], Any]
 SaveCheckpoint = Callable[[int, dict[str, Any]], None]
 
 _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
@@ -70,7 +73,8 @@ class Guard:
 
     ``compute_loss(model, batch)`` must return the loss; it is called with the DDP wrapper in
     training and with the bare module in replays. ``rebuild_batch(step, rank)`` must return
-    exactly the micro-batch global ``rank`` trained on at ``step``. Construction is collective
+    exactly the micro-batch global ``rank`` trained on at ``step`` (with
+    ``Schedule.grad_accum`` = N > 1, the same sequence of N micro-batches). Construction is collective
     (it gathers the rank map and checks the topology) and registers the DDP comm hook, so build
     the guard on every rank, before the first forward pass.
     """
@@ -85,73 +89,193 @@ class Guard:
         schedule: Schedule | None = None,
         dp_group: dist.ProcessGroup | None = None,
         publisher: Publisher | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        alarm_dir: str | os.PathLike | None = None,
+        allow_unsafe_resume: bool = False,
     ) -> None:
-        """Validate the set-up, gather the rank map, check the topology, register the hook."""
-        if not isinstance(model, DistributedDataParallel):
-            raise TypeError(
-                f"Guard needs a torch.nn.parallel.DistributedDataParallel model, got {type(model).__name__}"
-            )
+        """Validate the set-up, gather the rank map, check the topology, register the hook.
+
+        ``scaler``: the ``torch.amp.GradScaler`` of fp16 training. Each micro-batch's loss is
+        then back-propagated scaled (:meth:`GuardedStep.backward`), replays scale it the same
+        way, and a non-finite gradient that a third GPU reproduces at the same scale is an
+        overflow: the scaler skips the step and lowers the scale, with no alarm.
+
+        ``alarm_dir``: record every alarm returned in this directory (the checkpoint directory,
+        on shared storage; the same value on every rank) and refuse to resume from a checkpoint
+        a recorded alarm covers (:meth:`check_resume`, docs/recovery.md); an unwritable directory
+        raises OSError here. ``allow_unsafe_resume``: resume anyway, logged (forensics only).
+        """
+        self.parallel = DDPAdapter(model, dp_group)
+        """The parallelism-specific parts (the training model, the bare module, the hook)."""
         if not callable(compute_loss) or not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
             )
+        if scaler is not None and not all(
+            callable(getattr(scaler, name, None))
+            for name in ("scale", "step", "update", "unscale_")
+        ):
+            raise TypeError(
+                f"Guard scaler must be a torch.amp.GradScaler (or None), got {type(scaler).__name__}"
+            )
+        if scaler is not None and not scaler.is_enabled():
+            scaler = None  # a disabled scaler scales nothing: plain bf16/fp32 rules apply
+        self.scaler = scaler
+        """The fp16 loss scaler, or None (bf16/fp32: a reproducible NaN is an alarm naming nobody)."""
+        a = self.parallel
         self.model = model
-        self.module: nn.Module = model.module
+        self.module: nn.Module = a.module
         self.optimizer = optimizer
         self.compute_loss = compute_loss
-        self.rebuild_batch = rebuild_batch
         self.schedule = schedule or Schedule()
         self.dp_group = dp_group
-        self.publisher: Publisher = publisher or NullPublisher()
-
-        self.rank = dist.get_rank()
-        self.dp_rank = dist.get_rank(dp_group)
-        self.global_ranks = group_ranks(dp_group)
-        self.world = len(self.global_ranks)
-        self._device = collective_device(dp_group)
-        self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.named_weights = list(self.module.named_parameters())
-        self._param_device = self.params[0].device if self.params else torch.device("cpu")
+        self.rank = a.rank
+        self.dp_rank = a.dp_rank
+        self.global_ranks = a.global_ranks
+        self.world = a.world
+        self.params = a.params
+        self.named_weights = a.named_weights
         self._check_determinism_preconditions()
 
+        # Collective: every rank gathers the rank map at construction.
         self.ranks: dict[int, RankInfo] = rank_map(dp_group)
         nodes = [self.ranks[g].node_name for g in self.global_ranks]
         try:
             validate_placement(nodes, self.schedule.peer_offset)
-            self._can_confirm = True
+            can_confirm = True
         except TopologyError:
-            if self.schedule.audit_every > 0:
+            # Audits need the placement; so does a scaler (an overflow is told from a faulty
+            # GPU by a replay on a third node).
+            if self.schedule.audit_every > 0 or self.scaler is not None:
                 raise
-            self._can_confirm = False  # no audits: check 1 still names ranks, without confirmation
+            can_confirm = False  # no audits: check 1 still names ranks, without confirmation
+        self._can_confirm = can_confirm
 
-        self._stats = GradStatsState(
-            process_group=dp_group, param_index={id(p): i for i, p in enumerate(self.params)}
+        self.reporter = Reporter(
+            self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
         )
-        try:
-            model.register_comm_hook(self._stats, grad_stats_hook)
-        except RuntimeError as err:
-            raise RuntimeError(
-                f"sdc_agent.Guard could not register its DDP comm hook ({err}); a DDP model takes "
-                "one comm hook, so build one Guard per model and register no other hook"
-            ) from err
-        self._replayer = Replayer(self.module, self.params, compute_loss)
-        self._snapshot_pending = False
-        if any(True for _ in self.module.buffers()):
-            self.module.register_forward_pre_hook(self._before_module_forward)
+        """Builds, logs and publishes Alarms; records when each check last passed."""
+        self.alarm_log = open_alarm_log(alarm_dir, dp_group, writes=self.dp_rank == 0)
+        """Where every alarm is recorded (docs/recovery.md); a no-op without ``alarm_dir``."""
+        self.reporter.record_alarm = self.alarm_log.record
+        self.allow_unsafe_resume = allow_unsafe_resume
+        self.gradients = GradientCheck(self.params, dp_group, self.world)
+        """Check 1: the comm hook's statistics and the per-step flag exchange."""
+        a.register_gradient_hook(self.gradients.hook_state, self.gradients.hook)
+        self.audit = RingAudit(
+            a,
+            Replayer(
+                self.module,
+                self.params,
+                compute_loss,
+                grad_accum=self.schedule.grad_accum,
+                scaler=self.scaler,
+            ),
+            rebuild_batch,
+            self.reporter,
+            peer_offset=self.schedule.peer_offset,
+            can_confirm=can_confirm,
+            overflow_is_expected=self.scaler is not None,
+        )
+        """Check 2: the ring replay audit and the confirmation replays."""
+        self.weights = WeightCheck(self.named_weights, dp_group, self.reporter)
+        """Check 3: weight fingerprint comparisons."""
 
         self.current_step: int | None = None
         """The step being run (fault drills read it); None before the first step."""
-        self.start_step: int | None = None
-        self.last_gradient_check_pass: int | None = None
-        self.last_audit_pass: int | None = None
-        self.last_weight_check_pass: int | None = None
-        self.last_weights_digest: str | None = None
-        self._flags: FlagExchange | None = None
-        """The newest step's flag exchange, until it is settled (:meth:`_settle`)."""
-        self._weights: tuple[int, DivergenceCheck] | None = None
-        """A periodic weight comparison in flight (the step it was taken after), until settled."""
-        self._pending_passes = {"audit": 0, "weights": 0}
-        self._publish("rank map", lambda p: p.publish_rank_map(dict(self.ranks)))
+        self.reporter.publish_rank_map()
+        if self.reporter.publishes:
+            logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
+
+    def coverage(self) -> dict[str, Any]:
+        """What this guard checks for this job, JSON-ready (the same on every rank).
+
+        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism``, ``world``, ``ranks``,
+        ``grad_accum``; ``checks`` with ``nonfinite_gradients`` (and its ``confirmation``),
+        ``replay_audit`` (``pairs`` of replayer/target/third global ranks, ``micro_batches``:
+        which positions are audited) and ``weight_fingerprints`` (``replicas`` compared), each
+        with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
+        judged); ``not_covered``: what no check catches. Logged once at start by DP rank 0.
+        """
+        return describe(
+            self.schedule,
+            global_ranks=list(self.global_ranks),
+            can_confirm=self._can_confirm,
+            scaler=self.scaler,
+            param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
+        )
+
+    # ------------------------------------------------------------------ attributes kept public
+    @property
+    def rebuild_batch(self) -> RebuildBatch:
+        """``rebuild_batch(step, rank)``: the micro-batch global ``rank`` trained on at ``step``
+        (replaceable: the audit reads it at each replay)."""
+        return self.audit.rebuild_batch
+
+    @rebuild_batch.setter
+    def rebuild_batch(self, rebuild: RebuildBatch) -> None:
+        self.audit.rebuild_batch = rebuild
+
+    @property
+    def publisher(self) -> Publisher:
+        """Where alarms, liveness and the rank map go (from DP rank 0 only); replaceable."""
+        return self.reporter.publisher
+
+    @publisher.setter
+    def publisher(self, publisher: Publisher) -> None:
+        self.reporter.publisher = publisher
+
+    @property
+    def current_micro_batch(self) -> int | None:
+        """The micro-batch position being trained or replayed (fault drills read it); None
+        outside micro-batches and without accumulation."""
+        return self.audit.current_micro_batch
+
+    # ------------------------------------------------------------------ progress
+    @property
+    def start_step(self) -> int | None:
+        """The first step this guard ran or checked the weights at."""
+        return self.reporter.passes.start_step
+
+    @start_step.setter
+    def start_step(self, step: int | None) -> None:
+        self.reporter.passes.start_step = step
+
+    @property
+    def last_gradient_check_pass(self) -> int | None:
+        """The last step whose gradients every rank agreed were finite."""
+        return self.reporter.passes.last_gradient_check_pass
+
+    @last_gradient_check_pass.setter
+    def last_gradient_check_pass(self, step: int | None) -> None:
+        self.reporter.passes.last_gradient_check_pass = step
+
+    @property
+    def last_audit_pass(self) -> int | None:
+        """The last step whose replay audit passed."""
+        return self.reporter.passes.last_audit_pass
+
+    @last_audit_pass.setter
+    def last_audit_pass(self, step: int | None) -> None:
+        self.reporter.passes.last_audit_pass = step
+
+    @property
+    def last_weight_check_pass(self) -> int | None:
+        """The last step after whose update every replica's weights were bit-identical."""
+        return self.reporter.passes.last_weight_check_pass
+
+    @last_weight_check_pass.setter
+    def last_weight_check_pass(self, step: int | None) -> None:
+        self.reporter.passes.last_weight_check_pass = step
+
+    @property
+    def last_weights_digest(self) -> str | None:
+        """Digest of the fingerprint table the replicas agreed on at ``last_weight_check_pass``."""
+        return self.reporter.passes.last_weights_digest
+
+    @last_weights_digest.setter
+    def last_weights_digest(self, digest: str | None) -> None:
+        self.reporter.passes.last_weights_digest = digest
 
     # ------------------------------------------------------------------ the training loop
     def train(
@@ -163,22 +287,42 @@ class Guard:
     ) -> Alarm | None:
         """Train on ``batches`` (this rank's, from ``start_step`` on) until they end or a check fails.
 
+        With ``Schedule.grad_accum`` = N > 1 each item of ``batches`` is a sequence of N
+        micro-batches: each one's ``compute_loss / N`` is back-propagated, gradients are
+        synchronised on the last (:meth:`GuardedStep.micro_batches`). With a ``scaler`` the
+        loss is scaled and the update is ``scaler.step(optimizer); scaler.update()``.
+
         Returns None when every batch was trained on, else the Alarm (the same on every rank);
-        the failing step is not applied (by any rank whose gradient was bad; see :meth:`finish`). ``save_checkpoint(step, tags)`` is called on every rank
-        when a checkpoint is due and nothing fired; ``tags`` holds ``last_audit_pass``,
-        ``last_weight_check_pass`` and ``weights_digest`` (see :meth:`GuardedStep.checkpoint_tags`).
+        the failing step is not applied (by any rank whose gradient was bad; see :meth:`finish`).
+        ``save_checkpoint(step, tags)`` is called on every rank when a checkpoint is due and
+        nothing fired; ``tags`` holds ``last_audit_pass``, ``last_weight_check_pass`` and
+        ``weights_digest`` (see :meth:`GuardedStep.checkpoint_tags`). With ``alarm_dir``, a
+        ``start_step`` whose checkpoint (``start_step - 1``) a recorded alarm covers raises
+        UnsafeResumeError (:meth:`check_resume`).
         """
+        self.check_resume(start_step)
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule.check_on_start and (alarm := self.check_weights(start_step)):
             return alarm
+        plain = self.schedule.grad_accum == 1 and self.scaler is None
         for step, batch in zip(itertools.count(start_step), batches):
             with self.step(step) as guarded:
-                loss = self.compute_loss(self.model, batch)
-                loss.backward()
+                loss: torch.Tensor | None = None
+                if plain:
+                    loss = self.compute_loss(self.parallel.model, batch)
+                    loss.backward()
+                else:
+                    micros = batch if self.schedule.grad_accum > 1 else [batch]
+                    for micro in guarded.micro_batches(micros):
+                        guarded.backward(self.compute_loss(self.parallel.model, micro))
                 if alarm := guarded.check_gradients(loss):
                     return alarm
                 if guarded.update_allowed:
-                    self.optimizer.step()
+                    if self.scaler is not None:
+                        self.scaler.step(self.optimizer)  # skips a step that overflowed
+                        self.scaler.update()
+                    else:
+                        self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 if alarm := guarded.after_update():
                     return alarm
@@ -199,6 +343,17 @@ class Guard:
         finally:
             guarded.end()
 
+    def check_resume(self, start_step: int) -> None:
+        """Refuse to resume at ``start_step`` from a checkpoint an alarm covers (collective).
+
+        The run starts at ``start_step`` from the checkpoint saved after step ``start_step - 1``.
+        With ``alarm_dir`` set, raises :class:`sdc_agent.UnsafeResumeError` on every rank when a
+        recorded alarm's suspect window covers that checkpoint, naming the alarm and the newest
+        clean step (unless ``allow_unsafe_resume``); without it, does nothing. :meth:`train` calls
+        it; in a loop you own, call it once before the first step, then :meth:`check_weights`.
+        """
+        self.alarm_log.check_resume(start_step, allow_unsafe=self.allow_unsafe_resume)
+
     def check_weights(self, step: int) -> Alarm | None:
         """Check 3 now (collective): every replica's weights must be bit-identical.
 
@@ -206,9 +361,9 @@ class Guard:
         """
         if self.start_step is None:
             self.start_step = step
-        if (alarm := self._settle()) is not None:
+        if (alarm := self.settle()) is not None:
             return alarm
-        return self._judge_weights(step, DivergenceCheck(self.named_weights, self.dp_group))
+        return self.weights.compare_now(step)
 
     def finish(self) -> Alarm | None:
         """Settle the last step's gradient check (collective); call it once after your own loop.
@@ -218,23 +373,130 @@ class Guard:
         this call), naming the step it happened at; :meth:`train` calls this for you.
         Returns that Alarm, or None.
         """
-        return self._settle()
+        return self.settle()
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Let the publisher deliver what it queued (for the exit path); True when all is sent."""
-        if self.dp_rank != 0:
-            return True
-        try:
-            return bool(self.publisher.flush(timeout))
-        except Exception:
-            logger.exception("sdc_agent: publisher flush failed")
-            return False
+        return self.reporter.flush(timeout)
+
+    # ------------------------------------------------------------------ steps (GuardedStep uses these)
+    def begin_step(
+        self,
+        step: int,
+        *,
+        audit: bool,
+        deterministic: bool,
+        position: int = 0,
+        seeded: bool = False,
+    ) -> StepEnvironment:
+        """Before ``step``'s forward pass: arm check 1's hook and prepare an audit step
+        (``position``: the micro-batch it replays; ``seeded``: seed a step that is not audited
+        too, so that a confirmation replays it exactly).
+
+        Returns the RNG and kernel state to restore when the step's computation is over.
+        """
+        self.current_step = step
+        if self.start_step is None:
+            self.start_step = step
+        # With accumulation the comm hook sees the accumulated gradient; the audited
+        # micro-batch's own is fingerprinted by the audit's isolation instead.
+        capture = deterministic and self.schedule.grad_accum == 1
+        self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
+        return self.audit.prepare_step(
+            step, audit=audit, deterministic=deterministic, position=position, seeded=seeded
+        )
+
+    def end_step(self) -> None:
+        """The step's forward and backward are over: stop capturing (idempotent)."""
+        self.gradients.disarm()
+        self.audit.end_step()
+
+    def start_flag_exchange(self, step: int) -> tuple[FlagExchange, bool]:
+        """Check 1's per-step collective: launch the flag reduction (after settling the previous
+        step's, which every rank does first, at the same point). Returns the exchange and
+        whether this rank's own flags are bad.
+
+        With a scaler and ``max_grad_norm`` the gradients are unscaled first
+        (``scaler.unscale_``), so the clipping sees true values; ``scaler.step`` then does not
+        unscale them again."""
+        self.gradients.require_reduction()
+        if self.scaler is not None and self.schedule.max_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+        return self.gradients.exchange(
+            step, max_grad_norm=self.schedule.max_grad_norm, device=self.parallel.collective_device
+        )
+
+    def defer(self, exchange: FlagExchange) -> None:
+        """Leave ``exchange`` to be settled by every rank at the next agreement point."""
+        self.gradients.pending = exchange
+
+    def judge_flags(
+        self, exchange: FlagExchange, loss: torch.Tensor, *, deterministic: bool
+    ) -> Alarm | None:
+        """Judge a step's flags while every rank is at that step with its exact state (an audit
+        step, or every rank flagged something). Collective, in this order: the detail gather
+        when something is set, then the confirmation replays, or, when every flag is clean
+        (only on an audit step), the audit of ``loss``'s step.
+
+        Returns the Alarm, logged and published, or None (the step may be applied).
+        """
+        table = exchange.table()
+        if table.clean:
+            self.last_gradient_check_pass = exchange.step
+            alarm = self.audit.audit(
+                exchange.step,
+                loss,
+                self.gradients.local_fingerprints if deterministic else None,
+                deterministic=deterministic,
+            )
+        else:
+            # None for an fp16 overflow that replays reproduce: the scaler skips the step.
+            alarm = self.audit.judge_nonfinite(
+                table, deterministic=self.schedule.deterministic_audits
+            )
+        return self.reporter.log_and_publish(alarm) if alarm is not None else None
+
+    def settle(self) -> Alarm | None:
+        """The agreement point: judge what is in flight (collective; every rank calls it at the
+        same points, in this order: the previous step's flags, then a launched weight check).
+        Returns the first Alarm (logged and published), or None."""
+        exchange, self.gradients.pending = self.gradients.pending, None
+        weights = self.weights.take_in_flight()
+        alarm = None
+        if exchange is not None:
+            table = exchange.table()  # collective when some rank flagged something
+            if table.clean:
+                self.last_gradient_check_pass = table.step
+            else:
+                # Settled a step late: some ranks applied that step, so replays cannot see it.
+                alarm = self.reporter.log_and_publish(
+                    self.audit.flags_alarm(
+                        table, confirm=False, deterministic=self.schedule.deterministic_audits
+                    )
+                )
+        if weights is not None:
+            step, check = weights
+            if alarm is None:
+                alarm = self.weights.judge(step, check)
+            else:
+                check.wait()  # every rank stops here; the comparison no longer matters
+        return alarm
+
+    def launch_weight_check(self, step: int) -> None:
+        """Check 3 after ``step``'s update, judged at the next agreement point (collective)."""
+        self.weights.launch(step)
+
+    def drop_gradients(self) -> None:
+        """Set every gradient to None so that ``optimizer.step()`` cannot apply this step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
 
     # ------------------------------------------------------------------ internals
     def _check_determinism_preconditions(self) -> None:
         """Deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG before the first matmul."""
         audits = self.schedule.audit_every > 0 and self.schedule.deterministic_audits
-        if audits and self._param_device.type == "cuda":
+        if audits and self.parallel.param_device.type == "cuda":
             value = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
             if value not in _DETERMINISTIC_CUBLAS:
                 raise ValueError(
@@ -242,213 +504,6 @@ class Guard:
                     f"CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) set before training, got {value!r}; "
                     "or use Schedule(deterministic_audits=False)"
                 )
-
-    def _before_module_forward(self, module: nn.Module, args: Any) -> None:
-        """Snapshot buffers as the audited step's forward starts (after DDP's buffer broadcast)."""
-        if self._snapshot_pending:
-            self._snapshot_pending = False
-            self._replayer.snapshot_buffers()
-
-    def _global(self, dp_rank: int) -> int:
-        return self.global_ranks[dp_rank]
-
-    def _replay(self, step: int, target_dp: int, deterministic: bool) -> Outcome:
-        """Recompute DP rank ``target_dp``'s micro-batch of ``step`` on the bare module."""
-        target = self._global(target_dp)
-        batch = self.rebuild_batch(step, target)
-        return self._replayer.replay(
-            batch, seed=step_seed(step, target), deterministic=deterministic
-        )
-
-    def _replay_row(self, step: int, target_dp: int, deterministic: bool) -> list[int]:
-        """A replay as a collective row; a replay that raises (a bug in ``rebuild_batch`` or
-        ``compute_loss``) is logged and sent as FAILED_ROW, so no rank is left in a collective."""
-        try:
-            return self._replay(step, target_dp, deterministic).to_row()
-        except Exception:
-            logger.exception(
-                "sdc_agent: replaying rank %d's batch of step %d failed on rank %d",
-                self._global(target_dp),
-                step,
-                self.rank,
-            )
-            return list(FAILED_ROW)
-
-    def _confirm(
-        self, step: int, targets: list[int], deterministic: bool
-    ) -> list[tuple[Outcome, Outcome] | None]:
-        """Replay each target's batch on its third GPU and on itself (collective).
-
-        Returns, per target, (third GPU's outcome, target's own re-replay), or None when either
-        replay raised (then the confirmation cannot judge anyone).
-        """
-        jobs = confirmation_jobs(targets, self.world, self.schedule.peer_offset, self.dp_rank)
-        table = torch.zeros((len(targets), 2, ROW_WIDTH), dtype=torch.int64)
-        for slot, column, target_dp in jobs:
-            table[slot, column] = torch.tensor(self._replay_row(step, target_dp, deterministic))
-        table = table.to(self._device)
-        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=self.dp_group)  # one writer per slot
-        rows = table.cpu().tolist()
-        return [
-            None
-            if is_failed(r[0]) or is_failed(r[1])
-            else (Outcome.from_row(r[0]), Outcome.from_row(r[1]))
-            for r in rows
-        ]
-
-    def _settle(self) -> Alarm | None:
-        """The agreement point: judge what is in flight (collective; every rank calls it at the
-        same points). Returns the first Alarm (raised), or None."""
-        exchange, self._flags = self._flags, None
-        weights, self._weights = self._weights, None
-        alarm = None
-        if exchange is not None:
-            table = exchange.table()
-            if table.clean:
-                self.last_gradient_check_pass = table.step
-            else:
-                # Settled a step late: some ranks applied that step, so replays cannot see it.
-                alarm = self._raise(self._flags_alarm(table, confirm=False))
-        if weights is not None:
-            step, check = weights
-            if alarm is None:
-                alarm = self._judge_weights(step, check)
-            else:
-                check.wait()  # every rank stops here; the comparison no longer matters
-        return alarm
-
-    def _start_weight_check(self, step: int) -> None:
-        """Fingerprint the weights after ``step``'s update and launch their comparison."""
-        if self._weights is not None:
-            raise RuntimeError(
-                "sdc_agent: a weight check is still in flight; call check_gradients (or "
-                "Guard.finish) between two after_update calls"
-            )
-        self._weights = (step, DivergenceCheck(self.named_weights, self.dp_group))
-
-    def _judge_weights(self, step: int, check: DivergenceCheck) -> Alarm | None:
-        """Check 3's verdict on a comparison of the weights after ``step``'s update."""
-        report = check.report()
-        if report.agreed:
-            self.last_weight_check_pass = step
-            self.last_weights_digest = report.digest
-            self._note_pass("weights", step)
-            return None
-        return self._raise(self._weights_alarm(step, report))
-
-    def _flags_alarm(self, table: FlagTable, *, confirm: bool) -> Alarm:
-        """Check 1's alarm for a table that is not clean."""
-        if table.nonfinite:
-            return self._nonfinite_alarm(
-                table.step, table.nonfinite, confirm=confirm and self._can_confirm
-            )
-        return self._alarm(
-            table.step, "reduced_gradient", last_pass=self.last_gradient_check_pass, suspects=None
-        )
-
-    def _nonfinite_alarm(self, step: int, nonfinite: list[int], *, confirm: bool) -> Alarm:
-        """Name the ranks whose local gradient was non-finite, confirmed by replays if asked."""
-        verdicts: list[Verdict] = []
-        blamed = list(nonfinite)
-        if confirm:
-            deterministic = self.schedule.deterministic_audits
-            results = self._confirm(step, nonfinite, deterministic)
-            blamed = []
-            for target, result in zip(nonfinite, results, strict=True):
-                # A confirmation that could not run leaves check 1's own evidence standing.
-                kind, who = (
-                    nonfinite_verdict(*result, compare_grads=deterministic)
-                    if result is not None
-                    else ("unclear", "target")
-                )
-                suspect = self._global(target) if who else None
-                third_rank = self._global(third_gpu(target, self.world, self.schedule.peer_offset))
-                pair = (self._global(target), self._global(target))
-                verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
-                if suspect is not None:
-                    blamed.append(target)
-        return self._alarm(
-            step,
-            "compute",
-            last_pass=self.last_gradient_check_pass,
-            suspects=[self._global(r) for r in blamed],
-            nonfinite=[self._global(r) for r in nonfinite],
-            verdicts=verdicts,
-        )
-
-    def _note_pass(self, kind: str, step: int) -> None:
-        self._pending_passes[kind] += 1
-        audits, weights = self._pending_passes["audit"], self._pending_passes["weights"]
-        self._pending_passes = {"audit": 0, "weights": 0}
-        self._publish("liveness", lambda p: p.publish_liveness(step, audits, weights))
-
-    def _publish(self, what: str, call: Callable[[Publisher], None]) -> None:
-        """Call the publisher from DP rank 0 only; nothing it does may reach training."""
-        if self.dp_rank != 0:
-            return
-        try:
-            call(self.publisher)
-        except Exception:
-            logger.exception("sdc_agent: publishing the %s failed; training goes on", what)
-
-    def _raise(self, alarm: Alarm) -> Alarm:
-        if self.dp_rank == 0:
-            logger.error(
-                "sdc_agent: %s check failed at step %d; suspects %s; report %s",
-                alarm.check,
-                alarm.step,
-                alarm.suspects,
-                alarm.to_dict(),
-            )
-        self._publish("alarm", lambda p: p.publish_alarm(alarm))
-        return alarm
-
-    def _window(self, step: int, last_pass: int | None) -> tuple[int, int]:
-        first = last_pass if last_pass is not None else self.start_step
-        return (first if first is not None else step, step)
-
-    def _rank_infos(self, *groups: Iterable[int]) -> dict[str, RankInfo]:
-        named = sorted({r for group in groups for r in group})
-        return {str(r): self.ranks[r] for r in named}
-
-    def _alarm(
-        self,
-        step: int,
-        check: CheckName,
-        *,
-        last_pass: int | None,
-        suspects: list[int] | None,
-        nonfinite: Sequence[int] = (),
-        pairs: Sequence[tuple[int, int]] = (),
-        culprits: Sequence[int] = (),
-        verdicts: Sequence[Verdict] = (),
-        divergent: Sequence[str] = (),
-    ) -> Alarm:
-        """Assemble the alarm every rank returns; ``ranks`` covers every rank it names."""
-        suspects = sorted(set(suspects)) if suspects else None
-        return Alarm(
-            step=step,
-            check=check,
-            nonfinite=list(nonfinite),
-            mismatched_pairs=list(pairs),
-            culprits=list(culprits),
-            verdicts=list(verdicts),
-            suspects=suspects,
-            suspect_window=self._window(step, last_pass),
-            last_audit_pass=self.last_audit_pass,
-            last_weight_check_pass=self.last_weight_check_pass,
-            divergent_tensors=list(divergent),
-            ranks=self._rank_infos(suspects or [], nonfinite, culprits),
-        )
-
-    def _weights_alarm(self, step: int, report: DivergenceReport) -> Alarm:
-        return self._alarm(
-            step,
-            "weights",
-            last_pass=self.last_weight_check_pass,
-            suspects=report.ranks,
-            divergent=report.tensors,
-        )
 
 
 class GuardedStep:
@@ -467,6 +522,20 @@ class GuardedStep:
                 break
             if guarded.checkpoint_due:
                 save(step, guarded.checkpoint_tags())
+
+    With gradient accumulation (``Schedule(grad_accum=N)``) and/or a GradScaler, let the step
+    run each micro-batch and its backward::
+
+        with guard.step(step) as guarded:
+            for micro in guarded.micro_batches(micros):  # N of them; no_sync but the last
+                guarded.backward(compute_loss(ddp_model, micro))  # loss / N, scaled
+            if alarm := guarded.check_gradients():
+                break
+            if guarded.update_allowed:
+                scaler.step(optimizer)                   # or optimizer.step() without one
+                scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            ...
     """
 
     def __init__(self, guard: Guard, step: int) -> None:
@@ -484,85 +553,148 @@ class GuardedStep:
         other ranks' were not); ``optimizer.step()`` then finds no gradients and changes
         nothing, and the alarm follows at the next agreement point (:meth:`Guard.finish`)."""
         self.alarm: Alarm | None = None
+        self.grad_accum = guard.schedule.grad_accum
+        """Micro-batches in this step (``Schedule.grad_accum``)."""
+        self.audited_micro_batch: int | None = (
+            guard.schedule.audited_micro_batch(step) if self.audit else None
+        )
+        """The position of the micro-batch this step's audit replays (None: not an audit step)."""
         self._deterministic = self.audit and guard.schedule.deterministic_audits
-        self._rng: RngState | None = None
-        self._kernels: DeterminismState | None = None
+        # With a scaler every step is seeded, so that confirming an overflow replays the
+        # micro-batches exactly as they trained (dropout included).
+        self._seeded = self.audit or guard.scaler is not None
+        self._environment: StepEnvironment | None = None
         self._weights_checked = False
+        self._entered = 0  # micro-batches entered so far
+        self._current: int | None = None  # the micro-batch being run
+        self._backwards = 0
+        self._recorded_loss: torch.Tensor | None = None
 
     def begin(self) -> None:
         """Arm the comm hook; on audit steps seed the RNG and select deterministic kernels."""
+        self._environment = self.guard.begin_step(
+            self.step,
+            audit=self.audit,
+            deterministic=self._deterministic,
+            position=self.audited_micro_batch or 0,
+            seeded=self._seeded,
+        )
+
+    # ------------------------------------------------------------------ micro-batches
+    def micro_batches(self, micros: Iterable[Any]) -> Iterator[Any]:
+        """Yield the step's ``grad_accum`` micro-batches in order, each inside
+        :meth:`micro_batch`: call :meth:`backward` once for each."""
+        micros = list(micros)
+        if len(micros) != self.grad_accum:
+            raise ValueError(
+                f"step {self.step} has {len(micros)} micro-batches; Schedule.grad_accum is "
+                f"{self.grad_accum}"
+            )
+        for index, micro in enumerate(micros):
+            with self.micro_batch(index):
+                yield micro
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int) -> Iterator[None]:
+        """Run micro-batch ``index``'s forward and backward inside: gradients are synchronised
+        only on the last one (the others run in the adapter's ``no_sync``); on a seeded step the
+        RNG is seeded for it; the audited one's gradient is isolated for the audit."""
+        if index != self._entered or index >= self.grad_accum or self._current is not None:
+            raise RuntimeError(
+                f"sdc_agent: micro-batch {index} of step {self.step}: run the step's "
+                f"{self.grad_accum} micro-batches once each, in order, one at a time"
+            )
+        audited = index == self.audited_micro_batch
         g = self.guard
-        g.current_step = self.step
-        if g.start_step is None:
-            g.start_step = self.step
-        g._stats.arm(capture_fingerprints=self._deterministic, device=g._param_device)
-        g._replayer.forward_buffers = None
-        g._replayer.zero_grads_at_start = None
-        g._snapshot_pending = self.audit
-        if self.audit:
-            g._replayer.note_gradients_at_start(self.step)
-            # The step's computation must be reproducible by another GPU: seed it from
-            # (step, rank) instead of the job's RNG stream, which is put back afterwards.
-            self._rng = RngState.capture()
-            seed_all(step_seed(self.step, g.rank))
-            if self._deterministic:
-                self._kernels = DeterminismState.capture()
-                DeterminismState.enforce()
+        g.audit.begin_micro_batch(
+            self.step,
+            index,
+            audited=audited,
+            seeded=self._seeded,
+            isolate=audited and self._deterministic and self.grad_accum > 1,
+        )
+        self._current = index
+        sync = index == self.grad_accum - 1
+        try:
+            with contextlib.nullcontext() if sync else g.parallel.no_sync():
+                yield
+        finally:
+            self._current = None
+            self._entered += 1
+            g.audit.end_micro_batch()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's ``loss``: ``loss / grad_accum`` (as is without
+        accumulation), times the scaler's scale when the guard has one. Inside
+        :meth:`micro_batch` (or :meth:`micro_batches`); without accumulation it may also be
+        called on its own, once."""
+        if self._current is None and (self.grad_accum > 1 or self._backwards):
+            raise RuntimeError(
+                "sdc_agent: GuardedStep.backward runs one micro-batch's backward: call it once "
+                "inside each micro-batch of guarded.micro_batches(...)"
+            )
+        recorded = micro_batch_loss(loss, self.grad_accum)
+        position = self.audited_micro_batch if self.audit else self.grad_accum - 1
+        if self._current is None or self._current == position:
+            self._recorded_loss = recorded.detach()  # what the audit compares with the replay
+        scaled_for_backward(recorded, self.guard.scaler).backward()
+        self._backwards += 1
 
     def end(self) -> None:
         """Restore RNG and kernel flags (idempotent) and disarm the hook."""
-        if self._kernels is not None:
-            self._kernels.restore()
-            self._kernels = None
-        if self._rng is not None:
-            self._rng.restore()
-            self._rng = None
-        self.guard._stats.capture_fingerprints = False
-        self.guard._snapshot_pending = False
+        if self._environment is not None:
+            self._environment.restore()
+            self._environment = None
+        self.guard.end_step()
 
-    def check_gradients(self, loss: torch.Tensor) -> Alarm | None:
+    def check_gradients(self, loss: torch.Tensor | None = None) -> Alarm | None:
         """Checks 1 and 2 after ``loss.backward()`` and before ``optimizer.step()`` (collective).
 
-        Clips the reduced gradient when ``Schedule.max_grad_norm`` is set. On an alarm the
-        gradients are dropped (set to None) so the step cannot be applied; returns the Alarm.
+        ``loss``: the step's loss; leave it out when the step ran :meth:`backward` (which
+        recorded the audited micro-batch's). Clips the reduced gradient when
+        ``Schedule.max_grad_norm`` is set (after ``scaler.unscale_`` with a scaler). On an
+        alarm the gradients are dropped (set to None) so the step cannot be applied; returns the
+        Alarm. An fp16 overflow is not an alarm: the gradients stay non-finite, so
+        ``scaler.step`` skips the step and ``scaler.update`` lowers the scale.
         """
         g = self.guard
-        stats = g._stats
-        if not stats.local_flags or len(stats.reduced_sums) != len(stats.local_flags):
+        # Misuse raises before any collective, on every rank alike.
+        if self._backwards and self._backwards != self.grad_accum:
             raise RuntimeError(
-                "check_gradients: DDP's all-reduce did not run this step; call it after "
-                "loss.backward() on the DDP model, outside no_sync()"
+                f"check_gradients: step {self.step} back-propagated {self._backwards} of its "
+                f"{self.grad_accum} micro-batches through GuardedStep.backward"
             )
-        # The previous step's exchanges ran during this step's forward and backward.
-        if (alarm := g._settle()) is not None:
+        if self.grad_accum > 1 and not self._backwards:
+            raise RuntimeError(
+                f"check_gradients: Schedule.grad_accum is {self.grad_accum}: run each "
+                "micro-batch with guarded.micro_batches(...) and guarded.backward(loss)"
+            )
+        if self._backwards:
+            loss = self._recorded_loss
+        if loss is None:
+            raise TypeError("check_gradients needs the step's loss (or use guarded.backward)")
+        g.gradients.require_reduction()
+        # The previous step's exchanges ran during this step's forward and backward; every rank
+        # settles them before launching this step's, so the collectives pair up in order.
+        if (alarm := g.settle()) is not None:
             return self._refuse(alarm)
-        flags = torch.stack(
-            [
-                torch.cat(stats.local_flags).any(),
-                ~torch.isfinite(self._reduced_sums()).all(),
-            ]
-        ).to(device=g._device, dtype=torch.int64)
-        exchange = FlagExchange(self.step, flags, g.dp_group, g.world)  # the per-step collective
-        # One host read of this rank's own flags (on a GPU, the sync GradScaler makes too).
-        if not self.audit and not bool(flags.any()):
-            g._flags = exchange  # settled at the next agreement point
+        exchange, own_flags_bad = g.start_flag_exchange(self.step)
+        if not self.audit and not own_flags_bad:
+            g.defer(exchange)  # settled at the next agreement point
             self.end()
             return None
-        table = exchange.table()
-        if table.clean:  # an audit step: every rank waited for this table
-            g.last_gradient_check_pass = self.step
-            alarm = self._audit(loss)
-        elif self.audit or table.unanimous:
+        summary = exchange.summary()
+        if self.audit or summary.unanimous:
             # Every rank is here, at this step, with the step's exact state: decide now.
-            alarm = g._flags_alarm(table, confirm=True)
+            alarm = g.judge_flags(exchange, loss, deterministic=self._deterministic)
         else:
             # Only some ranks see a bad gradient; the others have moved on. Drop ours, and let
             # every rank report it at the next agreement point.
-            g._flags = exchange
+            g.defer(exchange)
             self._drop_step()
             return None
         self.end()
-        return self._refuse(g._raise(alarm)) if alarm is not None else None
+        return self._refuse(alarm) if alarm is not None else None
 
     def after_update(self) -> Alarm | None:
         """Check 3 after ``optimizer.step()`` when due (every ``check_every`` steps, and before
@@ -570,7 +702,7 @@ class GuardedStep:
         g = self.guard
         if self.checkpoint_due:
             # Nothing is saved before every rank agrees on the gradients (and weights, if asked).
-            if (alarm := g._settle()) is not None:
+            if (alarm := g.settle()) is not None:
                 self.alarm = alarm
                 return alarm
             if self.weight_check_due:
@@ -578,7 +710,7 @@ class GuardedStep:
                 self.alarm = g.check_weights(self.step)
             return self.alarm
         if self.weight_check_due:
-            g._start_weight_check(self.step)  # judged at the next agreement point
+            g.launch_weight_check(self.step)  # judged at the next agreement point
         return None
 
     def checkpoint_tags(self) -> dict[str, Any]:
@@ -599,97 +731,14 @@ class GuardedStep:
         }
 
     # ------------------------------------------------------------------ internals
-    def _reduced_sums(self) -> torch.Tensor:
-        """Per-bucket sums of the reduced gradient (and its clipped norm when configured)."""
-        g = self.guard
-        sums = torch.stack(g._stats.reduced_sums)
-        if g.schedule.max_grad_norm is None:
-            return sums
-        norm = torch.nn.utils.clip_grad_norm_(g.params, g.schedule.max_grad_norm).detach()
-        return torch.cat([sums, norm.reshape(1).to(sums)])
-
-    def _drop_gradients(self) -> None:
-        """Set every gradient to None so that ``optimizer.step()`` cannot apply this step."""
-        g = self.guard
-        g.optimizer.zero_grad(set_to_none=True)
-        for p in g.params:
-            p.grad = None
-
     def _drop_step(self) -> None:
         """Do not apply this step: restore RNG and kernels, drop the gradients."""
         self.end()
-        self._drop_gradients()
+        self.guard.drop_gradients()
         self.update_allowed = False
 
     def _refuse(self, alarm: Alarm) -> Alarm:
-        """Fail the step with an alarm already raised."""
+        """Fail the step with an alarm already logged and published."""
         self._drop_step()
         self.alarm = alarm
         return alarm
-
-    def _audit(self, loss: torch.Tensor) -> Alarm | None:
-        """Check 2: replay the target's batch, gather every rank's results, attribute."""
-        g = self.guard
-        offset = g.schedule.peer_offset
-        deterministic = self._deterministic
-        own_table = g._stats.local_fingerprints if deterministic else None
-        own = outcome_of(loss, own_table, True)  # audits run only when every flag was clean
-        replayed = g._replay_row(
-            self.step, replay_target(g.dp_rank, g.world, offset), deterministic
-        )
-        mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=g._device)
-        gathered = [torch.zeros_like(mine) for _ in range(g.world)]
-        dist.all_gather(gathered, mine, group=g.dp_group)
-        rows = torch.stack(gathered).cpu().tolist()
-        failed = [g._global(dp) for dp, r in enumerate(rows) if is_failed(r[1])]
-        if failed:
-            # Not a pass (liveness shows audits stopping) and not an alarm (no GPU is implicated).
-            if g.dp_rank == 0:
-                logger.error(
-                    "sdc_agent: the audit of step %d did not run: replays raised on ranks %s "
-                    "(see their logs); the step is applied unaudited",
-                    self.step,
-                    failed,
-                )
-            return None
-        owns = [Outcome.from_row(r[0]) for r in rows]
-        replays = [Outcome.from_row(r[1]) for r in rows]
-        pairs = find_mismatches(owns, replays, offset, compare_grads=deterministic)
-        if not pairs:
-            g.last_audit_pass = self.step
-            g._note_pass("audit", self.step)
-            return None
-
-        culprits = find_culprits(pairs)
-        disputed = unexplained(pairs, culprits)
-        results = g._confirm(self.step, [t for t, _ in disputed], deterministic) if disputed else []
-        verdicts: list[Verdict] = []
-        blamed = list(culprits)
-        for (target, replayer), result in zip(disputed, results, strict=True):
-            kind, who = (
-                mismatch_verdict(
-                    owns[target], replays[replayer], *result, compare_grads=deterministic
-                )
-                if result is not None
-                else ("unattributable", "")
-            )
-            suspect = {"target": target, "replayer": replayer}.get(who)
-            if suspect is not None:
-                blamed.append(suspect)
-            verdicts.append(
-                Verdict(
-                    pair=(g._global(target), g._global(replayer)),
-                    third=g._global(third_gpu(target, g.world, offset)),
-                    suspect=g._global(suspect) if suspect is not None else None,
-                    kind=kind,
-                )
-            )
-        return g._alarm(
-            self.step,
-            "compute",
-            last_pass=g.last_audit_pass,
-            suspects=[g._global(r) for r in blamed],
-            pairs=[(g._global(t), g._global(r)) for t, r in pairs],
-            culprits=[g._global(r) for r in culprits],
-            verdicts=verdicts,
-        )

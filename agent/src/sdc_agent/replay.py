@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .audit import Outcome
+from .attribution import Outcome
 from .fingerprint import bit_patterns, fingerprints
+from .gradients import all_finite
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -94,6 +95,33 @@ class DeterminismState:
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
 
 
+@dataclass
+class StepEnvironment:
+    """What an audit step changed before its forward pass (RNG, kernel flags), to put back."""
+
+    rng: RngState | None = None
+    kernels: DeterminismState | None = None
+
+    @classmethod
+    def enter(cls, *, seed: int, deterministic: bool) -> StepEnvironment:
+        """Seed the RNG with ``seed`` (and select deterministic kernels); remember what was."""
+        env = cls(rng=RngState.capture())
+        seed_all(seed)
+        if deterministic:
+            env.kernels = DeterminismState.capture()
+            DeterminismState.enforce()
+        return env
+
+    def restore(self) -> None:
+        """Put the kernel flags and the RNG back (idempotent)."""
+        if self.kernels is not None:
+            self.kernels.restore()
+            self.kernels = None
+        if self.rng is not None:
+            self.rng.restore()
+            self.rng = None
+
+
 @contextlib.contextmanager
 def deterministic_kernels(enabled: bool) -> Iterator[None]:
     """Run the block with deterministic kernels when ``enabled``; restore the flags after."""
@@ -130,22 +158,49 @@ def outcome_of(loss: torch.Tensor, grad_table: torch.Tensor | None, grads_finite
     )
 
 
-def grads_finite(grads: list[torch.Tensor | None]) -> bool:
-    """Whether the squared L2 norm over the gradients is finite (as check 1 measures it)."""
-    norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads if g is not None]
-    if not norms:
-        return True
-    return bool(torch.isfinite(torch.stack(norms).square().sum()))  # one device sync
+def combine_outcomes(outcomes: list[Outcome]) -> Outcome:
+    """One outcome for several computations (a step's micro-batches, replayed one by one):
+    finite when all are, and equal to another combination exactly when every part is."""
+    if len(outcomes) == 1:
+        return outcomes[0]
+    parts = [(o.loss_bits, *o.grad_digest, int(o.finite)) for o in outcomes]
+    digest = hashlib.blake2b(struct.pack(f"<{4 * len(parts)}q", *sum(parts, ())), digest_size=24)
+    loss, low, high = struct.unpack("<qqq", digest.digest())
+    return Outcome(loss_bits=loss, grad_digest=(low, high), finite=all(o.finite for o in outcomes))
+
+
+def micro_batch_loss(loss: torch.Tensor, grad_accum: int) -> torch.Tensor:
+    """One micro-batch's share of the step's loss: ``loss / grad_accum`` (``loss`` itself
+    without accumulation: no extra operation, so a plain step is unchanged). Training and
+    replays both call it, so both run the same operation on the same value."""
+    return loss / grad_accum if grad_accum > 1 else loss
+
+
+def scaled_for_backward(loss: torch.Tensor, scaler: Any | None) -> torch.Tensor:
+    """``loss`` times the GradScaler's current scale (``scaler.scale``), or as is without one."""
+    return scaler.scale(loss) if scaler is not None else loss
 
 
 class Replayer:
     """Runs replays of any rank's micro-batch on the bare module of a DDP model."""
 
-    def __init__(self, module: nn.Module, params: list[nn.Parameter], compute_loss: ComputeLoss):
-        """``params`` is the ordered list whose gradients are fingerprinted (the guard's table)."""
+    def __init__(
+        self,
+        module: nn.Module,
+        params: list[nn.Parameter],
+        compute_loss: ComputeLoss,
+        *,
+        grad_accum: int = 1,
+        scaler: Any | None = None,
+    ):
+        """``params`` is the ordered list whose gradients are fingerprinted (the guard's table);
+        ``grad_accum`` and ``scaler`` say how training back-propagated each micro-batch's loss
+        (:func:`micro_batch_loss`, :func:`scaled_for_backward`)."""
         self.module = module
         self.params = params
         self.compute_loss = compute_loss
+        self.grad_accum = grad_accum
+        self.scaler = scaler
         self.forward_buffers: list[torch.Tensor] | None = None
         """Buffers as they were when this step's training forward began (None: use current)."""
         self.zero_grads_at_start: list[bool] | None = None
@@ -166,9 +221,11 @@ class Replayer:
             raise RuntimeError(
                 f"sdc_agent: audit step {step} starts with gradients already accumulated "
                 f"({nonzero} non-zero elements): the replay audit recomputes one micro-batch per "
-                "rank and step, so gradient accumulation (no_sync micro-steps) cannot be audited. "
-                "Zero the gradients before each step (optimizer.zero_grad(set_to_none=True)), or "
-                "disable audits with Schedule(audit_every=0)"
+                "rank and step, so gradient accumulation outside the guard (no_sync micro-steps "
+                "before guard.step) cannot be audited. Zero the gradients before each step "
+                "(optimizer.zero_grad(set_to_none=True)) and accumulate inside the step with "
+                "Schedule(grad_accum=N) and GuardedStep.micro_batches, or disable audits with "
+                "Schedule(audit_every=0)"
             )
         self.zero_grads_at_start = [g is not None for g in grads]
 
@@ -177,7 +234,11 @@ class Replayer:
         self.forward_buffers = [b.detach().clone() for b in self.module.buffers()]
 
     def replay(self, batch: Any, *, seed: int, deterministic: bool) -> Outcome:
-        """Recompute ``batch`` with RNG ``seed``; restore grads, buffers and RNG afterwards."""
+        """Recompute ``batch`` with RNG ``seed``; restore grads, buffers and RNG afterwards.
+
+        With accumulation the outcome is the micro-batch's own: its ``loss / grad_accum`` and
+        the gradient of that alone (from no gradient), as :mod:`sdc_agent.accumulation`
+        isolates it in training."""
         saved_grads = [p.grad for p in self.params]
         buffers = list(self.module.buffers())
         saved_buffers = [b.detach().clone() for b in buffers]
@@ -192,11 +253,11 @@ class Replayer:
                 p.grad = torch.zeros_like(p) if zero else None
             seed_all(seed)
             with deterministic_kernels(deterministic):
-                loss = self.compute_loss(self.module, batch)
-                loss.backward()
+                loss = micro_batch_loss(self.compute_loss(self.module, batch), self.grad_accum)
+                scaled_for_backward(loss, self.scaler).backward()
             grads = [p.grad for p in self.params]
             table = fingerprints(grads) if deterministic else None
-            return outcome_of(loss, table, grads_finite(grads))
+            return outcome_of(loss, table, all_finite(grads))
         finally:
             for p, g in zip(self.params, saved_grads, strict=True):
                 p.grad = g

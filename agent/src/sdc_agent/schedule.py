@@ -26,6 +26,9 @@ class Schedule:
     """Compare weight fingerprints once before the first step (catches a bad checkpoint load)."""
     max_grad_norm: float | None = None
     """Clip the reduced gradient to this total L2 norm; None: measure the norm without clipping."""
+    grad_accum: int = 1
+    """Micro-batches per step (gradient accumulation): each step's batch is a sequence of this
+    many micro-batches, and ``rebuild_batch(step, rank)`` returns that same sequence."""
 
     def __post_init__(self) -> None:
         for name in ("audit_every", "check_every", "ckpt_every"):
@@ -38,6 +41,15 @@ class Schedule:
             raise ValueError(
                 f"Schedule.peer_offset must be an integer >= 1, got {self.peer_offset!r}"
             )
+        if (
+            not isinstance(self.grad_accum, int)
+            or isinstance(self.grad_accum, bool)
+            or self.grad_accum < 1
+        ):
+            raise ValueError(
+                f"Schedule.grad_accum must be an integer >= 1 (1: no accumulation), "
+                f"got {self.grad_accum!r}"
+            )
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(
                 f"Schedule.max_grad_norm must be a positive number or None, got {self.max_grad_norm!r}"
@@ -46,6 +58,16 @@ class Schedule:
     def is_audit_step(self, step: int) -> bool:
         """True when ``step`` runs the ring replay audit (decided before its forward pass)."""
         return self.audit_every > 0 and step % self.audit_every == 0
+
+    def audited_micro_batch(self, step: int) -> int:
+        """Which micro-batch position (0..grad_accum-1) the audit of ``step`` replays.
+
+        Rotates with the audit's index (``step // audit_every``), so every position is audited
+        within ``grad_accum`` consecutive audits; a pure function of the step, the same on
+        every rank."""
+        if self.audit_every == 0:
+            return 0
+        return (step // self.audit_every) % self.grad_accum
 
     def is_checkpoint_step(self, step: int) -> bool:
         """True when a checkpoint is due after the update of ``step``."""

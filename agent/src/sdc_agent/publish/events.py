@@ -18,7 +18,6 @@ logger = logging.getLogger(__name__)
 
 RANKMAP_SCHEMA = "sdc.rankmap/v1"
 SPOOL_SCHEMA = "sdc.spool/v1"
-ALARM_METRICS = ("sdc_nonfinite_grad", "sdc_replay_mismatch", "sdc_divergent_tensors")
 AUDIT_PASS_METRIC = "sdc_audit_pass"
 WEIGHT_CHECK_PASS_METRIC = "sdc_weight_check_pass"
 
@@ -162,10 +161,6 @@ class Delivery:
     def without_message(self) -> Delivery:
         """This delivery once its log event went through."""
         return replace(self, message=None)
-
-    def without_metrics(self) -> Delivery:
-        """This delivery once its metric data went through."""
-        return replace(self, metrics=())
 
     def to_record(self) -> dict[str, Any]:
         """The spool's JSON record (``sdc.spool/v1``)."""

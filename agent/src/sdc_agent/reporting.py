@@ -1,0 +1,144 @@
+"""The one place where Alarms are built, logged and published, and passes recorded.
+
+Every rank builds the same Alarm from gathered data; only DP rank 0 logs it and hands it to the
+publisher, and nothing the publisher does (or raises) may reach training.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from .alarm import Alarm, CheckName, RankInfo, Verdict
+from .publisher import Publisher
+
+if TYPE_CHECKING:
+    from .divergence import DivergenceReport
+
+logger = logging.getLogger("sdc_agent")
+
+
+@dataclass
+class Passes:
+    """When each check last passed (steps); the alarm's suspect window starts there."""
+
+    start_step: int | None = None
+    """The first step this guard ran (or checked the weights at)."""
+    last_gradient_check_pass: int | None = None
+    last_audit_pass: int | None = None
+    last_weight_check_pass: int | None = None
+    last_weights_digest: str | None = None
+    """Digest of the fingerprint table every replica agreed on at ``last_weight_check_pass``."""
+
+
+class Reporter:
+    """Builds Alarms, logs and publishes them, and publishes passes as liveness."""
+
+    def __init__(
+        self, ranks: dict[int, RankInfo], publisher: Publisher, *, publishes: bool
+    ) -> None:
+        """``ranks``: the rank map; ``publishes``: this rank logs and publishes (DP rank 0)."""
+        self.ranks = ranks
+        self.publisher = publisher
+        self.publishes = publishes
+        self.passes = Passes()
+        self.record_alarm: Callable[[Alarm], None] = lambda alarm: None
+        """What else receives each alarm: the guard's alarm log when it has an ``alarm_dir``."""
+
+    # ------------------------------------------------------------------ building
+    def alarm(
+        self,
+        step: int,
+        check: CheckName,
+        *,
+        last_pass: int | None,
+        suspects: list[int] | None,
+        nonfinite: Sequence[int] = (),
+        pairs: Sequence[tuple[int, int]] = (),
+        culprits: Sequence[int] = (),
+        verdicts: Sequence[Verdict] = (),
+        divergent: Sequence[str] = (),
+        diagnosis: str | None = None,
+    ) -> Alarm:
+        """Assemble the alarm every rank returns (global ranks); ``ranks`` covers every rank it
+        names, and the suspect window runs from ``last_pass`` (or the start) to ``step``."""
+        suspects = sorted(set(suspects)) if suspects else None
+        return Alarm(
+            step=step,
+            check=check,
+            nonfinite=list(nonfinite),
+            mismatched_pairs=list(pairs),
+            culprits=list(culprits),
+            verdicts=list(verdicts),
+            suspects=suspects,
+            suspect_window=self._window(step, last_pass),
+            last_audit_pass=self.passes.last_audit_pass,
+            last_weight_check_pass=self.passes.last_weight_check_pass,
+            divergent_tensors=list(divergent),
+            ranks=self._rank_infos(suspects or [], nonfinite, culprits),
+            diagnosis=diagnosis,
+        )
+
+    def weights_alarm(self, step: int, report: DivergenceReport) -> Alarm:
+        """Check 3's alarm for a comparison whose replicas disagreed."""
+        return self.alarm(
+            step,
+            "weights",
+            last_pass=self.passes.last_weight_check_pass,
+            suspects=report.ranks,
+            divergent=report.tensors,
+        )
+
+    def _window(self, step: int, last_pass: int | None) -> tuple[int, int]:
+        first = last_pass if last_pass is not None else self.passes.start_step
+        return (first if first is not None else step, step)
+
+    def _rank_infos(self, *groups: Iterable[int]) -> dict[str, RankInfo]:
+        named = sorted({r for group in groups for r in group})
+        return {str(r): self.ranks[r] for r in named}
+
+    # ------------------------------------------------------------------ reporting
+    def log_and_publish(self, alarm: Alarm) -> Alarm:
+        """Log the alarm, record it in the alarm log and hand it to the publisher (DP rank 0
+        only); returns it. Every alarm the guard returns passes here exactly once."""
+        if self.publishes:
+            logger.error(
+                "sdc_agent: %s check failed at step %d; suspects %s; report %s",
+                alarm.check,
+                alarm.step,
+                alarm.suspects,
+                alarm.to_dict(),
+            )
+        self.record_alarm(alarm)  # durable before the caller gets it (never raises)
+        self.publish("alarm", lambda p: p.publish_alarm(alarm))
+        return alarm
+
+    def record_pass(self, check: Literal["audit", "weights"], step: int) -> None:
+        """Note that an audit or a weight check passed at ``step`` and publish it as liveness."""
+        audits, weights = (1, 0) if check == "audit" else (0, 1)
+        self.publish("liveness", lambda p: p.publish_liveness(step, audits, weights))
+
+    def publish_rank_map(self) -> None:
+        """Publish the rank map (once, at start)."""
+        self.publish("rank map", lambda p: p.publish_rank_map(dict(self.ranks)))
+
+    def publish(self, what: str, call: Callable[[Publisher], None]) -> None:
+        """Call the publisher from DP rank 0 only; nothing it does may reach training."""
+        if not self.publishes:
+            return
+        try:
+            call(self.publisher)
+        except Exception:
+            logger.exception("sdc_agent: publishing the %s failed; training goes on", what)
+
+    def flush(self, timeout: float | None) -> bool:
+        """Let the publisher deliver what it queued; True when all is sent (or nothing to send)."""
+        if not self.publishes:
+            return True
+        try:
+            return bool(self.publisher.flush(timeout))
+        except Exception:
+            logger.exception("sdc_agent: publisher flush failed")
+            return False
