@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sdc_agent.drill import launch
-from tests.e2e.harness.pipeline import Invocation, LocalPipeline
+from tests.e2e.harness.pipeline import Invocation, LocalPipeline, process_environment
 from tests.e2e.scenario import local_cluster, pending_for
 
 FAULTY_RANK = 3
@@ -75,9 +75,6 @@ def _train(pipeline: LocalPipeline, fault: bool, spool: str) -> dict[str, Any]:
             "spool_dir": spool,
         },
     }
-    import os
-
-    os.environ["SDC_JOB_NAME"] = cluster.job
     (results,) = launch([("sdc_agent.drill:train_drill", job)], world=6, ranks_per_node=2)
     errors = [r for r in results if "error" in r]
     if errors:
@@ -89,9 +86,9 @@ def _wall(call: Invocation) -> str:
     return f"({call.ended - call.started:.2f} s)"
 
 
-def _report_workflow(tl: Timeline, p: LocalPipeline) -> None:
-    """One line per Lambda the workflow invoked, from the adapter's record."""
-    for call in sorted(p.invocations, key=lambda c: c.started):
+def _report_workflow(tl: Timeline, calls: list[Invocation]) -> None:
+    """One line per Lambda the workflow invoked, from the adapter's record, in start order."""
+    for call in sorted(calls, key=lambda c: c.started):
         r = call.result or {}
         if call.error:
             line = f"{call.folder}: error {call.error}"
@@ -155,6 +152,10 @@ def run(argv: list[str] | None = None) -> int:
     )
     context = {"dryRun": True} if args.dry_run else {}
     with (
+        # The training processes name their pods <job>-worker-<rank> from SDC_JOB_NAME. Set
+        # before the pipeline's threads start, put back after they stopped: os.environ is
+        # shared by every thread, and writing it while one reads it breaks that one.
+        process_environment({"SDC_JOB_NAME": cluster.job}),
         tempfile.TemporaryDirectory(prefix="sdc-demo-") as spool,
         LocalPipeline(cluster, context, quiet_handlers=True) as p,
     ):
@@ -210,9 +211,15 @@ def run(argv: list[str] | None = None) -> int:
             f"CloudWatch alarm {fired[0]['detail']['alarmName']} -> ALARM; EventBridge rule -> "
             f"workflow execution {execution.rsplit(':', 1)[-1]}"
         )
-        approval = pending_for(p, execution, timeout=90)
-        _report_workflow(tl, p)
-        p.invocations.clear()
+        approval = pending_for(p, execution)
+        # The approval record is stored before the request_approval function returns: wait for
+        # its invocation to end, so the timeline shows it before the operator's decision.
+        p.wait(
+            lambda: any(c.folder == "request_approval" for c in p.invocations),
+            what="the request_approval invocation to return",
+        )
+        reported = len(p.invocations)  # nothing runs while the workflow waits for the decision
+        _report_workflow(tl, p.invocations[:reported])
         decision = (
             ["reject", approval, "--release", "--reason", "demo: false alarm"]
             if args.reject
@@ -226,14 +233,14 @@ def run(argv: list[str] | None = None) -> int:
             env={**p.cli_env(), "PATH": str(cli.parent)},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=180,
         )
         tl.say(f"operator: $ {shown}\n{' ' * 10}{(out.stdout or out.stderr).strip()}", cli_started)
         if out.returncode != 0:
             tl.fail(f"the CLI exited {out.returncode}")
             return _verdict(tl)
-        done = p.finish(execution, timeout=90)
-        _report_workflow(tl, p)
+        done = p.finish(execution)
+        _report_workflow(tl, p.invocations[reported:])
         tl.say(
             f"workflow {done['status']}; ledger for {victim}: {' -> '.join(p.transitions(victim))}"
         )

@@ -9,6 +9,9 @@ from tests.e2e import demo
 pytestmark = pytest.mark.slow
 
 
+# The demo's own deadlines (training, the approval request, the workflow's end) add up to more
+# than the suite's per-test timeout; on a busy machine they, not pytest, should say what hung.
+@pytest.mark.timeout(900)
 def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
     # Given the demo's training job with a persistent fault on rank 3 (node 1)
     # When it runs and the operator approves through the real CLI
