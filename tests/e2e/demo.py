@@ -5,7 +5,9 @@ fault on one rank; the agent names it and publishes to an embedded CloudWatch; t
 evaluator (stand-in for CloudWatch alarm evaluation + EventBridge) starts the real workflow
 definition from `cdk synth`, whose real Lambda handlers localize, admit, cordon (Kubernetes API
 stand-in) and health-check (HyperPod simulator) the node; the demo then approves with the real
-operator CLI and the node is replaced. Every stand-in is described in tests/e2e/harness.
+operator CLI, as an on-call role, through the approve function's URL (a loopback stand-in that
+checks the SigV4 signature and hands the real approve function the authenticated ARN), and the
+node is replaced. Every stand-in is described in tests/e2e/harness.
 No AWS account, no Kubernetes, no GPU needed.
 
     python -m tests.e2e.demo [--reject] [--no-fault] [--dry-run]
@@ -29,6 +31,8 @@ from tests.e2e.scenario import local_cluster, pending_for
 
 FAULTY_RANK = 3
 FAULT_STEP = 7
+ONCALL_ROLE = "sdc-oncall"
+ONCALL_SESSION = "demo-operator"
 
 
 class Timeline:
@@ -86,6 +90,22 @@ def _wall(call: Invocation) -> str:
     return f"({call.ended - call.started:.2f} s)"
 
 
+def _approve_line(event: dict[str, Any], response: dict[str, Any]) -> str:
+    """The approve function's call, as its URL authenticated it (signed, and by whom)."""
+    caller = event["requestContext"]["authorizer"]["iam"]["userArn"]
+    scope = event["headers"]["authorization"].split("Credential=")[1].split(",")[0]
+    body = json.loads(response.get("body") or "{}")
+    outcome = (
+        f"{body.get('decision')} recorded, approver {body.get('approver')}"
+        if response.get("statusCode") == 200
+        else f"refused {body.get('error')}"
+    )
+    return (
+        f"approve (function URL, SigV4 {'/'.join(scope.split('/')[2:4])}, authenticated as "
+        f"{caller}): {outcome} (HTTP {response.get('statusCode')})"
+    )
+
+
 def _report_workflow(tl: Timeline, calls: list[Invocation]) -> None:
     """One line per Lambda the workflow invoked, from the adapter's record, in start order."""
     for call in sorted(calls, key=lambda c: c.started):
@@ -119,6 +139,8 @@ def _report_workflow(tl: Timeline, calls: list[Invocation]) -> None:
             line = f"deep health check: {r.get('status')} ({r.get('detail')})"
         elif call.folder == "request_approval":
             line = "approval requested (task token stored, evidence sent to SNS)"
+        elif call.folder == "approve":
+            line = _approve_line(call.payload, r)
         elif call.folder == "replace":
             line = f"replace: mode {r.get('mode')}, requested={r.get('requested')} {r.get('detail') or ''}".rstrip()
         elif call.folder == "record":
@@ -228,9 +250,10 @@ def run(argv: list[str] | None = None) -> int:
         cli = Path(sys.executable).with_name("sdc-remediation")
         shown = shlex.join(["sdc-remediation", *decision])
         cli_started = time.time()
+        oncall = p.operator_environment(ONCALL_ROLE, ONCALL_SESSION)
         out = subprocess.run(
             [str(cli), *decision],
-            env={**p.cli_env(), "PATH": str(cli.parent)},
+            env={**p.cli_env(), **oncall, "PATH": str(cli.parent)},
             capture_output=True,
             text=True,
             timeout=180,
@@ -239,6 +262,7 @@ def run(argv: list[str] | None = None) -> int:
         if out.returncode != 0:
             tl.fail(f"the CLI exited {out.returncode}")
             return _verdict(tl)
+        _check_authenticated_decision(tl, p)
         done = p.finish(execution)
         _report_workflow(tl, p.invocations[reported:])
         tl.say(
@@ -248,6 +272,17 @@ def run(argv: list[str] | None = None) -> int:
             tl.say(f"  SNS: {n['subject']}")
         _check_outcome(tl, p, args, victim, victim_node, done["status"])
         return _verdict(tl)
+
+
+def _check_authenticated_decision(tl: Timeline, p: LocalPipeline) -> None:
+    """The decision went through the approve function's URL, as the on-call role's session."""
+    if not p.function_url.events:
+        tl.fail("the decision did not go through the approve function's URL")
+        return
+    caller = p.function_url.events[-1]["requestContext"]["authorizer"]["iam"]["userArn"]
+    expected = f"assumed-role/{ONCALL_ROLE}/{ONCALL_SESSION}"
+    if not caller.endswith(expected):
+        tl.fail(f"the approver should be the on-call role's session ({expected}), got {caller}")
 
 
 def _check_outcome(

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
     # Given the demo's training job with a persistent fault on rank 3 (node 1)
-    # When it runs and the operator approves through the real CLI
+    # When it runs and the on-call operator approves through the real CLI and the approval URL
     status = demo.run([])
     out = capsys.readouterr().out
     # Then every stage happened, in order, and the node behind rank 3 was replaced
@@ -29,6 +29,10 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
         "deep health check: passed",
         "approval requested",
         "operator: $ sdc-remediation approve",
+        "as arn:aws:sts::123456789012:assumed-role/sdc-oncall/demo-operator",
+        "approve (function URL, SigV4 us-east-1/lambda, authenticated as "
+        "arn:aws:sts::123456789012:assumed-role/sdc-oncall/demo-operator): approve recorded, "
+        "approver arn:aws:sts::123456789012:assumed-role/sdc-oncall/demo-operator (HTTP 200)",
         "replace: mode api, requested=True",
         "workflow SUCCEEDED",
         "hyperpod-i-00000000000000001 replaced by HyperPod",

@@ -15,6 +15,9 @@ stood in for:
   BatchReplaceClusterNodes).
 - Kubernetes: the loopback HTTPS API stand-in of tests/support.
 - CloudWatch alarm evaluation + EventBridge delivery: :class:`LocalAlarmEvaluator`.
+- The approve function's URL (AWS_IAM auth): :class:`FunctionUrlStandIn` on a loopback address.
+  The operator CLI decides through it as it would in an account (SigV4-signed, the approver the
+  principal STS names for the signing key); see that module for what it does and does not prove.
 What this cannot prove: IAM (every call is allowed), KMS, Lambda packaging and cold starts,
 real service latencies and eventual consistency, and EventBridge/Step Functions quotas.
 
@@ -47,6 +50,7 @@ from unittest import mock
 import boto3
 import botocore.exceptions
 import requests
+from botocore.credentials import Credentials
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.server import ThreadedMotoServer
 
@@ -55,6 +59,7 @@ from infra.template import function_logical_ids, state_machine_definition
 from tests.support.kube_standin import KubeStandIn
 
 from .alarms import AlarmSpec, LocalAlarmEvaluator
+from .function_url import FunctionUrlStandIn
 from .hyperpod import HyperPodSimulator
 
 ACCOUNT = "123456789012"
@@ -220,6 +225,9 @@ class LocalPipeline:
         self._clients_lock = threading.Lock()
         self._physical: dict[str, str] = {}
         self._arns: dict[str, str] = {}
+        self._known_keys: dict[str, Credentials] = {}
+        self._principals: dict[str, str] = {}
+        self._principals_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> LocalPipeline:
@@ -304,6 +312,7 @@ class LocalPipeline:
         self._create_resources()
         self._create_state_machine()
         self._create_evaluator()
+        self._start_function_url()
         # Unwound first: nothing of this pipeline may still run when the rest is torn down.
         self._stack.callback(self._quiesce)
 
@@ -535,6 +544,62 @@ class LocalPipeline:
         )
         self.evaluator.create_in_cloudwatch()
 
+    # ------------------------------------------------------------------ the approval URL
+    def _start_function_url(self) -> None:
+        """Serve the approve function's URL on a loopback address (``self.approval_url``)."""
+        self.add_credentials(Credentials("testing", "testing", "testing"))
+        self.function_url = FunctionUrlStandIn(
+            region=REGION,
+            secret_for=self._known_keys.get,
+            principal_of=self._principal_of,
+            invoke=self._invoke_approve,
+        )
+        self.approval_url = self._stack.enter_context(self.function_url)
+
+    def add_credentials(self, credentials: Credentials) -> None:
+        """Let the embedded AWS authenticate requests signed with ``credentials`` (what IAM knows
+        of a key: its secret). The process's own test credentials are known from the start."""
+        self._known_keys[credentials.access_key] = credentials
+
+    def operator_environment(self, role: str, session: str) -> dict[str, str]:
+        """Credentials of an operator who assumed ``role`` (for a CLI in its own process): the
+        approve function's URL then authenticates them as
+        ``arn:aws:sts::<account>:assumed-role/<role>/<session>``."""
+        answer = self.client("sts").assume_role(
+            RoleArn=f"arn:aws:iam::{ACCOUNT}:role/{role}", RoleSessionName=session
+        )["Credentials"]
+        credentials = Credentials(
+            answer["AccessKeyId"], answer["SecretAccessKey"], answer["SessionToken"]
+        )
+        self.add_credentials(credentials)
+        return {
+            "AWS_ACCESS_KEY_ID": credentials.access_key,
+            "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
+            "AWS_SESSION_TOKEN": credentials.token,
+        }
+
+    def _principal_of(self, credentials: Credentials) -> str:
+        """The ARN AWS authenticates ``credentials`` as: STS GetCallerIdentity with that key."""
+        with self._principals_lock:
+            if credentials.access_key not in self._principals:
+                sts = boto3.session.Session(
+                    aws_access_key_id=credentials.access_key,
+                    aws_secret_access_key=credentials.secret_key,
+                    aws_session_token=credentials.token,
+                    region_name=REGION,
+                ).client("sts", endpoint_url=self.endpoint)
+                self._principals[credentials.access_key] = sts.get_caller_identity()["Arn"]
+            return self._principals[credentials.access_key]
+
+    def _invoke_approve(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Run the approve function for a function URL event; its HTTP response. A function
+        error is answered 502, as a function URL does."""
+        response_headers: dict[str, str] = {}
+        out = json.loads(self._invoke("approve", json.dumps(event), response_headers))
+        if response_headers.get("x-amz-function-error"):
+            return {"statusCode": 502, "body": json.dumps({"Message": "Internal Server Error"})}
+        return out
+
     # ------------------------------------------------------------------ the Lambda adapter
     def _invoke_method(self) -> Callable[..., bytes]:
         pipeline = self
@@ -712,19 +777,16 @@ class LocalPipeline:
         process (in this one, pass :meth:`cli_options` instead: os.environ is shared)."""
         return {
             **self.aws_env,
-            "SDC_APPROVALS_TABLE": self.tables["approvals"],
+            "SDC_APPROVAL_URL": self.approval_url,
             "SDC_LEDGER_TABLE": self.tables["ledger"],
         }
 
     def cli_options(self) -> list[str]:
-        """The operator CLI's table options for this pipeline (its AWS settings are already in
-        this process's environment)."""
-        return [
-            "--approvals-table",
-            self.tables["approvals"],
-            "--ledger-table",
-            self.tables["ledger"],
-        ]
+        """The operator CLI's options for this pipeline (its AWS settings are already in this
+        process's environment): decisions go through the approve function's URL, as an
+        operator's do; ``history`` reads the ledger. No approvals table: an operator has no
+        access to it (its task tokens)."""
+        return ["--approval-url", self.approval_url, "--ledger-table", self.tables["ledger"]]
 
 
 @contextlib.contextmanager
