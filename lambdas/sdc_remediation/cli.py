@@ -141,6 +141,8 @@ def pending(ctx: click.Context, as_json: bool) -> None:
             f"window={ev.get('suspect_window')} health={health} "
             f"earlier={len(ev.get('previous_remediations', []))}  requested {item['created_at']}"
         )
+        if ev.get("resume"):
+            click.echo(f"    resume rule: {ev['resume'].get('sentence')}")
         click.echo(f"    suggested: {ev.get('suggested_action', '')}")
         if item.get("status") == "sending":
             click.echo(
@@ -205,11 +207,16 @@ def history(ctx: click.Context, node: str | None, as_json: bool) -> None:
     if not events:
         click.echo("No recorded transitions.")
         return
+    stated: set[str] = set()
     for e in events:
         who = f" by {e['approver']}" if e.get("approver") else ""
         click.echo(
             f"{e['at']}  {e['pk']}  {e.get('node_name') or '-'}  {e['transition']}{who}  {e['remediation_id']}"
         )
+        if e.get("resume") and e["remediation_id"] not in stated:
+            # Once per remediation: the rule is the alarm's, the same on each of its events.
+            stated.add(e["remediation_id"])
+            click.echo(f"    resume rule: {e['resume']}")
 
 
 @main.command()

@@ -233,6 +233,8 @@ class Suspect(_Model):
     """At most ``MAX_TENSOR_NAMES`` of the report's divergent tensors, for the message."""
     divergent_tensor_count: int = 0
     """How many tensors the report named as divergent (all of them are in the report)."""
+    nonfinite_count: int = 0
+    """How many ranks the report found with a non-finite gradient (the resume rule reads it)."""
     report_log_group: str | None = None
     report_log_stream: str | None = None
     """The report's place in CloudWatch Logs: the full evidence (every tensor, every rank)."""

@@ -124,6 +124,7 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     }
     if st.suspects:
         detail["suspects"] = [s.node_name for s in st.suspects]
+    resume = notify.resume_summary(st.suspect) if st.suspect else None
     attrs = {
         "cluster": cluster,
         "node_name": node_name,
@@ -133,6 +134,9 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         "reason": st.approval.reason if st.approval else None,
         "error": f"{inp.error.error}: {inp.error.cause[:1000]}" if inp.error else None,
         "dry_run": settings.dry_run,
+        # The agent's resume rule for this alarm (`sdc-remediation history` states it).
+        "resume": resume["sentence"] if resume else None,
+        "resume_step": resume["max_step"] if resume else None,
         "detail": encode_detail(detail),
     }
     # Only this execution's own remediation may change the node's STATE: a `duplicate`
