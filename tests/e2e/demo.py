@@ -71,7 +71,7 @@ def _train(pipeline: LocalPipeline, fault: bool, spool: str) -> dict[str, Any]:
     )
     job = {
         "steps": 30,
-        "schedule": {"audit_every": 5, "check_every": 5, "ckpt_every": 10, "peer_offset": 2},
+        "schedule": {"audit_every": 5, "check_every": 5, "ckpt_every": 5, "peer_offset": 2},
         "faults": faults,
         "publisher": {
             "cluster_name": cluster.hyperpod_name,
@@ -271,6 +271,7 @@ def run(argv: list[str] | None = None) -> int:
         for n in p.notifications():
             tl.say(f"  SNS: {n['subject']}")
         _check_outcome(tl, p, args, victim, victim_node, done["status"])
+        _report_resume(tl, p, alarm, result["saves"])
         return _verdict(tl)
 
 
@@ -312,6 +313,53 @@ def _check_outcome(
         tl.say(
             f"{victim_node} replaced by HyperPod: new instance {p.hyperpod.replaced[victim]} joined "
             f"group {p.cluster.instance_group}"
+        )
+
+
+def _announced_resume(p: LocalPipeline) -> tuple[str, dict[str, Any]] | None:
+    """The resume rule of the last transition notification that states one (its subject)."""
+    for n in reversed(p.notifications()):
+        try:
+            body = json.loads(n["message"] or "")
+        except ValueError:
+            continue  # the approval request: prose, stated in its own words
+        if isinstance(body, dict) and body.get("resume"):
+            return n["subject"], body["resume"]
+    return None
+
+
+def _report_resume(
+    tl: Timeline, p: LocalPipeline, alarm: dict[str, Any], saves: list[list[Any]]
+) -> None:
+    """Where the job restarts: the rule the pipeline announced, and the agent's choice among the
+    job's checkpoints (``sdc.clean_resume_step``), which must agree."""
+    import sdc_agent as sdc
+    from sdc_agent.recovery import write_alarm_record
+
+    announced = _announced_resume(p)
+    if announced is None:
+        tl.fail("no notification stated where the job may resume")
+        return
+    subject, resume = announced
+    tl.say(f"pipeline ({subject}): {resume['sentence']}")
+    checkpoints = sorted(step for step, _tags in saves)
+    with tempfile.TemporaryDirectory(prefix="sdc-demo-alarms-") as alarm_log:
+        # What Guard(alarm_dir=...) keeps next to the checkpoints; the drill's guard runs
+        # without one, so its returned alarm is recorded here, by the agent's own writer.
+        write_alarm_record(alarm_log, alarm, writer_rank=0)
+        chosen = sdc.clean_resume_step(checkpoints, alarm_log)
+        refused = sorted(sdc.explain_resume(checkpoints, alarm_log).refused)
+    bound = resume["max_step"]
+    expected = max((c for c in checkpoints if bound is not None and c <= bound), default=None)
+    tl.say(
+        f"restart: checkpoints at steps {checkpoints}; sdc.clean_resume_step -> {chosen}"
+        + (f" (resume with start_step={chosen + 1})" if chosen is not None else "")
+        + (f"; refused {refused}: inside the alarm's suspect window" if refused else "")
+    )
+    if chosen != expected:
+        tl.fail(
+            f"the agent would resume from {chosen}, the pipeline's rule allows at most {bound} "
+            f"(newest checkpoint there: {expected})"
         )
 
 

@@ -17,7 +17,8 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
     # When it runs and the on-call operator approves through the real CLI and the approval URL
     status = demo.run([])
     out = capsys.readouterr().out
-    # Then every stage happened, in order, and the node behind rank 3 was replaced
+    # Then every stage happened, in order, the node behind rank 3 was replaced, and the timeline
+    # ends with where the job resumes: the pipeline's rule, and the agent's choice by it
     assert status == 0, out
     stages = [
         "agent ALARM at step 10: check 'compute'",
@@ -36,6 +37,12 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
         "replace: mode api, requested=True",
         "workflow SUCCEEDED",
         "hyperpod-i-00000000000000001 replaced by HyperPod",
+        # the alarm's window is [5, 10]: the audit of step 5 passed, checkpoints are saved after
+        # steps 4 and 9, so the job restarts from 4, never from 9
+        "pipeline ([sdc-guard] replaced: hyperpod-i-00000000000000001): resume from the newest "
+        "checkpoint at or before step 5",
+        "restart: checkpoints at steps [4, 9]; sdc.clean_resume_step -> 4 (resume with "
+        "start_step=5); refused [9]: inside the alarm's suspect window",
         "demo OK",
     ]
     positions = [out.find(s) for s in stages]
