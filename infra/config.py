@@ -14,14 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-METRIC_NAMES: tuple[str, ...] = (
-    "sdc_nonfinite_grad",
-    "sdc_replay_mismatch",
-    "sdc_divergent_tensors",
-)
+from sdc_remediation import contract
+
+METRIC_NAMES: tuple[str, ...] = contract.SDC_ALARM_METRICS
 """The agent's alarm metrics (docs/CONTRACT.md, "Agent -> CloudWatch"): one deployed alarm each."""
 
-LIVENESS_METRIC_NAMES: tuple[str, ...] = ("sdc_audit_pass", "sdc_weight_check_pass")
+LIVENESS_METRIC_NAMES: tuple[str, ...] = contract.SDC_LIVENESS_METRICS
 """Counts the agent publishes per {ClusterName, JobName} while its checks run."""
 
 HEALTH_CHECK_TYPES: frozenset[str] = frozenset(

@@ -16,10 +16,11 @@ from infra.constructs.alarms import LivenessAlarm, PipelineAlarms, SdcAlarms
 from infra.constructs.approval import Approvals, OperatorPolicy
 from infra.constructs.dashboard import Dashboard
 from infra.constructs.eks_access import EksAccess
-from infra.constructs.functions import Functions, log_retention
+from infra.constructs.functions import SWEEP_RATE, Functions, log_retention
 from infra.constructs.ledger import Ledger
 from infra.constructs.notifications import Notifications
 from infra.constructs.rule import AlarmRule
+from infra.constructs.sweeper import SweeperSchedule
 from infra.constructs.workflow import Workflow
 
 # Margin on top of the health-check and approval windows before the execution itself times out:
@@ -52,7 +53,12 @@ class SdcGuardStack(cdk.Stack):
 
         self.ledger = Ledger(self, "Ledger")
         self.approvals = Approvals(self, "Approvals")
-        self.notifications = Notifications(self, "Notifications", emails=config.notification_emails)
+        self.notifications = Notifications(
+            self,
+            "Notifications",
+            emails=config.notification_emails,
+            alarm_name_prefix=config.resource_prefix,
+        )
         self.functions = Functions(
             self,
             "Functions",
@@ -76,6 +82,12 @@ class SdcGuardStack(cdk.Stack):
             log_retention=log_retention(config.log_retention_days),
         )
         state_machine = self.workflow.state_machine
+        self.sweeper = SweeperSchedule(
+            self,
+            "Sweeper",
+            function=self.functions.services["sweeper"].function,
+            rate=SWEEP_RATE,
+        )
 
         self.sdc_alarms = SdcAlarms(self, "SdcAlarms", config=config)
         self.rule = AlarmRule(
@@ -109,7 +121,10 @@ class SdcGuardStack(cdk.Stack):
             config=config,
             alarms=self.sdc_alarms.alarms,
             state_machine=state_machine,
-            functions=[step.function for step in self.functions.steps.values()],
+            functions=[
+                f.function
+                for f in (*self.functions.steps.values(), *self.functions.services.values())
+            ],
             dead_letter_queue=self.rule.dead_letter_queue,
             record_log_group=self.functions.steps["record"].log_group,
         )
@@ -122,8 +137,7 @@ class SdcGuardStack(cdk.Stack):
         self.operator_policy = OperatorPolicy(
             self,
             "Operators",
-            state_machine_arn=state_machine.state_machine_arn,
-            approvals=self.approvals.table,
+            approve_function=self.functions.services["approve"].function,
             ledger=self.ledger.table,
         )
         self.agent_policy = AgentPolicy(self, "Agent", config=config)
@@ -155,16 +169,19 @@ class SdcGuardStack(cdk.Stack):
                 self.agent_policy.policy.managed_policy_arn,
                 "Attach to the training pods' role so the agent can publish",
             ),
+            "ApprovalUrl": (
+                self.functions.approval_url.url,
+                "The approve function's AWS_IAM URL (SDC_APPROVAL_URL for the CLI)",
+            ),
             "ApproveCommand": (
                 cdk.Fn.join(
                     "",
                     [
-                        "sdc-remediation approve APPROVAL_ID --approvals-table ",
-                        approvals,
+                        "sdc-remediation --approval-url ",
+                        self.functions.approval_url.url,
                         " --ledger-table ",
                         ledger,
-                        " --region ",
-                        self.region,
+                        " approve APPROVAL_ID",
                     ],
                 ),
                 "Approve a pending replacement (the id is in the notification; list with `pending`)",

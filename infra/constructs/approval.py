@@ -16,8 +16,6 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from infra.constructs.ledger import BY_CLUSTER_INDEX
-
 TTL_ATTRIBUTE = "expires_at"
 
 # The keys of a Map item's state when RequestApproval runs (docs/CONTRACT.md "Workflow state").
@@ -73,6 +71,7 @@ def request_approval_task(
         payload=sfn.TaskInput.from_object(payload),
         task_timeout=sfn.Timeout.duration(timeout),
         result_path="$.approval",
+        retry_on_service_exceptions=False,  # the workflow's jittered retry covers them
         comment="Store the token under an approval id, notify, wait for `sdc-remediation approve|reject`",
     )
 
@@ -80,8 +79,11 @@ def request_approval_task(
 class OperatorPolicy(Construct):
     """Managed policy for the people who approve: attach it to their role or group.
 
-    Covers `sdc-remediation pending|approve|reject|history`: read and decide approvals, read the
-    ledger, answer the workflow's task token.
+    Covers `sdc-remediation pending|approve|reject|release` (through the approve function's
+    AWS_IAM URL: the function records the authenticated caller and alone sends task results)
+    and `history` (reads the ledger). It grants no Step Functions action and no access to the
+    approvals table: an operator can neither read a task token nor resume the workflow without
+    the function's deadline and single-use claim.
     """
 
     def __init__(
@@ -89,36 +91,36 @@ class OperatorPolicy(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        state_machine_arn: str,
-        approvals: dynamodb.ITable,
+        approve_function: lambda_.IFunction,
         ledger: dynamodb.ITable,
     ) -> None:
         super().__init__(scope, construct_id)
+        function_arns = [approve_function.function_arn]  # the URL is on the unqualified function
         self.policy = iam.ManagedPolicy(
             self,
             "Policy",
             description="sdc-guard operators: list, approve or reject pending node replacements",
             statements=[
                 iam.PolicyStatement(
-                    sid="DecideApprovals",
-                    actions=["states:SendTaskSuccess", "states:SendTaskFailure"],
-                    resources=[state_machine_arn],
+                    sid="CallTheApproveFunctionUrl",
+                    actions=["lambda:InvokeFunctionUrl"],
+                    resources=function_arns,
+                    conditions={"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}},
                 ),
                 iam.PolicyStatement(
-                    sid="ReadAndDecideApprovalRecords",
-                    actions=[
-                        "dynamodb:GetItem",
-                        "dynamodb:Query",
-                        "dynamodb:Scan",
-                        "dynamodb:UpdateItem",
-                    ],
-                    resources=[approvals.table_arn],
+                    # Function URLs created since October 2025 also need lambda:InvokeFunction;
+                    # only through the URL, or an operator could invoke the function directly
+                    # with an event naming any caller.
+                    sid="InvokeOnlyThroughTheUrl",
+                    actions=["lambda:InvokeFunction"],
+                    resources=function_arns,
+                    conditions={"Bool": {"lambda:InvokedViaFunctionUrl": "true"}},
                 ),
                 iam.PolicyStatement(
                     sid="ReadLedger",
                     # `history` without --node scans the (small) ledger.
                     actions=["dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan"],
-                    resources=[ledger.table_arn, f"{ledger.table_arn}/index/{BY_CLUSTER_INDEX}"],
+                    resources=[ledger.table_arn],
                 ),
             ],
         )

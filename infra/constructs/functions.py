@@ -23,12 +23,12 @@ from constructs import Construct
 
 from infra import bundling, nag
 from infra.config import LOG_RETENTION_DAYS, SdcConfig
-from infra.constructs.ledger import BY_CLUSTER_INDEX
+from sdc_remediation import contract
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14  # the newest: cdk-nag L1 asks for it
 ARCHITECTURE = lambda_.Architecture.ARM_64  # Graviton: cheaper per ms; every wheel we need exists
-POWERTOOLS_SERVICE_NAME = "sdc-remediation"
-POWERTOOLS_METRICS_NAMESPACE = "SDCRemediation"
+POWERTOOLS_SERVICE_NAME = contract.POWERTOOLS_SERVICE_NAME
+POWERTOOLS_METRICS_NAMESPACE = contract.POWERTOOLS_METRICS_NAMESPACE
 LOOKBACK_SECONDS = 600
 
 assert RUNTIME.name == f"python{bundling.PYTHON_VERSION}", "layer wheels must match the runtime"
@@ -55,11 +55,10 @@ STEPS: dict[str, StepSpec] = {
         kubernetes=True,
     ),
     "admit": StepSpec(
+        # No reserved concurrency: the guard's DynamoDB transaction (conditioned on the guard
+        # item's version) already serialises concurrent admissions; a limit of one only turned
+        # a storm into throttling and a failure per node.
         "Dedupe per node and apply the blast-radius guard before any cordon",
-        # One at a time: the guard counts open remediations and then admits; two concurrent
-        # admissions (two suspects in one Map, or two alarms at once) could both see room for
-        # one more. Throttled invocations are retried by the workflow (Lambda.TooManyRequests).
-        reserved_concurrency=1,
     ),
     "cordon": StepSpec("Cordon and label the suspect node", kubernetes=True),
     "uncordon": StepSpec("Uncordon a node an approver released", kubernetes=True),
@@ -71,6 +70,21 @@ STEPS: dict[str, StepSpec] = {
     "replace": StepSpec("Replace the node (BatchReplaceClusterNodes or the health label)"),
     "record": StepSpec("Record a transition in the ledger, emit a metric, notify"),
 }
+
+
+# Functions outside the workflow (same defaults, their own roles): folder -> spec.
+SERVICES: dict[str, StepSpec] = {
+    "approve": StepSpec(
+        "Decide approvals and release nodes as the IAM caller its function URL authenticated"
+    ),
+    "sweeper": StepSpec(
+        "Close remediations whose workflow execution is no longer running (scheduled)",
+        timeout_seconds=120,
+    ),
+}
+
+SWEEP_RATE = cdk.Duration.minutes(15)
+"""How often the sweeper looks for remediations whose execution ended without closing them."""
 
 
 class StepFunction(Construct):
@@ -191,9 +205,13 @@ class Functions(Construct):
             if spec.kubernetes or (folder == "replace" and config.replace_mode == "label")
         ]
         self.steps: dict[str, StepFunction] = {}
-        for folder, spec in STEPS.items():
+        """The workflow's step functions, by contract folder."""
+        self.services: dict[str, StepFunction] = {}
+        """The functions outside the workflow (SERVICES), by folder."""
+        for folder, spec in {**STEPS, **SERVICES}.items():
             in_vpc = folder in self.kubernetes_steps and vpc is not None
-            self.steps[folder] = StepFunction(
+            into = self.steps if folder in STEPS else self.services
+            into[folder] = StepFunction(
                 self,
                 _pascal(folder),
                 folder=folder,
@@ -207,7 +225,19 @@ class Functions(Construct):
                 security_groups=security_groups if in_vpc else (),
             )
 
-        self._grant(config, ledger=ledger, approvals=approvals, topic=topic, topic_key=topic_key)
+        self._grant(
+            config,
+            ledger=ledger,
+            approvals=approvals,
+            topic=topic,
+            topic_key=topic_key,
+            state_machine_arn=state_machine_arn,
+        )
+        # Operators call the approve function only through this URL: Lambda authenticates the
+        # SigV4 signature and hands the function the caller's ARN.
+        self.approval_url = self.services["approve"].function.add_function_url(
+            auth_type=lambda_.FunctionUrlAuthType.AWS_IAM
+        )
 
     def _grant(
         self,
@@ -217,6 +247,7 @@ class Functions(Construct):
         approvals: dynamodb.ITable,
         topic: sns.ITopic,
         topic_key: kms.IKey,
+        state_machine_arn: str,
     ) -> None:
         """Each step's statements, on exact ARNs; each remaining wildcard acknowledged with its reason."""
         stack = cdk.Stack.of(self)
@@ -235,7 +266,7 @@ class Functions(Construct):
         # Explicit ARNs instead of table.grant()/topic.grant_publish(): those add `index/*` and
         # `kms:GenerateDataKey*` wildcards; these are the exact resources and actions used.
         # (TransactWriteItems is authorized per item as PutItem/UpdateItem/ConditionCheckItem.)
-        ledger_arns = [ledger.table_arn, f"{ledger.table_arn}/index/{BY_CLUSTER_INDEX}"]
+        ledger_arns = [ledger.table_arn]
         ledger_rw = (
             "dynamodb:GetItem",
             "dynamodb:PutItem",
@@ -246,7 +277,7 @@ class Functions(Construct):
         ledger_read = ("dynamodb:GetItem", "dynamodb:Query")
 
         def allow(folder: str, sid: str, actions: Sequence[str], resources: Sequence[str]) -> None:
-            self.steps[folder].role.add_to_policy(
+            self._function(folder).role.add_to_policy(
                 iam.PolicyStatement(sid=sid, actions=list(actions), resources=list(resources))
             )
 
@@ -322,10 +353,39 @@ class Functions(Construct):
         allow("record", "Ledger", ledger_rw, ledger_arns)
         allow_notify("record")
 
+        # The approve function is the only principal that reads task tokens and sends task
+        # results (operators reach it through its AWS_IAM function URL).
+        allow(
+            "approve",
+            "DecideApprovals",
+            ["dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Scan"],
+            [approvals.table_arn],
+        )
+        allow("approve", "SendDecision", ["states:SendTaskSuccess"], [state_machine_arn])
+        allow("approve", "ReleaseNodes", ledger_rw, ledger_arns)
+
+        allow("sweeper", "Ledger", (*ledger_rw, "dynamodb:Scan"), ledger_arns)
+        executions_arn = stack.format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{config.resource_prefix}:*",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+        allow(
+            "sweeper", "DescribeWorkflowExecutions", ["states:DescribeExecution"], [executions_arn]
+        )
+        nag.acknowledge(
+            self.services["sweeper"].role,
+            nag.wildcard_resource_finding(self, executions_arn),
+            "DescribeExecution (read only) on the executions of this stack's state machine; "
+            "execution names are made at run time",
+        )
+        allow_notify("sweeper")
+
         for folder in self.kubernetes_steps:
             allow(folder, "DescribeEksCluster", ["eks:DescribeCluster"], [eks_arn])
 
-        for folder, step in self.steps.items():
+        for folder, step in {**self.steps, **self.services}.items():
             reasons = [
                 "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) have no resource-level permissions"
             ]
@@ -338,6 +398,10 @@ class Functions(Construct):
                     "the Lambda VPC network-interface calls have no resource-level permissions for Describe*"
                 )
             nag.acknowledge(step.role, nag.ANY_RESOURCE, "; ".join(reasons))
+
+    def _function(self, folder: str) -> StepFunction:
+        """A step's or a service's function."""
+        return self.steps[folder] if folder in self.steps else self.services[folder]
 
     @property
     def kubernetes_roles(self) -> dict[str, iam.IRole]:
@@ -355,23 +419,27 @@ class Functions(Construct):
         state_machine_arn: str,
     ) -> dict[str, str]:
         """The environment docs/CONTRACT.md ("Lambdas: environment") promises every handler."""
+        env = {
+            contract.HYPERPOD_CLUSTER_NAME: config.hyperpod_cluster_name,
+            contract.EKS_CLUSTER_NAME: config.eks_cluster_name,
+            contract.METRIC_NAMESPACE: config.namespace,
+            contract.REPORT_LOG_GROUP: config.report_log_group,
+            contract.LOOKBACK_SECONDS: str(LOOKBACK_SECONDS),
+            contract.LEDGER_TABLE: ledger.table_name,
+            contract.APPROVALS_TABLE: approvals.table_name,
+            contract.TOPIC_ARN: topic.topic_arn,
+            contract.MAX_NODES_PER_HOUR: str(config.max_nodes_per_hour),
+            contract.MAX_FRACTION: str(config.max_fraction),
+            contract.HEALTH_CHECKS: ",".join(config.health_checks),
+            contract.HEALTH_CHECK_TIMEOUT_SECONDS: str(config.health_check_timeout_seconds),
+            contract.REPLACE_MODE: config.replace_mode,
+            contract.APPROVAL_TTL_SECONDS: str(config.approval_ttl_seconds),
+            contract.APPROVAL_TIMEOUT_SECONDS: str(config.approval_timeout_seconds),
+            contract.DRY_RUN: "true" if config.dry_run else "false",
+            contract.STATE_MACHINE_ARN: state_machine_arn,
+        }
         return {
-            "HYPERPOD_CLUSTER_NAME": config.hyperpod_cluster_name,
-            "EKS_CLUSTER_NAME": config.eks_cluster_name,
-            "METRIC_NAMESPACE": config.namespace,
-            "REPORT_LOG_GROUP": config.report_log_group,
-            "LOOKBACK_SECONDS": str(LOOKBACK_SECONDS),
-            "LEDGER_TABLE": ledger.table_name,
-            "APPROVALS_TABLE": approvals.table_name,
-            "TOPIC_ARN": topic.topic_arn,
-            "MAX_NODES_PER_HOUR": str(config.max_nodes_per_hour),
-            "MAX_FRACTION": str(config.max_fraction),
-            "HEALTH_CHECKS": ",".join(config.health_checks),
-            "HEALTH_CHECK_TIMEOUT_SECONDS": str(config.health_check_timeout_seconds),
-            "REPLACE_MODE": config.replace_mode,
-            "APPROVAL_TTL_SECONDS": str(config.approval_ttl_seconds),
-            "DRY_RUN": "true" if config.dry_run else "false",
-            "STATE_MACHINE_ARN": state_machine_arn,
+            **env,
             "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": POWERTOOLS_METRICS_NAMESPACE,
             "LOG_LEVEL": "INFO",

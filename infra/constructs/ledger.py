@@ -6,15 +6,13 @@ import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
-BY_CLUSTER_INDEX = "by_cluster"
-"""GSI: admissions per hour and open remediations per cluster (partition `cluster`, sort
-`admitted_at`)."""
-
 
 class Ledger(Construct):
     """Every node's current remediation (`sk="STATE"`) and each transition (`sk="EVENT#..."`).
 
-    Retained on stack deletion: it is the repeat-offender history of the fleet's GPUs.
+    Retained on stack deletion: it is the repeat-offender history of the fleet's GPUs. No
+    secondary index: the guard counts from its own item (an index is eventually consistent), and
+    the sweeper and `history` scan the small table.
     """
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
@@ -30,10 +28,4 @@ class Ledger(Construct):
                 point_in_time_recovery_enabled=True
             ),
             removal_policy=cdk.RemovalPolicy.RETAIN,
-        )
-        self.table.add_global_secondary_index(
-            index_name=BY_CLUSTER_INDEX,
-            partition_key=dynamodb.Attribute(name="cluster", type=dynamodb.AttributeType.STRING),
-            sort_key=dynamodb.Attribute(name="admitted_at", type=dynamodb.AttributeType.STRING),
-            projection_type=dynamodb.ProjectionType.ALL,
         )

@@ -20,8 +20,30 @@ class Notifications(Construct):
     cannot grant that to the CloudWatch service.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, emails: Sequence[str]) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        emails: Sequence[str],
+        alarm_name_prefix: str,
+    ) -> None:
         super().__init__(scope, construct_id)
+        stack = cdk.Stack.of(self)
+        # Only this account's alarms whose names carry the stack's prefix (every alarm the stack
+        # makes: infra/constructs/alarms.py) may make CloudWatch publish here: the service
+        # principal alone would let any account's alarm use the topic (confused deputy).
+        from_our_alarms = {
+            "StringEquals": {"aws:SourceAccount": stack.account},
+            "ArnLike": {
+                "aws:SourceArn": stack.format_arn(
+                    service="cloudwatch",
+                    resource="alarm",
+                    resource_name=f"{alarm_name_prefix}-*",
+                    arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+                )
+            },
+        }
         self.key = kms.Key(
             self,
             "Key",
@@ -37,6 +59,7 @@ class Notifications(Construct):
                 principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
                 actions=["kms:Decrypt", "kms:GenerateDataKey*"],
                 resources=["*"],  # in a key policy "*" means this key
+                conditions=from_our_alarms,
             )
         )
         self.topic = sns.Topic(
@@ -45,6 +68,19 @@ class Notifications(Construct):
             display_name="sdc-guard",
             master_key=self.key,
             enforce_ssl=True,
+        )
+        # enforce_ssl makes CDK emit an AWS::SNS::TopicPolicy that replaces the topic's default
+        # policy and holds only the TLS Deny: without this statement the alarms on the pipeline
+        # itself (workflow failed, undelivered events, liveness) could not publish. The
+        # functions publish with their own roles (same account: their IAM policy is enough).
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchAlarmsToPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[self.topic.topic_arn],
+                conditions=from_our_alarms,
+            )
         )
         for email in emails:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))

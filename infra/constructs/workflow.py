@@ -37,10 +37,19 @@ TRANSIENT_ERRORS: tuple[str, ...] = (
     "ClusterApiUnavailable",
     "AwsApiUnavailable",
     "ReportNotYetVisible",
-    # Throttling of our own functions (admit runs one at a time on purpose).
+    # Throttling of our own functions (account concurrency under a storm).
     "Lambda.TooManyRequestsException",
 )
-"""Retried with exponential backoff; CDK adds the other Lambda service exceptions itself."""
+"""Retried with exponential, fully jittered backoff."""
+
+LAMBDA_SERVICE_ERRORS: tuple[str, ...] = (
+    "Lambda.ClientExecutionTimeoutException",
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+)
+"""What CDK's LambdaInvoke would retry by itself (without jitter); retried by `_retry_transient`
+instead, with the same jittered backoff (`retry_on_service_exceptions=False` on every task)."""
 
 TERMINAL_ERRORS: tuple[str, ...] = (
     "InvalidAlarmEvent",
@@ -60,6 +69,13 @@ TERMINAL_ERRORS: tuple[str, ...] = (
 RETRY_INTERVAL = cdk.Duration.seconds(5)
 RETRY_MAX_ATTEMPTS = 6
 RETRY_BACKOFF_RATE = 2.0
+# Full jitter: the items of one storm that lost the guard's transaction race retry at random
+# times within the backoff instead of all together again.
+RETRY_JITTER = sfn.JitterType.FULL
+
+MAP_MAX_CONCURRENCY = 10
+"""Suspects of one alarm remediated at once. The guard admits few nodes anyway (its transaction
+serialises the admissions); this bounds the Lambda concurrency a 64-node alarm can cause."""
 
 ERROR_PATH = "$.error"
 """Where a Catch puts {Error, Cause}; the record step reads it."""
@@ -145,6 +161,7 @@ class Workflow(Construct):
             payload=sfn.TaskInput.from_json_path_at("$"),
             result_selector={"Payload": sfn.JsonPath.object_at("$.Payload")},
             result_path=f"$.{result_key}",
+            retry_on_service_exceptions=False,
         )
         _retry_transient(task)
         unwrap = sfn.Pass(
@@ -164,6 +181,9 @@ class Workflow(Construct):
             "transition": transition,
             "notify": notify,
             "state": sfn.JsonPath.object_at("$"),
+            # What the execution itself knows: the recorder closes this execution's own
+            # remediation by it even when the state lost a step's output.
+            "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
         }
         if with_error:
             payload["error"] = sfn.JsonPath.object_at(ERROR_PATH)
@@ -173,6 +193,7 @@ class Workflow(Construct):
             lambda_function=self._functions["record"],
             payload=sfn.TaskInput.from_object(payload),
             result_path=sfn.JsonPath.DISCARD,
+            retry_on_service_exceptions=False,
         )
         _retry_transient(task)
         return task
@@ -208,6 +229,7 @@ class Workflow(Construct):
             payload=sfn.TaskInput.from_json_path_at("$"),
             # The state becomes {alarm, suspects, ambiguous, reports}.
             output_path="$.Payload",
+            retry_on_service_exceptions=False,
         )
         _retry_transient(localize)
         _catch_terminal(localize, record_failed)
@@ -220,6 +242,9 @@ class Workflow(Construct):
                 "alarm": sfn.JsonPath.object_at("$.alarm"),
                 "suspect": sfn.JsonPath.object_at("$$.Map.Item.Value"),
                 "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
+                # With the execution id, what keys this remediation whatever the steps return
+                # (one admission per instance per alarm; closing a remediation on any path).
+                "item": sfn.JsonPath.number_at("$$.Map.Item.Index"),
                 # admit refuses a whole alarm that names more nodes than the blast radius allows.
                 "suspects_in_alarm": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.suspects")),
             },
@@ -227,6 +252,7 @@ class Workflow(Construct):
             # Step Functions' 256 KiB (States.DataLimitExceeded cannot be caught). Each item's
             # outcome is in the ledger and in the execution history.
             result_path=sfn.JsonPath.DISCARD,
+            max_concurrency=MAP_MAX_CONCURRENCY,
             comment="One remediation per suspect node, independent of the others",
         )
         remediate.item_processor(self._remediate_one(approval_timeout, health_check_poll))
@@ -238,6 +264,17 @@ class Workflow(Construct):
             _catch_terminal(task, record_failed)
         suspects = (
             sfn.Choice(self, "AnySuspects")
+            # A Choice on a missing path is a States.Runtime error no Catch sees: every path
+            # the definition reads is checked for presence first.
+            .when(
+                sfn.Condition.or_(
+                    sfn.Condition.is_not_present("$.ambiguous"),
+                    sfn.Condition.is_not_present("$.alarm"),
+                ),
+                self._unexpected(
+                    "UnknownLocalization", "localize returned no ambiguous/alarm"
+                ).next(record_failed),
+            )
             .when(sfn.Condition.boolean_equals("$.ambiguous", True), record_ambiguous)
             .when(sfn.Condition.is_not_present("$.suspects[0]"), record_no_suspects)
             .otherwise(remediate)
@@ -278,6 +315,10 @@ class Workflow(Construct):
         admitted.next(
             sfn.Choice(self, "AdmissionDecision")
             .when(
+                sfn.Condition.is_not_present("$.admission.decision"),
+                self._unexpected("NoAdmission", "admit returned no decision").next(record_failed),
+            )
+            .when(
                 sfn.Condition.string_equals("$.admission.decision", "duplicate"),
                 record("RecordDuplicate", "duplicate", notify=False),
             )
@@ -296,7 +337,15 @@ class Workflow(Construct):
         # Cordon, then the deep health check and its poll loop.
         wait = sfn.Wait(self, "WaitForHealthCheck", time=sfn.WaitTime.duration(health_check_poll))
         cordoned.next(record("RecordCordoned", "cordoned", notify=True)).next(start_check)
-        started.next(wait)
+        started.next(
+            sfn.Choice(self, "HealthCheckStarted")
+            .when(sfn.Condition.is_present("$.health.status"), wait)
+            .otherwise(
+                self._unexpected("NoStartStatus", "start_health_check returned no status").next(
+                    record_failed
+                )
+            )
+        )
         wait.next(poll_check)
 
         # Approval: the decision comes back as the task's output at $.approval.
@@ -316,6 +365,12 @@ class Workflow(Construct):
 
         polled.next(
             sfn.Choice(self, "HealthCheckStatus")
+            .when(
+                sfn.Condition.is_not_present("$.health.status"),
+                self._unexpected("NoHealthStatus", "poll_health_check returned no status").next(
+                    record_failed
+                ),
+            )
             .when(sfn.Condition.string_equals("$.health.status", "in_progress"), wait)
             .when(
                 # HyperPod's automatic node recovery already replaced the node: nothing to
@@ -354,6 +409,15 @@ class Workflow(Construct):
         approval.next(
             sfn.Choice(self, "ApprovalDecision")
             .when(
+                sfn.Condition.or_(
+                    sfn.Condition.is_not_present("$.approval.decision"),
+                    sfn.Condition.is_not_present("$.approval.approver"),
+                ),
+                self._unexpected(
+                    "IncompleteDecision", "the approval carried no decision or no approver"
+                ).next(record_failed),
+            )
+            .when(
                 sfn.Condition.string_equals("$.approval.decision", "approve"),
                 record("RecordApproved", "approved", notify=False).next(replace),
             )
@@ -387,10 +451,11 @@ class Workflow(Construct):
 
 def _retry_transient(task: sfn.TaskStateBase) -> None:
     task.add_retry(
-        errors=list(TRANSIENT_ERRORS),
+        errors=[*LAMBDA_SERVICE_ERRORS, *TRANSIENT_ERRORS],
         interval=RETRY_INTERVAL,
         max_attempts=RETRY_MAX_ATTEMPTS,
         backoff_rate=RETRY_BACKOFF_RATE,
+        jitter_strategy=RETRY_JITTER,
     )
 
 

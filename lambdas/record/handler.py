@@ -6,9 +6,8 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from sdc_remediation import steps
+from sdc_remediation import recording
 from sdc_remediation.config import settings
-from sdc_remediation.models import RecordInput, parse_step
 from sdc_remediation.observability import logger, metrics, tracer
 
 
@@ -16,6 +15,9 @@ from sdc_remediation.observability import logger, metrics, tracer
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """Append the transition to the ledger, emit its metric, notify when asked."""
-    inp = parse_step(event, RecordInput)
-    return steps.record(inp, settings()).model_dump(mode="json")
+    """Append the transition to the ledger, emit its metric, notify when asked.
+
+    A damaged state is salvaged rather than refused: this step is where every failure ends.
+    """
+    inp, node = recording.parse_record_input(event)
+    return recording.record(inp, settings(), node).model_dump(mode="json")

@@ -154,8 +154,14 @@ class Approvals:
         *,
         release: bool = False,
         reason: str = "",
+        approver: str | None = None,
     ) -> ApprovalDecision:
         """Claim the request, then resume the workflow with SendTaskSuccess.
+
+        ``approver`` is the authenticated IAM ARN of whoever decides: the approve function passes
+        the caller its function URL authenticated (``requestContext.authorizer.iam.userArn``);
+        None asks STS for this process's own identity (the direct path, for principals allowed
+        to send task results themselves). Never a name taken from a request body.
 
         The claim (a conditional update from ``pending`` to ``sending``, which stores the
         decision) makes two concurrent approvers safe: exactly one sends the decision. Then:
@@ -168,7 +174,7 @@ class Approvals:
           first send already resumed, Step Functions answers TaskTimedOut/InvalidToken, read
           then as "already decided".
         """
-        approver = caller_arn()
+        approver = approver or caller_arn()
         item = self.get(approval_id)
         if item.get("status") == SENDING:
             return self._resend(item, decision)

@@ -1,7 +1,12 @@
-"""The operator CLI: ``sdc-remediation pending | approve | reject | history``.
+"""The operator CLI: ``sdc-remediation pending | approve | reject | release | history``.
 
-A thin layer over ``approvals`` and ``ledger``: every domain error ends with one line on stderr
-and exit status 1, never a traceback.
+Decisions and releases go to the approve function's URL (``--approval-url`` /
+``SDC_APPROVAL_URL``, the stack output ``ApprovalUrl``), SigV4-signed with your credentials: the
+function records the IAM identity AWS authenticated, and it alone can resume the workflow.
+Without a URL the CLI works on the tables directly (``approvals`` and ``ledger``) as your own
+identity, which needs permissions the operator policy does not grant (task results, task
+tokens): that path is for administrators and local stand-ins. ``history`` always reads the
+ledger. Every domain error ends with one line on stderr and exit status 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import Any
 import botocore.exceptions
 import click
 
-from .approvals import Approvals
+from .approval_client import ApprovalService
+from .approvals import Approvals, caller_arn
 from .errors import ConfigurationError, NoCredentials, RemediationError
 from .ledger import Ledger
 
@@ -78,17 +84,37 @@ def _ledger(ctx: click.Context) -> Ledger:
     envvar="SDC_LEDGER_TABLE",
     help="DynamoDB ledger table (env SDC_LEDGER_TABLE).",
 )
+@click.option(
+    "--approval-url",
+    envvar="SDC_APPROVAL_URL",
+    help="The approve function's URL (stack output ApprovalUrl; env SDC_APPROVAL_URL).",
+)
 @click.option("--region", help="AWS region (default: your AWS configuration).")
 @click.pass_context
 def main(
-    ctx: click.Context, approvals_table: str | None, ledger_table: str | None, region: str | None
+    ctx: click.Context,
+    approvals_table: str | None,
+    ledger_table: str | None,
+    region: str | None,
+    approval_url: str | None = None,
 ) -> None:
     """Review and decide sdc-guard remediations (approvals wait 24 h by default)."""
     if region:
         # boto3 picks the region up from here for every client this process creates.
         os.environ["AWS_DEFAULT_REGION"] = region
         os.environ["AWS_REGION"] = region
-    ctx.obj = {"approvals_table": approvals_table, "ledger_table": ledger_table}
+    ctx.obj = {
+        "approvals_table": approvals_table,
+        "ledger_table": ledger_table,
+        "approval_url": approval_url,
+        "region": region,
+    }
+
+
+def _service(ctx: click.Context) -> ApprovalService | None:
+    """The approve function's client when a URL is configured (None: the direct path)."""
+    url = ctx.obj.get("approval_url")
+    return ApprovalService(url, region=ctx.obj.get("region")) if url else None
 
 
 @main.command()
@@ -98,7 +124,8 @@ def main(
 def pending(ctx: click.Context, as_json: bool) -> None:
     """List approval requests waiting for a decision, with their evidence (and decisions whose
     sending had an unknown outcome)."""
-    items = _approvals(ctx).pending()
+    service = _service(ctx)
+    items = service.call("pending")["pending"] if service else _approvals(ctx).pending()
     if as_json:
         click.echo(json.dumps(items, indent=2, default=str))
         return
@@ -114,6 +141,8 @@ def pending(ctx: click.Context, as_json: bool) -> None:
             f"window={ev.get('suspect_window')} health={health} "
             f"earlier={len(ev.get('previous_remediations', []))}  requested {item['created_at']}"
         )
+        if ev.get("resume"):
+            click.echo(f"    resume rule: {ev['resume'].get('sentence')}")
         click.echo(f"    suggested: {ev.get('suggested_action', '')}")
         if item.get("status") == "sending":
             click.echo(
@@ -129,8 +158,12 @@ def pending(ctx: click.Context, as_json: bool) -> None:
 @_fail_cleanly
 def approve(ctx: click.Context, approval_id: str, reason: str) -> None:
     """Approve replacing the node of APPROVAL_ID."""
-    result = _approvals(ctx).decide(approval_id, "approve", reason=reason)
-    click.echo(f"Approved {approval_id} as {result.approver}: the node will be replaced.")
+    service = _service(ctx)
+    if service:
+        approver = service.call("approve", approval_id=approval_id, reason=reason)["approver"]
+    else:
+        approver = _approvals(ctx).decide(approval_id, "approve", reason=reason).approver
+    click.echo(f"Approved {approval_id} as {approver}: the node will be replaced.")
 
 
 @main.command()
@@ -143,9 +176,17 @@ def approve(ctx: click.Context, approval_id: str, reason: str) -> None:
 @_fail_cleanly
 def reject(ctx: click.Context, approval_id: str, release: bool, reason: str) -> None:
     """Reject replacing the node of APPROVAL_ID."""
-    result = _approvals(ctx).decide(approval_id, "reject", release=release, reason=reason)
+    service = _service(ctx)
+    if service:
+        approver = service.call("reject", approval_id=approval_id, release=release, reason=reason)[
+            "approver"
+        ]
+    else:
+        approver = (
+            _approvals(ctx).decide(approval_id, "reject", release=release, reason=reason).approver
+        )
     outcome = "it will be uncordoned" if release else "it stays cordoned"
-    click.echo(f"Rejected {approval_id} as {result.approver}: {outcome}.")
+    click.echo(f"Rejected {approval_id} as {approver}: {outcome}.")
 
 
 @main.command()
@@ -166,8 +207,34 @@ def history(ctx: click.Context, node: str | None, as_json: bool) -> None:
     if not events:
         click.echo("No recorded transitions.")
         return
+    stated: set[str] = set()
     for e in events:
         who = f" by {e['approver']}" if e.get("approver") else ""
         click.echo(
             f"{e['at']}  {e['pk']}  {e.get('node_name') or '-'}  {e['transition']}{who}  {e['remediation_id']}"
         )
+        if e.get("resume") and e["remediation_id"] not in stated:
+            # Once per remediation: the rule is the alarm's, the same on each of its events.
+            stated.add(e["remediation_id"])
+            click.echo(f"    resume rule: {e['resume']}")
+
+
+@main.command()
+@click.argument("node")
+@click.option("--reason", default="", help="Why (recorded in the ledger).")
+@click.pass_context
+@_fail_cleanly
+def release(ctx: click.Context, node: str, reason: str) -> None:
+    """Tell the blast-radius guard that NODE (hyperpod-i-... or i-...) is back in service.
+
+    A node sdc-guard cordoned keeps counting against MAX_NODES_PER_HOUR and MAX_FRACTION until
+    released: after a rejection that kept it cordoned, an approval timeout, a failure or an
+    abandoned run. Uncordon it (kubectl uncordon) or replace it first; this command does not
+    touch Kubernetes. Your IAM identity is recorded as who released it.
+    """
+    service = _service(ctx)
+    if service:
+        instance_id = service.call("release", node=node, reason=reason)["released"]
+    else:
+        instance_id = _ledger(ctx).release(None, node, released_by=caller_arn(), reason=reason)
+    click.echo(f"Released {instance_id}: it no longer counts against the blast-radius guard.")

@@ -4,13 +4,20 @@ Nothing is read at import time: a Lambda's handler module imports this package d
 phase, and tests set the environment per test. Each property reads its variable when first used,
 so a function that never cordons does not need the Kubernetes settings. See docs/CONTRACT.md
 ("Lambdas: environment") for the list the CDK app sets.
+
+A host that runs several functions in one process (the local pipeline of tests/e2e) gives each
+invocation its own variables with :func:`environment` instead of writing ``os.environ``: the
+process environment is shared by every thread, and botocore iterates it while building clients.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import re
-from collections.abc import Mapping
+from collections import ChainMap
+from collections.abc import Iterator, Mapping
 from typing import Literal
 
 from .errors import ConfigurationError
@@ -24,6 +31,25 @@ _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no", ""}
 
+# Variables of the invocation running in this context, read before os.environ. A ContextVar is
+# per thread (and per asyncio task), so concurrent invocations never see each other's.
+_INVOCATION_ENV: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "sdc_remediation_invocation_env", default=None
+)
+
+
+@contextlib.contextmanager
+def environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, :class:`Settings` read ``variables`` before ``os.environ``, in this
+    thread (or task) only; nested blocks layer over the outer one. ``os.environ`` is untouched.
+    """
+    outer = _INVOCATION_ENV.get()
+    token = _INVOCATION_ENV.set(dict(variables) if outer is None else {**outer, **variables})
+    try:
+        yield
+    finally:
+        _INVOCATION_ENV.reset(token)
+
 
 class Settings:
     """Typed, validated view of the remediation environment variables.
@@ -32,7 +58,12 @@ class Settings:
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        self._env = os.environ if environ is None else environ
+        """``environ`` replaces the environment; by default the variables of the enclosing
+        :func:`environment` block, then ``os.environ`` (read when a property is used)."""
+        if environ is None:
+            invocation = _INVOCATION_ENV.get()
+            environ = os.environ if invocation is None else ChainMap(dict(invocation), os.environ)
+        self._env = environ
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -153,6 +184,15 @@ class Settings:
         return self._optional("STATE_MACHINE_ARN")
 
     @property
+    def approval_url(self) -> str | None:
+        """APPROVAL_URL: the approve function's AWS_IAM URL, quoted in approval messages
+        (optional: without it the message names the approvals table, the direct path)."""
+        value = self._optional("APPROVAL_URL")
+        if value is not None and not value.startswith("https://"):
+            raise ConfigurationError(f"APPROVAL_URL must be an https:// URL, got {value!r}")
+        return value
+
+    @property
     def approval_ttl_seconds(self) -> int:
         """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
         timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""
@@ -160,12 +200,20 @@ class Settings:
 
     @property
     def approval_timeout_seconds(self) -> int:
-        """How long the workflow waits for a decision (the RequestApproval task's timeout).
+        """APPROVAL_TIMEOUT_SECONDS: how long the workflow waits for a decision (the
+        RequestApproval task's timeout); infra sets it beside APPROVAL_TTL_SECONDS.
 
-        Not passed to the functions on its own: infra sets APPROVAL_TTL_SECONDS to it plus one
-        day (``approval_ttl_seconds`` in infra/config.py, so a late CLI call finds the record
-        and says "expired" rather than "not found"), and this undoes that.
+        When it is not set (an environment from before it existed), it is derived as before:
+        the TTL minus the one day infra adds to it.
         """
+        if self._optional("APPROVAL_TIMEOUT_SECONDS") is not None:
+            timeout = self._int("APPROVAL_TIMEOUT_SECONDS", 86400, minimum=60)
+            if timeout > self.approval_ttl_seconds:
+                raise ConfigurationError(
+                    f"APPROVAL_TIMEOUT_SECONDS ({timeout}) must not exceed APPROVAL_TTL_SECONDS "
+                    f"({self.approval_ttl_seconds}): the record must outlive the wait"
+                )
+            return timeout
         timeout = self.approval_ttl_seconds - APPROVAL_TTL_MARGIN_SECONDS
         if timeout < 60:
             raise ConfigurationError(
@@ -234,5 +282,6 @@ class Settings:
 
 
 def settings() -> Settings:
-    """The settings of the current process environment (cheap: nothing is read until used)."""
+    """The settings of this invocation: its :func:`environment` block, else the process
+    environment (cheap: nothing is read until used)."""
     return Settings()

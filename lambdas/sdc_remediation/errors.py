@@ -117,3 +117,10 @@ __all__ = [
     "ReportNotYetVisible",
     "UntrustedReport",
 ]
+
+
+class NodeNotHeld(RemediationError):
+    """``sdc-remediation release``: the blast-radius guard does not hold that node."""
+
+
+__all__ += ["NodeNotHeld"]

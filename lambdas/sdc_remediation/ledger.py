@@ -3,46 +3,51 @@ and a transition history per node (repeat offenders).
 
 Items (docs/CONTRACT.md, "DynamoDB tables"):
 - ``pk=<instance id>, sk=STATE``: the node's current remediation (``open``, ``remediation_id``,
-  ``status``, ``cluster``, ``admitted_at``, ``node_name``, ``execution``).
+  ``status``, ``cluster``, ``admitted_at``, ``node_name``, ``execution``, ``item``).
 - ``pk=<instance id>, sk=EVENT#<iso time>#<remediation id>#<n>``: one per transition.
   Cluster-level transitions (ambiguous, no suspects, a failure before any node is known) use
   ``pk=CLUSTER#<cluster>``.
 - ``pk=GUARD#<cluster>, sk=GUARD``: the guard's own item (``version``, ``admissions`` in the last
-  hour, ``open_instances``). It carries no ``cluster``/``admitted_at``, so the ``by_cluster`` GSI
-  never sees it.
+  hour, ``open_instances`` in flight, ``held``: nodes admitted and not released).
 
 A remediation is open from its admission until ``record`` writes any terminal transition for
-it (released, replaced, replaced_by_hyperpod, rejected, approval_timed_out, failed): ``close``
-then frees the node and its place in ``open_instances``. ``duplicate`` therefore means a
-remediation still in flight; a node left cordoned after a human decision, a timeout or a failure
-is admitted again (as a new remediation) by its next alarm. The hourly admission count is kept
-regardless of closing.
+it (released, replaced, replaced_by_hyperpod, rejected, approval_timed_out, failed) or the
+sweeper closes it (abandoned): ``close`` then frees the node and its place in
+``open_instances``. ``duplicate`` therefore means a remediation still in flight. The node stays
+in ``held`` (out of service: it counts against the guard, ``admission.decide``) until a
+transition that puts it back or removes it (``RELEASING_TRANSITIONS``) or an operator's
+``release``. The hourly admission count is kept regardless of closing.
 
-Why a guard item: the GSI is eventually consistent, so counting admissions through it lets two
-concurrent alarms both see "1 admitted" and both admit. Every admission instead rewrites the
-guard item under ``version = :read_version`` in the same transaction that claims the node's STATE
-(``open`` must be false or absent), so concurrent admissions serialise: a loser re-reads and
-re-decides. The same transaction makes a duplicate event a no-op.
+Why a guard item: a secondary index is eventually consistent, so counting admissions through it
+lets two concurrent alarms both see "1 admitted" and both admit. Every admission instead
+rewrites the guard item under ``version = :read_version`` in the same transaction that claims
+the node's STATE (``open`` must be false or absent), so concurrent admissions serialise: a loser
+re-reads and re-decides. The same transaction makes a duplicate event a no-op.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import uuid
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import botocore.exceptions
 
 from . import aws, clock
+from .admission import (
+    WINDOW,
+    AdmitDecision,
+    AdmitRequest,
+    GuardSnapshot,
+    decide,
+    max_open,
+    recent_admissions,
+)
 from .dynamo import from_item, to_item
-from .errors import AwsApiUnavailable
+from .errors import AwsApiUnavailable, NodeNotHeld
 
 STATE_SK = "STATE"
 GUARD_SK = "GUARD"
-WINDOW = timedelta(hours=1)
 _MAX_ATTEMPTS = 8
 
 
@@ -56,38 +61,10 @@ def cluster_pk(cluster: str) -> str:
     return f"CLUSTER#{cluster}"
 
 
-@dataclass(frozen=True)
-class AdmitRequest:
-    """What admission needs to know about one suspect."""
-
-    cluster: str
-    instance_id: str
-    node_name: str
-    execution: str
-    cluster_nodes: int
-    max_nodes_per_hour: int
-    max_fraction: float
-    suspects_in_alarm: int = 1
-    """How many nodes the alarm that named this one names in all."""
-
-
-@dataclass(frozen=True)
-class AdmitDecision:
-    """The ledger's answer: admitted, duplicate or circuit_open, and why."""
-
-    decision: str
-    remediation_id: str | None
-    reason: str
-
-
-def max_open(cluster_nodes: int, max_fraction: float) -> int:
-    """How many nodes may be in remediation at once.
-
-    At least one: on a small cluster ``MAX_FRACTION`` of the nodes is below one node, and a guard
-    that can never admit anything would disable the system there. ``MAX_NODES_PER_HOUR`` still
-    caps the rate.
-    """
-    return max(1, math.floor(cluster_nodes * max_fraction))
+# Transitions after which the node is back in service or gone: its guard hold ends with them.
+# Every other closing transition (rejected and kept, approval timed out, failed, abandoned)
+# leaves the node cordoned, and it keeps counting against the guard until released.
+RELEASING_TRANSITIONS = frozenset({"released", "replaced", "replaced_by_hyperpod"})
 
 
 class Ledger:
@@ -114,58 +91,34 @@ class Ledger:
     def guard(self, cluster: str) -> dict[str, Any]:
         """The cluster's guard item (a fresh one at version 0 when absent)."""
         item = self._get(guard_pk(cluster), GUARD_SK)
-        return item or {"version": 0, "admissions": [], "open_instances": []}
+        guard = item or {"version": 0, "admissions": [], "open_instances": []}
+        guard.setdefault("held", [])
+        return guard
 
     # -- admission ----------------------------------------------------------------------------
 
     def admit(self, req: AdmitRequest) -> AdmitDecision:
-        """Claim the node for a remediation, unless it is open already or the guard trips."""
+        """Claim the node for a remediation, unless it is open already or the guard trips.
+
+        The decision is ``admission.decide`` on the node's STATE and the guard item; an
+        ``admitted`` one is committed under the guard's version, and a lost race re-reads.
+        """
         for _ in range(_MAX_ATTEMPTS):
             state = self.state(req.instance_id)
-            if state and state.get("open"):
-                if state.get("execution") == req.execution:
-                    # Our own earlier attempt wrote it (the Lambda was retried): same answer.
-                    return AdmitDecision(
-                        "admitted", state["remediation_id"], "already admitted by this execution"
-                    )
-                return AdmitDecision(
-                    "duplicate",
-                    state.get("remediation_id"),
-                    f"node {req.node_name} already has open remediation {state.get('remediation_id')} "
-                    f"({state.get('status')})",
-                )
             guard = self.guard(req.cluster)
             now = clock.now()
-            recent = [a for a in guard["admissions"] if a["at"] > int((now - WINDOW).timestamp())]
-            open_now = [i for i in guard["open_instances"] if i != req.instance_id]
-            limit_open = max_open(req.cluster_nodes, req.max_fraction)
-            budget = min(req.max_nodes_per_hour, limit_open)
-            if req.suspects_in_alarm > budget:
-                # An alarm naming more nodes than the guard would ever admit is a storm on its
-                # own: cordoning the first few of them would be arbitrary. Refuse them all.
-                return AdmitDecision(
-                    "circuit_open",
-                    None,
-                    f"one alarm names {req.suspects_in_alarm} nodes, more than the blast radius "
-                    f"allows ({budget}): many nodes at once is more likely software than hardware; "
-                    "nothing is cordoned",
-                )
-            if len(recent) >= req.max_nodes_per_hour:
-                return AdmitDecision(
-                    "circuit_open",
-                    None,
-                    f"{len(recent)} node(s) admitted in the last hour (MAX_NODES_PER_HOUR="
-                    f"{req.max_nodes_per_hour}): many nodes at once is more likely software than hardware",
-                )
-            if len(open_now) + 1 > limit_open:
-                return AdmitDecision(
-                    "circuit_open",
-                    None,
-                    f"{len(open_now)} of {req.cluster_nodes} node(s) already in remediation; one more "
-                    f"exceeds MAX_FRACTION={req.max_fraction} (limit {limit_open})",
-                )
+            snapshot = GuardSnapshot(
+                node=state,
+                admissions=guard["admissions"],
+                open_instances=guard["open_instances"],
+                held=guard["held"],
+            )
+            decision = decide(req, snapshot, now)
+            if decision.decision != "admitted" or decision.remediation_id is not None:
+                return decision
             remediation_id = f"r-{uuid.uuid4().hex[:16]}"
-            if self._commit_admission(req, remediation_id, guard, recent, open_now, now):
+            recent = recent_admissions(guard["admissions"], now)
+            if self._commit_admission(req, remediation_id, guard, recent, now):
                 return AdmitDecision("admitted", remediation_id, "admitted")
         raise AwsApiUnavailable(
             f"admission of {req.instance_id} lost {_MAX_ATTEMPTS} races on the guard item; retry"
@@ -177,7 +130,6 @@ class Ledger:
         remediation_id: str,
         guard: dict[str, Any],
         recent: list[dict[str, Any]],
-        open_now: list[str],
         now: Any,
     ) -> bool:
         """One optimistic attempt; False when another admission changed the guard or the node."""
@@ -193,14 +145,31 @@ class Ledger:
             "admitted_at": at,
             "node_name": req.node_name,
             "execution": req.execution,
+            "item": req.item,
+        }
+        at_s = int(now.timestamp())
+        admission = {
+            "instance_id": req.instance_id,
+            "at": at_s,
+            "execution": req.execution,
+            "item": req.item,
         }
         new_guard = {
             "pk": guard_pk(req.cluster),
             "sk": GUARD_SK,
             "version": version + 1,
-            "admissions": [*recent, {"instance_id": req.instance_id, "at": int(now.timestamp())}],
-            "open_instances": [*open_now, req.instance_id],
+            "admissions": [*recent, {k: v for k, v in admission.items() if v is not None}],
+            "open_instances": [
+                *(i for i in guard["open_instances"] if i != req.instance_id),
+                req.instance_id,
+            ],
+            # Admitted means cordoned next: the node counts until it is released.
+            "held": [
+                *(h for h in guard["held"] if h["instance_id"] != req.instance_id),
+                {"instance_id": req.instance_id, "remediation_id": remediation_id, "at": at_s},
+            ],
         }
+        state = {k: v for k, v in state.items() if v is not None}
         guard_condition: dict[str, Any] = (
             {"ConditionExpression": "attribute_not_exists(pk)"}
             if version == 0
@@ -248,29 +217,45 @@ class Ledger:
             raise
         return True
 
-    def close(self, cluster: str, instance_id: str, remediation_id: str, status: str) -> bool:
+    def close(
+        self,
+        cluster: str,
+        instance_id: str,
+        remediation_id: str,
+        status: str,
+        *,
+        release_hold: bool | None = None,
+    ) -> bool:
         """Mark the node's remediation closed (any terminal transition) and free its place in
-        the guard; its admission still counts towards the hourly cap.
+        flight; its admission still counts towards the hourly cap.
 
-        Returns False when the node's open remediation is another one (nothing to close).
+        The node's hold (it counts as out of service) ends only when ``release_hold`` (default:
+        ``status`` is one of ``RELEASING_TRANSITIONS``); otherwise the node stays cordoned and
+        counts until ``release``. Returns False when the node's open remediation is another one
+        (nothing to close).
         """
+        if release_hold is None:
+            release_hold = status in RELEASING_TRANSITIONS
         for _ in range(_MAX_ATTEMPTS):
             state = self.state(instance_id)
             if not state or state.get("remediation_id") != remediation_id or not state.get("open"):
                 return False
             guard = self.guard(cluster)
-            version = int(guard["version"])
+            held = [
+                h for h in guard["held"] if not (release_hold and h["instance_id"] == instance_id)
+            ]
             items = [
                 {
                     "Update": {
                         "TableName": self.table,
                         "Key": to_item({"pk": instance_id, "sk": STATE_SK}),
                         "UpdateExpression": "SET #open = :false, #status = :status, closed_at = :at",
-                        "ConditionExpression": "remediation_id = :rid",
+                        "ConditionExpression": "remediation_id = :rid AND #open = :true",
                         "ExpressionAttributeNames": {"#open": "open", "#status": "status"},
                         "ExpressionAttributeValues": to_item(
                             {
                                 ":false": False,
+                                ":true": True,
                                 ":status": status,
                                 ":at": clock.iso(clock.now()),
                                 ":rid": remediation_id,
@@ -279,26 +264,14 @@ class Ledger:
                     }
                 }
             ]
-            if version > 0:
-                items.append(
-                    {
-                        "Update": {
-                            "TableName": self.table,
-                            "Key": to_item({"pk": guard_pk(cluster), "sk": GUARD_SK}),
-                            "UpdateExpression": "SET open_instances = :open, version = :next",
-                            "ConditionExpression": "version = :v",
-                            "ExpressionAttributeValues": to_item(
-                                {
-                                    ":open": [
-                                        i for i in guard["open_instances"] if i != instance_id
-                                    ],
-                                    ":next": version + 1,
-                                    ":v": version,
-                                }
-                            ),
-                        }
-                    }
-                )
+            guard_update = self._guard_update(
+                cluster,
+                guard,
+                open_instances=[i for i in guard["open_instances"] if i != instance_id],
+                held=held,
+            )
+            if guard_update is not None:
+                items.append(guard_update)
             try:
                 with aws.aws_errors("dynamodb:TransactWriteItems"):
                     self._ddb.transact_write_items(TransactItems=items)
@@ -307,6 +280,130 @@ class Ledger:
                 if not _lost_race(exc):
                     raise
         raise AwsApiUnavailable(f"closing {remediation_id} lost {_MAX_ATTEMPTS} races; retry")
+
+    def _guard_update(
+        self,
+        cluster: str,
+        guard: dict[str, Any],
+        *,
+        open_instances: list[str],
+        held: list[dict[str, Any]],
+    ) -> dict[str, Any] | None:
+        """The transaction item that rewrites the guard's sets under its version (None when
+        the guard item does not exist: nothing was ever admitted)."""
+        version = int(guard["version"])
+        if version == 0:
+            return None
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": to_item({"pk": guard_pk(cluster), "sk": GUARD_SK}),
+                "UpdateExpression": "SET open_instances = :open, held = :held, version = :next",
+                "ConditionExpression": "version = :v",
+                "ExpressionAttributeValues": to_item(
+                    {":open": open_instances, ":held": held, ":next": version + 1, ":v": version}
+                ),
+            }
+        }
+
+    def close_execution(
+        self,
+        cluster: str,
+        instance_id: str,
+        execution: str,
+        item: int | None,
+        status: str,
+        *,
+        release_hold: bool | None = None,
+    ) -> str | None:
+        """Close the node's open remediation if this execution (and Map item) admitted it.
+
+        Keyed by what the execution itself knows (``$$.Execution.Id``, ``$$.Map.Item``), not by
+        a step's output: an admission that committed and then timed out, or a state whose
+        ``$.admission`` went missing, still closes. Returns the closed remediation id, or None.
+        """
+        if not execution:
+            return None
+        state = self.state(instance_id)
+        if not state or not state.get("open") or state.get("execution") != execution:
+            return None
+        if item is not None and state.get("item") is not None and int(state["item"]) != item:
+            return None  # another item of the same alarm owns it (this one was a duplicate)
+        rid = state["remediation_id"]
+        closed = self.close(cluster, instance_id, rid, status, release_hold=release_hold)
+        return rid if closed else None
+
+    def open_remediations(self) -> list[dict[str, Any]]:
+        """Every open STATE item (the sweeper's work list; the table is small)."""
+        out: list[dict[str, Any]] = []
+        with aws.aws_errors("dynamodb:Scan"):
+            for page in self._ddb.get_paginator("scan").paginate(
+                TableName=self.table,
+                FilterExpression="sk = :state AND #open = :true",
+                ExpressionAttributeNames={"#open": "open"},
+                ExpressionAttributeValues=to_item({":state": STATE_SK, ":true": True}),
+                ConsistentRead=True,
+            ):
+                out.extend(from_item(i) for i in page.get("Items", []))
+        return out
+
+    def held(self, cluster: str) -> list[dict[str, Any]]:
+        """Nodes admitted (cordoned) and not released, oldest first."""
+        return sorted(self.guard(cluster)["held"], key=lambda h: int(h["at"]))
+
+    def release(self, cluster: str | None, node: str, *, released_by: str, reason: str = "") -> str:
+        """An operator's word that a held node is back in service (or gone): it stops counting
+        against the guard. ``node`` is an instance id or a node name (``hyperpod-<id>``).
+
+        Records a ``released`` transition with ``approver`` = ``released_by`` (the caller's
+        authenticated IAM ARN). Does not uncordon (run ``kubectl uncordon`` first, or replace
+        the node). ``cluster`` None: the one the node's STATE names. Returns the instance id;
+        ``NodeNotHeld`` when the guard does not hold it.
+        """
+        instance_id = node.removeprefix("hyperpod-")
+        if cluster is None:
+            state = self.state(instance_id)
+            if not state or not state.get("cluster"):
+                raise NodeNotHeld(f"{node}: sdc-guard never remediated this node")
+            cluster = str(state["cluster"])
+        for _ in range(_MAX_ATTEMPTS):
+            guard = self.guard(cluster)
+            entry = next((h for h in guard["held"] if h["instance_id"] == instance_id), None)
+            if entry is None:
+                raise NodeNotHeld(
+                    f"{node} is not held by sdc-guard's blast-radius guard of cluster {cluster} "
+                    "(never cordoned by it, already released, or replaced)"
+                )
+            update = self._guard_update(
+                cluster,
+                guard,
+                open_instances=list(guard["open_instances"]),
+                held=[h for h in guard["held"] if h["instance_id"] != instance_id],
+            )
+            if update is None:  # unreachable: a held entry implies a written guard
+                raise NodeNotHeld(f"{node} is not held (no guard item for {cluster})")
+            try:
+                with aws.aws_errors("dynamodb:TransactWriteItems"):
+                    self._ddb.transact_write_items(TransactItems=[update])
+                break
+            except botocore.exceptions.ClientError as exc:
+                if not _lost_race(exc):
+                    raise
+        else:
+            raise AwsApiUnavailable(f"releasing {node} lost {_MAX_ATTEMPTS} races; retry")
+        self.record(
+            instance_id,
+            str(entry.get("remediation_id") or f"x-release-{instance_id}"),
+            "released",
+            {
+                "cluster": cluster,
+                "approver": released_by,
+                "reason": reason or None,
+                "detail": encode_detail({"released_by_operator": True}),
+            },
+            update_status=False,
+        )
+        return instance_id
 
     # -- transitions --------------------------------------------------------------------------
 
@@ -369,6 +466,33 @@ class Ledger:
             if aws.error_code(exc) != "ConditionalCheckFailedException":
                 raise
 
+    def first_notice(self, cluster: str, execution: str, transition: str) -> bool:
+        """Claim the one notification of ``transition`` for ``execution``: True the first time.
+
+        A storm's items each record ``circuit_open``; the on-call gets one message per alarm,
+        not one per node.
+        """
+        if not execution:
+            return True
+        try:
+            with aws.aws_errors("dynamodb:PutItem"):
+                self._ddb.put_item(
+                    TableName=self.table,
+                    Item=to_item(
+                        {
+                            "pk": cluster_pk(cluster),
+                            "sk": f"NOTICE#{execution}#{transition}",
+                            "at": clock.iso(clock.now()),
+                        }
+                    ),
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+        except botocore.exceptions.ClientError as exc:
+            if aws.error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
     def events(self, pk: str) -> list[dict[str, Any]]:
         """Every transition recorded under ``pk`` (an instance id), oldest first."""
         ddb = self._ddb
@@ -409,6 +533,18 @@ class Ledger:
             entry["transitions"].append(event["transition"])
         return list(by_rid.values())
 
+
+__all__ = [
+    "RELEASING_TRANSITIONS",
+    "WINDOW",
+    "AdmitDecision",
+    "AdmitRequest",
+    "Ledger",
+    "cluster_pk",
+    "encode_detail",
+    "guard_pk",
+    "max_open",
+]
 
 _RACE_REASONS = {"None", "ConditionalCheckFailed", "TransactionConflict", "ThrottlingError"}
 

@@ -432,6 +432,7 @@ def suspects_from_reports(
                 last_weight_check_pass=report.last_weight_check_pass,
                 divergent_tensors=_tensor_names(report),
                 divergent_tensor_count=len(report.divergent_tensors),
+                nonfinite_count=len(report.nonfinite),
                 report_log_group=settings.report_log_group,
                 report_log_stream=report.log_stream,
             )

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import contract
 from .errors import InvalidAlarmEvent, InvalidStepInput
 from .hyperpod import is_instance_id, node_name_of
 from .kube import is_subdomain_name
@@ -31,7 +32,7 @@ MAX_TENSOR_NAMES = 3
 in the report, in CloudWatch Logs, which the suspect references)."""
 MAX_TENSOR_NAME_CHARS = 120
 
-SDC_METRICS = ("sdc_nonfinite_grad", "sdc_replay_mismatch", "sdc_divergent_tensors")
+SDC_METRICS = contract.SDC_ALARM_METRICS
 ALARM_SCHEMA = "sdc.alarm/v1"
 RANKMAP_SCHEMA = "sdc.rankmap/v1"
 
@@ -232,6 +233,8 @@ class Suspect(_Model):
     """At most ``MAX_TENSOR_NAMES`` of the report's divergent tensors, for the message."""
     divergent_tensor_count: int = 0
     """How many tensors the report named as divergent (all of them are in the report)."""
+    nonfinite_count: int = 0
+    """How many ranks the report found with a non-finite gradient (the resume rule reads it)."""
     report_log_group: str | None = None
     report_log_stream: str | None = None
     """The report's place in CloudWatch Logs: the full evidence (every tensor, every rank)."""
@@ -353,6 +356,9 @@ class ItemState(_Model):
     execution: str = ""
     suspects_in_alarm: int = Field(default=1, ge=1)
     """How many nodes the same alarm names (the Map's item count)."""
+    item: int | None = None
+    """The Map item's index (``$$.Map.Item.Index``): with ``execution``, what the execution
+    itself knows about this remediation, whatever the steps returned."""
     admission: Admission | None = None
     cordon: CordonResult | None = None
     health: HealthResult | None = None
@@ -390,6 +396,7 @@ Transition = Literal[
     "approval_timed_out",
     "replaced",
     "failed",
+    "abandoned",
 ]
 
 
@@ -407,6 +414,7 @@ class RecordState(_Model):
     suspect: Suspect | None = None
     suspects: list[Suspect] = Field(default_factory=list)
     execution: str = ""
+    item: int | None = None
     admission: Admission | None = None
     cordon: CordonResult | None = None
     health: HealthResult | None = None
@@ -422,6 +430,8 @@ class RecordInput(_Model):
     notify: bool = False
     state: RecordState = Field(default_factory=RecordState)
     error: StepError | None = None
+    execution: str = ""
+    """``$$.Execution.Id``, set by the workflow on every record task (the state may lack it)."""
 
 
 class RecordResult(_Model):

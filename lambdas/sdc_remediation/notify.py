@@ -5,31 +5,37 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import aws
-from .models import HealthResult, ItemState, RecordInput
+from . import aws, recovery
+from .models import HealthResult, ItemState, RecordInput, Suspect
 
 # Paraphrased from the approach of the AWS ML blog post "Detecting and recovering from silent data
-# corruption on Amazon SageMaker HyperPod" (DESIGN.md): what to do about the job, per alarm type.
+# corruption on Amazon SageMaker HyperPod": what to do about the job and the node, per alarm type.
+# Where the job resumes is not in these texts: it is the agent's rule (``resume_rule_of``), stated
+# next to them, because a fault older than the alarm's step has already reached every replica.
 SUGGESTED_ACTIONS = {
     "nonfinite": (
-        "The step with the non-finite gradient was not applied, so the model is intact. Keep the "
+        "The step with the non-finite gradient was not applied, but a fault that ends in a NaN "
+        "may have computed wrong finite gradients before it, and those were applied on every "
+        "replica: if the job restarts, follow the resume rule, never a later checkpoint. Keep the "
         "job running without this node; replace the GPU if the deep health check fails or the "
         "node is named again."
     ),
     "compute": (
-        "The mismatching step was not applied, so the weights are intact. Checkpoints up to "
-        "last_audit_pass are trustworthy. Replace the node if the verdict is 'persistent' or the "
-        "node is a repeat offender; a 'transient' verdict with a passed health check may be "
-        "released and watched."
+        "The mismatching step was not applied, but a persistent fault may have corrupted every "
+        "update since the last passing audit, in every replica (the all-reduce spreads it, so "
+        "weight checks still pass): restart the job by the resume rule, never from a later "
+        "checkpoint. Replace the node if the verdict is 'persistent' or the node is a repeat "
+        "offender; a 'transient' verdict with a passed health check may be released and watched "
+        "(the resume rule holds either way)."
     ),
     "weights": (
-        "Replicas diverged: do not resume from any checkpoint written after "
-        "last_weight_check_pass. Restart from the last checkpoint at or before it, without this "
-        "node, and replace the node."
+        "Replicas diverged: restart by the resume rule (at or before last_weight_check_pass, "
+        "when every replica last held the same weights), without this node, and replace the node."
     ),
     "reduced_gradient": (
-        "The reduced gradient was non-finite and no rank could be named; the step was skipped. "
-        "Watch for a repeat; a named rank will follow if a GPU is at fault."
+        "The reduced gradient was non-finite and no rank could be named; the step was skipped, "
+        "but earlier updates may be wrong: if the job restarts, follow the resume rule. Watch for "
+        "a repeat; a named rank will follow if a GPU is at fault."
     ),
 }
 
@@ -39,6 +45,35 @@ def suggested_action(check: str, verdict: str) -> str:
     if check == "compute" and verdict == "nonfinite":
         return SUGGESTED_ACTIONS["nonfinite"]
     return SUGGESTED_ACTIONS.get(check, "Inspect the report and the node before deciding.")
+
+
+def resume_rule_of(suspect: Suspect) -> recovery.ResumeRule:
+    """Where the job may resume after the alarm that named ``suspect``: the agent's own rule
+    (``recovery.py`` is the agent's file, copied byte for byte), on the fields the workflow
+    state carries. ``nonfinite`` is given only as present or not: all the rule reads of it."""
+    return recovery.resume_rule(
+        {
+            "check": suspect.check,
+            "step": suspect.step,
+            "suspect_window": list(suspect.suspect_window),
+            "last_audit_pass": suspect.last_audit_pass,
+            "last_weight_check_pass": suspect.last_weight_check_pass,
+            "nonfinite": [True] if suspect.nonfinite_count else [],
+        }
+    )
+
+
+def resume_summary(suspect: Suspect) -> dict[str, Any]:
+    """The resume rule as the messages and the ledger carry it: max_step, sentence, reason."""
+    rule = resume_rule_of(suspect)
+    return {"max_step": rule.max_step, "sentence": rule.sentence, "reason": rule.reason}
+
+
+def report_reference(suspect: Suspect) -> str | None:
+    """Where the full report is (every tensor, every rank): its CloudWatch Logs group/stream."""
+    if not suspect.report_log_group:
+        return None
+    return f"{suspect.report_log_group}/{suspect.report_log_stream or '?'}"
 
 
 def evidence(state: ItemState, history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -65,6 +100,9 @@ def evidence(state: ItemState, history: list[dict[str, Any]]) -> dict[str, Any]:
             for r, i in sorted(s.ranks.items(), key=lambda kv: int(kv[0]))
         },
         "divergent_tensors": s.divergent_tensors[:20],
+        "divergent_tensor_count": s.divergent_tensor_count,
+        "report": report_reference(s),
+        "resume": resume_summary(s),
         "health_check": None
         if health is None
         else {"status": health.status, "detail": health.detail},
@@ -104,6 +142,8 @@ def approval_message(
             f"{r} (GPU {i.get('gpu_uuid')}, local {i.get('local_rank')})"
             for r, i in ev["ranks"].items()
         ),
+        f"Divergent:      {_divergent(ev)}",
+        f"Full report:    CloudWatch Logs {ev.get('report') or 'not recorded'}",
         f"Health check:   {health['status']} {health['detail']}".rstrip(),
         f"History:        {repeats} earlier remediation(s) of this instance"
         + (
@@ -115,6 +155,7 @@ def approval_message(
             else ""
         ),
         "",
+        *_resume_lines(ev),
         f"Suggested action: {ev['suggested_action']}",
         "",
         "To approve the replacement:",
@@ -124,6 +165,25 @@ def approval_message(
         f"To list pending approvals: {cli_prefix} pending",
     ]
     return subject[:100], "\n".join(lines)
+
+
+def _divergent(ev: dict[str, Any]) -> str:
+    """How many tensors diverged, and the first few names (the full report has them all)."""
+    names = ev.get("divergent_tensors") or []
+    count = max(int(ev.get("divergent_tensor_count") or 0), len(names))
+    if not count:
+        return "no tensor named"
+    shown = ", ".join(names)
+    more = f" and {count - len(names)} more" if count > len(names) else ""
+    return f"{count} tensor(s): {shown}{more}" if names else f"{count} tensor(s)"
+
+
+def _resume_lines(ev: dict[str, Any]) -> list[str]:
+    """The resume rule for this alarm, first thing after the evidence."""
+    resume = ev.get("resume")
+    if not resume:
+        return []
+    return [f"Resume rule: {resume['sentence']} ({resume['reason']}).", ""]
 
 
 def transition_message(inp: RecordInput, cluster: str, *, dry_run: bool = False) -> tuple[str, str]:
@@ -144,7 +204,9 @@ def transition_message(inp: RecordInput, cluster: str, *, dry_run: bool = False)
         }
     if st.suspect:
         body["suspect"] = st.suspect.model_dump(exclude_none=True)
+        body["resume"] = resume_summary(st.suspect)
         body["suggested_action"] = suggested_action(st.suspect.check, st.suspect.verdict)
+        body["report"] = report_reference(st.suspect)
     if st.suspects:
         body["suspects"] = [s.node_name for s in st.suspects]
     for key in ("admission", "cordon", "health", "approval", "replacement", "uncordon"):

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import approvals as approvals_mod
-from . import aws, health, notify
+from . import aws, health, notify, recording
 from . import cordon as cordon_mod
 from . import localize as localize_mod
 from . import replace as replace_mod
 from .config import Settings
 from .errors import InvalidStepInput
 from .kube import KubeApi
-from .ledger import AdmitRequest, Ledger, cluster_pk, encode_detail
+from .ledger import AdmitRequest, Ledger
 from .models import (
     Admission,
     AlarmStateChangeEvent,
@@ -31,27 +31,10 @@ from .models import (
     RecordResult,
     ReplaceResult,
 )
-from .observability import logger, metrics
+from .observability import logger
+from .recording import CLOSING_TRANSITIONS, NOT_ADMITTED
 
 KubeFactory = Callable[[], KubeApi]
-
-# Every terminal transition of an admitted remediation closes it and frees its place in the
-# guard. A node left cordoned after a rejection, an approval timeout or a failure is then the
-# humans' to handle: keeping it "open" would turn every later alarm on it into a silent
-# `duplicate` and, on a small cluster, keep the whole cluster's guard tripped for good. A new
-# alarm on such a node is admitted again as a new remediation (cordon is idempotent; the approval
-# message lists the earlier one as repeat-offender history). The hourly cap still counts it.
-CLOSING_TRANSITIONS = {
-    "released",
-    "replaced",
-    "replaced_by_hyperpod",
-    "rejected",
-    "approval_timed_out",
-    "failed",
-}
-# Transitions about an alarm that was NOT admitted: recorded in the node's history, but they must
-# not overwrite the status of the remediation that is open on the node.
-NOT_ADMITTED = {"duplicate", "circuit_open"}
 
 
 def kube_factory(settings: Settings) -> KubeFactory:
@@ -87,6 +70,7 @@ def admit(state: ItemState, settings: Settings) -> Admission:
             max_nodes_per_hour=settings.max_nodes_per_hour,
             max_fraction=settings.max_fraction,
             suspects_in_alarm=state.suspects_in_alarm,
+            item=state.item,
         )
     )
     logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})
@@ -138,7 +122,11 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         timeout_seconds=settings.approval_timeout_seconds,
     )
     if announce:
-        prefix = f"sdc-remediation --approvals-table {settings.approvals_table}"
+        prefix = (
+            f"sdc-remediation --approval-url {settings.approval_url}"
+            if settings.approval_url
+            else f"sdc-remediation --approvals-table {settings.approvals_table}"
+        )
         subject, body = notify.approval_message(approval_id, ev, prefix, dry_run=settings.dry_run)
         notify.publish(settings.topic_arn, subject, body)
         approvals.mark_notified(approval_id)
@@ -155,69 +143,14 @@ def replace(state: ItemState, settings: Settings, kube: KubeFactory) -> ReplaceR
 
 
 def record(inp: RecordInput, settings: Settings) -> RecordResult:
-    """Record step: ledger entry, metric, and a notification when asked.
-
-    A terminal transition (``CLOSING_TRANSITIONS``) of this execution's admitted remediation also
-    closes it in the ledger, which frees the node for a new admission and its guard slot.
-    """
-    st = inp.state
-    cluster = st.alarm.cluster_name if st.alarm else settings.hyperpod_cluster_name
-    remediation_id = (
-        st.admission.remediation_id if st.admission else None
-    ) or f"x-{st.execution or 'unknown'}"
-    pk = st.suspect.instance_id if st.suspect else cluster_pk(cluster)
-    detail = {
-        key: getattr(st, key).model_dump(by_alias=True)
-        for key in ("admission", "cordon", "health", "replacement", "uncordon")
-        if getattr(st, key) is not None
-    }
-    if st.suspects:
-        detail["suspects"] = [s.node_name for s in st.suspects]
-    attrs = {
-        "cluster": cluster,
-        "node_name": st.suspect.node_name if st.suspect else None,
-        "execution": st.execution or None,
-        "alarm": st.alarm.alarm_name if st.alarm else None,
-        "approver": st.approval.approver if st.approval else None,
-        "reason": st.approval.reason if st.approval else None,
-        "error": f"{inp.error.error}: {inp.error.cause[:1000]}" if inp.error else None,
-        "dry_run": settings.dry_run,
-        "detail": encode_detail(detail),
-    }
-    # Only this execution's own remediation may change the node's STATE: a `duplicate`
-    # admission carries the id of the OTHER, still running remediation, whose status and open
-    # flag a failure of this execution must leave alone. Without an admission (a failure before
-    # admit) the id is an `x-` placeholder that no STATE holds, so nothing changes either.
-    own = st.admission is None or st.admission.decision == "admitted"
-    ledger = Ledger(settings.ledger_table)
-    ledger.record(
-        pk,
-        remediation_id,
-        inp.transition,
-        attrs,
-        update_status=own and inp.transition not in NOT_ADMITTED,
-    )
-    if (
-        inp.transition in CLOSING_TRANSITIONS
-        and st.suspect
-        and st.admission
-        and own
-        and st.admission.remediation_id
-    ):
-        ledger.close(cluster, st.suspect.instance_id, st.admission.remediation_id, inp.transition)
-    metrics.add_dimension(name="ClusterName", value=cluster)
-    metrics.add_metric(name=inp.transition, unit="Count", value=1)
-    if inp.notify:
-        subject, body = notify.transition_message(inp, cluster, dry_run=settings.dry_run)
-        notify.publish(settings.topic_arn, subject, body)
-    logger.info(
-        "recorded", extra={"transition": inp.transition, "pk": pk, "remediation_id": remediation_id}
-    )
-    return RecordResult(recorded=True)
+    """Record step (``recording.record``): ledger entry, metric, notification when asked; a
+    terminal transition closes this execution's own remediation of the node."""
+    return recording.record(inp, settings)
 
 
 __all__ = [
     "CLOSING_TRANSITIONS",
+    "NOT_ADMITTED",
     "admit",
     "cordon",
     "kube_factory",

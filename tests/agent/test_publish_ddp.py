@@ -15,7 +15,7 @@ import torch.distributed as dist
 from moto.server import ThreadedMotoServer
 
 from sdc_agent.drill import build, launch, make_batch, make_fault, node_name
-from sdc_agent.publish import CloudWatchPublisher, Spool
+from sdc_agent.publish import CloudWatchPublisher
 from tests.agent.test_publish_cloudwatch import (  # noqa: F401  (aws_env is an autouse fixture)
     REGION,
     aws_env,
@@ -48,7 +48,7 @@ def publishing_job(*, endpoint: str, spool_root: str, steps: int) -> dict[str, A
     return {
         "alarm": alarm.to_dict() if alarm else None,
         "flushed": flushed,
-        "spooled": len(Spool(publisher.settings.spool_dir, 1 << 30).records()),
+        "spooled": len(publisher.spool.records()),
     }
 
 

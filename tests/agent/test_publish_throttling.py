@@ -8,7 +8,7 @@ from typing import Any
 import boto3
 from botocore.stub import ANY, Stubber
 
-from sdc_agent.publish import CloudWatchPublisher, RetryPolicy, Spool
+from sdc_agent.publish import CloudWatchPublisher, RetryPolicy
 from tests.agent.test_publish_cloudwatch import REGION, aws_env  # noqa: F401  (autouse fixture)
 from tests.agent.test_publish_unreachable import nonfinite_alarm
 
@@ -48,7 +48,7 @@ def test_throttling_is_retried_until_it_goes_through(tmp_path):
         assert publisher.flush(10) is True
         logs.assert_no_pending_responses()
         cloudwatch.assert_no_pending_responses()
-    assert Spool(tmp_path, 1 << 20).records() == []
+    assert publisher.spool.records() == []
     publisher.close(1)
 
 
@@ -65,7 +65,7 @@ def test_persistent_5xx_is_retried_then_only_the_unsent_part_is_spooled(tmp_path
         # Then PutMetricData was tried exactly `attempts` times
         cloudwatch.assert_no_pending_responses()
     # And the spool holds the metrics only: the report is not sent twice
-    spool = Spool(tmp_path, 1 << 20)
+    spool = publisher.spool
     (record,) = [spool.read(p) for p in spool.records()]
     assert record.message is None
     assert [m["MetricName"] for m in record.metrics] == ["sdc_nonfinite_grad"] * 2
@@ -83,7 +83,7 @@ def test_a_refusal_is_not_retried_and_the_alarm_is_kept(tmp_path):
         # Then one attempt only (retrying a refusal helps nobody) ...
         cloudwatch.assert_no_pending_responses()
     # ... and the metrics wait in the spool for a fixed role
-    spool = Spool(tmp_path, 1 << 20)
+    spool = publisher.spool
     (record,) = [spool.read(p) for p in spool.records()]
     assert record.message is None and len(record.metrics) == 2
     publisher.close(1)
@@ -107,7 +107,7 @@ def test_after_a_transient_failure_queued_alarms_get_one_attempt_each(tmp_path):
     # be out of reach), and the flush tried the spool once: 3 + 1 + 1 calls
     assert len(calls) == RETRY.attempts + 2
     # And both alarms wait in the spool
-    spool = Spool(tmp_path, 1 << 20)
+    spool = publisher.spool
     steps = sorted(json.loads(spool.read(p).message)["step"] for p in spool.records())
     assert steps == [7, 8]
     publisher.close(1)
@@ -124,7 +124,28 @@ def test_when_logs_refuse_the_report_the_metrics_still_fire_the_alarm(tmp_path):
         # Then the metrics went out (the CloudWatch alarm fires) ...
         cloudwatch.assert_no_pending_responses()
     # ... and only the report waits in the spool
-    spool = Spool(tmp_path, 1 << 20)
+    spool = publisher.spool
     (record,) = [spool.read(p) for p in spool.records()]
     assert json.loads(record.message)["step"] == 7 and record.metrics == ()
+    publisher.close(1)
+
+
+def test_an_alarm_aws_rejects_as_invalid_is_kept_aside_and_not_sent_again(tmp_path):
+    publisher, cloudwatch, logs = stubbed_publisher(tmp_path)
+    # Given CloudWatch rejects the alarm's metric data as invalid (not a permission, not an outage)
+    logs.add_response("put_log_events", {}, put_log_params())
+    cloudwatch.add_client_error("put_metric_data", "InvalidParameterValue", http_status_code=400)
+    with logs, cloudwatch:
+        publisher.publish_alarm(nonfinite_alarm())
+        # When the exit path flushes, twice (no further answer is stubbed: a re-send would fail)
+        assert publisher.flush(10) is False
+        assert publisher.flush(10) is True
+        # Then it was sent once: no retry, no re-send from the spool
+        cloudwatch.assert_no_pending_responses()
+    # And the unsent metrics are kept aside with the reason, out of the drained spool
+    assert publisher.spool.records() == []
+    (kept,) = publisher.spool.rejected_directory.glob("*.jsonl")
+    record = publisher.spool.read(kept)
+    assert record.message is None and len(record.metrics) == 2
+    assert "InvalidParameterValue" in kept.with_name(kept.name + ".reason").read_text()
     publisher.close(1)

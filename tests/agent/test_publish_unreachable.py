@@ -18,7 +18,7 @@ import torch
 from moto import mock_aws
 
 from sdc_agent.alarm import Alarm
-from sdc_agent.publish import CloudWatchPublisher, RetryPolicy, Spool
+from sdc_agent.publish import CloudWatchPublisher, PublishSettings, RetryPolicy, Spool
 from tests.agent.test_publish_cloudwatch import (  # noqa: F401  (aws_env is an autouse fixture)
     NODE1,
     RANKS,
@@ -83,8 +83,10 @@ def train_steps(publisher: CloudWatchPublisher, steps: int, alarm_at: int) -> li
 
 
 def spooled(spool_dir: Any) -> list[dict[str, Any]]:
-    """The records in the spool now (one a drainer claims meanwhile is not counted)."""
-    spool = Spool(spool_dir, 1 << 30)
+    """The records in job ml/llama's spool now (one a drainer claims meanwhile is not counted)."""
+    spool = Spool.for_job(
+        PublishSettings(cluster_name="ml", job_name="llama", spool_dir=str(spool_dir))
+    )
     records = []
     for path in spool.records():
         try:
@@ -134,14 +136,14 @@ def test_unreachable_aws_never_slows_steps_and_the_alarm_is_spooled_then_sent_la
     publisher.close(5)
     print(f"{endpoint_kind}: loop {loop_seconds:.3f}s, flush {flush_seconds:.3f}s")
 
-    # When a later publisher starts (the restarted job, AWS reachable again)
+    # When a later publisher of the job starts (its restarted pod, AWS reachable again)
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     with mock_aws():
         cloudwatch = boto3.client("cloudwatch", region_name=REGION)
         logs = boto3.client("logs", region_name=REGION)
         later = CloudWatchPublisher(
             cluster_name="ml",
-            job_name="llama-restarted",
+            job_name="llama",
             spool_dir=str(tmp_path),
             cloudwatch_client=cloudwatch,
             logs_client=logs,

@@ -5,7 +5,9 @@ fault on one rank; the agent names it and publishes to an embedded CloudWatch; t
 evaluator (stand-in for CloudWatch alarm evaluation + EventBridge) starts the real workflow
 definition from `cdk synth`, whose real Lambda handlers localize, admit, cordon (Kubernetes API
 stand-in) and health-check (HyperPod simulator) the node; the demo then approves with the real
-operator CLI and the node is replaced. Every stand-in is described in tests/e2e/harness.
+operator CLI, as an on-call role, through the approve function's URL (a loopback stand-in that
+checks the SigV4 signature and hands the real approve function the authenticated ARN), and the
+node is replaced. Every stand-in is described in tests/e2e/harness.
 No AWS account, no Kubernetes, no GPU needed.
 
     python -m tests.e2e.demo [--reject] [--no-fault] [--dry-run]
@@ -24,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from sdc_agent.drill import launch
-from tests.e2e.harness.pipeline import Invocation, LocalPipeline
+from tests.e2e.harness.pipeline import Invocation, LocalPipeline, process_environment
 from tests.e2e.scenario import local_cluster, pending_for
 
 FAULTY_RANK = 3
 FAULT_STEP = 7
+ONCALL_ROLE = "sdc-oncall"
+ONCALL_SESSION = "demo-operator"
 
 
 class Timeline:
@@ -67,7 +71,7 @@ def _train(pipeline: LocalPipeline, fault: bool, spool: str) -> dict[str, Any]:
     )
     job = {
         "steps": 30,
-        "schedule": {"audit_every": 5, "check_every": 5, "ckpt_every": 10, "peer_offset": 2},
+        "schedule": {"audit_every": 5, "check_every": 5, "ckpt_every": 5, "peer_offset": 2},
         "faults": faults,
         "publisher": {
             "cluster_name": cluster.hyperpod_name,
@@ -75,9 +79,6 @@ def _train(pipeline: LocalPipeline, fault: bool, spool: str) -> dict[str, Any]:
             "spool_dir": spool,
         },
     }
-    import os
-
-    os.environ["SDC_JOB_NAME"] = cluster.job
     (results,) = launch([("sdc_agent.drill:train_drill", job)], world=6, ranks_per_node=2)
     errors = [r for r in results if "error" in r]
     if errors:
@@ -89,9 +90,25 @@ def _wall(call: Invocation) -> str:
     return f"({call.ended - call.started:.2f} s)"
 
 
-def _report_workflow(tl: Timeline, p: LocalPipeline) -> None:
-    """One line per Lambda the workflow invoked, from the adapter's record."""
-    for call in sorted(p.invocations, key=lambda c: c.started):
+def _approve_line(event: dict[str, Any], response: dict[str, Any]) -> str:
+    """The approve function's call, as its URL authenticated it (signed, and by whom)."""
+    caller = event["requestContext"]["authorizer"]["iam"]["userArn"]
+    scope = event["headers"]["authorization"].split("Credential=")[1].split(",")[0]
+    body = json.loads(response.get("body") or "{}")
+    outcome = (
+        f"{body.get('decision')} recorded, approver {body.get('approver')}"
+        if response.get("statusCode") == 200
+        else f"refused {body.get('error')}"
+    )
+    return (
+        f"approve (function URL, SigV4 {'/'.join(scope.split('/')[2:4])}, authenticated as "
+        f"{caller}): {outcome} (HTTP {response.get('statusCode')})"
+    )
+
+
+def _report_workflow(tl: Timeline, calls: list[Invocation]) -> None:
+    """One line per Lambda the workflow invoked, from the adapter's record, in start order."""
+    for call in sorted(calls, key=lambda c: c.started):
         r = call.result or {}
         if call.error:
             line = f"{call.folder}: error {call.error}"
@@ -122,6 +139,8 @@ def _report_workflow(tl: Timeline, p: LocalPipeline) -> None:
             line = f"deep health check: {r.get('status')} ({r.get('detail')})"
         elif call.folder == "request_approval":
             line = "approval requested (task token stored, evidence sent to SNS)"
+        elif call.folder == "approve":
+            line = _approve_line(call.payload, r)
         elif call.folder == "replace":
             line = f"replace: mode {r.get('mode')}, requested={r.get('requested')} {r.get('detail') or ''}".rstrip()
         elif call.folder == "record":
@@ -155,6 +174,10 @@ def run(argv: list[str] | None = None) -> int:
     )
     context = {"dryRun": True} if args.dry_run else {}
     with (
+        # The training processes name their pods <job>-worker-<rank> from SDC_JOB_NAME. Set
+        # before the pipeline's threads start, put back after they stopped: os.environ is
+        # shared by every thread, and writing it while one reads it breaks that one.
+        process_environment({"SDC_JOB_NAME": cluster.job}),
         tempfile.TemporaryDirectory(prefix="sdc-demo-") as spool,
         LocalPipeline(cluster, context, quiet_handlers=True) as p,
     ):
@@ -210,9 +233,15 @@ def run(argv: list[str] | None = None) -> int:
             f"CloudWatch alarm {fired[0]['detail']['alarmName']} -> ALARM; EventBridge rule -> "
             f"workflow execution {execution.rsplit(':', 1)[-1]}"
         )
-        approval = pending_for(p, execution, timeout=90)
-        _report_workflow(tl, p)
-        p.invocations.clear()
+        approval = pending_for(p, execution)
+        # The approval record is stored before the request_approval function returns: wait for
+        # its invocation to end, so the timeline shows it before the operator's decision.
+        p.wait(
+            lambda: any(c.folder == "request_approval" for c in p.invocations),
+            what="the request_approval invocation to return",
+        )
+        reported = len(p.invocations)  # nothing runs while the workflow waits for the decision
+        _report_workflow(tl, p.invocations[:reported])
         decision = (
             ["reject", approval, "--release", "--reason", "demo: false alarm"]
             if args.reject
@@ -221,26 +250,40 @@ def run(argv: list[str] | None = None) -> int:
         cli = Path(sys.executable).with_name("sdc-remediation")
         shown = shlex.join(["sdc-remediation", *decision])
         cli_started = time.time()
+        oncall = p.operator_environment(ONCALL_ROLE, ONCALL_SESSION)
         out = subprocess.run(
             [str(cli), *decision],
-            env={**p.cli_env(), "PATH": str(cli.parent)},
+            env={**p.cli_env(), **oncall, "PATH": str(cli.parent)},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=180,
         )
         tl.say(f"operator: $ {shown}\n{' ' * 10}{(out.stdout or out.stderr).strip()}", cli_started)
         if out.returncode != 0:
             tl.fail(f"the CLI exited {out.returncode}")
             return _verdict(tl)
-        done = p.finish(execution, timeout=90)
-        _report_workflow(tl, p)
+        _check_authenticated_decision(tl, p)
+        done = p.finish(execution)
+        _report_workflow(tl, p.invocations[reported:])
         tl.say(
             f"workflow {done['status']}; ledger for {victim}: {' -> '.join(p.transitions(victim))}"
         )
         for n in p.notifications():
             tl.say(f"  SNS: {n['subject']}")
         _check_outcome(tl, p, args, victim, victim_node, done["status"])
+        _report_resume(tl, p, alarm, result["saves"])
         return _verdict(tl)
+
+
+def _check_authenticated_decision(tl: Timeline, p: LocalPipeline) -> None:
+    """The decision went through the approve function's URL, as the on-call role's session."""
+    if not p.function_url.events:
+        tl.fail("the decision did not go through the approve function's URL")
+        return
+    caller = p.function_url.events[-1]["requestContext"]["authorizer"]["iam"]["userArn"]
+    expected = f"assumed-role/{ONCALL_ROLE}/{ONCALL_SESSION}"
+    if not caller.endswith(expected):
+        tl.fail(f"the approver should be the on-call role's session ({expected}), got {caller}")
 
 
 def _check_outcome(
@@ -270,6 +313,53 @@ def _check_outcome(
         tl.say(
             f"{victim_node} replaced by HyperPod: new instance {p.hyperpod.replaced[victim]} joined "
             f"group {p.cluster.instance_group}"
+        )
+
+
+def _announced_resume(p: LocalPipeline) -> tuple[str, dict[str, Any]] | None:
+    """The resume rule of the last transition notification that states one (its subject)."""
+    for n in reversed(p.notifications()):
+        try:
+            body = json.loads(n["message"] or "")
+        except ValueError:
+            continue  # the approval request: prose, stated in its own words
+        if isinstance(body, dict) and body.get("resume"):
+            return n["subject"], body["resume"]
+    return None
+
+
+def _report_resume(
+    tl: Timeline, p: LocalPipeline, alarm: dict[str, Any], saves: list[list[Any]]
+) -> None:
+    """Where the job restarts: the rule the pipeline announced, and the agent's choice among the
+    job's checkpoints (``sdc.clean_resume_step``), which must agree."""
+    import sdc_agent as sdc
+    from sdc_agent.recovery import write_alarm_record
+
+    announced = _announced_resume(p)
+    if announced is None:
+        tl.fail("no notification stated where the job may resume")
+        return
+    subject, resume = announced
+    tl.say(f"pipeline ({subject}): {resume['sentence']}")
+    checkpoints = sorted(step for step, _tags in saves)
+    with tempfile.TemporaryDirectory(prefix="sdc-demo-alarms-") as alarm_log:
+        # What Guard(alarm_dir=...) keeps next to the checkpoints; the drill's guard runs
+        # without one, so its returned alarm is recorded here, by the agent's own writer.
+        write_alarm_record(alarm_log, alarm, writer_rank=0)
+        chosen = sdc.clean_resume_step(checkpoints, alarm_log)
+        refused = sorted(sdc.explain_resume(checkpoints, alarm_log).refused)
+    bound = resume["max_step"]
+    expected = max((c for c in checkpoints if bound is not None and c <= bound), default=None)
+    tl.say(
+        f"restart: checkpoints at steps {checkpoints}; sdc.clean_resume_step -> {chosen}"
+        + (f" (resume with start_step={chosen + 1})" if chosen is not None else "")
+        + (f"; refused {refused}: inside the alarm's suspect window" if refused else "")
+    )
+    if chosen != expected:
+        tl.fail(
+            f"the agent would resume from {chosen}, the pipeline's rule allows at most {bound} "
+            f"(newest checkpoint there: {expected})"
         )
 
 

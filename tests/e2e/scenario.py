@@ -58,7 +58,7 @@ def raise_alarm(pipeline: LocalPipeline, alarm: sdc.Alarm, spool_dir: str) -> st
     return pipeline.executions[-1]
 
 
-def pending_for(pipeline: LocalPipeline, execution: str, timeout: float = 60.0) -> str:
+def pending_for(pipeline: LocalPipeline, execution: str, timeout: float = 180.0) -> str:
     """Wait until ``execution`` asks for approval; returns the approval id."""
 
     def find() -> str | None:
@@ -75,10 +75,14 @@ def pending_for(pipeline: LocalPipeline, execution: str, timeout: float = 60.0) 
 
 
 def operator(pipeline: LocalPipeline, *args: str) -> tuple[int, str]:
-    """Run the operator CLI (``sdc-remediation ...``) against the embedded AWS."""
+    """Run the operator CLI (``sdc-remediation ...``) against the embedded AWS.
+
+    The tables go as options, not as environment: CliRunner would write its ``env`` into
+    os.environ while the workflow's threads read it.
+    """
     from sdc_remediation.cli import main
 
-    result = CliRunner().invoke(main, list(args), env=pipeline.cli_env())
+    result = CliRunner().invoke(main, [*pipeline.cli_options(), *args])
     return result.exit_code, result.output
 
 

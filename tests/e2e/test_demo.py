@@ -9,12 +9,16 @@ from tests.e2e import demo
 pytestmark = pytest.mark.slow
 
 
+# The demo's own deadlines (training, the approval request, the workflow's end) add up to more
+# than the suite's per-test timeout; on a busy machine they, not pytest, should say what hung.
+@pytest.mark.timeout(900)
 def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
     # Given the demo's training job with a persistent fault on rank 3 (node 1)
-    # When it runs and the operator approves through the real CLI
+    # When it runs and the on-call operator approves through the real CLI and the approval URL
     status = demo.run([])
     out = capsys.readouterr().out
-    # Then every stage happened, in order, and the node behind rank 3 was replaced
+    # Then every stage happened, in order, the node behind rank 3 was replaced, and the timeline
+    # ends with where the job resumes: the pipeline's rule, and the agent's choice by it
     assert status == 0, out
     stages = [
         "agent ALARM at step 10: check 'compute'",
@@ -26,9 +30,19 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
         "deep health check: passed",
         "approval requested",
         "operator: $ sdc-remediation approve",
+        "as arn:aws:sts::123456789012:assumed-role/sdc-oncall/demo-operator",
+        "approve (function URL, SigV4 us-east-1/lambda, authenticated as "
+        "arn:aws:sts::123456789012:assumed-role/sdc-oncall/demo-operator): approve recorded, "
+        "approver arn:aws:sts::123456789012:assumed-role/sdc-oncall/demo-operator (HTTP 200)",
         "replace: mode api, requested=True",
         "workflow SUCCEEDED",
         "hyperpod-i-00000000000000001 replaced by HyperPod",
+        # the alarm's window is [5, 10]: the audit of step 5 passed, checkpoints are saved after
+        # steps 4 and 9, so the job restarts from 4, never from 9
+        "pipeline ([sdc-guard] replaced: hyperpod-i-00000000000000001): resume from the newest "
+        "checkpoint at or before step 5",
+        "restart: checkpoints at steps [4, 9]; sdc.clean_resume_step -> 4 (resume with "
+        "start_step=5); refused [9]: inside the alarm's suspect window",
         "demo OK",
     ]
     positions = [out.find(s) for s in stages]

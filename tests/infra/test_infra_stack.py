@@ -12,7 +12,8 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from infra.config import METRIC_NAMES
-from infra.constructs.functions import STEPS
+from infra.constructs.functions import SERVICES, STEPS
+from sdc_remediation import contract
 from tests.infra.infra_template import (
     as_list,
     definition,
@@ -24,23 +25,7 @@ from tests.infra.infra_template import (
 
 pytestmark = pytest.mark.slow
 
-CONTRACT_ENV = {
-    "HYPERPOD_CLUSTER_NAME",
-    "EKS_CLUSTER_NAME",
-    "METRIC_NAMESPACE",
-    "REPORT_LOG_GROUP",
-    "LOOKBACK_SECONDS",
-    "LEDGER_TABLE",
-    "APPROVALS_TABLE",
-    "TOPIC_ARN",
-    "MAX_NODES_PER_HOUR",
-    "MAX_FRACTION",
-    "HEALTH_CHECKS",
-    "HEALTH_CHECK_TIMEOUT_SECONDS",
-    "REPLACE_MODE",
-    "APPROVAL_TTL_SECONDS",
-    "DRY_RUN",
-    "STATE_MACHINE_ARN",
+CONTRACT_ENV = set(contract.FUNCTION_ENVIRONMENT) | {
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
     "LOG_LEVEL",
@@ -82,10 +67,11 @@ def test_cfn_lint_is_clean(which: str, request: pytest.FixtureRequest) -> None:
 def test_resource_counts(default_synth: Any) -> None:
     # Given the default stack / Then it holds exactly the pipeline's resources
     template = Template.from_json(default_synth.template)
-    template.resource_count_is("AWS::Lambda::Function", 9)
+    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES))  # steps + services
     template.resource_count_is("AWS::Lambda::LayerVersion", 1)
     template.resource_count_is("AWS::StepFunctions::StateMachine", 1)
     template.resource_count_is("AWS::Events::Rule", 1)
+    template.resource_count_is("AWS::Scheduler::Schedule", 1)  # the sweeper's
     template.resource_count_is("AWS::DynamoDB::Table", 2)
     template.resource_count_is("AWS::SNS::Topic", 1)
     template.resource_count_is("AWS::SQS::Queue", 1)
@@ -193,7 +179,8 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         assert state["Type"] == "Task"
         assert state["Resource"].startswith("arn:<AWS::Partition>:states:::lambda:invoke")
         assert state["Parameters"]["FunctionName"] == f"<{ids[folder]}.Arn>"
-    # And the Map iterates the suspects, each item starting as {alarm, suspect, execution}
+    # And the Map iterates the suspects, each item starting as {alarm, suspect, execution,
+    # item} (the last two: what keys the remediation whatever the steps return)
     remediate = asl["States"]["RemediateSuspects"]
     assert remediate["Type"] == "Map"
     assert remediate["ItemsPath"] == "$.suspects"
@@ -201,6 +188,7 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         "alarm.$": "$.alarm",
         "suspect.$": "$$.Map.Item.Value",
         "execution.$": "$$.Execution.Id",
+        "item.$": "$$.Map.Item.Index",
         "suspects_in_alarm.$": "States.ArrayLength($.suspects)",
     }
 
@@ -313,18 +301,27 @@ def test_approval_waits_for_the_task_token_with_the_configured_timeout(
 def test_decision_branches(default_synth: Any) -> None:
     # Given the ApprovalDecision and HealthCheckStatus choices
     states = item_states(definition(default_synth.template))
-    decision = states["ApprovalDecision"]["Choices"]
+    guard, *decision = states["ApprovalDecision"]["Choices"]
 
     def target(choice: dict[str, Any]) -> str:
         return choice["Next"]
 
-    # Then approve -> record approved -> Replace; reject+release -> Uncordon; reject -> rejected
+    # Then a decision without its decision or approver is a recorded failure, checked first
+    assert target(guard) == "IncompleteDecision"
+    assert states["IncompleteDecision"]["Next"] == "RecordItemFailed"
+    # And approve -> record approved -> Replace; reject+release -> Uncordon; reject -> rejected
     assert target(decision[0]) == "RecordApproved" and states["RecordApproved"]["Next"] == "Replace"
     assert {target(c) for c in decision[1:]} == {"RecordRejected", "Uncordon"}
     assert states["UncordonResult"]["Next"] == "RecordReleased"
     assert states["ReplaceResult"]["Next"] == "RecordReplaced"
     # And the health poll loops while in progress, and skips approval when HyperPod replaced it
-    health = {c["StringEquals"]: c["Next"] for c in states["HealthCheckStatus"]["Choices"]}
+    no_status, *by_status = states["HealthCheckStatus"]["Choices"]
+    assert no_status == {
+        "Variable": "$.health.status",
+        "IsPresent": False,
+        "Next": "NoHealthStatus",
+    }
+    health = {c["StringEquals"]: c["Next"] for c in by_status}
     assert health["in_progress"] == "WaitForHealthCheck"
     assert states["WaitForHealthCheck"]["Next"] == "PollHealthCheck"
     assert states[health["replaced_by_hyperpod"]].get("End") is True
@@ -360,7 +357,7 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
     functions = resources(default_synth.template, "AWS::Lambda::Function")
     handlers = sorted(fn["Properties"]["Handler"] for fn in functions.values())
     # Then one per contract folder, handler <folder>.handler.handler
-    assert handlers == sorted(f"{folder}.handler.handler" for folder in STEPS)
+    assert handlers == sorted(f"{folder}.handler.handler" for folder in {**STEPS, **SERVICES})
     for fn in functions.values():
         props = fn["Properties"]
         assert props["Runtime"] == "python3.14"
@@ -378,18 +375,21 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert env["ALARM_ACCOUNT_ID"] == {"Ref": "AWS::AccountId"}
         assert env["ALARM_NAME_PREFIX"] == "sdc-guard-example-hyperpod-cluster-"
         assert int(env["APPROVAL_TTL_SECONDS"]) > 86400
+        # The approval timeout is passed as itself (the functions no longer subtract a day)
+        assert env["APPROVAL_TIMEOUT_SECONDS"] == "86400"
         assert "stateMachine:sdc-guard-example-hyperpod-cluster" in flatten(
             env["STATE_MACHINE_ARN"]
         )
-    # And admit runs one at a time, so the blast-radius guard cannot race itself
-    admit = functions[function_ids(default_synth.template)["admit"]]
-    assert admit["Properties"]["ReservedConcurrentExecutions"] == 1
+    # And no function has a reserved concurrency (admit's guard transaction serialises; a
+    # limit of one turned a storm into throttling and a failure per node)
+    assert all("ReservedConcurrentExecutions" not in f["Properties"] for f in functions.values())
 
 
 def test_tables_have_the_contract_keys_and_protection(default_synth: Any) -> None:
     # Given the two tables
     template = Template.from_json(default_synth.template)
-    # Then the ledger is pk/sk with the by_cluster index, PITR and KMS encryption
+    # Then the ledger is pk/sk (no secondary index: the guard counts from its own item), PITR
+    # and KMS encryption
     template.has_resource(
         "AWS::DynamoDB::Table",
         {
@@ -399,17 +399,6 @@ def test_tables_have_the_contract_keys_and_protection(default_synth: Any) -> Non
                     "KeySchema": [
                         {"AttributeName": "pk", "KeyType": "HASH"},
                         {"AttributeName": "sk", "KeyType": "RANGE"},
-                    ],
-                    "GlobalSecondaryIndexes": [
-                        Match.object_like(
-                            {
-                                "IndexName": "by_cluster",
-                                "KeySchema": [
-                                    {"AttributeName": "cluster", "KeyType": "HASH"},
-                                    {"AttributeName": "admitted_at", "KeyType": "RANGE"},
-                                ],
-                            }
-                        )
                     ],
                     "BillingMode": "PAY_PER_REQUEST",
                     "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
@@ -530,7 +519,7 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
     (ledger_id,) = [
         k
         for k, t in resources(template, "AWS::DynamoDB::Table").items()
-        if "GlobalSecondaryIndexes" in t["Properties"]
+        if len(t["Properties"]["KeySchema"]) == 2
     ]
     (topic_id,) = resources(template, "AWS::SNS::Topic")
     cluster_arn = "arn:aws:sagemaker:us-west-2:123456789012:cluster/abcdef123456"
@@ -549,15 +538,13 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         for f, acts in by_step.items()
         if "dynamodb:PutItem" in acts and any(ledger_id in r for r in acts["dynamodb:PutItem"])
     }
-    assert writers == {"admit", "record"}
-    assert by_step["admit"]["dynamodb:Query"] == [
-        f"<{ledger_id}.Arn>",
-        f"<{ledger_id}.Arn>/index/by_cluster",
-    ]
-    # And notifications are published only by record and request_approval, to our topic
+    assert writers == {"admit", "record", "sweeper", "approve"}  # approve: releases
+    assert by_step["admit"]["dynamodb:Query"] == [f"<{ledger_id}.Arn>"]
+    # And notifications are published only by record, request_approval and the sweeper
     assert {f for f, acts in by_step.items() if "sns:Publish" in acts} == {
         "record",
         "request_approval",
+        "sweeper",
     }
     assert by_step["record"]["sns:Publish"] == [f"<{topic_id}>"]
     # And eks:DescribeCluster is on the named cluster, for the Kubernetes-facing steps only
@@ -569,6 +556,8 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         "admit",
         "record",
         "request_approval",
+        "sweeper",
+        "approve",
     }
 
 
@@ -632,17 +621,51 @@ def test_liveness_alarm_notifies_when_the_job_stops_checking(variant_synth: Any)
     assert alarm["AlarmActions"] == [{"Ref": topic_id}]
 
 
-def test_operator_policy_can_answer_the_workflow_and_decide_approvals(default_synth: Any) -> None:
-    # Given the operators' managed policy
+def test_operators_decide_only_through_the_approve_function_url(default_synth: Any) -> None:
+    # Given the operators' managed policy and every role of the stack
     template = default_synth.template
-    (machine_id,) = resources(template, "AWS::StepFunctions::StateMachine")
+    (approvals_id,) = [
+        k
+        for k, t in resources(template, "AWS::DynamoDB::Table").items()
+        if len(t["Properties"]["KeySchema"]) == 1
+    ]
+    approve_id = function_ids(template)["approve"]
     policies = [p["Properties"] for p in resources(template, "AWS::IAM::ManagedPolicy").values()]
     (operators,) = [p for p in policies if "operators" in p["Description"]]
-    allowed = actions_of(operators["PolicyDocument"]["Statement"])
-    # Then SendTaskSuccess is allowed on this state machine only, and approvals can be updated
-    assert allowed["states:SendTaskSuccess"] == [f"<{machine_id}>"]
-    assert "dynamodb:UpdateItem" in allowed
+    statements = operators["PolicyDocument"]["Statement"]
+    allowed = actions_of(statements)
+    # Then operators may call the approve function's AWS_IAM URL, and invoke it only that way
+    assert allowed["lambda:InvokeFunctionUrl"] == [f"<{approve_id}.Arn>"]
+    (url,) = [s for s in statements if "lambda:InvokeFunctionUrl" in as_list(s["Action"])]
+    assert url["Condition"] == {"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}
+    (invoke,) = [s for s in statements if "lambda:InvokeFunction" in as_list(s["Action"])]
+    assert invoke["Condition"] == {"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}
+    # And they can neither send task results nor read the approvals table (task tokens) nor
+    # read execution histories (which hold the token too)
+    assert not [a for a in allowed if a.startswith("states:")]
+    assert not any(approvals_id in r for rs in allowed.values() for r in rs)
     assert not any(r == "*" for rs in allowed.values() for r in rs)
+    # And of all the stack's roles, only the approve function's may send task results
+    senders = set()
+    for policy in resources(template, "AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if any(a.startswith("states:SendTask") for a in as_list(statement["Action"])):
+                senders.update(r["Ref"] for r in policy["Properties"]["Roles"])
+                assert as_list(statement["Action"]) == ["states:SendTaskSuccess"]
+                (machine_arn,) = as_list(statement["Resource"])
+                assert flatten(machine_arn).endswith(
+                    ":stateMachine:sdc-guard-example-hyperpod-cluster"
+                )
+    approve_role = template["Resources"][approve_id]["Properties"]["Role"]["Fn::GetAtt"][0]
+    assert senders == {approve_role}
+
+
+def test_the_approve_function_has_an_aws_iam_url(default_synth: Any) -> None:
+    template = default_synth.template
+    approve_id = function_ids(template)["approve"]
+    (url,) = resources(template, "AWS::Lambda::Url").values()
+    assert url["Properties"]["AuthType"] == "AWS_IAM"
+    assert url["Properties"]["TargetFunctionArn"] == {"Fn::GetAtt": [approve_id, "Arn"]}
 
 
 def test_outputs_tell_the_user_what_to_run(default_synth: Any) -> None:
@@ -656,12 +679,14 @@ def test_outputs_tell_the_user_what_to_run(default_synth: Any) -> None:
         "TopicArn",
         "DashboardUrl",
         "ApproveCommand",
+        "ApprovalUrl",
         "OperatorPolicyArn",
         "AgentPolicyArn",
     ):
         assert name in outputs, name
     command = flatten(outputs["ApproveCommand"]["Value"])
-    assert command.startswith("sdc-remediation approve APPROVAL_ID --approvals-table <")
+    assert command.startswith("sdc-remediation --approval-url <")
+    assert command.endswith(" approve APPROVAL_ID")
     assert "--ledger-table <" in command
 
 
@@ -702,3 +727,26 @@ def test_code_asset_is_the_lambdas_folder_without_build_leftovers(default_synth:
     assert not [f for f in files if "__pycache__" in f or ".egg-info" in f or f.endswith(".pyc")]
     assert not [f for f in files if f == "tests" or f.startswith("tests/") or "/tests/" in f]
     assert "pyproject.toml" not in files
+
+
+def test_the_sweeper_runs_on_a_schedule_and_may_only_read_executions(default_synth: Any) -> None:
+    # Given the sweeper function and its schedule
+    template = default_synth.template
+    sweeper = function_ids(template)["sweeper"]
+    (schedule,) = [
+        r["Properties"] for r in resources(template, "AWS::Scheduler::Schedule").values()
+    ]
+    # Then it runs every 15 minutes
+    assert schedule["ScheduleExpression"] == "rate(15 minutes)"
+    assert schedule["Target"]["Arn"] == {"Fn::GetAtt": [sweeper, "Arn"]}
+    # And its role reads executions of this state machine only, and never sends task results
+    role = template["Resources"][sweeper]["Properties"]["Role"]["Fn::GetAtt"][0]
+    statements = role_statements(template, role)
+    states_actions = {
+        a for s in statements for a in as_list(s["Action"]) if a.startswith("states:")
+    }
+    assert states_actions == {"states:DescribeExecution"}
+    (describe,) = [s for s in statements if "states:DescribeExecution" in as_list(s["Action"])]
+    assert flatten(as_list(describe["Resource"])[0]).endswith(
+        ":execution:sdc-guard-example-hyperpod-cluster:*"
+    )

@@ -381,3 +381,105 @@ def test_an_untrusted_report_ends_notified_with_nothing_cordoned(fast_synth: Syn
     assert "ranks.3.instance_id" in failed["error"]["Cause"]
     assert len(run.inputs("localize")) == 1
     assert run.inputs("admit") == [] and run.inputs("cordon") == []
+
+
+def test_storms_are_bounded_and_retries_jittered(fast_synth: Synth) -> None:
+    # Given the synthesized definition
+    from tests.infra.infra_template import definition
+
+    asl = definition(fast_synth.template)
+    remediate = asl["States"]["RemediateSuspects"]
+    states = {**asl["States"], **remediate["ItemProcessor"]["States"]}
+    # Then the Map runs a bounded number of suspects at once
+    assert 1 <= remediate["MaxConcurrency"] <= 20
+    # And every retry is fully jittered, so the items that lost a race do not retry together
+    retries = [r for s in states.values() for r in s.get("Retry", [])]
+    assert retries and all(r.get("JitterStrategy") == "FULL" for r in retries)
+
+
+def _missing_keys_steps(broken: str) -> dict[str, Any]:
+    steps = happy_steps(["passed"])
+    steps[broken] = lambda s: {"unexpected": True}
+    return steps
+
+
+@pytest.mark.parametrize("broken", ["admit", "start_health_check", "poll_health_check"])
+def test_a_step_whose_output_lacks_its_keys_is_recorded_as_failed(
+    fast_synth: Synth, broken: str
+) -> None:
+    # Given a step that answers without the key the next Choice reads
+    with workflow(fast_synth.template, _missing_keys_steps(broken)) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, f"missing-{broken}"))
+    # Then the item ends in the failure recorder (not a States.Runtime error that nothing sees),
+    # which is given what keys the remediation: the execution id and the Map item index
+    assert result["status"] == "SUCCEEDED", result
+    assert run.transitions()[-1] == "failed"
+    failed = run.inputs("record")[-1]
+    assert failed["error"]["Error"] == "UnexpectedStepResult"
+    assert failed["execution"].endswith(f":missing-{broken}")
+    assert failed["state"]["item"] == 0
+    assert run.inputs("replace") == [] and run.inputs("uncordon") == []
+
+
+def test_an_approval_without_approver_is_recorded_as_failed_not_approved(fast_synth: Synth) -> None:
+    # Given an approval sent without `approver` (straight to SendTaskSuccess, not via sdc-guard)
+    with workflow(fast_synth.template, happy_steps(["passed"])) as (sfn, machine, run):
+        execution = start(sfn, machine, EVENT, "no-approver")
+        decide(sfn, run, {"decision": "approve", "approval_id": "a-1"})
+        result = finish(sfn, execution)
+    # Then nothing is replaced and the failure is recorded
+    assert result["status"] == "SUCCEEDED", result
+    assert run.transitions()[-2:] == ["awaiting_approval", "failed"]
+    assert run.inputs("replace") == []
+
+
+def test_a_step_that_keeps_failing_ends_recorded_on_every_path(fast_synth: Synth) -> None:
+    # Given each step in turn raising an error nobody expected (a bug)
+    for broken in ("admit", "cordon", "start_health_check", "poll_health_check", "replace"):
+        steps = happy_steps(["passed"])
+        steps[broken] = lambda s: (_ for _ in ()).throw(KeyError("bug"))
+        with workflow(fast_synth.template, steps) as (sfn, machine, run):
+            execution = start(sfn, machine, EVENT, f"bug-{broken}")
+            if broken == "replace":
+                decide(
+                    sfn,
+                    run,
+                    {
+                        "decision": "approve",
+                        "approver": "arn:aws:iam::1:user/op",
+                        "approval_id": "a",
+                    },
+                )
+            result = finish(sfn, execution)
+        # Then the item ends with `failed` recorded (which closes the remediation) every time
+        assert result["status"] == "SUCCEEDED", (broken, result)
+        assert run.transitions()[-1] == "failed", broken
+        assert run.inputs("record")[-1]["error"]["Error"] == "KeyError", broken
+
+
+def test_a_50_node_storm_runs_through_the_definition_without_a_failure_per_node(
+    fast_synth: Synth,
+) -> None:
+    # Given one alarm naming 50 nodes, and admit answering circuit_open for each (the guard's
+    # answer to an alarm larger than the blast radius; tests/lambdas checks the guard and the
+    # once-per-execution message)
+    suspects = [
+        {**SUSPECT, "node_name": f"hyperpod-i-{n:017x}", "instance_id": f"i-{n:017x}"}
+        for n in range(50)
+    ]
+    steps = happy_steps([])
+    steps["localize"] = localized(suspects)
+    steps["admit"] = lambda s: {
+        "decision": "circuit_open",
+        "remediation_id": None,
+        "reason": f"one alarm names {s['suspects_in_alarm']} nodes",
+    }
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "storm"), timeout=180)
+    # Then every item ends as circuit_open (recorded with the execution and its own item index),
+    # nothing is cordoned and nothing fails
+    assert result["status"] == "SUCCEEDED", result
+    assert run.transitions() == ["circuit_open"] * 50
+    assert sorted(r["state"]["item"] for r in run.inputs("record")) == list(range(50))
+    assert {r["state"]["suspects_in_alarm"] for r in run.inputs("record")} == {50}
+    assert run.inputs("cordon") == []

@@ -62,6 +62,7 @@ _OWNED_VARS = [
     "HEALTH_CHECK_TIMEOUT_SECONDS",
     "REPLACE_MODE",
     "APPROVAL_TTL_SECONDS",
+    "APPROVAL_TIMEOUT_SECONDS",
     "DRY_RUN",
     "STATE_MACHINE_ARN",
     "K8S_API_ENDPOINT",
@@ -153,18 +154,6 @@ def cloud() -> Iterator[Cloud]:
             AttributeDefinitions=[
                 {"AttributeName": "pk", "AttributeType": "S"},
                 {"AttributeName": "sk", "AttributeType": "S"},
-                {"AttributeName": "cluster", "AttributeType": "S"},
-                {"AttributeName": "admitted_at", "AttributeType": "S"},
-            ],
-            GlobalSecondaryIndexes=[
-                {
-                    "IndexName": "by_cluster",
-                    "KeySchema": [
-                        {"AttributeName": "cluster", "KeyType": "HASH"},
-                        {"AttributeName": "admitted_at", "KeyType": "RANGE"},
-                    ],
-                    "Projection": {"ProjectionType": "ALL"},
-                }
             ],
             BillingMode="PAY_PER_REQUEST",
         )

@@ -112,12 +112,20 @@ def test_the_fraction_limit_caps_open_remediations_until_one_closes(cloud, invok
 
 
 def test_the_hourly_cap_rolls_over_after_an_hour(cloud, invoke, monkeypatch):
-    # Given two admissions an hour and a bit ago (and their nodes since closed)
+    # Given two admissions an hour and a bit ago (and their nodes since replaced: a node left
+    # cordoned would keep counting until released)
     monkeypatch.setenv("MAX_FRACTION", "1.0")
     past = datetime.now(UTC) - timedelta(minutes=61)
     monkeypatch.setattr(clock, "now", lambda: past)
-    invoke("admit", item_state(cloud.nodes[0], execution="e0"))
-    invoke("admit", item_state(cloud.nodes[1], execution="e1"))
+    for i in (0, 1):
+        admission = invoke("admit", item_state(cloud.nodes[i], execution=f"e{i}"))
+        invoke(
+            "record",
+            {
+                "transition": "replaced",
+                "state": item_state(cloud.nodes[i], execution=f"e{i}", admission=admission),
+            },
+        )
     blocked_then = invoke("admit", item_state(cloud.nodes[2], execution="e2"))
     monkeypatch.setattr(clock, "now", lambda: datetime.now(UTC))
 

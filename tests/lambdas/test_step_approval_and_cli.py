@@ -256,10 +256,13 @@ def test_history_shows_a_nodes_transitions(cloud, invoke):
     # When
     result = _cli("history", "--node", f"hyperpod-{node}")
 
-    # Then
+    # Then one line per transition, and the alarm's resume rule (the agent's) once
     assert result.exit_code == 0
     lines = result.output.strip().splitlines()
-    assert [line.split()[3] for line in lines] == ["admitted", "cordoned"]
+    events = [line for line in lines if not line.startswith(" ")]
+    assert [line.split()[3] for line in events] == ["admitted", "cordoned"]
+    rules = [line.strip() for line in lines if line.startswith(" ")]
+    assert rules == ["resume rule: resume from the newest checkpoint at or before step 100"]
 
 
 def test_missing_table_option_is_a_clear_error():

@@ -111,10 +111,15 @@ def test_alarm_to_approved_replacement(cloud, k8s, invoke):
     assert state["health"]["label_before"] == "Passed"
     assert state["replacement"]["requested"] is True
     history = CliRunner().invoke(main, ["--ledger-table", LEDGER, "history", "--node", node]).output
-    assert [line.split()[3] for line in history.strip().splitlines()] == [
+    lines = history.strip().splitlines()
+    assert [line.split()[3] for line in lines if not line.startswith(" ")] == [
         "admitted",
         "cordoned",
         "replaced",
+    ]
+    # And the history states where the job may resume (the agent's rule for this alarm)
+    assert [line.strip() for line in lines if line.startswith(" ")] == [
+        f"resume rule: resume from the newest checkpoint at or before step {body['last_audit_pass']}"
     ]
     subjects = [m["subject"] for m in cloud.sns_messages()]
     assert (

@@ -69,32 +69,92 @@ def test_a_new_alarm_after_a_failed_remediation_is_admitted_again(cloud, invoke)
     assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == [node]
 
 
-@pytest.mark.parametrize("terminal", ["rejected", "approval_timed_out"])
-def test_a_node_kept_cordoned_frees_the_guard_of_a_small_cluster(cloud, invoke, terminal):
-    # Given a 32-node cluster (one remediation open at most) whose first suspect was kept
-    # cordoned by the operator, or whose approval timed out
+@pytest.mark.parametrize("terminal", ["rejected", "approval_timed_out", "failed"])
+def test_a_node_kept_cordoned_holds_its_guard_slot_until_released(cloud, invoke, terminal):
+    # Given a 32-node cluster (one node out of service at most) whose first suspect was kept
+    # cordoned by the operator, whose approval timed out, or whose remediation failed
     a, b = cloud.nodes[:2]
     first = _admit_on_32_nodes(a, "e-a")
-    blocked = _admit_on_32_nodes(b, "e-b0")
-    _record(invoke, terminal, a, "e-a", first)
+    _record(
+        invoke, terminal, a, "e-a", first, **({"error": FAILURE} if terminal == "failed" else {})
+    )
 
-    # When another node alarms
-    other = _admit_on_32_nodes(b, "e-b1")
+    # When another node alarms while the first is still cordoned, then after an operator
+    # released the first one
+    while_held = _admit_on_32_nodes(b, "e-b0")
+    ledger.Ledger(LEDGER).release(CLUSTER, f"hyperpod-{a}", released_by="arn:aws:iam::1:user/op")
+    after_release = _admit_on_32_nodes(b, "e-b1")
 
-    # Then: it was blocked while the first was in flight, and is admitted once that ended
-    assert blocked["decision"] == "circuit_open" and "MAX_FRACTION" in blocked["reason"]
-    assert other["decision"] == "admitted"
+    # Then: the remediation ended (a new alarm on the node is not a silent duplicate), but the
+    # cordoned node held its slot until released
     assert _item(a, "STATE")["open"] is False
     assert _item(a, "STATE")["status"] == terminal
-    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == [b]
+    assert while_held["decision"] == "circuit_open"
+    assert "not released" in while_held["reason"]
+    assert after_release["decision"] == "admitted"
+    guard = _item(ledger.guard_pk(CLUSTER), "GUARD")
+    assert guard["open_instances"] == [b]
+    assert [h["instance_id"] for h in guard["held"]] == [b]
+    # And the release is in the node's history with who released it
+    released = [e for e in ledger.Ledger(LEDGER).events(a) if e["transition"] == "released"]
+    assert [e["approver"] for e in released] == ["arn:aws:iam::1:user/op"]
+
+
+def test_a_replaced_or_released_node_frees_its_slot_at_once(cloud, invoke):
+    # Given a 32-node cluster: one node replaced, then another uncordoned by the workflow
+    a, b, c = cloud.nodes[:3]
+    first = _admit_on_32_nodes(a, "e-a")
+    _record(invoke, "replaced", a, "e-a", first)
+    second = _admit_on_32_nodes(b, "e-b")
+    _record(invoke, "released", b, "e-b", second)
+
+    # When a third node alarms (the hourly cap is 2: lift it for this test)
+    third = ledger.Ledger(LEDGER).admit(
+        ledger.AdmitRequest(
+            cluster=CLUSTER,
+            instance_id=c,
+            node_name=f"hyperpod-{c}",
+            execution="e-c",
+            cluster_nodes=32,
+            max_nodes_per_hour=10,
+            max_fraction=0.05,
+        )
+    )
+
+    # Then both earlier nodes were admitted in turn and nothing holds the slot any more
+    assert second["decision"] == "admitted"
+    assert third.decision == "admitted"
+
+
+def test_a_bug_that_fails_every_remediation_cannot_cordon_more_than_the_limit(cloud, invoke):
+    # Given a bug that fails every remediation right after the cordon, and alarms on 10 nodes
+    # spread over 12 hours (each hour's cap would admit 2 more if failures freed their slots)
+    from datetime import UTC, datetime, timedelta
+
+    from sdc_remediation import clock
+
+    start = datetime.now(UTC) - timedelta(hours=12)
+    decisions = []
+    for hour, node in enumerate(cloud.nodes[:10]):
+        moment = start + timedelta(hours=hour, minutes=1)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(clock, "now", lambda moment=moment: moment)
+            admission = _admit_on_32_nodes(node, f"e-{hour}")
+            decisions.append(admission["decision"])
+            if admission["decision"] == "admitted":
+                _record(invoke, "failed", node, f"e-{hour}", admission, error=FAILURE)
+
+    # Then only as many nodes as MAX_FRACTION allows (1 of 32) were ever admitted
+    assert decisions.count("admitted") == 1
+    assert set(decisions[1:]) == {"circuit_open"}
 
 
 def test_closed_remediations_still_count_towards_the_hourly_cap(cloud, invoke):
-    # Given two remediations admitted and rejected within the hour (MAX_NODES_PER_HOUR=2)
+    # Given two remediations admitted and replaced within the hour (MAX_NODES_PER_HOUR=2)
     a, b, c = cloud.nodes[:3]
     for node, execution in ((a, "e-a"), (b, "e-b")):
         admission = _admit_on_32_nodes(node, execution)
-        _record(invoke, "rejected", node, execution, admission)
+        _record(invoke, "replaced", node, execution, admission)
 
     # When a third node alarms in the same hour
     third = _admit_on_32_nodes(c, "e-c")

@@ -75,3 +75,26 @@ def test_dry_run_spellings(raw, expected):
 def test_health_checks_list_is_parsed_in_order():
     s = Settings({"HEALTH_CHECKS": " InstanceConnectivity , InstanceStress "})
     assert s.health_checks == ["InstanceConnectivity", "InstanceStress"]
+
+
+def test_the_approval_timeout_is_read_as_itself():
+    # Given infra's variables for a 2 h wait (the record lives a day longer)
+    s = Settings({"APPROVAL_TIMEOUT_SECONDS": "7200", "APPROVAL_TTL_SECONDS": str(7200 + 86400)})
+    # Then the timeout is the variable, not a difference of two others
+    assert s.approval_timeout_seconds == 7200
+    # And a timeout longer than the record's life is a clear error naming both
+    with pytest.raises(ConfigurationError, match="APPROVAL_TIMEOUT_SECONDS"):
+        _ = Settings(
+            {"APPROVAL_TIMEOUT_SECONDS": "90000", "APPROVAL_TTL_SECONDS": "3600"}
+        ).approval_timeout_seconds
+
+
+def test_every_variable_infra_sets_is_one_the_functions_read():
+    # Given the contract module's list (infra sets exactly these: tests/infra)
+    import inspect
+
+    from sdc_remediation import config, contract
+
+    source = inspect.getsource(config)
+    # Then the settings read each of them, under the same name
+    assert [n for n in contract.FUNCTION_ENVIRONMENT if f'"{n}"' not in source] == []

@@ -8,6 +8,11 @@ change on the alarm (SetAlarmState), builds the "CloudWatch Alarm State Change" 
 EventBridge delivers it, checks it against the rule's event pattern, and hands it to ``deliver``
 (which starts the state machine). What it cannot prove: CloudWatch's own evaluation timing,
 missing-data edge cases beyond "notBreaching", or EventBridge's retry/DLQ behaviour.
+
+CloudWatch evaluates every period; this evaluator runs when a test calls it, however long after
+the datapoints arrived (a busy machine, a slow training job). So each call catches up on every
+round since the previous call: it alarms when any run of EvaluationPeriods periods since then
+held DatapointsToAlarm breaching datapoints, never depending on how soon it was called.
 """
 
 from __future__ import annotations
@@ -87,6 +92,10 @@ class LocalAlarmEvaluator:
     account_id: str = "123456789012"
     region: str = "us-east-1"
     delivered: list[dict[str, Any]] = field(default_factory=list)
+    evaluated_until: datetime.datetime = field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC)
+    )
+    """The end of the last evaluation round (at first, when the evaluator was made)."""
 
     def create_in_cloudwatch(self) -> None:
         """Create the alarms in (moto's) CloudWatch so their state can be recorded there."""
@@ -108,11 +117,11 @@ class LocalAlarmEvaluator:
     def evaluate(self, now: datetime.datetime | None = None) -> list[dict[str, Any]]:
         """One evaluation round; returns (and delivers) the events of alarms that went to ALARM."""
         now = now or datetime.datetime.now(datetime.UTC)
+        since, self.evaluated_until = self.evaluated_until, now
         fired = []
         for alarm in self.alarms:
-            values = self._datapoints(alarm, now)
-            breaching = [v for v in values if _COMPARISONS[alarm.comparison](v, alarm.threshold)]
-            new_state = "ALARM" if len(breaching) >= alarm.datapoints_to_alarm else "OK"
+            values, breaching, round_end = self._breaching_run(alarm, since, now)
+            new_state = "ALARM" if breaching else "OK"
             if new_state == alarm.state:
                 continue
             previous, alarm.state = alarm.state, new_state
@@ -125,15 +134,37 @@ class LocalAlarmEvaluator:
             )
             if new_state != "ALARM":
                 continue
-            event = self._event(alarm, previous, reason, breaching, now)
+            # Stamped with the round that would have fired, as CloudWatch's would have been.
+            event = self._event(alarm, previous, reason, breaching, round_end)
             if matches_pattern(event, self.rule_pattern):
                 self.delivered.append(event)
                 self.deliver(event)
                 fired.append(event)
         return fired
 
-    def _datapoints(self, alarm: AlarmSpec, now: datetime.datetime) -> list[float]:
-        window = datetime.timedelta(seconds=alarm.period * max(alarm.evaluation_periods, 1) + 60)
+    def _breaching_run(
+        self, alarm: AlarmSpec, since: datetime.datetime, now: datetime.datetime
+    ) -> tuple[list[float], list[float], datetime.datetime]:
+        """The datapoints of the rounds since ``since``, the breaching ones of the first run of
+        EvaluationPeriods periods that held DatapointsToAlarm of them ([] when none did), and
+        the end of the round that saw that run (``now`` when none did)."""
+        period = datetime.timedelta(seconds=alarm.period)
+        span = period * max(alarm.evaluation_periods, 1)
+        points = self._datapoints(alarm, since - span, now)
+        breaching = [
+            (t, v) for t, v in points if _COMPARISONS[alarm.comparison](v, alarm.threshold)
+        ]
+        for i, (start, _) in enumerate(breaching):
+            run = [(t, v) for t, v in breaching[i:] if t < start + span]
+            if len(run) >= alarm.datapoints_to_alarm:
+                seen_at = run[alarm.datapoints_to_alarm - 1][0] + period
+                return [v for _, v in points], [v for _, v in run], min(seen_at, now)
+        return [v for _, v in points], [], now
+
+    def _datapoints(
+        self, alarm: AlarmSpec, start: datetime.datetime, now: datetime.datetime
+    ) -> list[tuple[datetime.datetime, float]]:
+        """(timestamp, value) of the alarm's statistic per period from ``start``, oldest first."""
         result = self.cloudwatch.get_metric_data(
             MetricDataQueries=[
                 {
@@ -151,10 +182,12 @@ class LocalAlarmEvaluator:
                     },
                 }
             ],
-            StartTime=now - window,
+            StartTime=start,
             EndTime=now + datetime.timedelta(seconds=alarm.period),
+            ScanBy="TimestampAscending",
         )
-        return [float(v) for v in result["MetricDataResults"][0]["Values"]]
+        series = result["MetricDataResults"][0]
+        return sorted(zip(series["Timestamps"], (float(v) for v in series["Values"]), strict=True))
 
     def _event(
         self,

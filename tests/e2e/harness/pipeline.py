@@ -10,12 +10,24 @@ stood in for:
   folder, with that function's environment from the template (see :meth:`LocalPipeline._invoke`:
   the only adapter, documented there). Handlers learn nothing but endpoints: AWS_ENDPOINT_URL and
   K8S_API_ENDPOINT / K8S_API_CA_DATA, their documented endpoint configuration.
+
 - HyperPod: :class:`HyperPodSimulator` (moto lacks StartClusterHealthCheck and
   BatchReplaceClusterNodes).
 - Kubernetes: the loopback HTTPS API stand-in of tests/support.
 - CloudWatch alarm evaluation + EventBridge delivery: :class:`LocalAlarmEvaluator`.
+- The approve function's URL (AWS_IAM auth): :class:`FunctionUrlStandIn` on a loopback address.
+  The operator CLI decides through it as it would in an account (SigV4-signed, the approver the
+  principal STS names for the signing key); see that module for what it does and does not prove.
 What this cannot prove: IAM (every call is allowed), KMS, Lambda packaging and cold starts,
 real service latencies and eventual consistency, and EventBridge/Step Functions quotas.
+
+The process environment is shared by every thread here (the test's, moto's request and execution
+threads, the handlers'), and botocore and requests iterate it whenever they build a client. So
+it is written only while no thread of the pipeline runs: once at start (the endpoint, fake
+credentials, the Powertools settings every function shares) and once at exit, after every
+execution was stopped and every invocation returned. What differs per function (its template
+environment) reaches its handler through ``sdc_remediation.config.environment``, never through
+``os.environ``.
 """
 
 from __future__ import annotations
@@ -36,7 +48,9 @@ from typing import Any
 from unittest import mock
 
 import boto3
+import botocore.exceptions
 import requests
+from botocore.credentials import Credentials
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.server import ThreadedMotoServer
 
@@ -45,6 +59,7 @@ from infra.template import function_logical_ids, state_machine_definition
 from tests.support.kube_standin import KubeStandIn
 
 from .alarms import AlarmSpec, LocalAlarmEvaluator
+from .function_url import FunctionUrlStandIn
 from .hyperpod import HyperPodSimulator
 
 ACCOUNT = "123456789012"
@@ -54,6 +69,29 @@ LAMBDAS = REPO / "lambdas"
 
 _TEMPLATES: dict[str, dict[str, Any]] = {}
 _INVOKE_LOCK = threading.RLock()
+
+QUIESCE_SECONDS = 120.0
+"""How long closing a pipeline waits for the invocations in flight to return (a busy machine)."""
+
+
+@contextlib.contextmanager
+def process_environment(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the block, then put back exactly what was there.
+
+    Only for moments when no other thread of ours runs (see the module docstring): a thread that
+    iterates os.environ while a key is added or removed fails with KeyError or RuntimeError.
+    Only the given keys are touched, unlike ``mock.patch.dict``, which clears and refills all.
+    """
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
 
 
 def template_for(context: dict[str, Any]) -> dict[str, Any]:
@@ -180,8 +218,16 @@ class LocalPipeline:
         self.executions: list[str] = []
         self._stack = contextlib.ExitStack()
         self._function_env: dict[str, dict[str, str]] = {}
+        self._in_flight = threading.Condition()
+        self._running_invokes = 0
+        self._closing = False
+        self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
         self._physical: dict[str, str] = {}
         self._arns: dict[str, str] = {}
+        self._known_keys: dict[str, Credentials] = {}
+        self._principals: dict[str, str] = {}
+        self._principals_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> LocalPipeline:
@@ -198,22 +244,43 @@ class LocalPipeline:
     def _start(self) -> None:
         self.template = template_for(self.context)
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        runtime_env = self._shared_runtime_env()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
-        self._stack.callback(server.stop)
-        host, port = server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
-        self.aws_env = {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_SESSION_TOKEN": "testing",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            # moto's Step Functions executor calls Lambda at localhost:$MOTO_PORT.
-            "MOTO_PORT": str(port),
-        }
-        self._stack.enter_context(mock.patch.dict(os.environ, self.aws_env))
+        try:
+            host, port = server.get_host_and_port()
+            self.endpoint = f"http://{host}:{port}"
+            self.aws_env = {
+                "AWS_ENDPOINT_URL": self.endpoint,
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_SESSION_TOKEN": "testing",
+                "AWS_DEFAULT_REGION": REGION,
+                "AWS_REGION": REGION,
+                # moto's Step Functions executor calls Lambda at localhost:$MOTO_PORT.
+                "MOTO_PORT": str(port),
+            }
+            # The one write at start: the server thread only waits for connections until the
+            # first request below, and nothing else of this pipeline runs yet.
+            self._stack.enter_context(process_environment({**self.aws_env, **runtime_env}))
+        finally:
+            # Registered after the environment, so unwound before it: the server has stopped
+            # when the environment is put back.
+            self._stack.callback(server.stop)
+        self._import_handlers()
+        self._session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION
+        )
+        # moto's executor threads build a Lambda client from boto3's default session for each
+        # task, concurrently under a Map; build one here first, so that the session's lazily
+        # created parts (loaders, resolvers) exist before they race to create them.
+        boto3.client(
+            "lambda",
+            region_name=REGION,
+            endpoint_url=self.endpoint,
+            aws_access_key_id="ak",
+            aws_secret_access_key="sk",
+        )
         # moto's backends are process globals: start every pipeline from an empty account.
         requests.post(f"{self.endpoint}/moto-api/reset", timeout=10).raise_for_status()
         requests.post(
@@ -237,8 +304,6 @@ class LocalPipeline:
         self._stack.enter_context(
             mock.patch.object(LambdaSimpleBackend, "invoke", self._invoke_method())
         )
-        if str(LAMBDAS) not in sys.path:
-            sys.path.insert(0, str(LAMBDAS))
         from sdc_remediation import aws as remediation_aws
 
         remediation_aws.reset_clients()  # clients cached for an earlier endpoint
@@ -247,10 +312,83 @@ class LocalPipeline:
         self._create_resources()
         self._create_state_machine()
         self._create_evaluator()
+        self._start_function_url()
+        # Unwound first: nothing of this pipeline may still run when the rest is torn down.
+        self._stack.callback(self._quiesce)
+
+    def _shared_runtime_env(self) -> dict[str, str]:
+        """The Powertools settings, which every function of the template shares.
+
+        Powertools reads them from the process environment when its singletons are built (and
+        POWERTOOLS_METRICS_DISABLED at each flush), and all handlers here share one process, so
+        they are set once for the whole pipeline; the template gives every function the same.
+        """
+        values: dict[str, str] = {}
+        for logical_id in function_logical_ids(self.template).values():
+            variables = self._resources("AWS::Lambda::Function")[logical_id]["Properties"]
+            for key, value in variables.get("Environment", {}).get("Variables", {}).items():
+                shared = key.startswith("POWERTOOLS_") or key == "LOG_LEVEL"
+                if shared and values.setdefault(key, value) != value:
+                    raise ValueError(
+                        f"the local pipeline runs every function in one process, so they "
+                        f"must share {key}; the template gives {values[key]!r} and {value!r}"
+                    )
+        # No X-Ray daemon here; Powertools would otherwise try to reach one.
+        values["POWERTOOLS_TRACE_DISABLED"] = "true"
+        if self.quiet_handlers:
+            # EMF lines on stdout would interleave with the demo's timeline.
+            values["POWERTOOLS_METRICS_DISABLED"] = "true"
+        return values
+
+    def _import_handlers(self) -> None:
+        """Import every handler now, in this thread, with the environment just set: Powertools
+        builds its singletons at import, and an import inside an invocation's thread would race
+        another's. ``quiet_handlers`` lowers the shared logger for the pipeline's lifetime."""
+        if str(LAMBDAS) not in sys.path:
+            sys.path.insert(0, str(LAMBDAS))
+        for folder in function_logical_ids(self.template):
+            importlib.import_module(f"{folder}.handler")
+        self._config = importlib.import_module("sdc_remediation.config")
+        if self.quiet_handlers:
+            from sdc_remediation.observability import logger
+
+            level = logger.log_level
+            logger.setLevel("ERROR")
+            self._stack.callback(logger.setLevel, level)
+
+    def _quiesce(self) -> None:
+        """Stop what still runs (an execution waiting for approval, a retry loop), refuse new
+        invocations and wait for those in flight, so the process environment can be restored
+        with no thread of this pipeline left to read it."""
+        with self._in_flight:
+            self._closing = True
+        sfn = self.client("stepfunctions")
+        for arn in self.executions:
+            try:
+                if self.execution(arn)["status"] == "RUNNING":
+                    sfn.stop_execution(executionArn=arn, error="LocalPipelineClosed")
+            except botocore.exceptions.ClientError as exc:
+                logging.getLogger(__name__).warning("could not stop %s: %s", arn, exc)
+        with self._in_flight:
+            if not self._in_flight.wait_for(
+                lambda: self._running_invokes == 0, timeout=QUIESCE_SECONDS
+            ):
+                raise TimeoutError(
+                    f"{self._running_invokes} Lambda invocation(s) still running "
+                    f"{QUIESCE_SECONDS:.0f} s after the pipeline was closed"
+                )
 
     def client(self, service: str) -> Any:
-        """A boto3 client for the embedded AWS."""
-        return boto3.client(service, region_name=REGION, endpoint_url=self.endpoint)
+        """A boto3 client for the embedded AWS (one per service, made on first use).
+
+        From a session of the pipeline's own with its credentials given, not boto3's default
+        session: a boto3 session is not thread-safe, and moto's executor threads build their
+        clients from the default one.
+        """
+        with self._clients_lock:
+            if service not in self._clients:
+                self._clients[service] = self._session.client(service, endpoint_url=self.endpoint)
+            return self._clients[service]
 
     # ------------------------------------------------------------------ the cluster
     def _create_cluster(self) -> None:
@@ -363,19 +501,7 @@ class LocalPipeline:
                 functions[logical_id]["Properties"].get("Environment", {}).get("Variables", {})
             )
             env = {k: str(self.resolve(v)) for k, v in variables.items()}
-            env.update(
-                K8S_API_ENDPOINT=self.kube.url,
-                K8S_API_CA_DATA=self.kube.ca_b64,
-                # No X-Ray daemon here; Powertools would otherwise try to reach one.
-                POWERTOOLS_TRACE_DISABLED="true",
-                AWS_LAMBDA_FUNCTION_NAME=folder,
-            )
-            if self.quiet_handlers:
-                env.update(
-                    LOG_LEVEL="ERROR",
-                    POWERTOOLS_LOG_LEVEL="ERROR",
-                    POWERTOOLS_METRICS_DISABLED="true",
-                )
+            env.update(K8S_API_ENDPOINT=self.kube.url, K8S_API_CA_DATA=self.kube.ca_b64)
             self._function_env[folder] = env
 
     def _create_state_machine(self) -> None:
@@ -418,6 +544,62 @@ class LocalPipeline:
         )
         self.evaluator.create_in_cloudwatch()
 
+    # ------------------------------------------------------------------ the approval URL
+    def _start_function_url(self) -> None:
+        """Serve the approve function's URL on a loopback address (``self.approval_url``)."""
+        self.add_credentials(Credentials("testing", "testing", "testing"))
+        self.function_url = FunctionUrlStandIn(
+            region=REGION,
+            secret_for=self._known_keys.get,
+            principal_of=self._principal_of,
+            invoke=self._invoke_approve,
+        )
+        self.approval_url = self._stack.enter_context(self.function_url)
+
+    def add_credentials(self, credentials: Credentials) -> None:
+        """Let the embedded AWS authenticate requests signed with ``credentials`` (what IAM knows
+        of a key: its secret). The process's own test credentials are known from the start."""
+        self._known_keys[credentials.access_key] = credentials
+
+    def operator_environment(self, role: str, session: str) -> dict[str, str]:
+        """Credentials of an operator who assumed ``role`` (for a CLI in its own process): the
+        approve function's URL then authenticates them as
+        ``arn:aws:sts::<account>:assumed-role/<role>/<session>``."""
+        answer = self.client("sts").assume_role(
+            RoleArn=f"arn:aws:iam::{ACCOUNT}:role/{role}", RoleSessionName=session
+        )["Credentials"]
+        credentials = Credentials(
+            answer["AccessKeyId"], answer["SecretAccessKey"], answer["SessionToken"]
+        )
+        self.add_credentials(credentials)
+        return {
+            "AWS_ACCESS_KEY_ID": credentials.access_key,
+            "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
+            "AWS_SESSION_TOKEN": credentials.token,
+        }
+
+    def _principal_of(self, credentials: Credentials) -> str:
+        """The ARN AWS authenticates ``credentials`` as: STS GetCallerIdentity with that key."""
+        with self._principals_lock:
+            if credentials.access_key not in self._principals:
+                sts = boto3.session.Session(
+                    aws_access_key_id=credentials.access_key,
+                    aws_secret_access_key=credentials.secret_key,
+                    aws_session_token=credentials.token,
+                    region_name=REGION,
+                ).client("sts", endpoint_url=self.endpoint)
+                self._principals[credentials.access_key] = sts.get_caller_identity()["Arn"]
+            return self._principals[credentials.access_key]
+
+    def _invoke_approve(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Run the approve function for a function URL event; its HTTP response. A function
+        error is answered 502, as a function URL does."""
+        response_headers: dict[str, str] = {}
+        out = json.loads(self._invoke("approve", json.dumps(event), response_headers))
+        if response_headers.get("x-amz-function-error"):
+            return {"statusCode": 502, "body": json.dumps({"Message": "Internal Server Error"})}
+        return out
+
     # ------------------------------------------------------------------ the Lambda adapter
     def _invoke_method(self) -> Callable[..., bytes]:
         pipeline = self
@@ -438,11 +620,33 @@ class LocalPipeline:
         """Run the real handler of ``function_name`` in this process, as the Lambda runtime would:
         its environment from the template, a context object, and an unhandled exception reported
         as a function error whose errorType is the exception's class name (what Retry/Catch
-        match). Invocations are serialised because each sets the process environment."""
+        match).
+
+        The function's environment reaches its settings through ``config.environment`` (this
+        thread only); ``os.environ`` is never written here. Invocations are still serialised: the
+        handlers share Powertools' metrics and logger singletons, and one Lambda execution
+        environment never runs two invocations at once either. After the pipeline closed, an
+        invocation (a straggling execution's) is refused as a function error.
+        """
         folder = function_name.rsplit(":", 1)[-1]
         payload = json.loads(body) if body else {}
+        with self._in_flight:
+            if self._closing:
+                response_headers["x-amz-function-error"] = "Unhandled"
+                return json.dumps(
+                    {"errorType": "LocalPipelineClosed", "errorMessage": "the pipeline closed"}
+                ).encode()
+            self._running_invokes += 1
+        try:
+            return self._run_handler(folder, payload, response_headers)
+        finally:
+            with self._in_flight:
+                self._running_invokes -= 1
+                self._in_flight.notify_all()
+
+    def _run_handler(self, folder: str, payload: Any, response_headers: dict[str, str]) -> bytes:
         call = Invocation(folder=folder, payload=payload, started=time.time())
-        with _INVOKE_LOCK, mock.patch.dict(os.environ, self._function_env[folder]):
+        with _INVOKE_LOCK, self._config.environment(self._function_env[folder]):
             try:
                 module = importlib.import_module(f"{folder}.handler")
                 context = LambdaContext(
@@ -472,7 +676,7 @@ class LocalPipeline:
         self.executions.append(arn)
         return arn
 
-    def wait(self, condition: Callable[[], Any], timeout: float = 120.0, what: str = "") -> Any:
+    def wait(self, condition: Callable[[], Any], timeout: float = 180.0, what: str = "") -> Any:
         """Poll until ``condition()`` is truthy; returns its value."""
         deadline = time.monotonic() + timeout
         while True:
@@ -489,7 +693,7 @@ class LocalPipeline:
         """describe_execution."""
         return self.client("stepfunctions").describe_execution(executionArn=arn)
 
-    def finish(self, arn: str, timeout: float = 120.0) -> dict[str, Any]:
+    def finish(self, arn: str, timeout: float = 180.0) -> dict[str, Any]:
         """Wait until the execution ends; returns describe_execution."""
         return self.wait(
             lambda: (d := self.execution(arn))["status"] != "RUNNING" and d,
@@ -558,19 +762,31 @@ class LocalPipeline:
             job_name=self.cluster.job,
             namespace=self.context.get("namespace", "SDC"),
             spool_dir=spool_dir,
+            # A busy machine may keep the embedded AWS from answering within the production
+            # timeouts (2 s / 5 s); a late answer is not what these tests are about.
+            connect_timeout=30.0,
+            read_timeout=60.0,
         )
         publisher.publish_alarm(alarm)
-        if not publisher.flush(30):
+        if not publisher.flush(240):
             raise RuntimeError("the agent's publisher could not deliver the alarm to local AWS")
         publisher.close(5)
 
     def cli_env(self) -> dict[str, str]:
-        """Environment for the operator CLI against the embedded AWS."""
+        """Environment for the operator CLI against the embedded AWS, for a CLI run in its own
+        process (in this one, pass :meth:`cli_options` instead: os.environ is shared)."""
         return {
             **self.aws_env,
-            "SDC_APPROVALS_TABLE": self.tables["approvals"],
+            "SDC_APPROVAL_URL": self.approval_url,
             "SDC_LEDGER_TABLE": self.tables["ledger"],
         }
+
+    def cli_options(self) -> list[str]:
+        """The operator CLI's options for this pipeline (its AWS settings are already in this
+        process's environment): decisions go through the approve function's URL, as an
+        operator's do; ``history`` reads the ledger. No approvals table: an operator has no
+        access to it (its task tokens)."""
+        return ["--approval-url", self.approval_url, "--ledger-table", self.tables["ledger"]]
 
 
 @contextlib.contextmanager

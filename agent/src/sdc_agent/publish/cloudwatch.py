@@ -64,7 +64,7 @@ class CloudWatchPublisher:
         self._sender = Sender(
             self.settings,
             CloudWatchTransport(cloudwatch_client, logs_client),
-            Spool(self.settings.spool_dir, self.settings.spool_max_bytes),
+            Spool.for_job(self.settings),
         )
         lifecycle.register(self)
         if self.spool.records():

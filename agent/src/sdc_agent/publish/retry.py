@@ -37,6 +37,28 @@ TRANSIENT_CODES = frozenset(
 )
 
 
+# Refusals of the caller's setup rather than of the request: once the role, the credentials or
+# the log group are fixed, the very same record goes through, so it waits in the spool.
+SETUP_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnauthorizedOperation",
+        "UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "SignatureDoesNotMatch",
+        "InvalidSignatureException",
+        "IncompleteSignature",
+        "MissingAuthenticationToken",
+        "AuthFailure",
+        "OptInRequired",
+        "ResourceNotFoundException",
+    }
+)
+
+
 def error_code(exc: BaseException) -> str:
     """The AWS error code of a botocore ClientError, else ''."""
     response = getattr(exc, "response", None)
@@ -75,3 +97,23 @@ def backoff_delay(policy: RetryPolicy, retry_index: int, rng: random.Random) -> 
     """
     cap = min(policy.max_delay, policy.base_delay * (2**retry_index))
     return rng.uniform(0.0, cap)
+
+
+def is_rejection(exc: BaseException) -> bool:
+    """True when AWS refused the request itself as invalid, so the same record never goes
+    through (InvalidParameterValue, InvalidParameterCombination, MissingParameter, any other
+    4xx code, and botocore's own parameter validation).
+
+    Not for transient failures (:func:`is_transient`), not for refusals of the caller's setup
+    (``SETUP_CODES``: permissions, credentials, a missing log group), and not for errors of our
+    own code: those records stay in the spool.
+    """
+    if _botocore_errors is None:
+        return False
+    if isinstance(exc, _botocore_errors.ParamValidationError):
+        return True
+    if not isinstance(exc, _botocore_errors.ClientError) or is_transient(exc):
+        return False
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    code = error_code(exc)
+    return bool(code) and code not in SETUP_CODES and isinstance(status, int) and status < 500

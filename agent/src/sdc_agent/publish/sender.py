@@ -21,7 +21,7 @@ from typing import Any
 
 from .events import MAX_METRICS_PER_CALL, Delivery, liveness_metric_data
 from .liveness import LivenessBatch
-from .retry import backoff_delay, error_code, is_transient
+from .retry import backoff_delay, error_code, is_rejection, is_transient
 from .settings import PublishSettings, RetryPolicy
 from .spool import DeliveryFailed, Spool
 from .transport import CloudWatchTransport
@@ -70,7 +70,9 @@ class Sender:
         self._thread: threading.Thread | None = None
         self._inflight: Delivery | None = None
         self._closed = False
-        self._unspooled = 0  # records neither delivered nor spooled (logged) since the last flush
+        # Records neither delivered nor waiting in the spool (logged, or rejected by AWS as
+        # invalid) since the last flush.
+        self._unspooled = 0
         self._unreachable = False  # the last delivery failed for a transient reason
 
     # ---- called from the training thread: never blocks on the network, never raises ----
@@ -162,6 +164,23 @@ class Sender:
             json.dumps(delivery.to_record(), separators=(",", ":")),
         )
 
+    def reject_or_log(self, delivery: Delivery, reason: str) -> None:
+        """Keep a delivery AWS rejected as invalid aside in the spool (never re-sent); if the
+        spool cannot keep it, log all of it."""
+        if delivery.done:
+            return
+        with self._lock:
+            self._unspooled += 1
+        if self.spool.reject(delivery, reason):
+            return
+        logger.error(
+            "sdc: AWS rejected the %s as invalid (%s) and the spool cannot keep it; the whole "
+            "record follows: %s",
+            delivery.kind,
+            reason,
+            json.dumps(delivery.to_record(), separators=(",", ":")),
+        )
+
     # ---- the sender thread ----
 
     def start(self) -> None:
@@ -214,7 +233,10 @@ class Sender:
         except DeliveryFailed as failed:
             self._unreachable = failed.transient
             logger.warning("sdc: could not deliver the %s: %s", delivery.kind, failed.reason)
-            self.spool_or_log(failed.remainder)
+            if failed.rejected:
+                self.reject_or_log(failed.remainder, failed.reason)
+            else:
+                self.spool_or_log(failed.remainder)
         except BaseException:
             self.spool_or_log(self._inflight or delivery)
             raise
@@ -279,7 +301,9 @@ class Sender:
             delivery = replace(delivery, metrics=delivery.metrics[len(chunk) :])
             self._update_inflight(delivery)
         if refused is not None:
-            raise DeliveryFailed(delivery, refused.reason, transient=False)
+            raise DeliveryFailed(
+                delivery, refused.reason, transient=False, rejected=refused.rejected
+            )
 
     def _update_inflight(self, delivery: Delivery) -> None:
         with self._lock:
@@ -297,7 +321,9 @@ class Sender:
                 transient = is_transient(exc)
                 if not transient or retry_index == policy.attempts - 1:
                     reason = f"{what}: {type(exc).__name__}: {exc}"
-                    raise DeliveryFailed(delivery, reason, transient=transient) from exc
+                    raise DeliveryFailed(
+                        delivery, reason, transient=transient, rejected=is_rejection(exc)
+                    ) from exc
                 delay = backoff_delay(policy, retry_index, self._rng)
                 logger.info(
                     "sdc: %s failed (%s), retrying in %.2fs",

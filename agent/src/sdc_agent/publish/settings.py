@@ -76,7 +76,8 @@ class PublishSettings:
     """AWS region; from_env takes AWS_REGION; None lets boto3 resolve it (AWS_DEFAULT_REGION,
     config files)."""
     spool_dir: str = field(default_factory=lambda: default_spool_dir())
-    """Directory of the local spool for alarms that could not be sent."""
+    """Directory of the local spool for alarms that could not be sent; each job spools into its
+    own private subdirectory of it (see ``Spool.for_job``)."""
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
     """The spool refuses records beyond this total size (the report is then logged instead)."""
     queue_size: int = 1000

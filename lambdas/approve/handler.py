@@ -1,0 +1,19 @@
+"""Approve (function URL, AWS_IAM auth): decide approvals and release nodes as the caller IAM
+authenticated; the only function allowed to send task results to the workflow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from sdc_remediation import operator_api
+from sdc_remediation.config import settings
+from sdc_remediation.observability import logger, tracer
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """A function URL request (payload format 2.0) -> its HTTP response."""
+    return operator_api.handle(event, settings())

@@ -1,0 +1,177 @@
+"""The blast-radius guard's admission policy, as a pure function of what the ledger holds.
+
+``decide`` reads no table and no clock: the ledger (``ledger.Ledger.admit``) reads the node's
+STATE and the cluster's guard item, calls it, and commits an ``admitted`` answer in one DynamoDB
+transaction conditioned on the guard's version, so the policy is tested on plain values and the
+transaction around it only serialises.
+
+What counts against the limits is what is really out of service:
+
+- **in flight**: remediations admitted and not yet ended (``open_instances``);
+- **held**: nodes sdc-guard admitted (and so cordoned) that nobody has released: a remediation
+  that ended rejected-and-kept, timed out, failed or abandoned leaves its node cordoned, and it
+  keeps counting until ``sdc-remediation release NODE`` (or the workflow uncordoning or
+  replacing it) frees it. Without that, a bug that fails every remediation would cordon
+  ``MAX_NODES_PER_HOUR`` more nodes every hour, forever.
+
+``MAX_FRACTION`` bounds in flight + held at once; ``MAX_NODES_PER_HOUR`` bounds the admissions
+of the last hour plus the held nodes admitted before it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+WINDOW = timedelta(hours=1)
+
+Decision = Literal["admitted", "duplicate", "circuit_open"]
+
+
+@dataclass(frozen=True)
+class AdmitRequest:
+    """What admission needs to know about one suspect."""
+
+    cluster: str
+    instance_id: str
+    node_name: str
+    execution: str
+    cluster_nodes: int
+    max_nodes_per_hour: int
+    max_fraction: float
+    suspects_in_alarm: int = 1
+    """How many nodes the alarm that named this one names in all."""
+    item: int | None = None
+    """The Map item's index in the execution (``$$.Map.Item.Index``): two items of one alarm
+    naming the same instance are one admission, a retried Lambda of the same item is the same."""
+
+
+@dataclass(frozen=True)
+class AdmitDecision:
+    """The ledger's answer: admitted, duplicate or circuit_open, and why."""
+
+    decision: str
+    remediation_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class GuardSnapshot:
+    """What the guard item and the node's STATE say, as the policy reads them."""
+
+    node: dict[str, Any] | None
+    """The node's STATE item (None: never remediated)."""
+    admissions: list[dict[str, Any]] = field(default_factory=list)
+    """``{instance_id, at (epoch s), execution?, item?}`` of recent admissions."""
+    open_instances: list[str] = field(default_factory=list)
+    held: list[dict[str, Any]] = field(default_factory=list)
+    """``{instance_id, remediation_id, at}`` of nodes admitted and not released."""
+
+
+def max_open(cluster_nodes: int, max_fraction: float) -> int:
+    """How many nodes may be out of service (in flight or held) at once.
+
+    At least one: on a small cluster ``MAX_FRACTION`` of the nodes is below one node, and a guard
+    that can never admit anything would disable the system there. ``MAX_NODES_PER_HOUR`` still
+    caps the rate.
+    """
+    return max(1, math.floor(cluster_nodes * max_fraction))
+
+
+def recent_admissions(admissions: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    """The admissions of the rolling hour before ``now``."""
+    start = int((now - WINDOW).timestamp())
+    return [a for a in admissions if int(a["at"]) > start]
+
+
+def _same_item(entry: dict[str, Any], req: AdmitRequest) -> bool:
+    """Whether an earlier admission of this execution was this very Map item (a retry)."""
+    return entry.get("item") is None or req.item is None or int(entry["item"]) == req.item
+
+
+def decide(req: AdmitRequest, snapshot: GuardSnapshot, now: datetime) -> AdmitDecision:
+    """Admit, or say why not; pure. An ``admitted`` answer carries no id (the ledger makes one)
+    unless it is this execution's own earlier admission of the node (the Lambda was retried).
+    """
+    node = snapshot.node
+    if node and node.get("open"):
+        rid = node.get("remediation_id")
+        if node.get("execution") == req.execution:
+            if _same_item(node, req):
+                # Our own earlier attempt wrote it (the Lambda was retried): same answer.
+                return AdmitDecision("admitted", rid, "already admitted by this execution")
+            return AdmitDecision(
+                "duplicate",
+                rid,
+                f"node {req.node_name} is named twice by the same alarm; remediation {rid} "
+                "already covers it",
+            )
+        return AdmitDecision(
+            "duplicate",
+            rid,
+            f"node {req.node_name} already has open remediation {rid} ({node.get('status')})",
+        )
+    recent = recent_admissions(snapshot.admissions, now)
+    twice = [
+        a
+        for a in recent
+        if a["instance_id"] == req.instance_id
+        and a.get("execution") == req.execution
+        and not _same_item(a, req)
+    ]
+    if twice:
+        return AdmitDecision(
+            "duplicate",
+            node.get("remediation_id") if node else None,
+            f"node {req.node_name} is named twice by the same alarm; it was admitted once",
+        )
+    limit_open = max_open(req.cluster_nodes, req.max_fraction)
+    budget = min(req.max_nodes_per_hour, limit_open)
+    if req.suspects_in_alarm > budget:
+        # An alarm naming more nodes than the guard would ever admit is a storm on its own:
+        # cordoning the first few of them would be arbitrary. Refuse them all.
+        return AdmitDecision(
+            "circuit_open",
+            None,
+            f"one alarm names {req.suspects_in_alarm} nodes, more than the blast radius "
+            f"allows ({budget}): many nodes at once is more likely software than hardware; "
+            "nothing is cordoned",
+        )
+    held = [h for h in snapshot.held if h["instance_id"] != req.instance_id]
+    in_flight = {i for i in snapshot.open_instances if i != req.instance_id}
+    out_of_service = in_flight | {h["instance_id"] for h in held}
+    start = int((now - WINDOW).timestamp())
+    held_before_window = [h for h in held if int(h["at"]) <= start]
+    used = len(recent) + len(held_before_window)
+    if used >= req.max_nodes_per_hour:
+        return AdmitDecision(
+            "circuit_open",
+            None,
+            f"{len(recent)} node(s) admitted in the last hour and {len(held_before_window)} "
+            f"earlier one(s) still cordoned, not released (MAX_NODES_PER_HOUR="
+            f"{req.max_nodes_per_hour}): many nodes at once is more likely software than "
+            "hardware; release repaired nodes with `sdc-remediation release NODE`",
+        )
+    if len(out_of_service) + 1 > limit_open:
+        return AdmitDecision(
+            "circuit_open",
+            None,
+            f"{len(out_of_service)} of {req.cluster_nodes} node(s) already out of service "
+            f"({len(in_flight)} in remediation, {len(out_of_service - in_flight)} cordoned and "
+            f"not released); one more exceeds MAX_FRACTION={req.max_fraction} "
+            f"(limit {limit_open})",
+        )
+    return AdmitDecision("admitted", None, "admitted")
+
+
+__all__ = [
+    "WINDOW",
+    "AdmitDecision",
+    "AdmitRequest",
+    "GuardSnapshot",
+    "decide",
+    "max_open",
+    "recent_admissions",
+]

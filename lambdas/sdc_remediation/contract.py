@@ -1,0 +1,63 @@
+"""The names that cross between the CDK app (infra/) and the functions: one list both import.
+
+Environment variable names the functions read and infra sets, the agent's metric names that
+infra alarms on and localize reads, and the Powertools service/namespace of the functions'
+metrics. Plain constants, no imports: infra imports this module without the Lambda runtime's
+dependencies. docs/CONTRACT.md describes what each one means.
+"""
+
+from __future__ import annotations
+
+# --- Lambdas: environment (infra/constructs/functions.py sets them; config.Settings reads them)
+HYPERPOD_CLUSTER_NAME = "HYPERPOD_CLUSTER_NAME"
+EKS_CLUSTER_NAME = "EKS_CLUSTER_NAME"
+METRIC_NAMESPACE = "METRIC_NAMESPACE"
+REPORT_LOG_GROUP = "REPORT_LOG_GROUP"
+LOOKBACK_SECONDS = "LOOKBACK_SECONDS"
+LEDGER_TABLE = "LEDGER_TABLE"
+APPROVALS_TABLE = "APPROVALS_TABLE"
+TOPIC_ARN = "TOPIC_ARN"
+MAX_NODES_PER_HOUR = "MAX_NODES_PER_HOUR"
+MAX_FRACTION = "MAX_FRACTION"
+HEALTH_CHECKS = "HEALTH_CHECKS"
+HEALTH_CHECK_TIMEOUT_SECONDS = "HEALTH_CHECK_TIMEOUT_SECONDS"
+REPLACE_MODE = "REPLACE_MODE"
+APPROVAL_TTL_SECONDS = "APPROVAL_TTL_SECONDS"
+APPROVAL_TIMEOUT_SECONDS = "APPROVAL_TIMEOUT_SECONDS"
+DRY_RUN = "DRY_RUN"
+STATE_MACHINE_ARN = "STATE_MACHINE_ARN"
+
+FUNCTION_ENVIRONMENT: tuple[str, ...] = (
+    HYPERPOD_CLUSTER_NAME,
+    EKS_CLUSTER_NAME,
+    METRIC_NAMESPACE,
+    REPORT_LOG_GROUP,
+    LOOKBACK_SECONDS,
+    LEDGER_TABLE,
+    APPROVALS_TABLE,
+    TOPIC_ARN,
+    MAX_NODES_PER_HOUR,
+    MAX_FRACTION,
+    HEALTH_CHECKS,
+    HEALTH_CHECK_TIMEOUT_SECONDS,
+    REPLACE_MODE,
+    APPROVAL_TTL_SECONDS,
+    APPROVAL_TIMEOUT_SECONDS,
+    DRY_RUN,
+    STATE_MACHINE_ARN,
+)
+"""What infra sets on every function (besides Powertools' own variables below)."""
+
+# --- Powertools: the functions' own metrics (EMF) and logs
+POWERTOOLS_SERVICE_NAME = "sdc-remediation"
+POWERTOOLS_METRICS_NAMESPACE = "SDCRemediation"
+
+# --- The agent's metrics (docs/CONTRACT.md, "Agent -> CloudWatch")
+SDC_ALARM_METRICS: tuple[str, ...] = (
+    "sdc_nonfinite_grad",
+    "sdc_replay_mismatch",
+    "sdc_divergent_tensors",
+)
+"""One deployed alarm each; localize reads their per-node series."""
+SDC_LIVENESS_METRICS: tuple[str, ...] = ("sdc_audit_pass", "sdc_weight_check_pass")
+"""Counts the agent publishes per {ClusterName, JobName} while its checks run."""

@@ -1,0 +1,219 @@
+"""Every admitted remediation ends: a step killed mid-way, a step result missing keys, a damaged
+approval, or an execution that is no longer running never leaves the node open (moto ledger)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from click.testing import CliRunner
+from remediation_factories import CLUSTER, LEDGER, item_state
+
+from sdc_remediation import aws, ledger
+from sdc_remediation.cli import main
+from sdc_remediation.dynamo import from_item, to_item
+
+MOTO_CALLER = "arn:aws:sts::123456789012:user/moto"
+FAILURE = {"Error": "States.TaskFailed", "Cause": "the Lambda timed out"}
+
+
+def _item(pk: str, sk: str) -> dict | None:
+    ddb = aws.client("dynamodb")
+    return from_item(ddb.get_item(TableName=LEDGER, Key=to_item({"pk": pk, "sk": sk})).get("Item"))
+
+
+def _events(node: str) -> list[dict[str, Any]]:
+    return ledger.Ledger(LEDGER).events(node)
+
+
+def test_an_admission_that_committed_but_never_answered_is_closed_by_the_failure_recorder(
+    cloud, invoke
+):
+    # Given admit committed the node, then its Lambda timed out: the state has no $.admission
+    node = cloud.nodes[0]
+    invoke("admit", {**item_state(node, execution="arn:exec:e1"), "item": 0})
+    state = {**item_state(node, execution="arn:exec:e1"), "item": 0}
+    state.pop("admission", None)
+
+    # When the Catch records the failure
+    invoke("record", {"transition": "failed", "notify": True, "state": state, "error": FAILURE})
+
+    # Then the remediation is closed (keyed by the execution and item), the event names it
+    st = _item(node, "STATE")
+    assert st["open"] is False and st["status"] == "failed"
+    assert [e["remediation_id"] for e in _events(node) if e["transition"] == "failed"] == [
+        st["remediation_id"]
+    ]
+    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == []
+
+
+def test_an_approval_without_approver_is_recorded_and_closes(cloud, invoke):
+    # Given an approval output that lacks `approver` (sent by hand, or by a broken client)
+    node = cloud.nodes[0]
+    admission = invoke("admit", item_state(node, execution="arn:exec:e1"))
+    damaged = {
+        **item_state(node, execution="arn:exec:e1", admission=admission),
+        "approval": {"decision": "approve", "approval_id": "a-1"},
+    }
+
+    # When RecordApproved raises on it and the Catch's RecordItemFailed gets the same state
+    out = invoke(
+        "record", {"transition": "failed", "notify": True, "state": damaged, "error": FAILURE}
+    )
+
+    # Then the failure recorder did not raise, closed the remediation, and says what was damaged
+    assert out == {"recorded": True}
+    assert _item(node, "STATE")["open"] is False
+    (failed,) = [e for e in _events(node) if e["transition"] == "failed"]
+    assert "approval" in failed["error"] and "approver" in failed["error"]
+    assert failed["node_name"] == f"hyperpod-{node}"
+
+
+def test_the_failure_recorder_salvages_a_state_whose_suspect_does_not_parse(cloud, invoke):
+    # Given a state whose suspect lost required keys (only the instance id is left)
+    node = cloud.nodes[0]
+    invoke("admit", item_state(node, execution="arn:exec:e1"))
+    state = item_state(node, execution="arn:exec:e1")
+    state["suspect"] = {"instance_id": node}
+
+    # When the failure is recorded
+    invoke("record", {"transition": "failed", "notify": True, "state": state, "error": FAILURE})
+
+    # Then the node's remediation is closed and the failure recorded under the node
+    assert _item(node, "STATE")["open"] is False
+    assert [e["transition"] for e in _events(node)][-1] == "failed"
+
+
+def test_a_failure_of_the_second_naming_of_a_node_does_not_close_the_first(cloud, invoke):
+    # Given one alarm naming the same instance in two Map items: item 0 admitted, item 1 not
+    node = cloud.nodes[0]
+    first = invoke("admit", {**item_state(node, execution="arn:exec:e1"), "item": 0})
+    second = invoke("admit", {**item_state(node, execution="arn:exec:e1"), "item": 1})
+
+    # When item 1's path fails (its state lost its admission)
+    state = {**item_state(node, execution="arn:exec:e1"), "item": 1}
+    invoke("record", {"transition": "failed", "notify": True, "state": state, "error": FAILURE})
+
+    # Then it was one admission, and item 0's remediation is still open
+    assert first["decision"] == "admitted"
+    assert second["decision"] == "duplicate"
+    assert second["remediation_id"] == first["remediation_id"]
+    assert _item(node, "STATE")["open"] is True
+
+
+def test_release_records_the_callers_identity_and_frees_the_guard(cloud, invoke):
+    # Given a node kept cordoned after a rejection
+    node = cloud.nodes[0]
+    admission = invoke("admit", item_state(node, execution="e1"))
+    invoke(
+        "record",
+        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
+    )
+    held_before = ledger.Ledger(LEDGER).held(CLUSTER)
+
+    # When an operator releases it with the CLI, and tries again
+    runner = CliRunner()
+    args = ["--ledger-table", LEDGER, "release", f"hyperpod-{node}", "--reason", "GPU swapped"]
+    first = runner.invoke(main, args)
+    again = runner.invoke(main, args)
+
+    # Then the guard no longer holds it and the ledger says who released it and why
+    assert [h["instance_id"] for h in held_before] == [node]
+    assert first.exit_code == 0, first.output
+    assert ledger.Ledger(LEDGER).held(CLUSTER) == []
+    (released,) = [e for e in _events(node) if e["transition"] == "released"]
+    assert released["approver"] == MOTO_CALLER
+    assert released["reason"] == "GPU swapped"
+    # And a second release is a clear one-line error
+    assert again.exit_code == 1
+    assert "NodeNotHeld" in again.output
+
+
+def test_a_50_node_storm_ends_with_circuit_open_and_one_message(cloud, invoke):
+    # Given one alarm naming 50 nodes (40-node moto cluster: the guard allows 2)
+    nodes = [f"i-{n:017x}" for n in range(50)]
+    # When every Map item is admitted and recorded as the workflow does (circuit_open notifies)
+    decisions = []
+    for index, node in enumerate(nodes):
+        state = {
+            **item_state(node, execution="arn:exec:storm"),
+            "item": index,
+            "suspects_in_alarm": 50,
+        }
+        admission = invoke("admit", state)
+        decisions.append(admission["decision"])
+        invoke(
+            "record",
+            {
+                "transition": admission["decision"],
+                "notify": True,
+                "state": {**state, "admission": admission},
+                "execution": "arn:exec:storm",
+            },
+        )
+    # Then nothing is admitted, and the on-call gets one message, not fifty
+    assert set(decisions) == {"circuit_open"}
+    messages = cloud.sns_messages()
+    assert len(messages) == 1
+    assert "50 nodes" in messages[0]["message"]
+    assert _item(ledger.guard_pk(CLUSTER), "GUARD") is None  # nothing was written to the guard
+
+
+def _machine_and_execution(name: str) -> tuple[Any, str]:
+    sfn = aws.client("stepfunctions")
+    machine = sfn.create_state_machine(
+        name="sdc-guard-test",
+        definition='{"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": true}}}',
+        roleArn="arn:aws:iam::123456789012:role/sfn",
+    )["stateMachineArn"]
+    execution = sfn.start_execution(stateMachineArn=machine, name=name)["executionArn"]
+    return sfn, execution
+
+
+def test_the_sweeper_closes_remediations_whose_execution_ended(cloud, invoke):
+    # Given two admitted remediations: one whose execution was aborted mid-way, one still running
+    sfn, aborted = _machine_and_execution("aborted")
+    running = sfn.start_execution(
+        stateMachineArn=aborted.rsplit(":", 1)[0].replace(":execution:", ":stateMachine:"),
+        name="running",
+    )["executionArn"]
+    dead, alive = cloud.nodes[:2]
+    invoke("admit", {**item_state(dead, execution=aborted), "item": 0})
+    invoke("admit", {**item_state(alive, execution=running), "item": 0})
+    sfn.stop_execution(executionArn=aborted)
+
+    # When the scheduled sweeper runs (twice: the second finds nothing left to do)
+    first = invoke("sweeper", {"source": "aws.events", "detail-type": "Scheduled Event"})
+    second = invoke("sweeper", {})
+
+    # Then the aborted one is closed as abandoned with the execution's status, notified once,
+    # and still counts against the guard (nobody released the cordoned node); the other is open
+    assert [(a["instance_id"], a["execution_status"]) for a in first["abandoned"]] == [
+        (dead, "ABORTED")
+    ]
+    assert second["abandoned"] == []
+    assert _item(dead, "STATE")["open"] is False
+    assert _item(dead, "STATE")["status"] == "abandoned"
+    assert _item(alive, "STATE")["open"] is True
+    (event,) = [e for e in _events(dead) if e["transition"] == "abandoned"]
+    assert "ABORTED" in event["error"]
+    assert len(cloud.sns_messages()) == 1
+    assert dead in cloud.sns_messages()[0]["message"]
+    guard = _item(ledger.guard_pk(CLUSTER), "GUARD")
+    assert guard["open_instances"] == [alive]
+    assert dead in [h["instance_id"] for h in guard["held"]]
+
+
+def test_the_sweeper_closes_a_remediation_whose_execution_step_functions_does_not_know(
+    cloud, invoke
+):
+    # Given an open remediation naming an execution that does not exist (any more)
+    node = cloud.nodes[0]
+    gone = "arn:aws:states:us-east-1:123456789012:execution:sdc-guard-test:gone"
+    invoke("admit", item_state(node, execution=gone))
+
+    # When the sweeper runs
+    out = invoke("sweeper", {})
+
+    # Then it is closed as abandoned
+    assert [a["execution_status"] for a in out["abandoned"]] == ["DOES_NOT_EXIST"]
+    assert _item(node, "STATE")["open"] is False

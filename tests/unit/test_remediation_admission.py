@@ -1,0 +1,81 @@
+"""The admission policy as a pure function: what counts as out of service, and the answers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sdc_remediation.admission import AdmitRequest, GuardSnapshot, decide
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def _req(instance: str = "i-new", **kw) -> AdmitRequest:
+    base = {
+        "cluster": "hp",
+        "instance_id": instance,
+        "node_name": f"hyperpod-{instance}",
+        "execution": "arn:exec:1",
+        "cluster_nodes": 40,
+        "max_nodes_per_hour": 2,
+        "max_fraction": 0.05,
+    }
+    return AdmitRequest(**{**base, **kw})
+
+
+def _ago(hours: float) -> int:
+    return int((NOW - timedelta(hours=hours)).timestamp())
+
+
+def test_a_free_cluster_admits():
+    assert decide(_req(), GuardSnapshot(node=None), NOW).decision == "admitted"
+
+
+def test_held_nodes_count_against_the_fraction_although_nothing_is_in_flight():
+    # Given two nodes cordoned by earlier remediations (ended, never released), 40 nodes x 0.05
+    held = [
+        {"instance_id": "i-a", "remediation_id": "r-a", "at": _ago(5)},
+        {"instance_id": "i-b", "remediation_id": "r-b", "at": _ago(6)},
+    ]
+    # When a third node alarms, hourly cap lifted
+    out = decide(_req(max_nodes_per_hour=10), GuardSnapshot(node=None, held=held), NOW)
+    # Then the circuit is open, and the reason says they are cordoned, not released
+    assert out.decision == "circuit_open"
+    assert "2 cordoned and not released" in out.reason
+
+
+def test_held_nodes_from_before_the_hour_still_count_against_the_hourly_cap():
+    held = [{"instance_id": "i-a", "remediation_id": "r-a", "at": _ago(5)}]
+    admissions = [{"instance_id": "i-b", "at": _ago(0.5)}]
+    out = decide(
+        _req(max_fraction=1.0),
+        GuardSnapshot(node=None, admissions=admissions, held=held),
+        NOW,
+    )
+    assert out.decision == "circuit_open"
+    assert "MAX_NODES_PER_HOUR" in out.reason
+
+
+def test_a_node_that_is_itself_held_does_not_count_twice():
+    # Given the node is the one held (its earlier remediation was rejected and kept)
+    held = [{"instance_id": "i-new", "remediation_id": "r-old", "at": _ago(3)}]
+    out = decide(_req(max_fraction=0.01), GuardSnapshot(node=None, held=held), NOW)
+    assert out.decision == "admitted"
+
+
+def test_two_items_of_one_alarm_naming_the_same_instance_are_one_admission():
+    # Given item 0 of this execution admitted the node
+    node = {"open": True, "remediation_id": "r-1", "execution": "arn:exec:1", "item": 0}
+    # When item 1 of the same execution names it again, and item 0's Lambda is retried
+    twice = decide(_req(item=1), GuardSnapshot(node=node, open_instances=["i-new"]), NOW)
+    retry = decide(_req(item=0), GuardSnapshot(node=node, open_instances=["i-new"]), NOW)
+    # Then the second naming is a duplicate, the retry the same admission
+    assert (twice.decision, twice.remediation_id) == ("duplicate", "r-1")
+    assert "twice" in twice.reason
+    assert (retry.decision, retry.remediation_id) == ("admitted", "r-1")
+
+
+def test_a_second_naming_after_the_first_item_already_ended_is_still_a_duplicate():
+    admissions = [{"instance_id": "i-new", "at": _ago(0.1), "execution": "arn:exec:1", "item": 0}]
+    node = {"open": False, "remediation_id": "r-1", "execution": "arn:exec:1", "item": 0}
+    out = decide(_req(item=3), GuardSnapshot(node=node, admissions=admissions), NOW)
+    assert out.decision == "duplicate"
