@@ -445,8 +445,8 @@ class Functions(Construct):
             "LOG_LEVEL": "INFO",
             # localize accepts alarm events only from this stack's account and alarms
             # (infra/constructs/alarms.py names them "<resource prefix>-<metric>").
-            "ALARM_ACCOUNT_ID": cdk.Aws.ACCOUNT_ID,
-            "ALARM_NAME_PREFIX": f"{config.resource_prefix}-",
+            contract.ALARM_ACCOUNT_ID: cdk.Aws.ACCOUNT_ID,
+            contract.ALARM_NAME_PREFIX: f"{config.resource_prefix}-",
         }
 
     def _network(

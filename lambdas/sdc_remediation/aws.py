@@ -8,6 +8,7 @@ configuration chain, so AWS_REGION, AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_<SERVI
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -40,7 +41,10 @@ _SINGLE_ATTEMPT_CONFIG = _CONFIG.merge(
     Config(retries={"mode": "standard", "total_max_attempts": 1})
 )
 
-_clients: dict[str, Any] = {}
+_clients: dict[tuple[str, str | None], Any] = {}
+_region: contextvars.ContextVar[str | None] = contextvars.ContextVar("region", default=None)
+"""A region chosen by the caller (the CLI's ``--region``), for this thread/context only: never
+written to os.environ, which every thread of the process shares."""
 # Parsed service models are shared by every session this process creates: parsing the JSON
 # models is most of the cost of a new client, and they never change within a process.
 _loader = botocore.loaders.create_loader()
@@ -65,11 +69,13 @@ DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"
 
 
 def client(service: str) -> Any:
-    """The process-wide boto3 client for ``service``, created on first use."""
-    if service not in _clients:
+    """The process-wide boto3 client for ``service`` (in the region :func:`region` chose, if
+    any), created on first use."""
+    key = (service, _region.get())
+    if key not in _clients:
         config = _SINGLE_ATTEMPT_CONFIG if service in _SINGLE_ATTEMPT_SERVICES else _CONFIG
-        _clients[service] = session().client(service, config=config)
-    return _clients[service]
+        _clients[key] = session().client(service, config=config)
+    return _clients[key]
 
 
 def session() -> boto3.session.Session:
@@ -77,8 +83,21 @@ def session() -> boto3.session.Session:
     core = botocore.session.get_session()
     core.register_component("data_loader", _loader)
     # botocore reads AWS_DEFAULT_REGION; Lambda also sets AWS_REGION, and so do most harnesses.
-    region = None if os.environ.get("AWS_DEFAULT_REGION") else os.environ.get("AWS_REGION")
+    region = _region.get() or (
+        None if os.environ.get("AWS_DEFAULT_REGION") else os.environ.get("AWS_REGION")
+    )
     return boto3.session.Session(botocore_session=core, region_name=region or None)
+
+
+@contextlib.contextmanager
+def region(name: str | None) -> Iterator[None]:
+    """Clients and sessions made in this block (this context only) use region ``name``; None
+    leaves the standard configuration chain alone."""
+    token = _region.set(name or _region.get())
+    try:
+        yield
+    finally:
+        _region.reset(token)
 
 
 def reset_clients() -> None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 import botocore.exceptions
 import click
 
+from . import aws
 from .approval_client import ApprovalService
 from .approvals import Approvals, caller_arn
 from .errors import ConfigurationError, NoCredentials, RemediationError
@@ -99,10 +99,9 @@ def main(
     approval_url: str | None = None,
 ) -> None:
     """Review and decide sdc-guard remediations (approvals wait 24 h by default)."""
-    if region:
-        # boto3 picks the region up from here for every client this process creates.
-        os.environ["AWS_DEFAULT_REGION"] = region
-        os.environ["AWS_REGION"] = region
+    # The region goes to the clients this command makes, never into os.environ (shared by
+    # every thread of the process, and read by whoever runs the CLI in-process).
+    ctx.with_resource(aws.region(region))
     ctx.obj = {
         "approvals_table": approvals_table,
         "ledger_table": ledger_table,

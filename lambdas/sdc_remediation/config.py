@@ -20,6 +20,7 @@ from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
+from . import contract
 from .errors import ConfigurationError
 
 HEALTH_CHECK_TYPES = ("InstanceStress", "InstanceConnectivity", "MultiNodeTrainingValidation")
@@ -94,12 +95,12 @@ class Settings:
     @property
     def hyperpod_cluster_name(self) -> str:
         """HYPERPOD_CLUSTER_NAME: the HyperPod cluster (name or ARN) this workflow guards."""
-        return self._required("HYPERPOD_CLUSTER_NAME")
+        return self._required(contract.HYPERPOD_CLUSTER_NAME)
 
     @property
     def eks_cluster_name(self) -> str:
         """EKS_CLUSTER_NAME: the EKS cluster that orchestrates it (token audience, endpoint)."""
-        return self._required("EKS_CLUSTER_NAME")
+        return self._required(contract.EKS_CLUSTER_NAME)
 
     @property
     def k8s_api_endpoint(self) -> str | None:
@@ -119,22 +120,22 @@ class Settings:
     @property
     def metric_namespace(self) -> str:
         """METRIC_NAMESPACE: the agent's CloudWatch namespace (default SDC)."""
-        return self._optional("METRIC_NAMESPACE") or "SDC"
+        return self._optional(contract.METRIC_NAMESPACE) or "SDC"
 
     @property
     def report_log_group(self) -> str:
         """REPORT_LOG_GROUP: where the agent writes reports (default /sdc/<HyperPod cluster>)."""
-        return self._optional("REPORT_LOG_GROUP") or f"/sdc/{self.hyperpod_cluster_name}"
+        return self._optional(contract.REPORT_LOG_GROUP) or f"/sdc/{self.hyperpod_cluster_name}"
 
     @property
     def lookback_seconds(self) -> int:
         """LOOKBACK_SECONDS: how far before the alarm to look for series and reports (600)."""
-        return self._int("LOOKBACK_SECONDS", 600, minimum=10)
+        return self._int(contract.LOOKBACK_SECONDS, 600, minimum=10)
 
     @property
     def alarm_account_id(self) -> str:
         """ALARM_ACCOUNT_ID: the account whose alarm events localize accepts (this stack's)."""
-        value = self._required("ALARM_ACCOUNT_ID")
+        value = self._required(contract.ALARM_ACCOUNT_ID)
         if not (len(value) == 12 and value.isdigit()):
             raise ConfigurationError(
                 f"ALARM_ACCOUNT_ID must be a 12-digit account id, got {value!r}"
@@ -145,13 +146,13 @@ class Settings:
     def alarm_name_prefix(self) -> str:
         """ALARM_NAME_PREFIX: localize accepts only alarms whose name starts with it (this
         stack's SDC alarms are named ``<prefix><metric>``)."""
-        return self._required("ALARM_NAME_PREFIX")
+        return self._required(contract.ALARM_NAME_PREFIX)
 
     @property
     def training_namespace(self) -> str:
         """TRAINING_NAMESPACE: the Kubernetes namespace of the guarded training jobs' pods; a
         report's pod is looked up there only (default ``default``)."""
-        value = self._optional("TRAINING_NAMESPACE") or "default"
+        value = self._optional(contract.TRAINING_NAMESPACE) or "default"
         if not (len(value) <= 63 and _NAMESPACE.match(value)):
             raise ConfigurationError(
                 f"TRAINING_NAMESPACE must be a Kubernetes namespace name, got {value!r}"
@@ -163,17 +164,17 @@ class Settings:
     @property
     def ledger_table(self) -> str:
         """LEDGER_TABLE: the DynamoDB remediation ledger."""
-        return self._required("LEDGER_TABLE")
+        return self._required(contract.LEDGER_TABLE)
 
     @property
     def approvals_table(self) -> str:
         """APPROVALS_TABLE: the DynamoDB table holding task tokens under approval ids."""
-        return self._required("APPROVALS_TABLE")
+        return self._required(contract.APPROVALS_TABLE)
 
     @property
     def topic_arn(self) -> str:
         """TOPIC_ARN: the SNS topic humans subscribe to."""
-        value = self._required("TOPIC_ARN")
+        value = self._required(contract.TOPIC_ARN)
         if not value.startswith("arn:"):
             raise ConfigurationError(f"TOPIC_ARN must be an SNS topic ARN, got {value!r}")
         return value
@@ -181,13 +182,13 @@ class Settings:
     @property
     def state_machine_arn(self) -> str | None:
         """STATE_MACHINE_ARN: informational, quoted in messages."""
-        return self._optional("STATE_MACHINE_ARN")
+        return self._optional(contract.STATE_MACHINE_ARN)
 
     @property
     def approval_url(self) -> str | None:
         """APPROVAL_URL: the approve function's AWS_IAM URL, quoted in approval messages
         (optional: without it the message names the approvals table, the direct path)."""
-        value = self._optional("APPROVAL_URL")
+        value = self._optional(contract.APPROVAL_URL)
         if value is not None and not value.startswith("https://"):
             raise ConfigurationError(f"APPROVAL_URL must be an https:// URL, got {value!r}")
         return value
@@ -196,7 +197,7 @@ class Settings:
     def approval_ttl_seconds(self) -> int:
         """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
         timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""
-        return self._int("APPROVAL_TTL_SECONDS", 2 * APPROVAL_TTL_MARGIN_SECONDS, minimum=60)
+        return self._int(contract.APPROVAL_TTL_SECONDS, 2 * APPROVAL_TTL_MARGIN_SECONDS, minimum=60)
 
     @property
     def approval_timeout_seconds(self) -> int:
@@ -206,8 +207,8 @@ class Settings:
         When it is not set (an environment from before it existed), it is derived as before:
         the TTL minus the one day infra adds to it.
         """
-        if self._optional("APPROVAL_TIMEOUT_SECONDS") is not None:
-            timeout = self._int("APPROVAL_TIMEOUT_SECONDS", 86400, minimum=60)
+        if self._optional(contract.APPROVAL_TIMEOUT_SECONDS) is not None:
+            timeout = self._int(contract.APPROVAL_TIMEOUT_SECONDS, 86400, minimum=60)
             if timeout > self.approval_ttl_seconds:
                 raise ConfigurationError(
                     f"APPROVAL_TIMEOUT_SECONDS ({timeout}) must not exceed APPROVAL_TTL_SECONDS "
@@ -227,12 +228,12 @@ class Settings:
     @property
     def max_nodes_per_hour(self) -> int:
         """MAX_NODES_PER_HOUR: admissions allowed per rolling hour (default 2)."""
-        return self._int("MAX_NODES_PER_HOUR", 2, minimum=1)
+        return self._int(contract.MAX_NODES_PER_HOUR, 2, minimum=1)
 
     @property
     def max_fraction(self) -> float:
         """MAX_FRACTION: largest share of the cluster's nodes open at once (default 0.05)."""
-        raw = self._optional("MAX_FRACTION")
+        raw = self._optional(contract.MAX_FRACTION)
         if raw is None:
             return 0.05
         try:
@@ -248,7 +249,7 @@ class Settings:
     @property
     def health_checks(self) -> list[str]:
         """HEALTH_CHECKS: comma list of DeepHealthCheckType (default InstanceStress)."""
-        raw = self._optional("HEALTH_CHECKS") or "InstanceStress"
+        raw = self._optional(contract.HEALTH_CHECKS) or "InstanceStress"
         checks = [c.strip() for c in raw.split(",") if c.strip()]
         unknown = [c for c in checks if c not in HEALTH_CHECK_TYPES]
         if unknown or not checks or len(checks) > 3:
@@ -260,12 +261,12 @@ class Settings:
     @property
     def health_check_timeout_seconds(self) -> int:
         """HEALTH_CHECK_TIMEOUT_SECONDS: give up polling after this long (default 9000)."""
-        return self._int("HEALTH_CHECK_TIMEOUT_SECONDS", 9000, minimum=60)
+        return self._int(contract.HEALTH_CHECK_TIMEOUT_SECONDS, 9000, minimum=60)
 
     @property
     def replace_mode(self) -> Literal["api", "label"]:
         """REPLACE_MODE: `api` (BatchReplaceClusterNodes) or `label` (HyperPod's node label)."""
-        value = (self._optional("REPLACE_MODE") or "api").lower()
+        value = (self._optional(contract.REPLACE_MODE) or "api").lower()
         if value not in ("api", "label"):
             raise ConfigurationError(f"REPLACE_MODE must be 'api' or 'label', got {value!r}")
         return value  # type: ignore[return-value]
@@ -273,7 +274,7 @@ class Settings:
     @property
     def dry_run(self) -> bool:
         """DRY_RUN: `true` runs every step but only logs cordon, uncordon and replace."""
-        raw = (self._optional("DRY_RUN") or "false").lower()
+        raw = (self._optional(contract.DRY_RUN) or "false").lower()
         if raw in _TRUE:
             return True
         if raw in _FALSE:

@@ -4,6 +4,7 @@ SendTaskSuccess is stubbed with botocore's Stubber to check the exact output and
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -288,3 +289,20 @@ def test_a_retried_request_for_the_same_token_is_stored_and_announced_once(cloud
     # Then: still one request, one message
     assert [a["approval_id"] for a in _approvals()] == [item["approval_id"]]
     assert len(cloud.sns_messages()) == 1
+
+
+def test_region_option_reaches_the_clients_without_touching_the_process_environment(cloud):
+    # Given the tables exist in the configured region only, and the process's AWS settings
+    before = {k: os.environ.get(k) for k in ("AWS_REGION", "AWS_DEFAULT_REGION")}
+
+    # When the CLI is pointed at another region, and then run without the option
+    elsewhere = CliRunner().invoke(
+        main, ["--region", "eu-west-1", "--ledger-table", LEDGER, "history"]
+    )
+    here = _cli("history")
+
+    # Then the other region's (missing) table was asked, and the next command was not affected
+    assert elsewhere.exit_code == 1 and "ResourceNotFoundException" in elsewhere.output
+    assert here.exit_code == 0, here.output
+    # And os.environ, which every thread of the process shares, was never written
+    assert {k: os.environ.get(k) for k in before} == before

@@ -96,5 +96,8 @@ def test_every_variable_infra_sets_is_one_the_functions_read():
     from sdc_remediation import config, contract
 
     source = inspect.getsource(config)
-    # Then the settings read each of them, under the same name
-    assert [n for n in contract.FUNCTION_ENVIRONMENT if f'"{n}"' not in source] == []
+    # Then the settings read each of them by the contract's name, and spell none of them again
+    named = {value: attr for attr, value in vars(contract).items() if attr == value}
+    assert set(contract.FUNCTION_ENVIRONMENT) <= named.keys()
+    assert [n for n in contract.FUNCTION_ENVIRONMENT if f"contract.{named[n]}" not in source] == []
+    assert [n for n in named if f'"{n}"' in source] == []

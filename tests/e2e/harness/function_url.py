@@ -85,6 +85,12 @@ def verify_signature(
         raise SignatureRefused(f"unknown access key {access_key}")
     if "host" not in signed:
         raise SignatureRefused("the host header is not signed")
+    if credentials.token and (
+        "x-amz-security-token" not in signed
+        or headers.get("x-amz-security-token") != credentials.token
+    ):
+        # Temporary credentials are valid only with their session token, signed with them.
+        raise SignatureRefused("the session token is missing or not the access key's")
     # The request as it was signed: only the headers the signature covers (the HTTP client adds
     # others on the way, such as Content-Length and Accept-Encoding).
     request = AWSRequest(
