@@ -576,6 +576,56 @@ def keep_lambda_layers_architectures_tracing() -> None:
     LayerVersion.physical_resource_id = property(lambda self: self.arn)  # type: ignore[attr-defined]
 
 
+def keep_dynamodb_time_to_live() -> None:
+    """Gap: moto's AWS::DynamoDB::Table model drops ``TimeToLiveSpecification`` (DescribeTimeToLive
+    then says DISABLED, and expired approvals would never go). Apply it after the table exists."""
+    from moto.dynamodb.models import dynamodb_backends
+    from moto.dynamodb.models.table import Table
+
+    create = Table.create_from_cloudformation_json.__func__  # type: ignore[attr-defined]
+
+    def create_from_cloudformation_json(
+        cls: Any,
+        resource_name: str,
+        cloudformation_json: dict[str, Any],
+        account_id: str,
+        region_name: str,
+        **kwargs: Any,
+    ) -> Any:
+        table = create(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
+        ttl = cloudformation_json["Properties"].get("TimeToLiveSpecification")
+        if ttl:
+            dynamodb_backends[account_id][region_name].update_time_to_live(table.name, ttl)
+        return table
+
+    Table.create_from_cloudformation_json = classmethod(create_from_cloudformation_json)  # type: ignore[method-assign,assignment]
+
+
+def store_kms_key_policy_as_json() -> None:
+    """Gap: moto's AWS::KMS::Key model stores ``KeyPolicy`` as the template's object, while its
+    API expects a JSON string: DescribeKey and GetKeyPolicy then fail with an HTML 500. Store the
+    policy as JSON text, as CreateKey does."""
+    from moto.kms.models import Key
+
+    create = Key.create_from_cloudformation_json.__func__  # type: ignore[attr-defined]
+
+    def create_from_cloudformation_json(
+        cls: Any,
+        resource_name: str,
+        cloudformation_json: dict[str, Any],
+        account_id: str,
+        region_name: str,
+        **kwargs: Any,
+    ) -> Any:
+        props = dict(cloudformation_json["Properties"])
+        if not isinstance(props.get("KeyPolicy"), str):
+            props["KeyPolicy"] = json.dumps(props.get("KeyPolicy"))
+        json_with_text_policy = {**cloudformation_json, "Properties": props}
+        return create(cls, resource_name, json_with_text_policy, account_id, region_name, **kwargs)
+
+    Key.create_from_cloudformation_json = classmethod(create_from_cloudformation_json)  # type: ignore[method-assign,assignment]
+
+
 def create_state_machines_in_the_executing_backend() -> None:
     """Gap: moto's AWS::StepFunctions::StateMachine model always uses the plain Step Functions
     backend, while the API answers from the executing one when ``execute_state_machine`` is on:
@@ -603,6 +653,8 @@ PATCHES: tuple[Callable[[], Any], ...] = (
     answer_unknown_change_sets_as_not_found,
     reuse_raw_previous_parameter_values,
     keep_lambda_layers_architectures_tracing,
+    keep_dynamodb_time_to_live,
+    store_kms_key_policy_as_json,
     create_state_machines_in_the_executing_backend,
 )
 
