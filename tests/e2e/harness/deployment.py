@@ -70,6 +70,7 @@ class EmbeddedAws:
 
     def __enter__(self) -> EmbeddedAws:
         self.patches = moto_cloudformation.install()
+        moto_cloudformation.ACCESS_ENTRIES.clear()  # like moto's reset below: an empty account
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         self._server = ThreadedMotoServer(ip_address="localhost", port=self._port, verbose=False)
         self._server.start()
