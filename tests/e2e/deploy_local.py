@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
-import warnings
 from typing import Any
 
 from infra.app import STACK_ID
@@ -154,9 +152,6 @@ def serve(aws: EmbeddedAws) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; a failed CDK command ends with its output's tail and exit status 1."""
     args = build_parser().parse_args(argv)
-    # moto warns about CDK's metadata resource (nothing to create) at every deploy.
-    logging.getLogger("moto").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message="Tried to parse AWS::CDK::Metadata")
     try:
         rehearse(args)
     except CdkCommandFailed as error:

@@ -25,16 +25,25 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
+from infra.app import STACK_ID
 from tests.support.kube_standin import KubeStandIn
 
 from .alarms import AlarmSpec, LocalAlarmEvaluator
-from .deployment import ACCOUNT, REGION, EmbeddedAws, stack_resources
+from .deployment import (
+    ACCOUNT,
+    REGION,
+    CdkCli,
+    EmbeddedAws,
+    rehearsal_context,
+    stack_outputs,
+    stack_resources,
+)
 from .hyperpod import HyperPodSimulator
 from .pipeline import LAMBDAS, Cluster, Invocation, LambdaContext, process_environment
 
@@ -45,12 +54,17 @@ QUIESCE_SECONDS = 120.0
 class DeployedChain:
     """``with DeployedChain(aws, stack, cluster) as chain:`` — the deployed stack, driven."""
 
-    def __init__(self, aws: EmbeddedAws, stack: str, cluster: Cluster) -> None:
+    def __init__(
+        self, aws: EmbeddedAws, stack: str, cluster: Cluster, *, quiet_handlers: bool = False
+    ) -> None:
         """Prepare; nothing starts before ``__enter__``. ``cluster`` must carry the names the
-        stack was deployed for (hyperPodClusterName, eksClusterName)."""
+        stack was deployed for (hyperPodClusterName, eksClusterName). ``quiet_handlers`` keeps
+        the handlers' logs and metrics off stdout (the demo's timeline)."""
         self.aws = aws
+        self.endpoint = aws.endpoint
         self.stack = stack
         self.cluster = cluster
+        self.quiet_handlers = quiet_handlers
         self.invocations: list[Invocation] = []
         self.executions: list[str] = []
         self._exit = contextlib.ExitStack()
@@ -81,12 +95,19 @@ class DeployedChain:
             if k.startswith("POWERTOOLS_") or k == "LOG_LEVEL"
         }
         shared["POWERTOOLS_TRACE_DISABLED"] = "true"  # no X-Ray daemon here
+        if self.quiet_handlers:
+            shared["POWERTOOLS_METRICS_DISABLED"] = "true"
         self._exit.enter_context(process_environment({**self.aws.environment, **shared}))
         if str(LAMBDAS) not in sys.path:
             sys.path.insert(0, str(LAMBDAS))
         for config in self.functions.values():
             importlib.import_module(self._module_of(config))  # Powertools builds singletons now
         self._config = importlib.import_module("sdc_remediation.config")
+        if self.quiet_handlers:
+            from sdc_remediation.observability import logger
+
+            self._exit.callback(logger.setLevel, logger.log_level)
+            logger.setLevel("ERROR")
         from sdc_remediation import aws as remediation_aws
 
         remediation_aws.reset_clients()  # clients cached for an earlier endpoint
@@ -99,6 +120,7 @@ class DeployedChain:
         )
         self._create_cluster()
         self.evaluator = self._deployed_evaluator()
+        self._subscribe_inbox()
         self._exit.callback(self._quiesce)  # unwound first
 
     def _deployed_functions(self) -> dict[str, dict[str, Any]]:
@@ -183,6 +205,23 @@ class DeployedChain:
             account_id=ACCOUNT,
             region=REGION,
         )
+
+    def _subscribe_inbox(self) -> None:
+        """An SQS inbox on the deployed topic: what the operators' email would receive."""
+        outputs = stack_outputs(self.aws, self.stack)
+        self.tables = {
+            "ledger": outputs["LedgerTableName"],
+            "approvals": outputs["ApprovalsTableName"],
+        }
+        sqs = self.aws.client("sqs")
+        self._inbox = sqs.create_queue(QueueName="sdc-deployed-inbox")["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=self._inbox, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        self.aws.client("sns").subscribe(
+            TopicArn=outputs["TopicArn"], Protocol="sqs", Endpoint=queue_arn
+        )
+        self._seen: list[dict[str, Any]] = []
 
     def _quiesce(self) -> None:
         with self._in_flight:
@@ -275,6 +314,59 @@ class DeployedChain:
             time.sleep(0.2)
         return value
 
+    # What the demo reads (the same names as the template-built LocalPipeline's).
+    def execution(self, arn: str) -> dict[str, Any]:
+        """describe_execution."""
+        return self.aws.client("stepfunctions").describe_execution(executionArn=arn)
+
+    def finish(self, arn: str, timeout: float = 180.0) -> dict[str, Any]:
+        """Wait until the execution ends; returns describe_execution."""
+        return self.wait(
+            lambda: (d := self.execution(arn))["status"] != "RUNNING" and d,
+            timeout,
+            f"execution {arn.rsplit(':', 1)[-1]} to end",
+        )
+
+    def pending_approvals(self) -> list[dict[str, Any]]:
+        """Items of the deployed approvals table still pending."""
+        items = self.aws.client("dynamodb").scan(TableName=self.tables["approvals"])["Items"]
+        return [i for i in items if i.get("status", {}).get("S") == "pending"]
+
+    def transitions(self, instance_id: str) -> list[str]:
+        """The deployed ledger's transitions for one instance, in time order."""
+        from boto3.dynamodb.types import TypeDeserializer
+
+        d = TypeDeserializer()
+        items = self.aws.client("dynamodb").scan(TableName=self.tables["ledger"])["Items"]
+        rows = [{k: d.deserialize(v) for k, v in item.items()} for item in items]
+        events = sorted(
+            (i for i in rows if i["pk"] == instance_id and i["sk"].startswith("EVENT#")),
+            key=lambda i: i["sk"],
+        )
+        return [e.get("transition") or e.get("status") for e in events]
+
+    def notifications(self) -> list[dict[str, Any]]:
+        """Messages the deployed topic delivered so far (drained from the inbox)."""
+        sqs = self.aws.client("sqs")
+        while batch := sqs.receive_message(QueueUrl=self._inbox, MaxNumberOfMessages=10).get(
+            "Messages", []
+        ):
+            for message in batch:
+                envelope = json.loads(message["Body"])
+                self._seen.append(
+                    {"subject": envelope.get("Subject"), "message": envelope.get("Message")}
+                )
+                sqs.delete_message(QueueUrl=self._inbox, ReceiptHandle=message["ReceiptHandle"])
+        return list(self._seen)
+
+    def cli_env(self) -> dict[str, str]:
+        """Environment for the operator CLI (its own process) on the deployed tables."""
+        return {
+            **self.aws.environment,
+            "SDC_APPROVALS_TABLE": self.tables["approvals"],
+            "SDC_LEDGER_TABLE": self.tables["ledger"],
+        }
+
     def pending_approval(self, execution: str, table: str, timeout: float = 180.0) -> str:
         """Wait until ``execution`` asks for approval in the deployed approvals ``table``;
         returns the approval id. Raises if the execution ends first."""
@@ -307,3 +399,31 @@ def _dispatcher(chain: DeployedChain) -> Callable[..., bytes]:
         return chain.invoke(function_name, body, response_headers)
 
     return invoke
+
+
+@contextlib.contextmanager
+def deployed(
+    cluster: Cluster, context: dict[str, Any] | None = None, *, quiet_handlers: bool = False
+) -> Iterator[DeployedChain]:
+    """Deploy the stack for ``cluster`` with the pinned CDK CLI on a fresh embedded AWS, and
+    yield the chain on what CloudFormation created (``make demo ARGS=--deployed``).
+
+    ``context`` overrides the README's context keys; the cluster's names and a 1 s health-check
+    poll (the simulated deep health check takes a second) are set here.
+    """
+    full = rehearsal_context(
+        {
+            "hyperPodClusterName": cluster.hyperpod_name,
+            "eksClusterName": cluster.eks_name,
+            "healthCheckPollInterval": "1s",
+            **(context or {}),
+        }
+    )
+    stack = f"{STACK_ID}-{cluster.hyperpod_name}"
+    with EmbeddedAws() as aws:
+        cli = CdkCli(aws)
+        cli.synth(full)
+        cli.bootstrap()
+        cli.deploy(stack)
+        with DeployedChain(aws, stack, cluster, quiet_handlers=quiet_handlers) as chain:
+            yield chain

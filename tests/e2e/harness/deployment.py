@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import subprocess
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,7 @@ class EmbeddedAws:
 
     def __enter__(self) -> EmbeddedAws:
         self.patches = moto_cloudformation.install()
+        _quiet_known_skips()
         moto_cloudformation.ACCESS_ENTRIES.clear()  # like moto's reset below: an empty account
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         self._server = ThreadedMotoServer(ip_address="localhost", port=self._port, verbose=False)
@@ -115,6 +117,25 @@ class EmbeddedAws:
             aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION
         )
         return session.client(service, endpoint_url=self.endpoint)
+
+
+SKIPPED_ON_PURPOSE = ("AWS::CDK::Metadata", "AWS::S3::BucketPolicy")
+"""Types moto creates nothing for and nothing here reads: CDK's metadata, and the bootstrap
+bucket's policy (IAM is not enforced anyway). moto's warning for them is noise at every deploy;
+any other skipped type still warns."""
+
+
+class _DropKnownSkips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(t in record.getMessage() for t in SKIPPED_ON_PURPOSE)
+
+
+def _quiet_known_skips() -> None:
+    moto_logger = logging.getLogger("moto")
+    if not any(isinstance(f, _DropKnownSkips) for f in moto_logger.filters):
+        moto_logger.addFilter(_DropKnownSkips())
+    for kind in SKIPPED_ON_PURPOSE:
+        warnings.filterwarnings("ignore", message=f"Tried to parse {kind}")
 
 
 def context_arguments(context: Mapping[str, Any]) -> list[str]:
