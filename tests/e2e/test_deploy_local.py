@@ -42,6 +42,7 @@ STACK = f"{STACK_ID}-{CLUSTER.hyperpod_name}"
 
 
 def resources_of(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    """Logical id -> properties of the template's resources of one type."""
     return {k: r["Properties"] for k, r in template["Resources"].items() if r["Type"] == kind}
 
 
@@ -53,6 +54,8 @@ def resolve(value: Any, physical: dict[str, str]) -> Any:
 
 
 def assert_every_resource_deployed(aws: EmbeddedAws, template: dict[str, Any]) -> dict[str, str]:
+    """Every template resource (but CDK's metadata) was created, with its type; returns the
+    physical ids by logical id."""
     created = stack_resources(aws, STACK)
     expected = {
         k: r["Type"] for k, r in template["Resources"].items() if r["Type"] != "AWS::CDK::Metadata"
@@ -61,7 +64,9 @@ def assert_every_resource_deployed(aws: EmbeddedAws, template: dict[str, Any]) -
     return {k: r["physical_id"] for k, r in created.items()}
 
 
-def assert_key_properties(aws: EmbeddedAws, template: dict[str, Any], physical: dict[str, str]):
+def assert_key_properties(
+    aws: EmbeddedAws, template: dict[str, Any], physical: dict[str, str]
+) -> None:
     outputs = stack_outputs(aws, STACK)
     # Alarms: thresholds, periods, evaluation as synthesized.
     cloudwatch = aws.client("cloudwatch")
@@ -129,6 +134,9 @@ def assert_key_properties(aws: EmbeddedAws, template: dict[str, Any], physical: 
         assert entry["KubernetesGroups"] == props["KubernetesGroups"]
 
 
+# Two synths (the layer's pip bundling) and three CLI runs: more than the suite's default per-test
+# timeout on a busy machine; the CLI's own timeout (CDK_TIMEOUT_SECONDS) says what hung.
+@pytest.mark.timeout(900)
 def test_cdk_deploys_updates_and_destroys_the_stack_and_the_deployed_chain_runs(
     tmp_path: Path,
 ) -> None:

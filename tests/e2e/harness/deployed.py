@@ -246,7 +246,12 @@ class DeployedChain:
                 return b'{"errorType": "DeployedChainClosed", "errorMessage": "closed"}'
             self._running += 1
         try:
-            config = self.functions[name]
+            config = self.functions.get(name)
+            if config is None:  # not a function of the deployed stack
+                response_headers["x-amz-function-error"] = "Unhandled"
+                return json.dumps(
+                    {"errorType": "ResourceNotFoundException", "errorMessage": name}
+                ).encode()
             payload = json.loads(body) if body else {}
             env = {
                 **config["Environment"]["Variables"],
