@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -136,7 +137,13 @@ def rehearse(args: argparse.Namespace) -> None:
 
 
 def serve(aws: EmbeddedAws) -> None:
-    """Keep the embedded AWS up until Ctrl-C; its endpoint is in ENDPOINT_FILE meanwhile."""
+    """Keep the embedded AWS up until Ctrl-C (or SIGTERM); its endpoint is in ENDPOINT_FILE
+    meanwhile."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # the same clean stop as Ctrl-C
+
+    signal.signal(signal.SIGTERM, stop)
     ENDPOINT_FILE.parent.mkdir(parents=True, exist_ok=True)
     ENDPOINT_FILE.write_text(json.dumps(aws.environment, indent=2) + "\n", encoding="utf-8")
     print(f"\nserving at {aws.endpoint} until Ctrl-C (environment in {ENDPOINT_FILE})")
