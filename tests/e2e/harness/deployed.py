@@ -88,12 +88,18 @@ class DeployedChain:
     def _start(self) -> None:
         self.resources = stack_resources(self.aws, self.stack)
         self.functions = self._deployed_functions()
-        shared = {
-            k: v
-            for config in self.functions.values()
-            for k, v in config["Environment"]["Variables"].items()
-            if k.startswith("POWERTOOLS_") or k == "LOG_LEVEL"
-        }
+        # Powertools reads these from os.environ, and every handler shares this process: the
+        # deployed functions must agree on them (the template gives them all the same).
+        shared: dict[str, str] = {}
+        for name, config in self.functions.items():
+            for key, value in config["Environment"]["Variables"].items():
+                if not (key.startswith("POWERTOOLS_") or key == "LOG_LEVEL"):
+                    continue
+                if shared.setdefault(key, value) != value:
+                    raise ValueError(
+                        f"the deployed functions differ in {key} ({name} has {value!r}, "
+                        f"another {shared[key]!r}); the chain runs them in one process"
+                    )
         shared["POWERTOOLS_TRACE_DISABLED"] = "true"  # no X-Ray daemon here
         if self.quiet_handlers:
             shared["POWERTOOLS_METRICS_DISABLED"] = "true"
