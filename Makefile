@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test lint format synth bench clean
+.PHONY: demo deploy-local test lint format synth bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt agent/pyproject.toml lambdas/pyproject.toml package.json
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ $(STAMP): requirements.txt requirements-dev.txt agent/pyproject.toml lambdas/pyp
 ## demo: run the local end-to-end demo (CPU DDP job with an injected fault, embedded stand-ins)
 demo: $(STAMP)
 	$(PY) -m tests.e2e.demo $(ARGS)
+
+## deploy-local: rehearse `cdk deploy` with the pinned CDK CLI on an embedded AWS (moto);
+## ARGS=--update redeploys one changed context key, ARGS=--destroy tears down (docs/deploy.md)
+deploy-local: $(STAMP)
+	$(PY) -m tests.e2e.deploy_local $(ARGS)
 
 ## test: lint, then every test (unit, agent DDP, lambdas, infra, e2e)
 test: $(STAMP) lint
@@ -43,4 +48,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/collectives.py
 
 clean:
-	rm -rf $(VENV) node_modules cdk.out .pytest_cache
+	rm -rf $(VENV) node_modules cdk.out .deploy-local .pytest_cache

@@ -10,7 +10,7 @@ checks the SigV4 signature and hands the real approve function the authenticated
 node is replaced. Every stand-in is described in tests/e2e/harness.
 No AWS account, no Kubernetes, no GPU needed.
 
-    python -m tests.e2e.demo [--reject] [--no-fault] [--dry-run]
+    python -m tests.e2e.demo [--reject] [--no-fault] [--dry-run] [--deployed]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sdc_agent.drill import launch
+from tests.e2e.harness.deployed import deployed
 from tests.e2e.harness.pipeline import Invocation, LocalPipeline, process_environment
 from tests.e2e.scenario import local_cluster, pending_for
 
@@ -164,6 +165,12 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="deploy with dryRun: log cordon/replace only"
     )
+    parser.add_argument(
+        "--deployed",
+        action="store_true",
+        help="first `cdk deploy` the stack (pinned CDK CLI, embedded AWS), then run the chain "
+        "on what CloudFormation created instead of the synthesized template",
+    )
     args = parser.parse_args(argv)
 
     tl = Timeline()
@@ -179,12 +186,17 @@ def run(argv: list[str] | None = None) -> int:
         # shared by every thread, and writing it while one reads it breaks that one.
         process_environment({"SDC_JOB_NAME": cluster.job}),
         tempfile.TemporaryDirectory(prefix="sdc-demo-") as spool,
-        LocalPipeline(cluster, context, quiet_handlers=True) as p,
+        (
+            deployed(cluster, context, quiet_handlers=True)
+            if args.deployed
+            else LocalPipeline(cluster, context, quiet_handlers=True)
+        ) as p,
     ):
         tl.say(
             f"stand-ins up: moto at {p.endpoint} (CloudWatch, Logs, DynamoDB, SNS, Step Functions, "
             f"SageMaker, EKS), Kubernetes API at {p.kube.url}, HyperPod cluster '{cluster.hyperpod_name}' "
-            f"with {len(cluster.instance_ids)} nodes; state machine from `cdk synth`"
+            f"with {len(cluster.instance_ids)} nodes; state machine "
+            f"{'deployed by `cdk deploy`' if args.deployed else 'from `cdk synth`'}"
         )
         victim = cluster.instance_ids[FAULTY_RANK // cluster.ranks_per_node]
         victim_node = cluster.node_name(victim)
