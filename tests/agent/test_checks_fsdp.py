@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from sdc_agent.drill import launch
+from tests.agent.outcomes import ok, the_alarm
 from tests.agent.scenarios import R
 
 DRILL = "sdc_agent.drill:train_drill"
@@ -130,21 +131,6 @@ def results() -> dict[str, list[dict[str, Any]]]:
     names = list(JOBS)
     per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=480)
     return dict(zip(names, per_job, strict=True))
-
-
-def ok(results: dict, name: str) -> list[dict[str, Any]]:
-    per_rank = results[name]
-    errors = [r["trace"] for r in per_rank if "error" in r]
-    assert not errors, errors[0]
-    return per_rank
-
-
-def the_alarm(results: dict, name: str) -> dict[str, Any]:
-    """The alarm of scenario ``name``: asserted identical on every rank, then returned."""
-    alarms = [r["alarm"] for r in ok(results, name)]
-    assert alarms[0] is not None, f"{name}: no alarm"
-    assert all(a == alarms[0] for a in alarms), f"{name}: ranks disagree"
-    return alarms[0]
 
 
 def updates(results: dict, name: str) -> list[list[int]]:

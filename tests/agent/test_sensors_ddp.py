@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sdc_agent.drill import launch
+from tests.agent.outcomes import the_alarm
 
 R = 3
 RUN = "tests.agent.sensor_scenarios:sensed_run"
@@ -72,14 +73,6 @@ def results() -> dict[str, list[dict[str, Any]]]:
         errors = [r["trace"] for r in per_rank if "error" in r]
         assert not errors, f"{name}: {errors[0]}"
     return out
-
-
-def the_alarm(results: dict, name: str) -> dict[str, Any]:
-    """The alarm of scenario ``name``: identical on every rank."""
-    alarms = [r["alarm"] for r in results[name]]
-    assert alarms[0] is not None, f"{name}: no alarm"
-    assert all(a == alarms[0] for a in alarms), f"{name}: ranks disagree"
-    return alarms[0]
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sdc_agent as sdc
-from sdc_agent.divergence import _attribute
+from sdc_agent.divergence import name_minority_copies
 from sdc_agent.topology import TopologyError, validate_placement
 
 
@@ -76,21 +76,21 @@ def table(world: int, tensors: int) -> torch.Tensor:
 def test_attribution_names_the_minority_copy():
     t = table(5, 3)
     t[2, 1, 0] += 1
-    report = _attribute(t, ["a", "b", "c"], [10, 11, 12, 13, 14])
+    report = name_minority_copies(t, ["a", "b", "c"], [10, 11, 12, 13, 14])
     assert (report.ranks, report.tensors, report.unattributable) == ([12], ["b"], False)
 
 
 def test_two_copies_that_differ_name_nobody():
     t = table(2, 1)
     t[1, 0, 1] += 1
-    report = _attribute(t, ["w"], [0, 1])
+    report = name_minority_copies(t, ["w"], [0, 1])
     assert (report.ranks, report.tensors, report.unattributable) == ([], ["w"], True)
 
 
 def test_a_split_without_strict_majority_names_nobody():
     t = table(4, 1)
     t[2:, 0, 0] += 7
-    report = _attribute(t, ["w"], [0, 1, 2, 3])
+    report = name_minority_copies(t, ["w"], [0, 1, 2, 3])
     assert report.ranks == [] and report.unattributable
 
 

@@ -40,3 +40,25 @@ def test_weights_of_two_replicas_are_compared_without_naming_anyone():
     assert "nobody is named" in weights["attribution"]
     confirmation = cov["checks"]["nonfinite_gradients"]["confirmation"]
     assert not confirmation["on"] and "no third GPU" in confirmation["why"]
+
+
+def test_steps_between_audits_are_blind_only_without_sensors():
+    # Given the same job described without and with online sensors
+    def between_audits(sensors_on: bool) -> list[str]:
+        cov = describe(
+            Schedule(audit_every=5),
+            global_ranks=[0, 1, 2],
+            can_confirm=True,
+            scaler=None,
+            param_dtypes=["float32"],
+            sensors_on=sensors_on,
+        )
+        return [line for line in cov["not_covered"] if line.startswith("steps between audits")]
+
+    # Then without sensors those steps are blind but for non-finite gradients and weight checks
+    (without,) = between_audits(False)
+    assert "caught only if it makes a gradient non-finite" in without
+    assert "sensors" not in without
+    # And with sensors only what they do not sample at that step is left blind
+    (with_sensors,) = between_audits(True)
+    assert "outside what the online sensors sample" in with_sensors

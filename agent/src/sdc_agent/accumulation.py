@@ -39,14 +39,16 @@ from .fingerprint import fingerprints
 class MicroBatchIsolation:
     """Isolates and fingerprints one micro-batch's gradient while training accumulates.
 
-    Inactive (its hooks return at once) except between :meth:`begin` and :meth:`end`.
+    Active only between :meth:`begin` and :meth:`end`: its own hooks are registered by
+    :meth:`begin` and removed by :meth:`end`, so the backward of a micro-batch that is not
+    audited runs no Python hook of it.
     """
 
     def __init__(
         self, params: Sequence[nn.Parameter | None], *, register_hooks: bool = True
     ) -> None:
-        """Watch ``params`` (the fingerprint order). ``register_hooks``: register a
-        post-accumulate-grad hook on each (DDP); False when the caller runs
+        """Watch ``params`` (the fingerprint order). ``register_hooks``: a post-accumulate-grad
+        hook on each while isolating (DDP); False when the caller runs
         :meth:`gradient_accumulated` from its own hook instead, and :meth:`attach`-es tensors
         that do not exist yet (FSDP2's unsharded parameters, created at the first forward)."""
         self.params: list[nn.Parameter | None] = list(params)
@@ -55,13 +57,11 @@ class MicroBatchIsolation:
         self._rows: list[torch.Tensor | None] = []
         self._returned: list[bool] = []
         self._handles: list[Any] = []
+        self._register_hooks = register_hooks
         if register_hooks:
             for index, param in enumerate(self.params):
                 if param is None:
                     raise ValueError(f"MicroBatchIsolation: parameter {index} is None")
-                self._handles.append(
-                    param.register_post_accumulate_grad_hook(self._hook_for(index))  # type: ignore[arg-type]
-                )
 
     def attach(self, index: int, param: nn.Parameter) -> None:
         """Watch ``param`` as row ``index`` from now on (it had no gradient to set aside)."""
@@ -77,6 +77,11 @@ class MicroBatchIsolation:
         for p in self.params:
             if p is not None:
                 p.grad = None
+        if self._register_hooks:
+            self._handles = [
+                p.register_post_accumulate_grad_hook(self._hook_for(index))  # type: ignore[union-attr,arg-type]
+                for index, p in enumerate(self.params)
+            ]
         self._active = True
 
     def _hook_for(self, index: int) -> Any:
@@ -108,6 +113,7 @@ class MicroBatchIsolation:
         if not self._active:
             raise RuntimeError("sdc_agent: no micro-batch is being isolated")
         self._active = False
+        self.remove()
         for index, param in enumerate(self.params):
             if param is not None and not self._returned[index]:
                 own = param.grad  # set outside autograd's accumulation (unusual): fold it in
@@ -124,7 +130,7 @@ class MicroBatchIsolation:
         return torch.stack([r.to(device) if r is not None else zero for r in rows])
 
     def remove(self) -> None:
-        """Remove the hooks (the guard never does; tests do)."""
+        """Remove the hooks registered by :meth:`begin` (:meth:`end` does; idempotent)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -248,14 +248,19 @@ class RingAudit:
             table[slot, column] = torch.tensor(
                 self._replay_row(step, target_dp, deterministic, whole_step)
             )
+        return self._confirmations_of(table)
+
+    def _confirmations_of(self, table: torch.Tensor) -> list[tuple[Outcome, Outcome] | None]:
+        """Sum the confirmation table every rank filled its own slots of (one writer per slot)
+        and read each target's (third GPU's outcome, target's own), None where either failed."""
+        a = self.adapter
         table = table.to(a.collective_device)
-        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=a.dp_group)  # one writer per slot
-        rows = table.cpu().tolist()
+        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=a.dp_group)
         return [
             None
             if is_failed(r[0]) or is_failed(r[1])
             else (Outcome.from_row(r[0]), Outcome.from_row(r[1]))
-            for r in rows
+            for r in table.cpu().tolist()
         ]
 
     # ------------------------------------------------------------------ check 2

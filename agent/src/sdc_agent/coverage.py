@@ -16,11 +16,22 @@ from .schedule import Schedule
 
 SCHEMA = "sdc.coverage/v1"
 
+BETWEEN_AUDITS = (
+    "steps between audits: a transient compute error there is caught only if it makes a "
+    "gradient non-finite or leaves the replicas' weights different"
+)
+
+BETWEEN_AUDITS_WITH_SENSORS = (
+    "steps between audits, outside what the online sensors sample: a transient compute error "
+    "in a GEMM or LayerNorm the sensors do not check at that step (see online_sensors' rates "
+    "and blind list), or in any other op, is caught only if it makes a gradient non-finite or "
+    "leaves the replicas' weights different"
+)
+
 NOT_COVERED = [
     "a corruption that changes neither the loss bits nor, with deterministic audits, any "
     "gradient bit of an audited micro-batch",
-    "steps between audits: a transient compute error there is caught only if it makes a "
-    "gradient non-finite or leaves the replicas' weights different",
+    BETWEEN_AUDITS,
     "micro-batches not audited at a step (one position per audit, rotating)",
     "optimizer state (momentum, Adam moments): not fingerprinted; a corruption there shows only "
     "once it changes the weights, which every replica updates alike from the same gradient",
@@ -67,11 +78,13 @@ def describe(
     scaler: Any | None,
     param_dtypes: list[str],
     layout: dict[str, Any] | None = None,
+    sensors_on: bool = False,
 ) -> dict[str, Any]:
     """The coverage description (see the module docstring); every value is JSON-ready.
 
     ``layout``: the parallelism adapter's ``coverage_facts()`` (which ranks hold copies of the
-    same weights); None: DDP over ``global_ranks``."""
+    same weights); None: DDP over ``global_ranks``. ``sensors_on``: online sensors check
+    sampled GEMMs and LayerNorms between audits, so those steps are not wholly blind."""
     facts = layout if layout is not None else ddp_facts(global_ranks)
     sharded = facts["parallel"] != "ddp"
     world = len(global_ranks)
@@ -103,7 +116,8 @@ def describe(
     else:
         weights_why = "check_every is 0 and no start-up or checkpoint check is asked for"
     compared_ranks = sorted(r for group in facts["replicas_of_shard"] for r in group)
-    not_covered = list(NOT_COVERED)
+    between_audits = BETWEEN_AUDITS_WITH_SENSORS if sensors_on else BETWEEN_AUDITS
+    not_covered = [between_audits if line is BETWEEN_AUDITS else line for line in NOT_COVERED]
     if sharded:
         not_covered.append(NOT_COVERED_SHARDED)
     if not facts["weights_compared"] and facts["parallel"] == "fsdp":

@@ -60,7 +60,9 @@ def _named_tensors(
     return named
 
 
-def _attribute(table: torch.Tensor, names: list[str], ranks: list[int]) -> DivergenceReport:
+def name_minority_copies(
+    table: torch.Tensor, names: list[str], ranks: list[int]
+) -> DivergenceReport:
     """Name the minority copies of each disagreeing tensor in a gathered [world, P, 2] table."""
     disagreeing = (table != table[0]).any(dim=2).any(dim=0).nonzero().flatten().tolist()
     world = table.shape[0]
@@ -81,7 +83,45 @@ def _attribute(table: torch.Tensor, names: list[str], ranks: list[int]) -> Diver
     )
 
 
-class DivergenceCheck:
+class ReplicaComparison:
+    """A fingerprint table compared across the copies of a group in one launched all-reduce:
+    the part :class:`DivergenceCheck` (DDP replicas) and the sharded check (HSDP shard replicas)
+    share."""
+
+    _table: torch.Tensor
+    _report: DivergenceReport | None
+
+    def _launch(self, table: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+        """Launch the comparison of ``table`` (on the group's collective device) over ``group``."""
+        self._table = table
+        # ~x is a monotone decreasing bijection on int64 without overflow (unlike -x at -2**63),
+        # so max(~x) == ~min(x): one all-reduce yields both extremes.
+        self._extremes = torch.cat([table, torch.bitwise_not(table)])
+        self._work = dist.all_reduce(
+            self._extremes, op=dist.ReduceOp.MAX, group=group, async_op=True
+        )
+        self._report = None
+
+    def wait(self) -> None:
+        """Wait for the all-reduce without judging (when the result is no longer needed)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+
+    def _copies_agree(self) -> bool:
+        """Wait for the all-reduce; True when every copy's table equals this rank's."""
+        self.wait()
+        rows = len(self._table)
+        highest = self._extremes[:rows]
+        lowest = torch.bitwise_not(self._extremes[rows:])
+        return bool(torch.equal(highest, lowest))
+
+    def report(self) -> DivergenceReport:
+        """The comparison's outcome, identical on every rank."""
+        raise NotImplementedError
+
+
+class DivergenceCheck(ReplicaComparison):
     """One weight comparison in flight: the fingerprints are taken and the all-reduce launched
     when it is made; :meth:`report` waits for the result.
 
@@ -100,35 +140,18 @@ class DivergenceCheck:
         named = _named_tensors(params)
         self._names = [n for n, _ in named]
         self._group = dp_group
-        self._table = fingerprints([t for _, t in named]).to(collective_device(dp_group))
-        # ~x is a monotone decreasing bijection on int64 without overflow (unlike -x at -2**63),
-        # so max(~x) == ~min(x): one all-reduce yields both extremes.
-        self._extremes = torch.cat([self._table, torch.bitwise_not(self._table)])
-        self._work = dist.all_reduce(
-            self._extremes, op=dist.ReduceOp.MAX, group=dp_group, async_op=True
-        )
-        self._report: DivergenceReport | None = None
-
-    def wait(self) -> None:
-        """Wait for the all-reduce without judging (when the result is no longer needed)."""
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
+        self._launch(fingerprints([t for _, t in named]).to(collective_device(dp_group)), dp_group)
 
     def report(self) -> DivergenceReport:
         """The comparison's outcome, identical on every rank (collective when copies differ)."""
         if self._report is None:
-            self.wait()
-            rows = len(self._table)
-            highest = self._extremes[:rows]
-            lowest = torch.bitwise_not(self._extremes[rows:])
-            if bool(torch.equal(highest, lowest)):
+            if self._copies_agree():
                 self._report = DivergenceReport(digest=table_digest(self._table))
             else:
                 world = dist.get_world_size(self._group)
                 gathered = [torch.empty_like(self._table) for _ in range(world)]
                 dist.all_gather(gathered, self._table, group=self._group)
-                self._report = _attribute(
+                self._report = name_minority_copies(
                     torch.stack(gathered).cpu(), self._names, group_ranks(self._group)
                 )
         return self._report
@@ -168,11 +191,15 @@ class WeightCheck:
         self._named_weights = named_weights
         self._group = dp_group
         self._reporter = reporter
-        self._in_flight: tuple[int, DivergenceCheck] | None = None
+        self._in_flight: tuple[int, ReplicaComparison] | None = None
+
+    def _start_comparison(self) -> ReplicaComparison:
+        """Fingerprint the weights as they are now and launch their comparison."""
+        return DivergenceCheck(self._named_weights, self._group)
 
     def compare_now(self, step: int) -> Alarm | None:
         """Compare the weights as they are now, after ``step``'s update (collective, blocking)."""
-        return self.judge(step, DivergenceCheck(self._named_weights, self._group))
+        return self.judge(step, self._start_comparison())
 
     def launch(self, step: int) -> None:
         """Fingerprint the weights after ``step``'s update and launch their comparison; it is
@@ -182,16 +209,16 @@ class WeightCheck:
                 "sdc_agent: a weight check is still in flight; call check_gradients (or "
                 "Guard.finish) between two after_update calls"
             )
-        self._in_flight = (step, DivergenceCheck(self._named_weights, self._group))
+        self._in_flight = (step, self._start_comparison())
 
-    def take_in_flight(self) -> tuple[int, DivergenceCheck] | None:
+    def take_in_flight(self) -> tuple[int, ReplicaComparison] | None:
         """The launched comparison (the step it was taken after), now owned by the caller."""
         in_flight, self._in_flight = self._in_flight, None
         return in_flight
 
-    def judge(self, step: int, check: DivergenceCheck) -> Alarm | None:
+    def judge(self, step: int, check: ReplicaComparison) -> Alarm | None:
         """Check 3's verdict on a comparison of the weights after ``step``'s update: records the
-        pass, or logs, publishes and returns the Alarm."""
+        pass and the agreed digest, or logs, publishes and returns the Alarm."""
         report = check.report()
         reporter = self._reporter
         if report.agreed:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .divergence import DivergenceReport, _attribute
+from .divergence import DivergenceReport, ReplicaComparison, WeightCheck, name_minority_copies
 from .fingerprint import fingerprints, table_digest
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def _words_digest(words: list[int]) -> str:
     return struct.pack("<4q", *words).hex()
 
 
-class ShardedDivergenceCheck:
+class ShardedDivergenceCheck(ReplicaComparison):
     """One comparison of every shard with its replicas, launched when made (see the module
     docstring). Collective: make it and call :meth:`report` (or :meth:`wait`) on every rank."""
 
@@ -55,33 +55,16 @@ class ShardedDivergenceCheck:
         """Fingerprint this rank's shards now and launch the all-reduce over its replicas."""
         self._adapter = adapter
         self._names = [name for name, _ in adapter.named_weights]
-        device = adapter.collective_device
         shards = [p.to_local() for _, p in adapter.named_weights]
-        self._table = fingerprints(shards).to(device)
-        # ~x is a monotone decreasing bijection on int64: max(~x) == ~min(x), one all-reduce.
-        self._extremes = torch.cat([self._table, torch.bitwise_not(self._table)])
-        self._work = dist.all_reduce(
-            self._extremes, op=dist.ReduceOp.MAX, group=adapter.replicate_group, async_op=True
-        )
-        self._report: DivergenceReport | None = None
-
-    def wait(self) -> None:
-        """Wait for the all-reduce without judging (when the result is no longer needed)."""
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
+        self._launch(fingerprints(shards).to(adapter.collective_device), adapter.replicate_group)
 
     def report(self) -> DivergenceReport:
         """The comparison's outcome, identical on every rank (collective: one small all-gather
         over the shard group; the tables over every rank only when copies differ)."""
         if self._report is not None:
             return self._report
-        self.wait()
+        agreed_here = self._copies_agree()
         a, layout = self._adapter, self._adapter.layout
-        rows = len(self._table)
-        agreed_here = bool(
-            torch.equal(self._extremes[:rows], torch.bitwise_not(self._extremes[rows:]))
-        )
         mine = torch.tensor(
             [int(not agreed_here), *_digest_words(table_digest(self._table))],
             dtype=torch.int64,
@@ -103,7 +86,7 @@ class ShardedDivergenceCheck:
         tensors: list[str] = []
         unattributable = False
         for copies in layout.replicas_of_shard:
-            shard_report = _attribute(tables[list(copies)], self._names, list(copies))
+            shard_report = name_minority_copies(tables[list(copies)], self._names, list(copies))
             ranks.update(shard_report.ranks)
             tensors += [t for t in shard_report.tensors if t not in tensors]
             unattributable = unattributable or shard_report.unattributable
@@ -113,44 +96,19 @@ class ShardedDivergenceCheck:
         return self._report
 
 
-class ShardedWeightCheck:
-    """Check 3 for an HSDP model: the same surface as :class:`~sdc_agent.divergence.WeightCheck`
-    (the guard calls it at the same points), comparing each shard across its replicas."""
+class ShardedWeightCheck(WeightCheck):
+    """Check 3 for an HSDP model: :class:`~sdc_agent.divergence.WeightCheck` (the guard calls it
+    at the same points, a pass records the combined digest), comparing each shard across its
+    replicas."""
 
     def __init__(self, adapter: FSDP2Adapter, reporter: Reporter) -> None:
         """Compare ``adapter``'s local shards over its replicate group."""
+        super().__init__(adapter.named_weights, adapter.replicate_group, reporter)
         self._adapter = adapter
-        self._reporter = reporter
-        self._in_flight: tuple[int, ShardedDivergenceCheck] | None = None
 
-    def compare_now(self, step: int) -> Alarm | None:
-        """Compare the shards as they are now, after ``step``'s update (collective, blocking)."""
-        return self.judge(step, ShardedDivergenceCheck(self._adapter))
-
-    def launch(self, step: int) -> None:
-        """Fingerprint the shards after ``step``'s update and launch their comparison."""
-        if self._in_flight is not None:
-            raise RuntimeError(
-                "sdc_agent: a weight check is still in flight; call check_gradients (or "
-                "Guard.finish) between two after_update calls"
-            )
-        self._in_flight = (step, ShardedDivergenceCheck(self._adapter))
-
-    def take_in_flight(self) -> tuple[int, ShardedDivergenceCheck] | None:
-        """The launched comparison (the step it was taken after), now owned by the caller."""
-        in_flight, self._in_flight = self._in_flight, None
-        return in_flight
-
-    def judge(self, step: int, check: ShardedDivergenceCheck) -> Alarm | None:
-        """Record the pass and the combined digest, or log, publish and return the Alarm."""
-        report = check.report()
-        reporter = self._reporter
-        if report.agreed:
-            reporter.passes.last_weight_check_pass = step
-            reporter.passes.last_weights_digest = report.digest
-            reporter.record_pass("weights", step)
-            return None
-        return reporter.log_and_publish(reporter.weights_alarm(step, report))
+    def _start_comparison(self) -> ShardedDivergenceCheck:
+        """Fingerprint this rank's shards now and launch their comparison with the replicas'."""
+        return ShardedDivergenceCheck(self._adapter)
 
 
 class WeightCheckOff:

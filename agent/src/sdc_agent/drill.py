@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,7 @@ def make_step_batch(step: int, rank: int, *, seed: int = 0, grad_accum: int = 1)
     return [make_batch(step * grad_accum + i, rank, seed=seed) for i in range(grad_accum)]
 
 
-def make_loss(autocast_bf16: bool = False):
+def make_loss(autocast_bf16: bool = False) -> Callable[[nn.Module, Any], torch.Tensor]:
     """compute_loss(model, batch) for the drill model (optionally under CPU bf16 autocast)."""
 
     def compute_loss(model: nn.Module, batch: tuple) -> torch.Tensor:
@@ -94,14 +94,31 @@ def build(
     schedule: dict[str, Any], *, seed: int = 0, autocast_bf16: bool = False, publisher: Any = None
 ) -> tuple[Any, Any, Any]:
     """(ddp_model, optimizer, guard) for the drill model, identical initial weights on all ranks."""
-    import sdc_agent as sdc
-
     torch.manual_seed(seed)
     module = DrillModel()
     ddp = nn.parallel.DistributedDataParallel(module)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    optimizer, guard = guarded_sgd(
+        ddp, schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=publisher
+    )
+    return ddp, optimizer, guard
+
+
+def guarded_sgd(
+    model: nn.Module,
+    schedule: dict[str, Any],
+    *,
+    seed: int,
+    autocast_bf16: bool,
+    publisher: Any,
+    scaler: Any = None,
+) -> tuple[torch.optim.Optimizer, Any]:
+    """(optimizer, guard) for a wrapped drill model (DDP or FSDP2): SGD with momentum and a
+    guard that rebuilds any rank's batch from (step, rank, ``seed``)."""
+    import sdc_agent as sdc
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     guard = sdc.Guard(
-        ddp,
+        model,
         optimizer,
         compute_loss=make_loss(autocast_bf16),
         rebuild_batch=lambda step, rank: make_step_batch(
@@ -109,8 +126,9 @@ def build(
         ),
         schedule=sdc.Schedule(**schedule),
         publisher=publisher,
+        scaler=scaler,
     )
-    return ddp, optimizer, guard
+    return optimizer, guard
 
 
 def make_fault(spec: dict[str, Any]) -> Any:

@@ -119,9 +119,7 @@ def build_sharded(
     ``schedule``: ``sdc_agent.Schedule``'s keywords (with ``grad_accum`` > 1 ``rebuild_batch``
     returns the step's micro-batches, :func:`sdc_agent.drill.make_step_batch`); ``scaler``:
     passed to the guard as is."""
-    import sdc_agent as sdc
-
-    from .drill import make_loss, make_step_batch
+    from .drill import guarded_sgd
 
     torch.manual_seed(seed)
     model = shard(
@@ -130,16 +128,7 @@ def build_sharded(
         shards=shards,
         mixed_precision=mixed_precision,
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    guard = sdc.Guard(
-        model,
-        optimizer,
-        compute_loss=make_loss(autocast_bf16),
-        rebuild_batch=lambda step, rank: make_step_batch(
-            step, rank, seed=seed, grad_accum=schedule.get("grad_accum", 1)
-        ),
-        schedule=sdc.Schedule(**schedule),
-        publisher=publisher,
-        scaler=scaler,
+    optimizer, guard = guarded_sgd(
+        model, schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=publisher, scaler=scaler
     )
     return model, optimizer, guard

@@ -155,7 +155,7 @@ class ScaleOutputElement(_OutputFault):
 
     def __init__(
         self, layer: str | nn.Module, *, index: int = 0, factor: float = 1000.0, **when: Any
-    ):
+    ) -> None:
         super().__init__(layer, **when)
         self.index, self.factor = index, factor
 
@@ -167,7 +167,7 @@ class ScaleOutputElement(_OutputFault):
 class NaNOutputElement(_OutputFault):
     """Replace one element of the layer's output with NaN."""
 
-    def __init__(self, layer: str | nn.Module, *, index: int = 0, **when: Any):
+    def __init__(self, layer: str | nn.Module, *, index: int = 0, **when: Any) -> None:
         super().__init__(layer, **when)
         self.index = index
 
@@ -179,7 +179,9 @@ class NaNOutputElement(_OutputFault):
 class FlipOutputBit(_OutputFault):
     """Flip bit ``bit`` of one output element's raw pattern (in the output's own dtype)."""
 
-    def __init__(self, layer: str | nn.Module, *, index: int = 0, bit: int = 0, **when: Any):
+    def __init__(
+        self, layer: str | nn.Module, *, index: int = 0, bit: int = 0, **when: Any
+    ) -> None:
         super().__init__(layer, **when)
         self.index, self.bit = index, bit
 
@@ -193,7 +195,7 @@ class OutputNoise(_OutputFault):
 
     def __init__(
         self, layer: str | nn.Module, *, relative: float = 0.1, seed: int = 0, **when: Any
-    ):
+    ) -> None:
         super().__init__(layer, **when)
         self.relative, self.seed = relative, seed
         self._generator: torch.Generator | None = None
@@ -213,7 +215,7 @@ class ScaleOutputColumn(_OutputFault):
 
     def __init__(
         self, layer: str | nn.Module, *, column: int = 0, factor: float = 1.1, **when: Any
-    ):
+    ) -> None:
         super().__init__(layer, **when)
         self.column, self.factor = column, factor
 
@@ -227,7 +229,7 @@ class ScaleInputGradElement(Fault):
 
     def __init__(
         self, layer: str | nn.Module, *, index: int = 0, factor: float = 1000.0, **when: Any
-    ):
+    ) -> None:
         super().__init__(**when)
         self.layer, self.index, self.factor = layer, index, factor
 
@@ -246,7 +248,7 @@ class ScaleInputGradElement(Fault):
 class ScaleWeightGradElement(Fault):
     """Backward only: multiply one element of a parameter's local gradient by ``factor``."""
 
-    def __init__(self, param: str, *, index: int = 0, factor: float = 1000.0, **when: Any):
+    def __init__(self, param: str, *, index: int = 0, factor: float = 1000.0, **when: Any) -> None:
         super().__init__(**when)
         self.param, self.index, self.factor = param, index, factor
 
@@ -268,7 +270,7 @@ class ScaleWeightGradElement(Fault):
 class NaNReducedGradient(Fault):
     """Write NaN into this rank's gradient AFTER the all-reduce (every local gradient finite)."""
 
-    def __init__(self, *, index: int = 0, **when: Any):
+    def __init__(self, *, index: int = 0, **when: Any) -> None:
         super().__init__(**when)
         self.index = index
 
@@ -313,7 +315,9 @@ class WeightFault(Fault):
 class FlipWeightBit(WeightFault):
     """Flip one bit of one weight element's raw pattern."""
 
-    def __init__(self, param: str, *, index: int = 0, bit: int = 20, rank: int, step: int = 0):
+    def __init__(
+        self, param: str, *, index: int = 0, bit: int = 20, rank: int, step: int = 0
+    ) -> None:
         super().__init__(param, rank=rank, step=step)
         self.index, self.bit = index, bit
 
@@ -325,7 +329,7 @@ class FlipWeightBit(WeightFault):
 class SwapWeights(WeightFault):
     """Swap two weight values (the plain sum of the tensor is unchanged)."""
 
-    def __init__(self, param: str, *, i: int = 0, j: int = 1, rank: int, step: int = 0):
+    def __init__(self, param: str, *, i: int = 0, j: int = 1, rank: int, step: int = 0) -> None:
         super().__init__(param, rank=rank, step=step)
         self.i, self.j = i, j
 
@@ -340,7 +344,7 @@ class CompensatingWeightChange(WeightFault):
 
     def __init__(
         self, param: str, *, i: int = 0, j: int = 1, delta: int = 4096, rank: int, step: int = 0
-    ):
+    ) -> None:
         super().__init__(param, rank=rank, step=step)
         self.i, self.j, self.delta = i, j, delta
 

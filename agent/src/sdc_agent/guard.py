@@ -214,6 +214,8 @@ class Guard:
         with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
         judged); ``not_covered``: what no check catches. Logged once at start by DP rank 0.
         """
+        # SENSORS: which protected layers' GEMMs are checked online, and at what rate.
+        sensors = self.sensors.describe()
         report = describe(
             self.schedule,
             global_ranks=list(self.global_ranks),
@@ -221,9 +223,9 @@ class Guard:
             scaler=self.scaler,
             param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
             layout=self.parallel.coverage_facts(),
+            sensors_on=bool(sensors["on"]),
         )
-        # SENSORS: which protected layers' GEMMs are checked online, and at what rate.
-        report["checks"]["online_sensors"] = self.sensors.describe()
+        report["checks"]["online_sensors"] = sensors
         return report
 
     # ------------------------------------------------------------------ attributes kept public

@@ -362,6 +362,7 @@ class FSDP2Adapter:
         return ShardedWeightCheck(self, reporter)
 
     def gradient_taps(self) -> ShardedGradientTaps:
+        """Check 1's hooks on this model (installed when the Guard is built)."""
         if self.taps is None:
             raise RuntimeError(
                 "sdc_agent: check 1's taps are not installed (build the Guard first)"

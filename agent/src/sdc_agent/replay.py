@@ -182,6 +182,19 @@ def scaled_for_backward(loss: torch.Tensor, scaler: Any | None) -> torch.Tensor:
     return scaler.scale(loss) if scaler is not None else loss
 
 
+def accumulated_at_start_error(step: int, detail: str = "") -> RuntimeError:
+    """The refusal of an audit step whose gradients start accumulated (``detail``, if any,
+    follows "already accumulated"): one micro-batch's replay cannot reproduce them."""
+    return RuntimeError(
+        f"sdc_agent: audit step {step} starts with gradients already accumulated{detail}: the "
+        "replay audit recomputes one micro-batch per rank and step, so gradient accumulation "
+        "outside the guard (no_sync micro-steps before guard.step) cannot be audited. Zero the "
+        "gradients before each step (optimizer.zero_grad(set_to_none=True)) and accumulate "
+        "inside the step with Schedule(grad_accum=N) and GuardedStep.micro_batches, or disable "
+        "audits with Schedule(audit_every=0)"
+    )
+
+
 class Replayer:
     """Runs replays of any rank's micro-batch on the bare module of a DDP model."""
 
@@ -193,7 +206,7 @@ class Replayer:
         *,
         grad_accum: int = 1,
         scaler: Any | None = None,
-    ):
+    ) -> None:
         """``params`` is the ordered list whose gradients are fingerprinted (the guard's table);
         ``grad_accum`` and ``scaler`` say how training back-propagated each micro-batch's loss
         (:func:`micro_batch_loss`, :func:`scaled_for_backward`)."""
@@ -219,15 +232,7 @@ class Replayer:
             return
         nonzero = int(torch.stack([torch.count_nonzero(g) for g in present]).sum())  # one sync
         if nonzero:
-            raise RuntimeError(
-                f"sdc_agent: audit step {step} starts with gradients already accumulated "
-                f"({nonzero} non-zero elements): the replay audit recomputes one micro-batch per "
-                "rank and step, so gradient accumulation outside the guard (no_sync micro-steps "
-                "before guard.step) cannot be audited. Zero the gradients before each step "
-                "(optimizer.zero_grad(set_to_none=True)) and accumulate inside the step with "
-                "Schedule(grad_accum=N) and GuardedStep.micro_batches, or disable audits with "
-                "Schedule(audit_every=0)"
-            )
+            raise accumulated_at_start_error(step, f" ({nonzero} non-zero elements)")
         self.zero_grads_at_start = [g is not None for g in grads]
 
     def micro_batch_isolation(self) -> MicroBatchIsolation:
@@ -239,12 +244,13 @@ class Replayer:
         """Remember the module's buffers as they are now (called just before the training forward)."""
         self.forward_buffers = [b.detach().clone() for b in self.module.buffers()]
 
-    def replay(self, batch: Any, *, seed: int, deterministic: bool) -> Outcome:
-        """Recompute ``batch`` with RNG ``seed``; restore grads, buffers and RNG afterwards.
+    @contextlib.contextmanager
+    def state_set_aside(self) -> Iterator[None]:
+        """Set the gradients, buffers and RNG aside for a replay and put them back after it.
 
-        With accumulation the outcome is the micro-batch's own: its ``loss / grad_accum`` and
-        the gradient of that alone (from no gradient), as :mod:`sdc_agent.accumulation`
-        isolates it in training."""
+        Inside, the buffers hold what they held when the step's forward began (when
+        :meth:`snapshot_buffers` ran); on exit the parameters' gradients, the buffers and the RNG
+        are what they were on entry, so training continues as if no replay had happened."""
         saved_grads = [p.grad for p in self.params]
         buffers = list(self.module.buffers())
         saved_buffers = [b.detach().clone() for b in buffers]
@@ -254,6 +260,22 @@ class Replayer:
                 with torch.no_grad():
                     for buf, value in zip(buffers, self.forward_buffers, strict=True):
                         buf.copy_(value)
+            yield
+        finally:
+            for p, g in zip(self.params, saved_grads, strict=True):
+                p.grad = g
+            with torch.no_grad():
+                for buf, value in zip(buffers, saved_buffers, strict=True):
+                    buf.copy_(value)
+            saved_rng.restore()
+
+    def replay(self, batch: Any, *, seed: int, deterministic: bool) -> Outcome:
+        """Recompute ``batch`` with RNG ``seed``; restore grads, buffers and RNG afterwards.
+
+        With accumulation the outcome is the micro-batch's own: its ``loss / grad_accum`` and
+        the gradient of that alone (from no gradient), as :mod:`sdc_agent.accumulation`
+        isolates it in training."""
+        with self.state_set_aside():
             zero_start = self.zero_grads_at_start or [False] * len(self.params)
             for p, zero in zip(self.params, zero_start, strict=True):
                 p.grad = torch.zeros_like(p) if zero else None
@@ -264,10 +286,3 @@ class Replayer:
             grads = [p.grad for p in self.params]
             table = fingerprints(grads) if deterministic else None
             return outcome_of(loss, table, all_finite(grads))
-        finally:
-            for p, g in zip(self.params, saved_grads, strict=True):
-                p.grad = g
-            with torch.no_grad():
-                for buf, value in zip(buffers, saved_buffers, strict=True):
-                    buf.copy_(value)
-            saved_rng.restore()

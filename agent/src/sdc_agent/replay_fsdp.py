@@ -38,13 +38,13 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from .accumulation import MicroBatchIsolation
-from .attribution import FAILED_ROW, ROW_WIDTH, Outcome, confirmation_jobs, is_failed
+from .attribution import FAILED_ROW, ROW_WIDTH, Outcome, confirmation_jobs
 from .audit import RingAudit
 from .gradients import GradStatsState
 from .replay import (
     ComputeLoss,
     Replayer,
-    RngState,
+    accumulated_at_start_error,
     deterministic_kernels,
     micro_batch_loss,
     outcome_of,
@@ -92,20 +92,12 @@ class CollectiveReplayer(Replayer):
         a backward without sync): one micro-batch's replay cannot reproduce them."""
         grads = [p.grad for p in self.params if p.grad is not None]
         local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-        nonzero = int(sum(int(torch.count_nonzero(g)) for g in local))
+        nonzero = int(torch.stack([torch.count_nonzero(g) for g in local]).sum()) if local else 0
         leftover = [
             p for p in self.adapter.gradient_taps().unsharded_parameters() if p.grad is not None
         ]
         if nonzero or leftover:
-            raise RuntimeError(
-                f"sdc_agent: audit step {step} starts with gradients already accumulated: the "
-                "replay audit recomputes one micro-batch per rank and step, so gradient "
-                "accumulation outside the guard (no_sync micro-steps before guard.step) cannot be "
-                "audited. Zero the gradients before each step "
-                "(optimizer.zero_grad(set_to_none=True)) and accumulate inside the step with "
-                "Schedule(grad_accum=N) and GuardedStep.micro_batches, or disable audits with "
-                "Schedule(audit_every=0)"
-            )
+            raise accumulated_at_start_error(step)
         # The local gradient a replay compares always starts as None under FSDP2 (it is freed
         # after each reduce-scatter), whatever the sharded gradients start as.
         self.zero_grads_at_start = None
@@ -113,34 +105,26 @@ class CollectiveReplayer(Replayer):
     def replay(self, batch: Any, *, seed: int, deterministic: bool) -> Outcome:
         """Recompute ``batch`` with RNG ``seed`` (collective: every rank calls it at once)."""
         adapter = self.adapter
-        saved_grads = [p.grad for p in self.params]
-        buffers = list(self.module.buffers())
-        saved_buffers = [b.detach().clone() for b in buffers]
-        saved_rng = RngState.capture()
-        record = GradStatsState(process_group=None, param_index=self._param_index)
-        record.arm(capture_fingerprints=deterministic, device=adapter.param_device)
-        try:
-            if self.forward_buffers is not None:
-                with torch.no_grad():
-                    for buf, value in zip(buffers, self.forward_buffers, strict=True):
-                        buf.copy_(value)
-            adapter.set_gradient_sync(False)
-            with adapter.gradient_taps().recording_into(record):
-                seed_all(seed)
-                with deterministic_kernels(deterministic):
-                    loss = micro_batch_loss(self.compute_loss(self.module, batch), self.grad_accum)
-                    scaled_for_backward(loss, self.scaler).backward()
-            finite = not bool(torch.cat(record.local_flags).any()) if record.local_flags else True
-            return outcome_of(loss, record.local_fingerprints if deterministic else None, finite)
-        finally:
-            adapter.set_gradient_sync(True)
-            adapter.discard_unsynced_gradients()
-            for p, g in zip(self.params, saved_grads, strict=True):
-                p.grad = g
-            with torch.no_grad():
-                for buf, value in zip(buffers, saved_buffers, strict=True):
-                    buf.copy_(value)
-            saved_rng.restore()
+        with self.state_set_aside():
+            record = GradStatsState(process_group=None, param_index=self._param_index)
+            record.arm(capture_fingerprints=deterministic, device=adapter.param_device)
+            try:
+                adapter.set_gradient_sync(False)
+                with adapter.gradient_taps().recording_into(record):
+                    seed_all(seed)
+                    with deterministic_kernels(deterministic):
+                        loss = micro_batch_loss(
+                            self.compute_loss(self.module, batch), self.grad_accum
+                        )
+                        scaled_for_backward(loss, self.scaler).backward()
+                flags = record.local_flags
+                finite = not bool(torch.cat(flags).any()) if flags else True
+                return outcome_of(
+                    loss, record.local_fingerprints if deterministic else None, finite
+                )
+            finally:
+                adapter.set_gradient_sync(True)
+                adapter.discard_unsynced_gradients()
 
 
 class CollectiveRingAudit(RingAudit):
@@ -198,12 +182,4 @@ class CollectiveRingAudit(RingAudit):
             for job_slot, column, _ in jobs:
                 if job_slot == slot:
                     table[slot, column] = row
-        table = table.to(a.collective_device)
-        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=a.dp_group)  # one writer per slot
-        rows = table.cpu().tolist()
-        return [
-            None
-            if is_failed(r[0]) or is_failed(r[1])
-            else (Outcome.from_row(r[0]), Outcome.from_row(r[1]))
-            for r in rows
-        ]
+        return self._confirmations_of(table)

@@ -169,7 +169,9 @@ class ProtectedLinear(nn.Linear):
     sensor_ops: tuple[Gemm, ...] = ("forward", "dgrad", "wgrad")
     """What fault drills may corrupt: the three GEMMs."""
 
-    def __init__(self, *args: Any, board: SensorBoard | None = None, name: str = "", **kw: Any):
+    def __init__(
+        self, *args: Any, board: SensorBoard | None = None, name: str = "", **kw: Any
+    ) -> None:
         """As ``nn.Linear``; ``board``/``name``: where its sensors are registered."""
         super().__init__(*args, **kw)
         self._attach(board or SensorBoard(), name)

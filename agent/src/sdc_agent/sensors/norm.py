@@ -33,7 +33,9 @@ class ProtectedLayerNorm(nn.LayerNorm):
     sensor_ops: tuple[Gemm, ...] = ("forward",)
     """What fault drills may corrupt: the norm's output (named ``forward``)."""
 
-    def __init__(self, *args: Any, board: SensorBoard | None = None, name: str = "", **kw: Any):
+    def __init__(
+        self, *args: Any, board: SensorBoard | None = None, name: str = "", **kw: Any
+    ) -> None:
         """As ``nn.LayerNorm``; ``board``/``name``: where its sensor is registered."""
         super().__init__(*args, **kw)
         self._attach(board or SensorBoard(), name)
