@@ -130,6 +130,12 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         "node_name": node_name,
         "execution": execution or None,
         "alarm": st.alarm.alarm_name if st.alarm else None,
+        # The precision ledger (`sdc-remediation stats`): which check and verdict raised the
+        # remediation, on every event of it, and a person's decision.
+        "check": st.suspect.check if st.suspect else None,
+        "verdict": st.suspect.verdict if st.suspect else None,
+        "job": st.suspect.job if st.suspect else None,
+        "decision": st.approval.decision if st.approval else None,
         "approver": st.approval.approver if st.approval else None,
         "reason": st.approval.reason if st.approval else None,
         "error": f"{inp.error.error}: {inp.error.cause[:1000]}" if inp.error else None,
