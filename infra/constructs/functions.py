@@ -437,6 +437,7 @@ class Functions(Construct):
             contract.APPROVAL_TIMEOUT_SECONDS: str(config.approval_timeout_seconds),
             contract.DRY_RUN: "true" if config.dry_run else "false",
             contract.STATE_MACHINE_ARN: state_machine_arn,
+            contract.CHECK_MODES: config.check_modes_json,
         }
         return {
             **env,

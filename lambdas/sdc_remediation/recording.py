@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import notify
+from . import notify, shadow
 from .config import Settings
 from .errors import InvalidStepInput
 from .ledger import Ledger, cluster_pk, encode_detail
@@ -181,7 +181,10 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         or ledger.first_notice(cluster, execution, inp.transition)
     )
     if notify_now:
-        subject, body = notify.transition_message(inp, cluster, dry_run=settings.dry_run)
+        if inp.transition == "shadow":
+            subject, body = shadow.message(inp, cluster, dry_run=settings.dry_run)
+        else:
+            subject, body = notify.transition_message(inp, cluster, dry_run=settings.dry_run)
         if node is not None:
             subject = subject.replace(f"cluster {cluster}", node.node_name or node.instance_id)
         notify.publish(settings.topic_arn, subject, body)

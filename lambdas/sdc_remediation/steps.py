@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import approvals as approvals_mod
-from . import aws, health, notify, recording
+from . import aws, health, notify, recording, shadow
 from . import cordon as cordon_mod
 from . import localize as localize_mod
 from . import replace as replace_mod
@@ -60,19 +60,20 @@ def cluster_size(cluster: str) -> int:
 def admit(state: ItemState, settings: Settings) -> Admission:
     """Admit step: one open remediation per node, under the blast-radius guard."""
     cluster = settings.hyperpod_cluster_name
-    decision = Ledger(settings.ledger_table).admit(
-        AdmitRequest(
-            cluster=cluster,
-            instance_id=state.suspect.instance_id,
-            node_name=state.suspect.node_name,
-            execution=state.execution,
-            cluster_nodes=cluster_size(cluster),
-            max_nodes_per_hour=settings.max_nodes_per_hour,
-            max_fraction=settings.max_fraction,
-            suspects_in_alarm=state.suspects_in_alarm,
-            item=state.item,
-        )
+    request = AdmitRequest(
+        cluster=cluster,
+        instance_id=state.suspect.instance_id,
+        node_name=state.suspect.node_name,
+        execution=state.execution,
+        cluster_nodes=cluster_size(cluster),
+        max_nodes_per_hour=settings.max_nodes_per_hour,
+        max_fraction=settings.max_fraction,
+        suspects_in_alarm=state.suspects_in_alarm,
+        item=state.item,
     )
+    if settings.mode_for(state.suspect.check, state.suspect.verdict) == "shadow":
+        return shadow.admit(Ledger(settings.ledger_table), request)
+    decision = Ledger(settings.ledger_table).admit(request)
     logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})
     return Admission(
         decision=decision.decision, remediation_id=decision.remediation_id, reason=decision.reason
