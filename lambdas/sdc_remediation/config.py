@@ -20,6 +20,7 @@ from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
+from .autoapprove import AutoApprovePolicy, parse_policy
 from .errors import ConfigurationError
 from .modes import Mode, mode_for, parse_modes
 
@@ -283,6 +284,15 @@ class Settings:
     def mode_for(self, check: str, verdict: str) -> Mode:
         """Whether alarms of this check and verdict are enforced or only shadowed."""
         return mode_for(self.check_modes, check, verdict)
+
+    @property
+    def auto_approve(self) -> AutoApprovePolicy:
+        """AUTO_APPROVE: JSON ``{onHealthCheckFailed, minPrecision, minEvents}``, the opt-in
+        auto-approval policy (default: off; see ``autoapprove``)."""
+        try:
+            return parse_policy(self._optional("AUTO_APPROVE") or "")
+        except ValueError as exc:
+            raise ConfigurationError(f"AUTO_APPROVE: {exc}") from None
 
     @property
     def dry_run(self) -> bool:

@@ -27,6 +27,7 @@ APPROVAL_TIMEOUT_SECONDS = "APPROVAL_TIMEOUT_SECONDS"
 DRY_RUN = "DRY_RUN"
 STATE_MACHINE_ARN = "STATE_MACHINE_ARN"
 CHECK_MODES = "CHECK_MODES"
+AUTO_APPROVE = "AUTO_APPROVE"
 
 FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     HYPERPOD_CLUSTER_NAME,
@@ -47,6 +48,7 @@ FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     DRY_RUN,
     STATE_MACHINE_ARN,
     CHECK_MODES,
+    AUTO_APPROVE,
 )
 """What infra sets on every function (besides Powertools' own variables below)."""
 
