@@ -56,3 +56,13 @@ def test_an_enabled_policy_lets_request_approval_resume_the_workflow(rollout_syn
     # Then it may send the task result and scan the ledger, nothing more of Step Functions
     assert "states:SendTaskSuccess" in actions and "dynamodb:Scan" in actions
     assert {a for a in actions if a.startswith("states:")} == {"states:SendTaskSuccess"}
+
+
+def test_the_dashboard_tables_outcomes_per_check_and_verdict(rollout_synth: Synth) -> None:
+    # Given the dashboard body
+    (dashboard,) = resources(rollout_synth.template, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    # Then a table sums the record step's outcome metrics by check and verdict
+    assert "Outcomes per check x verdict" in body
+    assert "{SDCRemediation,ClusterName,Check,Verdict,service}" in body
+    assert '\\"view\\":\\"table\\",\\"table\\"' in body

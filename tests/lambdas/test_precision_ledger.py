@@ -321,3 +321,26 @@ def test_history_of_a_node_shows_each_remediation_with_its_transitions(cloud):
         ("r5", "approval_timed_out", False),
     ]
     assert [t["transition"] for t in rows[0]["transitions"]] == ["cordoned", "rejected"]
+
+
+def test_record_counts_outcomes_per_check_and_verdict_for_the_dashboard(cloud, invoke, capsys):
+    # Given an admitted remediation
+    node = cloud.nodes[0]
+    state = {**item_state(node, execution="e-metric"), "item": 0}
+    state["admission"] = invoke("admit", state)
+    capsys.readouterr()
+
+    # When its rejection is recorded
+    state["approval"] = _approval("reject")
+    invoke("record", {"transition": "rejected", "notify": False, "state": state})
+
+    # Then one EMF metric "rejected" carries the cluster, check and verdict as dimensions
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    outcome = [line for line in lines if "Check" in line]
+    # (the dimension set the dashboard's table searches: Powertools adds `service`)
+    assert [o["_aws"]["CloudWatchMetrics"][0]["Dimensions"] for o in outcome] == [
+        [["ClusterName", "Check", "Verdict", "service"]]
+    ]
+    assert [(o["Check"], o["Verdict"], o["rejected"]) for o in outcome] == [
+        ("compute", "persistent", [1.0])
+    ], lines
