@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sdc_remediation import contract
+from sdc_remediation import autoapprove, contract, modes
 
 METRIC_NAMES: tuple[str, ...] = contract.SDC_ALARM_METRICS
 """The agent's alarm metrics (docs/CONTRACT.md, "Agent -> CloudWatch"): one deployed alarm each."""
@@ -106,6 +106,14 @@ class SdcConfig:
     """The liveness alarm fires when no check passed for this long (`livenessWindow`)."""
     log_retention_days: int = 30
     """Retention of the functions' and the workflow's log groups (`logRetentionDays`)."""
+    auto_approve: autoapprove.AutoApprovePolicy = field(
+        default_factory=autoapprove.AutoApprovePolicy
+    )
+    """Opt-in approval without a person: `{"onHealthCheckFailed": bool, "minPrecision": 0..1,
+    "minEvents": N}`; off by default (`autoApprove`)."""
+    check_modes: Mapping[str, str] = field(default_factory=dict)
+    """Per check x verdict `enforce` or `shadow`: keys `<check>/<verdict>`, `<check>/*` or
+    `*`, the most specific wins; unlisted ones are enforced (`checkModes`)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -228,6 +236,11 @@ class SdcConfig:
         return self.approval_timeout_seconds + 86400
 
     @property
+    def check_modes_json(self) -> str:
+        """`checkModes` as the functions read it (CHECK_MODES), keys sorted."""
+        return json.dumps(dict(self.check_modes), sort_keys=True, separators=(",", ":"))
+
+    @property
     def uses_vpc(self) -> bool:
         """Whether the Kubernetes-facing functions run inside the configured VPC."""
         return self.vpc_id is not None
@@ -346,6 +359,22 @@ def _as_thresholds(key: str, value: Any) -> dict[str, float]:
     return merged
 
 
+def _as_modes(key: str, value: Any) -> dict[str, str]:
+    """The per check x verdict modes (an object, or its JSON text from the environment)."""
+    try:
+        return dict(modes.parse_modes(value))
+    except ValueError as exc:
+        raise ConfigError(f"context key {key!r} ({env_name(key)}): {exc}") from None
+
+
+def _as_policy(key: str, value: Any) -> autoapprove.AutoApprovePolicy:
+    """The auto-approval policy (an object, or its JSON text from the environment)."""
+    try:
+        return autoapprove.parse_policy(value)
+    except ValueError as exc:
+        raise ConfigError(f"context key {key!r} ({env_name(key)}): {exc}") from None
+
+
 def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
     def parse_optional(key: str, value: Any) -> Any:
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -378,6 +407,8 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "livenessJobName": ("liveness_job_name", _optional(_as_str)),
     "livenessWindow": ("liveness_window_seconds", _as_duration),
     "logRetentionDays": ("log_retention_days", _as_int),
+    "checkModes": ("check_modes", _as_modes),
+    "autoApprove": ("auto_approve", _as_policy),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
 

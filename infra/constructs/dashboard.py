@@ -172,6 +172,28 @@ class Dashboard(Construct):
                 width=8,
                 height=6,
             ),
+            cloudwatch.TableWidget(
+                title="Outcomes per check x verdict (precision: `sdc-remediation stats`)",
+                metrics=[
+                    # The record step counts each outcome by check and verdict
+                    # (sdc_remediation.recording.OUTCOME_METRICS): one row per metric, check
+                    # and verdict, summed over the dashboard's time range.
+                    search(
+                        # Powertools adds its `service` dimension to every metric.
+                        f"{{{POWERTOOLS_METRICS_NAMESPACE},ClusterName,Check,Verdict,service}} "
+                        f'ClusterName="{cluster}"',
+                        "Sum",
+                        cdk.Duration.days(1),
+                        label="",
+                    )
+                ],
+                summary=cloudwatch.TableSummaryProps(
+                    columns=[cloudwatch.TableSummaryColumn.SUM], hide_non_summary_columns=True
+                ),
+                set_period_to_time_range=True,
+                width=8,
+                height=6,
+            ),
             cloudwatch.LogQueryWidget(
                 title="Open remediations (nodes cordoned, not yet released or replaced)",
                 log_group_names=[record_log_group.log_group_name],

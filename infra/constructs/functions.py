@@ -343,6 +343,16 @@ class Functions(Construct):
         )
         allow("request_approval", "ReadLedger", ledger_read, ledger_arns)
         allow_notify("request_approval")
+        if config.auto_approve.enabled:
+            # Opt-in auto-approval: the policy reads every check's outcomes (precision) and
+            # resumes the workflow itself. Without the policy, approve alone sends results.
+            allow("request_approval", "ReadOutcomes", ["dynamodb:Scan"], ledger_arns)
+            allow(
+                "request_approval",
+                "AutoApprove",
+                ["states:SendTaskSuccess"],
+                [state_machine_arn],
+            )
 
         allow_hyperpod(
             "replace",
@@ -437,6 +447,8 @@ class Functions(Construct):
             contract.APPROVAL_TIMEOUT_SECONDS: str(config.approval_timeout_seconds),
             contract.DRY_RUN: "true" if config.dry_run else "false",
             contract.STATE_MACHINE_ARN: state_machine_arn,
+            contract.CHECK_MODES: config.check_modes_json,
+            contract.AUTO_APPROVE: config.auto_approve.as_json(),
         }
         return {
             **env,

@@ -3,6 +3,7 @@
     Localize -> any suspects? -> Map over suspects:
         Admit -> Cordon -> StartHealthCheck -> (Wait -> PollHealthCheck)* -> RequestApproval
               -> Replace | Uncordon (rejected with release) | stay cordoned
+        Admit (shadow: the check x verdict is not enforced) -> RecordShadow, nothing touched
 
 Contracts this file keeps (docs/CONTRACT.md):
 - Each Map item's state starts as {alarm, suspect, execution}; each step's result is added under
@@ -326,7 +327,25 @@ class Workflow(Construct):
                 sfn.Condition.string_equals("$.admission.decision", "circuit_open"),
                 record("RecordCircuitOpen", "circuit_open", notify=True),
             )
-            .when(sfn.Condition.string_equals("$.admission.decision", "admitted"), cordon)
+            .when(
+                sfn.Condition.string_equals("$.admission.decision", "admitted"),
+                # Per check x verdict modes (CHECK_MODES): a shadowed alarm is recorded and
+                # notified ("would have cordoned"), and nothing touches the node. Choices
+                # stop at the first match, so `mode` is read only when present (an admit
+                # from before modes existed returns none: enforced).
+                sfn.Choice(self, "AdmissionMode")
+                .when(sfn.Condition.is_not_present("$.admission.mode"), cordon)
+                .when(
+                    sfn.Condition.string_equals("$.admission.mode", "shadow"),
+                    record("RecordShadow", "shadow", notify=True),
+                )
+                .when(sfn.Condition.string_equals("$.admission.mode", "enforce"), cordon)
+                .otherwise(
+                    self._unexpected("UnknownMode", "admit returned an unknown mode").next(
+                        record_failed
+                    )
+                ),
+            )
             .otherwise(
                 self._unexpected("UnknownAdmission", "admit returned an unknown decision").next(
                     record_failed

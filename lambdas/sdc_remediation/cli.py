@@ -1,4 +1,4 @@
-"""The operator CLI: ``sdc-remediation pending | approve | reject | release | history``.
+"""The operator CLI: ``sdc-remediation pending | approve | reject | release | history | stats``.
 
 Decisions and releases go to the approve function's URL (``--approval-url`` /
 ``SDC_APPROVAL_URL``, the stack output ``ApprovalUrl``), SigV4-signed with your credentials: the
@@ -19,11 +19,13 @@ from typing import Any
 import botocore.exceptions
 import click
 
-from . import aws
+from . import aws, clock, outcomes
+from . import stats as precision
 from .approval_client import ApprovalService
 from .approvals import Approvals, caller_arn
 from .errors import ConfigurationError, NoCredentials, RemediationError
 from .ledger import Ledger
+from .tables import remediations_table, stats_table
 
 
 def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -188,14 +190,55 @@ def reject(ctx: click.Context, approval_id: str, release: bool, reason: str) -> 
     click.echo(f"Rejected {approval_id} as {approver}: {outcome}.")
 
 
+def _duration(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """Click callback: a ``30d``-style option as a timedelta, a usage error naming the option."""
+    if value is None:
+        return None
+    try:
+        return precision.parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
 @main.command()
-@click.option("--node", help="Only this node (a node name like hyperpod-i-... or an instance id).")
-@click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
+@click.argument("node_or_instance", required=False, metavar="[NODE|INSTANCE]")
+@click.option(
+    "--node", help="Every transition of this node, one line each (hyperpod-i-... or i-...)."
+)
+@click.option(
+    "--window",
+    default="7d",
+    show_default=True,
+    callback=_duration,
+    help="Recurrence window: a later alarm within it makes a repeat offender.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the events (or remediations) as JSON.")
 @click.pass_context
 @_fail_cleanly
-def history(ctx: click.Context, node: str | None, as_json: bool) -> None:
-    """Show recorded transitions (repeat offenders show up here)."""
+def history(
+    ctx: click.Context,
+    node_or_instance: str | None,
+    node: str | None,
+    window: Any,
+    as_json: bool,
+) -> None:
+    """Show recorded transitions (repeat offenders show up here).
+
+    With NODE|INSTANCE: one row per remediation of that node (check and verdict, outcome,
+    whether the alarm was right, every transition with who decided and why). With ``--node`` or
+    nothing: every transition, one line each.
+    """
     ledger = _ledger(ctx)
+    if node_or_instance:
+        instance_id = node_or_instance.removeprefix("hyperpod-")
+        # Recurrence needs the other nodes' alarms too (a replacement on the same job).
+        every = outcomes.mark_recurrences(outcomes.summarise(ledger.all_events()), window)
+        mine = [r for r in every if r.instance_id == instance_id]
+        if as_json:
+            click.echo(json.dumps([_remediation_json(r) for r in mine], indent=2, default=str))
+            return
+        click.echo(remediations_table(mine))
+        return
     if node:
         events = sorted(ledger.events(node.removeprefix("hyperpod-")), key=lambda e: e["at"])
     else:
@@ -237,3 +280,58 @@ def release(ctx: click.Context, node: str, reason: str) -> None:
     else:
         instance_id = _ledger(ctx).release(None, node, released_by=caller_arn(), reason=reason)
     click.echo(f"Released {instance_id}: it no longer counts against the blast-radius guard.")
+
+
+def _remediation_json(r: outcomes.Remediation) -> dict[str, Any]:
+    return {
+        "remediation_id": r.remediation_id,
+        "instance_id": r.instance_id,
+        "node_name": r.node_name,
+        "job": r.job,
+        "check": r.check,
+        "verdict": r.verdict,
+        "first_at": r.first_at,
+        "outcome": r.outcome,
+        "alarm_was": outcomes.classify(r),
+        "repeat_offender": r.repeat,
+        "dry_run": r.dry_run,
+        "transitions": r.transitions,
+    }
+
+
+@main.command()
+@click.option(
+    "--since",
+    default=None,
+    callback=_duration,
+    help="Only remediations that began within this long (30d, 12h, 2w; default: all).",
+)
+@click.option(
+    "--window",
+    default="7d",
+    show_default=True,
+    callback=_duration,
+    help="Recurrence window: a later alarm within it makes a repeat offender.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.pass_context
+@_fail_cleanly
+def stats(ctx: click.Context, since: Any, window: Any, as_json: bool) -> None:
+    """How often each check x verdict was right: alarms, health-check confirmations,
+    replacements, rejections, repeat offenders, and a precision estimate with its 95 % interval.
+    """
+    remediations = outcomes.mark_recurrences(outcomes.summarise(_ledger(ctx).all_events()), window)
+    start = precision.window_start(clock.now(), since)
+    if start is not None:
+        remediations = outcomes.since(remediations, start)
+    rows = precision.table(remediations)
+    if as_json:
+        payload = {
+            "since": clock.iso(start) if start else None,
+            "definition": precision.PRECISION_DEFINITION,
+            "rows": [row.as_dict() for row in rows],
+        }
+        click.echo(json.dumps(payload, indent=2))
+        return
+    scope = f"since {clock.iso(start)}" if start else "the whole ledger"
+    click.echo(stats_table(rows, scope=scope))

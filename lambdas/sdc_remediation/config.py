@@ -21,7 +21,9 @@ from collections.abc import Iterator, Mapping
 from typing import Literal
 
 from . import contract
+from .autoapprove import AutoApprovePolicy, parse_policy
 from .errors import ConfigurationError
+from .modes import Mode, mode_for, parse_modes
 
 HEALTH_CHECK_TYPES = ("InstanceStress", "InstanceConnectivity", "MultiNodeTrainingValidation")
 """DeepHealthCheckType values in the SageMaker service model (botocore 1.44)."""
@@ -270,6 +272,28 @@ class Settings:
         if value not in ("api", "label"):
             raise ConfigurationError(f"REPLACE_MODE must be 'api' or 'label', got {value!r}")
         return value  # type: ignore[return-value]
+
+    @property
+    def check_modes(self) -> dict[str, Mode]:
+        """CHECK_MODES: JSON object mapping ``<check>/<verdict>``, ``<check>/*`` or ``*`` to
+        ``enforce`` or ``shadow`` (default: everything enforced); see ``modes``."""
+        try:
+            return parse_modes(self._optional(contract.CHECK_MODES) or "")
+        except ValueError as exc:
+            raise ConfigurationError(f"CHECK_MODES: {exc}") from None
+
+    def mode_for(self, check: str, verdict: str) -> Mode:
+        """Whether alarms of this check and verdict are enforced or only shadowed."""
+        return mode_for(self.check_modes, check, verdict)
+
+    @property
+    def auto_approve(self) -> AutoApprovePolicy:
+        """AUTO_APPROVE: JSON ``{onHealthCheckFailed, minPrecision, minEvents}``, the opt-in
+        auto-approval policy (default: off; see ``autoapprove``)."""
+        try:
+            return parse_policy(self._optional(contract.AUTO_APPROVE) or "")
+        except ValueError as exc:
+            raise ConfigurationError(f"AUTO_APPROVE: {exc}") from None
 
     @property
     def dry_run(self) -> bool:

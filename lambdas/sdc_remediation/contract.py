@@ -31,6 +31,8 @@ ALARM_NAME_PREFIX = "ALARM_NAME_PREFIX"
 # Read by the functions, not set by infra (each has a default or is optional; docs/CONTRACT.md).
 TRAINING_NAMESPACE = "TRAINING_NAMESPACE"
 APPROVAL_URL = "APPROVAL_URL"
+CHECK_MODES = "CHECK_MODES"
+AUTO_APPROVE = "AUTO_APPROVE"
 
 FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     HYPERPOD_CLUSTER_NAME,
@@ -52,6 +54,8 @@ FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     STATE_MACHINE_ARN,
     ALARM_ACCOUNT_ID,
     ALARM_NAME_PREFIX,
+    CHECK_MODES,
+    AUTO_APPROVE,
 )
 """What infra sets on every function (besides Powertools' own variables below)."""
 

@@ -124,6 +124,17 @@ class Ledger:
             f"admission of {req.instance_id} lost {_MAX_ATTEMPTS} races on the guard item; retry"
         )
 
+    def would_admit(self, req: AdmitRequest) -> AdmitDecision:
+        """What ``admit`` would decide now, without claiming anything (shadow mode)."""
+        guard = self.guard(req.cluster)
+        snapshot = GuardSnapshot(
+            node=self.state(req.instance_id),
+            admissions=guard["admissions"],
+            open_instances=guard["open_instances"],
+            held=guard["held"],
+        )
+        return decide(req, snapshot, clock.now())
+
     def _commit_admission(
         self,
         req: AdmitRequest,

@@ -295,6 +295,9 @@ class Admission(_Model):
     decision: Literal["admitted", "duplicate", "circuit_open"]
     remediation_id: str | None
     reason: str
+    mode: Literal["enforce", "shadow"] = "enforce"
+    """``shadow``: the check x verdict is not enforced (CHECK_MODES); the workflow records and
+    notifies what it would have done and touches nothing. Nothing was claimed in the ledger."""
 
 
 class CordonResult(_Model):
@@ -397,6 +400,7 @@ Transition = Literal[
     "replaced",
     "failed",
     "abandoned",
+    "shadow",
 ]
 
 

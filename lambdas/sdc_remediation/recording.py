@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from pydantic import ValidationError
 
-from . import notify
+from . import notify, shadow
 from .config import Settings
+from .contract import POWERTOOLS_METRICS_NAMESPACE
 from .errors import InvalidStepInput
 from .ledger import Ledger, cluster_pk, encode_detail
 from .models import RecordInput, RecordResult, RecordState, StepError, Transition, parse_step
@@ -40,6 +42,34 @@ NOT_ADMITTED = {"duplicate", "circuit_open"}
 # Transitions notified once per execution: every item of a storm records its own, one message
 # (the first item's, whose reason names the whole alarm) tells the on-call.
 ONCE_PER_EXECUTION = {"circuit_open"}
+
+
+# Outcomes counted per check x verdict for the dashboard's table (CloudWatch dashboards cannot
+# query DynamoDB; `sdc-remediation stats` computes the precision from the ledger itself).
+OUTCOME_METRICS = (
+    "cordoned",
+    "shadow",
+    "health_check_failed",
+    "replaced",
+    "replaced_by_hyperpod",
+    "rejected",
+    "released",
+    "approval_timed_out",
+    "failed",
+)
+OUTCOME_DIMENSIONS = ("ClusterName", "Check", "Verdict")
+"""The outcome metrics' dimensions; Powertools adds ``service`` (infra/constructs/dashboard.py
+searches that schema)."""
+
+
+def outcome_metric(cluster: str, check: str, verdict: str, transition: str) -> None:
+    """One EMF metric named after the transition, by cluster, check and verdict (its own
+    dimension set, beside the per-cluster transition count)."""
+    with single_metric(
+        name=transition, unit=MetricUnit.Count, value=1, namespace=POWERTOOLS_METRICS_NAMESPACE
+    ) as metric:
+        for name, value in zip(OUTCOME_DIMENSIONS, (cluster, check, verdict), strict=True):
+            metric.add_dimension(name=name, value=value)
 
 
 @dataclass(frozen=True)
@@ -130,6 +160,12 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         "node_name": node_name,
         "execution": execution or None,
         "alarm": st.alarm.alarm_name if st.alarm else None,
+        # The precision ledger (`sdc-remediation stats`): which check and verdict raised the
+        # remediation, on every event of it, and a person's decision.
+        "check": st.suspect.check if st.suspect else None,
+        "verdict": st.suspect.verdict if st.suspect else None,
+        "job": st.suspect.job if st.suspect else None,
+        "decision": st.approval.decision if st.approval else None,
         "approver": st.approval.approver if st.approval else None,
         "reason": st.approval.reason if st.approval else None,
         "error": f"{inp.error.error}: {inp.error.cause[:1000]}" if inp.error else None,
@@ -170,12 +206,17 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     )
     metrics.add_dimension(name="ClusterName", value=cluster)
     metrics.add_metric(name=inp.transition, unit="Count", value=1)
+    if st.suspect is not None and inp.transition in OUTCOME_METRICS:
+        outcome_metric(cluster, st.suspect.check, st.suspect.verdict, inp.transition)
     notify_now = inp.notify and (
         inp.transition not in ONCE_PER_EXECUTION
         or ledger.first_notice(cluster, execution, inp.transition)
     )
     if notify_now:
-        subject, body = notify.transition_message(inp, cluster, dry_run=settings.dry_run)
+        if inp.transition == "shadow":
+            subject, body = shadow.message(inp, cluster, dry_run=settings.dry_run)
+        else:
+            subject, body = notify.transition_message(inp, cluster, dry_run=settings.dry_run)
         if node is not None:
             subject = subject.replace(f"cluster {cluster}", node.node_name or node.instance_id)
         notify.publish(settings.topic_arn, subject, body)

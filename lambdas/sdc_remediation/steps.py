@@ -8,14 +8,16 @@ without pods to resolve, replace in api mode) never connect.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from . import approvals as approvals_mod
-from . import aws, health, notify, recording
+from . import autoapprove, aws, health, notify, outcomes, recording, shadow
 from . import cordon as cordon_mod
 from . import localize as localize_mod
 from . import replace as replace_mod
+from . import stats as precision_mod
 from .config import Settings
-from .errors import InvalidStepInput
+from .errors import ApprovalAlreadyDecided, InvalidStepInput
 from .kube import KubeApi
 from .ledger import AdmitRequest, Ledger
 from .models import (
@@ -60,19 +62,20 @@ def cluster_size(cluster: str) -> int:
 def admit(state: ItemState, settings: Settings) -> Admission:
     """Admit step: one open remediation per node, under the blast-radius guard."""
     cluster = settings.hyperpod_cluster_name
-    decision = Ledger(settings.ledger_table).admit(
-        AdmitRequest(
-            cluster=cluster,
-            instance_id=state.suspect.instance_id,
-            node_name=state.suspect.node_name,
-            execution=state.execution,
-            cluster_nodes=cluster_size(cluster),
-            max_nodes_per_hour=settings.max_nodes_per_hour,
-            max_fraction=settings.max_fraction,
-            suspects_in_alarm=state.suspects_in_alarm,
-            item=state.item,
-        )
+    request = AdmitRequest(
+        cluster=cluster,
+        instance_id=state.suspect.instance_id,
+        node_name=state.suspect.node_name,
+        execution=state.execution,
+        cluster_nodes=cluster_size(cluster),
+        max_nodes_per_hour=settings.max_nodes_per_hour,
+        max_fraction=settings.max_fraction,
+        suspects_in_alarm=state.suspects_in_alarm,
+        item=state.item,
     )
+    if settings.mode_for(state.suspect.check, state.suspect.verdict) == "shadow":
+        return shadow.admit(Ledger(settings.ledger_table), request)
+    decision = Ledger(settings.ledger_table).admit(request)
     logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})
     return Admission(
         decision=decision.decision, remediation_id=decision.remediation_id, reason=decision.reason
@@ -110,6 +113,9 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         if not state.admission or h["remediation_id"] != state.admission.remediation_id
     ]
     ev = notify.evidence(state, history)
+    auto = auto_decision(state, settings, ledger)
+    if auto is not None:
+        ev["auto_approval"] = {"approve": auto.approve, "reason": auto.reason}
     approvals = approvals_mod.Approvals(settings.approvals_table)
     approval_id, announce = approvals.create(
         task_token=state.task_token,
@@ -121,6 +127,9 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         execution=state.execution,
         timeout_seconds=settings.approval_timeout_seconds,
     )
+    if auto is not None and auto.approve:
+        _auto_approve(approvals, approval_id, auto, ev, settings, announce=announce)
+        return approval_id
     if announce:
         prefix = (
             f"sdc-remediation --approval-url {settings.approval_url}"
@@ -134,6 +143,73 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         "approval requested", extra={"approval_id": approval_id, "node": state.suspect.node_name}
     )
     return approval_id
+
+
+def auto_decision(
+    state: ApprovalRequestInput, settings: Settings, ledger: Ledger
+) -> autoapprove.AutoDecision | None:
+    """The auto-approval policy's answer for this request (None: no policy configured).
+
+    The precision rule reads the whole ledger (the table is small) the way ``stats`` does.
+    """
+    policy = settings.auto_approve
+    if not policy.enabled:
+        return None
+    check, verdict = state.suspect.check, state.suspect.verdict
+    precision = None
+    if policy.min_precision is not None:
+        every = outcomes.mark_recurrences(outcomes.summarise(ledger.all_events()))
+        row = precision_mod.check_stats(check, verdict, every)
+        precision = autoapprove.Precision(row.right, row.wrong, row.low, row.high)
+    decision = autoapprove.evaluate(
+        policy,
+        check=check,
+        verdict=verdict,
+        health_status=state.health.status if state.health else None,
+        precision=precision,
+    )
+    logger.info(
+        "auto-approval policy", extra={"approve": decision.approve, "reason": decision.reason}
+    )
+    return decision
+
+
+def _auto_approve(
+    approvals: approvals_mod.Approvals,
+    approval_id: str,
+    auto: autoapprove.AutoDecision,
+    ev: dict[str, Any],
+    settings: Settings,
+    *,
+    announce: bool,
+) -> None:
+    """Resume the workflow with the policy's approval (recorded as the approver) and tell the
+    on-call that no person decided. A retried step re-sends or finds it already decided."""
+    try:
+        approvals.decide(approval_id, "approve", reason=auto.reason, approver=auto.approver)
+    except ApprovalAlreadyDecided:
+        logger.info("auto-approval already sent", extra={"approval_id": approval_id})
+    if not announce:
+        return
+    subject = (
+        f"{notify.subject_prefix(settings.dry_run)} auto-approved replacing {ev['node_name']} "
+        f"({ev['check']}, {ev['verdict']})"
+    )
+    body = "\n".join(
+        [
+            f"sdc-guard's auto-approval policy approved replacing {ev['node_name']} "
+            f"({ev['instance_id']}) in cluster {ev['cluster']}; no person decided.",
+            "",
+            f"Approver recorded: {auto.approver}",
+            f"Why: {auto.reason}",
+            f"Health check: {(ev.get('health_check') or {}).get('status', 'not run')}",
+            f"Job: {ev['job']}, check {ev['check']} at step {ev['step']}, verdict {ev['verdict']}",
+            f"Resume rule: {(ev.get('resume') or {}).get('sentence', '-')}",
+            f"Approval id: {approval_id} (the blast-radius guard admitted this node first)",
+        ]
+    )
+    notify.publish(settings.topic_arn, subject[:100], body)
+    approvals.mark_notified(approval_id)
 
 
 def replace(state: ItemState, settings: Settings, kube: KubeFactory) -> ReplaceResult:

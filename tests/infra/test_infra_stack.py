@@ -338,7 +338,7 @@ def test_record_payloads_use_the_contract_transitions(default_synth: Any) -> Non
     contract = {
         "ambiguous", "no_suspects", "duplicate", "circuit_open", "cordoned", "health_check_passed",
         "health_check_failed", "health_check_timed_out", "replaced_by_hyperpod", "awaiting_approval",
-        "approved", "rejected", "released", "approval_timed_out", "replaced", "failed",
+        "approved", "rejected", "released", "approval_timed_out", "replaced", "failed", "shadow",
     }  # fmt: skip
     assert transitions == contract
     for record in records:
