@@ -50,7 +50,14 @@ from .deployment import (
 )
 from .function_url import ApprovalUrl
 from .hyperpod import HyperPodSimulator
-from .pipeline import LAMBDAS, Cluster, Invocation, LambdaContext, process_environment
+from .pipeline import (
+    LAMBDAS,
+    Cluster,
+    Invocation,
+    LambdaContext,
+    process_environment,
+    shared_runtime_env,
+)
 
 QUIESCE_SECONDS = 120.0
 """How long closing waits for the invocations in flight to return (a busy machine)."""
@@ -93,21 +100,10 @@ class DeployedChain:
     def _start(self) -> None:
         self.resources = stack_resources(self.aws, self.stack)
         self.functions = self._deployed_functions()
-        # Powertools reads these from os.environ, and every handler shares this process: the
-        # deployed functions must agree on them (the template gives them all the same).
-        shared: dict[str, str] = {}
-        for name, config in self.functions.items():
-            for key, value in config["Environment"]["Variables"].items():
-                if not (key.startswith("POWERTOOLS_") or key == "LOG_LEVEL"):
-                    continue
-                if shared.setdefault(key, value) != value:
-                    raise ValueError(
-                        f"the deployed functions differ in {key} ({name} has {value!r}, "
-                        f"another {shared[key]!r}); the chain runs them in one process"
-                    )
-        shared["POWERTOOLS_TRACE_DISABLED"] = "true"  # no X-Ray daemon here
-        if self.quiet_handlers:
-            shared["POWERTOOLS_METRICS_DISABLED"] = "true"
+        shared = shared_runtime_env(
+            {name: c["Environment"]["Variables"] for name, c in self.functions.items()},
+            quiet=self.quiet_handlers,
+        )
         self._exit.enter_context(process_environment({**self.aws.environment, **shared}))
         if str(LAMBDAS) not in sys.path:
             sys.path.insert(0, str(LAMBDAS))

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,37 @@ def process_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
+
+
+def shared_runtime_env(
+    environments: Mapping[str, Mapping[str, str]], *, quiet: bool = False
+) -> dict[str, str]:
+    """The settings every function must share when all run in this one process.
+
+    ``environments`` maps each function (by any name) to its environment. Powertools reads its
+    ``POWERTOOLS_*`` settings and ``LOG_LEVEL`` from the process environment when its singletons
+    are built (POWERTOOLS_METRICS_DISABLED at each flush), so they are set once for a whole
+    chain; raises ValueError naming the variable and two functions that disagree on it (the
+    template gives them all the same). Adds POWERTOOLS_TRACE_DISABLED (no X-Ray daemon here)
+    and, when ``quiet``, POWERTOOLS_METRICS_DISABLED (EMF lines on stdout would interleave with
+    the demo's timeline).
+    """
+    values: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for function, variables in environments.items():
+        for key, value in variables.items():
+            if not (key.startswith("POWERTOOLS_") or key == "LOG_LEVEL"):
+                continue
+            if values.setdefault(key, value) != value:
+                raise ValueError(
+                    f"the functions run in one process here, so they must share {key}; "
+                    f"{owner[key]} has {values[key]!r}, {function} {value!r}"
+                )
+            owner.setdefault(key, function)
+    values["POWERTOOLS_TRACE_DISABLED"] = "true"
+    if quiet:
+        values["POWERTOOLS_METRICS_DISABLED"] = "true"
+    return values
 
 
 def template_for(context: dict[str, Any]) -> dict[str, Any]:
@@ -314,28 +345,17 @@ class LocalPipeline:
         self._stack.callback(self._quiesce)
 
     def _shared_runtime_env(self) -> dict[str, str]:
-        """The Powertools settings, which every function of the template shares.
-
-        Powertools reads them from the process environment when its singletons are built (and
-        POWERTOOLS_METRICS_DISABLED at each flush), and all handlers here share one process, so
-        they are set once for the whole pipeline; the template gives every function the same.
-        """
-        values: dict[str, str] = {}
-        for logical_id in function_logical_ids(self.template).values():
-            variables = self._resources("AWS::Lambda::Function")[logical_id]["Properties"]
-            for key, value in variables.get("Environment", {}).get("Variables", {}).items():
-                shared = key.startswith("POWERTOOLS_") or key == "LOG_LEVEL"
-                if shared and values.setdefault(key, value) != value:
-                    raise ValueError(
-                        f"the local pipeline runs every function in one process, so they "
-                        f"must share {key}; the template gives {values[key]!r} and {value!r}"
-                    )
-        # No X-Ray daemon here; Powertools would otherwise try to reach one.
-        values["POWERTOOLS_TRACE_DISABLED"] = "true"
-        if self.quiet_handlers:
-            # EMF lines on stdout would interleave with the demo's timeline.
-            values["POWERTOOLS_METRICS_DISABLED"] = "true"
-        return values
+        """The Powertools settings the template's functions share (see shared_runtime_env)."""
+        functions = self._resources("AWS::Lambda::Function")
+        return shared_runtime_env(
+            {
+                logical_id: functions[logical_id]["Properties"]
+                .get("Environment", {})
+                .get("Variables", {})
+                for logical_id in function_logical_ids(self.template).values()
+            },
+            quiet=self.quiet_handlers,
+        )
 
     def _import_handlers(self) -> None:
         """Import every handler now, in this thread, with the environment just set: Powertools
