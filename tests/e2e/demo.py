@@ -196,7 +196,9 @@ def run(argv: list[str] | None = None) -> int:
             f"stand-ins up: moto at {p.endpoint} (CloudWatch, Logs, DynamoDB, SNS, Step Functions, "
             f"SageMaker, EKS), Kubernetes API at {p.kube.url}, HyperPod cluster '{cluster.hyperpod_name}' "
             f"with {len(cluster.instance_ids)} nodes; state machine "
-            f"{'deployed by `cdk deploy`' if args.deployed else 'from `cdk synth`'}"
+            f"{'deployed by `cdk deploy`' if args.deployed else 'from `cdk synth`'}; approve "
+            f"function URL (AWS_IAM) at {p.approval_url}"
+            + (f", standing in for ApprovalUrl {p.deployed_approval_url}" if args.deployed else "")
         )
         victim = cluster.instance_ids[FAULTY_RANK // cluster.ranks_per_node]
         victim_node = cluster.node_name(victim)

@@ -26,7 +26,7 @@ from tests.e2e.harness.deployment import (
     stack_outputs,
     stack_resources,
 )
-from tests.e2e.scenario import culprit_alarm, local_cluster
+from tests.e2e.scenario import culprit_alarm, local_cluster, operator
 
 pytestmark = pytest.mark.slow
 
@@ -165,9 +165,27 @@ def test_cdk_deploys_updates_and_destroys_the_stack_and_the_deployed_chain_runs(
             assert chain.executions[0].startswith(
                 outputs["StateMachineArn"].replace(":stateMachine:", ":execution:")
             )
-            chain.pending_approval(chain.executions[0], outputs["ApprovalsTableName"])
+            approval = chain.pending_approval(chain.executions[0], outputs["ApprovalsTableName"])
             ledger = aws.client("dynamodb").scan(TableName=outputs["LedgerTableName"])["Items"]
             assert any(i.get("transition", {}).get("S") == "awaiting_approval" for i in ledger)
+
+            # When the operator CLI approves through the deployed ApprovalUrl (its stand-in)
+            assert chain.deployed_approval_url == outputs["ApprovalUrl"]
+            me = aws.client("sts").get_caller_identity()["Arn"]
+            code, said = operator(chain, "approve", approval, "--reason", "deployed")
+            # Then the deployed approve function decided as the authenticated principal, and
+            # the deployed workflow replaced the node with that approver recorded
+            assert code == 0, said
+            (event,) = chain.function_url.events
+            assert event["requestContext"]["authorizer"]["iam"]["userArn"] == me
+            assert chain.finish(chain.executions[0])["status"] == "SUCCEEDED"
+            assert chain.hyperpod.replaced.keys() == {CLUSTER.instance_ids[1]}
+            approved = [
+                c.payload["state"]["approval"]["approver"]
+                for c in chain.invocations
+                if c.folder == "record" and c.payload.get("transition") == "approved"
+            ]
+            assert approved == [me]
 
         # When one context key changes and the stack is deployed again
         cli.synth({**CONTEXT, "maxNodesPerHour": 3})

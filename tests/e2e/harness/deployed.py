@@ -9,8 +9,12 @@ with the *deployed* function's environment (GetFunctionConfiguration), in this p
 
 Stood in, as in the template-built pipeline (tests/e2e/harness/pipeline.py): alarm evaluation
 and EventBridge delivery (:class:`LocalAlarmEvaluator`; moto does neither), HyperPod's two
-missing calls (:class:`HyperPodSimulator`) and the Kubernetes API (KubeStandIn), whose endpoint
-is the one value added to a function's environment.
+missing calls (:class:`HyperPodSimulator`), the Kubernetes API (KubeStandIn), whose endpoint
+is the one value added to a function's environment, and the approve function's URL: the stack's
+``AWS::Lambda::Url`` (output ``ApprovalUrl``, AWS_IAM auth) is served by :class:`ApprovalUrl` on a
+loopback address, SigV4-checked, running the function that URL targets with its deployed handler
+and environment. The operator CLI decides through it (``cli_env()``'s ``SDC_APPROVAL_URL``), so
+the approver recorded is the principal the embedded STS authenticated.
 
 The process environment is written once at start and restored at close, while no thread of the
 chain runs (the pipeline module's docstring says why).
@@ -44,8 +48,16 @@ from .deployment import (
     stack_outputs,
     stack_resources,
 )
+from .function_url import ApprovalUrl
 from .hyperpod import HyperPodSimulator
-from .pipeline import LAMBDAS, Cluster, Invocation, LambdaContext, process_environment
+from .pipeline import (
+    LAMBDAS,
+    Cluster,
+    Invocation,
+    LambdaContext,
+    process_environment,
+    shared_runtime_env,
+)
 
 QUIESCE_SECONDS = 120.0
 """How long closing waits for the invocations in flight to return (a busy machine)."""
@@ -88,21 +100,10 @@ class DeployedChain:
     def _start(self) -> None:
         self.resources = stack_resources(self.aws, self.stack)
         self.functions = self._deployed_functions()
-        # Powertools reads these from os.environ, and every handler shares this process: the
-        # deployed functions must agree on them (the template gives them all the same).
-        shared: dict[str, str] = {}
-        for name, config in self.functions.items():
-            for key, value in config["Environment"]["Variables"].items():
-                if not (key.startswith("POWERTOOLS_") or key == "LOG_LEVEL"):
-                    continue
-                if shared.setdefault(key, value) != value:
-                    raise ValueError(
-                        f"the deployed functions differ in {key} ({name} has {value!r}, "
-                        f"another {shared[key]!r}); the chain runs them in one process"
-                    )
-        shared["POWERTOOLS_TRACE_DISABLED"] = "true"  # no X-Ray daemon here
-        if self.quiet_handlers:
-            shared["POWERTOOLS_METRICS_DISABLED"] = "true"
+        shared = shared_runtime_env(
+            {name: c["Environment"]["Variables"] for name, c in self.functions.items()},
+            quiet=self.quiet_handlers,
+        )
         self._exit.enter_context(process_environment({**self.aws.environment, **shared}))
         if str(LAMBDAS) not in sys.path:
             sys.path.insert(0, str(LAMBDAS))
@@ -127,7 +128,8 @@ class DeployedChain:
         self._create_cluster()
         self.evaluator = self._deployed_evaluator()
         self._subscribe_inbox()
-        self._exit.callback(self._quiesce)  # unwound first
+        self._start_function_url()
+        self._exit.callback(self._quiesce)  # unwound first: the URL stops after it
 
     def _deployed_functions(self) -> dict[str, dict[str, Any]]:
         """Function name -> its deployed configuration (GetFunctionConfiguration)."""
@@ -228,6 +230,49 @@ class DeployedChain:
             TopicArn=outputs["TopicArn"], Protocol="sqs", Endpoint=queue_arn
         )
         self._seen: list[dict[str, Any]] = []
+
+    def _start_function_url(self) -> None:
+        """Serve the deployed approval URL on a loopback address (``approval_url``; the
+        stand-in is ``function_url``; what it stands in for is ``deployed_approval_url``).
+
+        The function it runs is the one the stack's ``AWS::Lambda::Url`` targets, read back
+        from the deployed URL's configuration; that URL must be the stack's ``ApprovalUrl``
+        output and use AWS_IAM auth, the only kind the stand-in (and the CLI) speaks.
+        """
+        urls = [r for r in self.resources.values() if r["type"] == "AWS::Lambda::Url"]
+        if len(urls) != 1:
+            raise ValueError(f"the deployed stack has {len(urls)} function URLs, expected one")
+        config = self.aws.client("lambda").get_function_url_config(
+            FunctionName=urls[0]["physical_id"]
+        )
+        self.deployed_approval_url = config["FunctionUrl"]
+        output = stack_outputs(self.aws, self.stack).get("ApprovalUrl")
+        if output != self.deployed_approval_url:
+            raise ValueError(
+                f"the stack output ApprovalUrl is {output!r}, but its function URL is "
+                f"{self.deployed_approval_url!r}"
+            )
+        if config["AuthType"] != "AWS_IAM":
+            raise ValueError(
+                f"the deployed approval URL's AuthType is {config['AuthType']!r}, not AWS_IAM"
+            )
+        self.approvals = self._exit.enter_context(
+            ApprovalUrl(
+                endpoint=self.endpoint,
+                region=REGION,
+                account=ACCOUNT,
+                function=config["FunctionArn"],
+                invoke=self.invoke,
+            )
+        )
+        self.function_url = self.approvals.standin
+        self.approval_url = self.approvals.url
+
+    def operator_environment(self, role: str, session: str) -> dict[str, str]:
+        """Credentials of an operator who assumed ``role`` (for a CLI in its own process): the
+        approval URL then authenticates them as
+        ``arn:aws:sts::<account>:assumed-role/<role>/<session>``."""
+        return self.approvals.operator_environment(role, session)
 
     def _quiesce(self) -> None:
         with self._in_flight:
@@ -371,12 +416,20 @@ class DeployedChain:
         return list(self._seen)
 
     def cli_env(self) -> dict[str, str]:
-        """Environment for the operator CLI (its own process) on the deployed tables."""
+        """Environment for the operator CLI (its own process): decisions through the deployed
+        approval URL's stand-in, ``history`` on the deployed ledger; no approvals table, as an
+        operator has no access to it (its task tokens). In this process, pass
+        :meth:`cli_options` instead: os.environ is shared by the chain's threads."""
         return {
             **self.aws.environment,
-            "SDC_APPROVALS_TABLE": self.tables["approvals"],
+            "SDC_APPROVAL_URL": self.approval_url,
             "SDC_LEDGER_TABLE": self.tables["ledger"],
         }
+
+    def cli_options(self) -> list[str]:
+        """The operator CLI's options for this chain (its AWS settings are already in this
+        process's environment), as :meth:`cli_env` says them."""
+        return ["--approval-url", self.approval_url, "--ledger-table", self.tables["ledger"]]
 
     def pending_approval(self, execution: str, table: str, timeout: float = 180.0) -> str:
         """Wait until ``execution`` asks for approval in the deployed approvals ``table``;

@@ -15,6 +15,11 @@ authenticated one, whatever the body says.
 What it cannot prove: IAM policy evaluation (whether a role may call ``lambda:InvokeFunctionUrl``
 is decided by AWS; tests/infra asserts the policies), the function URL's throttling and payload
 limits, and TLS (the real URL is https; the CLI allows plain http only to a loopback address).
+
+:class:`ApprovalUrl` is the one home of what both embedded chains (the template-built
+``LocalPipeline`` and the ``DeployedChain`` on what CloudFormation created) need around the
+stand-in: the keys the embedded IAM knows, the principal STS names for each, an operator's
+assumed-role credentials, and the approve function's answer as its URL returns it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import boto3
 from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
@@ -189,3 +195,111 @@ class FunctionUrlStandIn:
         self.events.append(event)
         response = self.invoke(event)
         return int(response["statusCode"]), str(response.get("body", "")).encode()
+
+
+LambdaInvoke = Callable[[str, Any, dict[str, str]], bytes]
+"""How a chain runs one of its functions: (function name or ARN, JSON body, response headers to
+fill) -> the response payload; ``x-amz-function-error`` set in the headers marks a function
+error, as Lambda's Invoke API does."""
+
+TEST_CREDENTIALS = Credentials("testing", "testing", "testing")
+"""The embedded AWS's own test credentials (AWS_ACCESS_KEY_ID etc. of the chains' environment)."""
+
+
+class ApprovalUrl:
+    """The approve function's AWS_IAM URL on an embedded AWS: ``with ApprovalUrl(...) as url:``.
+
+    Serves a :class:`FunctionUrlStandIn` on a loopback address (``url.url``; the stand-in itself
+    is ``url.standin``) whose requests run ``function`` through the chain's ``invoke``, as the
+    Lambda service runs the function behind its URL. The embedded AWS at ``endpoint`` plays IAM
+    and STS: a request is authenticated only when signed with a key it issued (the test
+    credentials, or an operator's from :meth:`operator_environment`), and the approver is the
+    ARN its GetCallerIdentity names for that key.
+
+    Threads: the HTTP server answers on its own threads; nothing here reads or writes
+    ``os.environ`` (every boto3 session is given its credentials and region).
+    """
+
+    def __init__(
+        self, *, endpoint: str, region: str, account: str, function: str, invoke: LambdaInvoke
+    ) -> None:
+        """Prepare; the server starts in ``__enter__``. ``function`` is the approve function's
+        name or ARN as ``invoke`` knows it."""
+        self.endpoint = endpoint
+        self.region = region
+        self.account = account
+        self.function = function
+        self._invoke = invoke
+        self._known_keys: dict[str, Credentials] = {}
+        self._keys_lock = threading.Lock()
+        self._principals: dict[str, str] = {}
+        self._principals_lock = threading.Lock()  # held across a GetCallerIdentity
+        self._stack = contextlib.ExitStack()
+        self.add_credentials(TEST_CREDENTIALS)
+        self.standin = FunctionUrlStandIn(
+            region=region,
+            secret_for=self._secret_for,
+            principal_of=self._principal_of,
+            invoke=self._invoke_function,
+        )
+        self.url = ""
+
+    def __enter__(self) -> ApprovalUrl:
+        # Built here, in the starting thread: a boto3 session is not thread-safe, its clients are.
+        self._sts = self._session(TEST_CREDENTIALS).client("sts", endpoint_url=self.endpoint)
+        self.url = self._stack.enter_context(self.standin)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def add_credentials(self, credentials: Credentials) -> None:
+        """Let the URL authenticate requests signed with ``credentials`` (what IAM knows of a
+        key: its secret). The embedded AWS's test credentials are known from the start."""
+        with self._keys_lock:
+            self._known_keys[credentials.access_key] = credentials
+
+    def operator_environment(self, role: str, session: str) -> dict[str, str]:
+        """Credentials of an operator who assumed ``role`` (for a CLI in its own process): the URL
+        then authenticates them as ``arn:aws:sts::<account>:assumed-role/<role>/<session>``."""
+        answer = self._sts.assume_role(
+            RoleArn=f"arn:aws:iam::{self.account}:role/{role}", RoleSessionName=session
+        )["Credentials"]
+        credentials = Credentials(
+            answer["AccessKeyId"], answer["SecretAccessKey"], answer["SessionToken"]
+        )
+        self.add_credentials(credentials)
+        return {
+            "AWS_ACCESS_KEY_ID": credentials.access_key,
+            "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
+            "AWS_SESSION_TOKEN": credentials.token,
+        }
+
+    def _session(self, credentials: Credentials) -> boto3.session.Session:
+        return boto3.session.Session(
+            aws_access_key_id=credentials.access_key,
+            aws_secret_access_key=credentials.secret_key,
+            aws_session_token=credentials.token,
+            region_name=self.region,
+        )
+
+    def _secret_for(self, access_key: str) -> Credentials | None:
+        with self._keys_lock:
+            return self._known_keys.get(access_key)
+
+    def _principal_of(self, credentials: Credentials) -> str:
+        """The ARN AWS authenticates ``credentials`` as: STS GetCallerIdentity with that key."""
+        with self._principals_lock:
+            if credentials.access_key not in self._principals:
+                sts = self._session(credentials).client("sts", endpoint_url=self.endpoint)
+                self._principals[credentials.access_key] = sts.get_caller_identity()["Arn"]
+            return self._principals[credentials.access_key]
+
+    def _invoke_function(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Run the approve function for a function URL event; its HTTP response. A function
+        error is answered 502, as a function URL does."""
+        response_headers: dict[str, str] = {}
+        out = json.loads(self._invoke(self.function, json.dumps(event), response_headers))
+        if response_headers.get("x-amz-function-error"):
+            return {"statusCode": 502, "body": json.dumps({"Message": "Internal Server Error"})}
+        return out

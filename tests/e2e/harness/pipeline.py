@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ from infra.template import function_logical_ids, state_machine_definition
 from tests.support.kube_standin import KubeStandIn
 
 from .alarms import AlarmSpec, LocalAlarmEvaluator
-from .function_url import FunctionUrlStandIn
+from .function_url import ApprovalUrl
 from .hyperpod import HyperPodSimulator
 
 ACCOUNT = "123456789012"
@@ -92,6 +92,37 @@ def process_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
+
+
+def shared_runtime_env(
+    environments: Mapping[str, Mapping[str, str]], *, quiet: bool = False
+) -> dict[str, str]:
+    """The settings every function must share when all run in this one process.
+
+    ``environments`` maps each function (by any name) to its environment. Powertools reads its
+    ``POWERTOOLS_*`` settings and ``LOG_LEVEL`` from the process environment when its singletons
+    are built (POWERTOOLS_METRICS_DISABLED at each flush), so they are set once for a whole
+    chain; raises ValueError naming the variable and two functions that disagree on it (the
+    template gives them all the same). Adds POWERTOOLS_TRACE_DISABLED (no X-Ray daemon here)
+    and, when ``quiet``, POWERTOOLS_METRICS_DISABLED (EMF lines on stdout would interleave with
+    the demo's timeline).
+    """
+    values: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for function, variables in environments.items():
+        for key, value in variables.items():
+            if not (key.startswith("POWERTOOLS_") or key == "LOG_LEVEL"):
+                continue
+            if values.setdefault(key, value) != value:
+                raise ValueError(
+                    f"the functions run in one process here, so they must share {key}; "
+                    f"{owner[key]} has {values[key]!r}, {function} {value!r}"
+                )
+            owner.setdefault(key, function)
+    values["POWERTOOLS_TRACE_DISABLED"] = "true"
+    if quiet:
+        values["POWERTOOLS_METRICS_DISABLED"] = "true"
+    return values
 
 
 def template_for(context: dict[str, Any]) -> dict[str, Any]:
@@ -225,9 +256,6 @@ class LocalPipeline:
         self._clients_lock = threading.Lock()
         self._physical: dict[str, str] = {}
         self._arns: dict[str, str] = {}
-        self._known_keys: dict[str, Credentials] = {}
-        self._principals: dict[str, str] = {}
-        self._principals_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> LocalPipeline:
@@ -317,28 +345,17 @@ class LocalPipeline:
         self._stack.callback(self._quiesce)
 
     def _shared_runtime_env(self) -> dict[str, str]:
-        """The Powertools settings, which every function of the template shares.
-
-        Powertools reads them from the process environment when its singletons are built (and
-        POWERTOOLS_METRICS_DISABLED at each flush), and all handlers here share one process, so
-        they are set once for the whole pipeline; the template gives every function the same.
-        """
-        values: dict[str, str] = {}
-        for logical_id in function_logical_ids(self.template).values():
-            variables = self._resources("AWS::Lambda::Function")[logical_id]["Properties"]
-            for key, value in variables.get("Environment", {}).get("Variables", {}).items():
-                shared = key.startswith("POWERTOOLS_") or key == "LOG_LEVEL"
-                if shared and values.setdefault(key, value) != value:
-                    raise ValueError(
-                        f"the local pipeline runs every function in one process, so they "
-                        f"must share {key}; the template gives {values[key]!r} and {value!r}"
-                    )
-        # No X-Ray daemon here; Powertools would otherwise try to reach one.
-        values["POWERTOOLS_TRACE_DISABLED"] = "true"
-        if self.quiet_handlers:
-            # EMF lines on stdout would interleave with the demo's timeline.
-            values["POWERTOOLS_METRICS_DISABLED"] = "true"
-        return values
+        """The Powertools settings the template's functions share (see shared_runtime_env)."""
+        functions = self._resources("AWS::Lambda::Function")
+        return shared_runtime_env(
+            {
+                logical_id: functions[logical_id]["Properties"]
+                .get("Environment", {})
+                .get("Variables", {})
+                for logical_id in function_logical_ids(self.template).values()
+            },
+            quiet=self.quiet_handlers,
+        )
 
     def _import_handlers(self) -> None:
         """Import every handler now, in this thread, with the environment just set: Powertools
@@ -546,59 +563,30 @@ class LocalPipeline:
 
     # ------------------------------------------------------------------ the approval URL
     def _start_function_url(self) -> None:
-        """Serve the approve function's URL on a loopback address (``self.approval_url``)."""
-        self.add_credentials(Credentials("testing", "testing", "testing"))
-        self.function_url = FunctionUrlStandIn(
-            region=REGION,
-            secret_for=self._known_keys.get,
-            principal_of=self._principal_of,
-            invoke=self._invoke_approve,
+        """Serve the approve function's URL on a loopback address (``self.approval_url``; the
+        stand-in is ``self.function_url``), running the approve handler as ``_invoke`` does."""
+        self.approvals = self._stack.enter_context(
+            ApprovalUrl(
+                endpoint=self.endpoint,
+                region=REGION,
+                account=ACCOUNT,
+                function="approve",
+                invoke=self._invoke,
+            )
         )
-        self.approval_url = self._stack.enter_context(self.function_url)
+        self.function_url = self.approvals.standin
+        self.approval_url = self.approvals.url
 
     def add_credentials(self, credentials: Credentials) -> None:
         """Let the embedded AWS authenticate requests signed with ``credentials`` (what IAM knows
         of a key: its secret). The process's own test credentials are known from the start."""
-        self._known_keys[credentials.access_key] = credentials
+        self.approvals.add_credentials(credentials)
 
     def operator_environment(self, role: str, session: str) -> dict[str, str]:
         """Credentials of an operator who assumed ``role`` (for a CLI in its own process): the
         approve function's URL then authenticates them as
         ``arn:aws:sts::<account>:assumed-role/<role>/<session>``."""
-        answer = self.client("sts").assume_role(
-            RoleArn=f"arn:aws:iam::{ACCOUNT}:role/{role}", RoleSessionName=session
-        )["Credentials"]
-        credentials = Credentials(
-            answer["AccessKeyId"], answer["SecretAccessKey"], answer["SessionToken"]
-        )
-        self.add_credentials(credentials)
-        return {
-            "AWS_ACCESS_KEY_ID": credentials.access_key,
-            "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
-            "AWS_SESSION_TOKEN": credentials.token,
-        }
-
-    def _principal_of(self, credentials: Credentials) -> str:
-        """The ARN AWS authenticates ``credentials`` as: STS GetCallerIdentity with that key."""
-        with self._principals_lock:
-            if credentials.access_key not in self._principals:
-                sts = boto3.session.Session(
-                    aws_access_key_id=credentials.access_key,
-                    aws_secret_access_key=credentials.secret_key,
-                    aws_session_token=credentials.token,
-                    region_name=REGION,
-                ).client("sts", endpoint_url=self.endpoint)
-                self._principals[credentials.access_key] = sts.get_caller_identity()["Arn"]
-            return self._principals[credentials.access_key]
-
-    def _invoke_approve(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Run the approve function for a function URL event; its HTTP response. A function
-        error is answered 502, as a function URL does."""
-        response_headers: dict[str, str] = {}
-        out = json.loads(self._invoke("approve", json.dumps(event), response_headers))
-        if response_headers.get("x-amz-function-error"):
-            return {"statusCode": 502, "body": json.dumps({"Message": "Internal Server Error"})}
-        return out
+        return self.approvals.operator_environment(role, session)
 
     # ------------------------------------------------------------------ the Lambda adapter
     def _invoke_method(self) -> Callable[..., bytes]:
