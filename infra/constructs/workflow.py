@@ -1,4 +1,4 @@
-"""The remediation workflow (DESIGN.md "The workflow"): a Standard state machine of Lambda steps.
+"""The remediation workflow (docs/architecture.md, "The workflow"): a Standard state machine of Lambda steps.
 
     Localize -> any suspects? -> Map over suspects:
         Admit -> Cordon -> StartHealthCheck -> (Wait -> PollHealthCheck)* -> RequestApproval

@@ -15,7 +15,7 @@ def test_shipped_cdk_json_gives_the_documented_defaults() -> None:
     context = example_context()
     # When it is loaded without environment overrides
     config = load_config(context, {})
-    # Then the defaults of DESIGN.md / the brief hold, with obvious placeholder cluster names
+    # Then the defaults of docs/architecture.md hold, with obvious placeholder cluster names
     assert config.hyperpod_cluster_name.startswith("example-")
     assert config.eks_cluster_name.startswith("example-")
     assert config.namespace == "SDC"

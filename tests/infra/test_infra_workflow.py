@@ -1,5 +1,5 @@
 """The synthesized workflow, executed on moto's Step Functions interpreter with stand-in steps:
-each path of DESIGN.md's workflow does what the contract says, and errors never uncordon or
+each path of the workflow in docs/architecture.md does what the contract says, and errors never uncordon or
 replace."""
 
 from __future__ import annotations

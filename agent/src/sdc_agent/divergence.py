@@ -7,6 +7,7 @@ checkpoint, after a load) or launched after an update and judged at the next agr
 
 from __future__ import annotations
 
+import abc
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -83,7 +84,7 @@ def name_minority_copies(
     )
 
 
-class ReplicaComparison:
+class ReplicaComparison(abc.ABC):
     """A fingerprint table compared across the copies of a group in one launched all-reduce:
     the part :class:`DivergenceCheck` (DDP replicas) and the sharded check (HSDP shard replicas)
     share."""
@@ -116,9 +117,10 @@ class ReplicaComparison:
         lowest = torch.bitwise_not(self._extremes[rows:])
         return bool(torch.equal(highest, lowest))
 
+    @abc.abstractmethod
     def report(self) -> DivergenceReport:
-        """The comparison's outcome, identical on every rank."""
-        raise NotImplementedError
+        """The comparison's outcome, identical on every rank (each kind of comparison says how
+        it names the copies that differ)."""
 
 
 class DivergenceCheck(ReplicaComparison):
