@@ -3,6 +3,7 @@ approval, or an execution that is no longer running never leaves the node open (
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from click.testing import CliRunner
@@ -169,6 +170,22 @@ def _machine_and_execution(name: str) -> tuple[Any, str]:
     return sfn, execution
 
 
+def _abort(sfn: Any, execution: str, deadline_s: float = 120.0) -> None:
+    """Stop ``execution`` and wait until Step Functions reports it ABORTED. moto runs executions
+    in threads of its own: on a busy machine a stop can land before that thread marks the
+    execution RUNNING, which then overwrites it; stop again until the status holds."""
+    give_up = time.monotonic() + deadline_s
+    while True:
+        sfn.stop_execution(executionArn=execution)
+        if sfn.describe_execution(executionArn=execution)["status"] == "ABORTED":
+            time.sleep(0.5)  # and still ABORTED once moto's thread has run
+            if sfn.describe_execution(executionArn=execution)["status"] == "ABORTED":
+                return
+        if time.monotonic() > give_up:
+            raise AssertionError(f"{execution} never reported ABORTED")
+        time.sleep(0.5)
+
+
 def test_the_sweeper_closes_remediations_whose_execution_ended(cloud, invoke):
     # Given two admitted remediations: one whose execution was aborted mid-way, one still running
     sfn, aborted = _machine_and_execution("aborted")
@@ -179,7 +196,7 @@ def test_the_sweeper_closes_remediations_whose_execution_ended(cloud, invoke):
     dead, alive = cloud.nodes[:2]
     invoke("admit", {**item_state(dead, execution=aborted), "item": 0})
     invoke("admit", {**item_state(alive, execution=running), "item": 0})
-    sfn.stop_execution(executionArn=aborted)
+    _abort(sfn, aborted)
 
     # When the scheduled sweeper runs (twice: the second finds nothing left to do)
     first = invoke("sweeper", {"source": "aws.events", "detail-type": "Scheduled Event"})
