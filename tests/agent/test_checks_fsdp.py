@@ -107,6 +107,14 @@ JOBS: dict[str, tuple[str, dict]] = {
         for layout in LAYOUTS
     },
     "fsdp_fp16_overflows": fp16("fsdp", 24, {"audit_every": 5}),
+    "hsdp_fp16_one_replica_reduced_nan": fp16(
+        "hsdp",
+        20,
+        {"audit_every": 5},
+        faults=[
+            {"kind": "NaNReducedGradient", "index": 3, "rank": 4, "step": 18, "persistent": False}
+        ],
+    ),
     "hsdp_fp16_transient_nan": fp16(
         "hsdp",
         26,
@@ -410,3 +418,18 @@ def test_fp16_transient_nan_under_hsdp_after_the_scale_settled_is_named(results)
     assert 0 not in updates and updates[-1] == 22
     assert all(r["updates"] == updates for r in per_rank)
     assert len({r["scale"] for r in per_rank}) == 1
+
+
+def test_fp16_nan_in_one_hsdp_replicas_reduced_shard_is_dropped_by_every_rank_at_once(results):
+    # Given HSDP with a GradScaler, finite local gradients everywhere and, at step 18 (after
+    # the scale settled; not an audit step), a NaN written into rank 4's copy of a reduced
+    # shard only: the scaler's found_inf would say "skip" on rank 4's replica and "apply" on
+    # the other two, which hold a finite copy of that shard
+    alarm = the_alarm(results, "hsdp_fp16_one_replica_reduced_nan")
+    # Then every rank waited for step 18's flags and reports it at that step, naming nobody
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (18, "reduced_gradient", None)
+    # And no rank applied step 18: the replicas stayed one model
+    per_rank = ok(results, "hsdp_fp16_one_replica_reduced_nan")
+    updates = per_rank[0]["updates"]
+    assert updates[-1] == 17 and all(r["updates"] == updates for r in per_rank)
+    assert len({r["weights"] for r in per_rank}) == 1
