@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--resume",
         choices=["none", "auto"],
         default="none",
-        help="auto: resume from the newest checkpoint before every recorded alarm's window",
+        help="auto: resume from the newest checkpoint no recorded alarm's suspect window covers",
     )
     p.add_argument(
         "--peer-offset",
