@@ -31,6 +31,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from . import drill_checkpoints
+
 Job = tuple[str, dict[str, Any]]
 """("package.module:function", keyword arguments): the function runs on every rank."""
 
@@ -198,8 +200,6 @@ def train_drill(
     a recorded alarm's window and verifies the loaded weights before the first step. The
     decision is reported under ``"resume"``.
     """
-    from . import drill_checkpoints
-
     if run_dir is not None and parallel != "ddp":
         raise ValueError(
             f"run_dir: the drill saves checkpoints with parallel='ddp' only, not {parallel!r}"
