@@ -27,12 +27,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdc_agent.drill import launch
-from tests.e2e.harness.deployed import deployed
-from tests.e2e.harness.pipeline import Invocation, LocalPipeline, process_environment
-from tests.e2e.scenario import local_cluster, pending_for
+
+if TYPE_CHECKING:
+    from tests.e2e.harness.pipeline import Invocation, LocalPipeline
 
 FAULTY_RANK = 3
 FAULT_STEP = 7
@@ -186,6 +186,12 @@ def run(argv: list[str] | None = None) -> int:
         "on what CloudFormation created instead of the synthesized template",
     )
     args = parser.parse_args(argv)
+    # Imported here, not at the top: under `make demo` this module is the program's __main__,
+    # which every training process imports again, and the harness brings aws_cdk and its
+    # Node.js runtime along: seconds of CPU per process, twice six processes.
+    from tests.e2e.harness.deployed import deployed
+    from tests.e2e.harness.pipeline import LocalPipeline, process_environment
+    from tests.e2e.scenario import local_cluster, pending_for
 
     tl = Timeline()
     cluster = local_cluster(3)
