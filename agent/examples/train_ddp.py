@@ -35,7 +35,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--resume",
         choices=["none", "auto"],
         default="none",
-        help="auto: resume from the newest checkpoint before every recorded alarm's window",
+        help="auto: resume from the newest checkpoint no recorded alarm's suspect window covers",
     )
     p.add_argument(
         "--peer-offset",
@@ -183,13 +183,23 @@ def resume_step(ckpt_dir: str, *, announce: bool) -> int | None:
     steps = sorted(int(p.stem.removeprefix("step")) for p in Path(ckpt_dir).glob("step*.pt"))
     if not steps:
         return None
-    decision = sdc.explain_resume(steps, ckpt_dir)
-    if announce:
+    if announce:  # the reasoning, with every refused checkpoint and the alarm that covers it
+        decision = sdc.explain_resume(steps, ckpt_dir)
         logger.info("resume: %s; refused: %s", decision.reason, decision.refused or "none")
-    return decision.step
+    return sdc.clean_resume_step(steps, ckpt_dir)  # None: restart from the initial weights
 
 
-def main(argv: list[str] | None = None) -> int:
+def leave(code: int) -> NoReturn:
+    """Exit now, without tearing anything down: process-group, DDP and gloo destructors can abort
+    or hang (seen with gloo: "terminate called without an active exception", and ranks hung
+    while main's frame released the model after a run with checkpoints). Everything that
+    matters was flushed before."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
     """Train; exit 0 when done, 3 when the guard stopped the job."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -249,7 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
             state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
-            torch.save({**state, "sdc": tags}, checkpoint_path(args.ckpt_dir, step))
+            # Written whole or not at all: a job stopped mid-save must not leave a truncated
+            # newest checkpoint for the restart to choose.
+            final = checkpoint_path(args.ckpt_dir, step)
+            partial = final.with_name(f".{final.name}.tmp")
+            torch.save({**state, "sdc": tags}, partial)
+            os.replace(partial, final)
 
     batches = (data.batch_of(step, rank) for step in range(start, args.steps))
     # From a checkpoint, train() first refuses one inside a recorded alarm's window
@@ -259,14 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         exit_on_alarm(alarm)  # flushes the publisher, exit code 3 on every rank
     guard.publisher.flush(30)
     dist.destroy_process_group()
-    return 0
+    leave(0)  # here, while the model, the optimizer and the guard are still referenced
 
 
 if __name__ == "__main__":
-    code = main()
-    # Leave without interpreter teardown: process-group destructors can abort or hang there
-    # (seen with gloo: "terminate called without an active exception"). Everything that matters
-    # was flushed in main().
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    main()

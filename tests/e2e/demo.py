@@ -7,7 +7,11 @@ definition from `cdk synth`, whose real Lambda handlers localize, admit, cordon 
 stand-in) and health-check (HyperPod simulator) the node; the demo then approves with the real
 operator CLI, as an on-call role, through the approve function's URL (a loopback stand-in that
 checks the SigV4 signature and hands the real approve function the authenticated ARN), and the
-node is replaced. Every stand-in is described in tests/e2e/harness.
+node is replaced. Then the job starts again on the cluster's nodes as they are now, without the
+fault: it resumes from the checkpoint `sdc.clean_resume_step` chooses by the alarm the guard
+recorded next to its checkpoints (the one the pipeline announced; the newer checkpoint inside the
+suspect window is refused), the guard verifies the loaded weights and training goes on.
+Every stand-in is described in tests/e2e/harness.
 No AWS account, no Kubernetes, no GPU needed.
 
     python -m tests.e2e.demo [--reject] [--no-fault] [--dry-run] [--deployed]
@@ -23,12 +27,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdc_agent.drill import launch
-from tests.e2e.harness.deployed import deployed
-from tests.e2e.harness.pipeline import Invocation, LocalPipeline, process_environment
-from tests.e2e.scenario import local_cluster, pending_for
+
+if TYPE_CHECKING:
+    from tests.e2e.harness.pipeline import Invocation, LocalPipeline
 
 FAULTY_RANK = 3
 FAULT_STEP = 7
@@ -54,8 +58,11 @@ class Timeline:
         self.say(f"FAILED: {text}")
 
 
-def _train(pipeline: LocalPipeline, fault: bool, spool: str) -> dict[str, Any]:
-    """The training job: 6 processes, the agent publishing to the embedded CloudWatch."""
+def _train(
+    pipeline: LocalPipeline, fault: bool, spool: str, run_dir: str | None = None
+) -> dict[str, Any]:
+    """The training job: 6 processes, the agent publishing to the embedded CloudWatch; with
+    ``run_dir``, its checkpoints and the guard's alarm log are kept there (shared storage)."""
     cluster = pipeline.cluster
     faults = (
         [
@@ -79,8 +86,15 @@ def _train(pipeline: LocalPipeline, fault: bool, spool: str) -> dict[str, Any]:
             "job_name": cluster.job,
             "spool_dir": spool,
         },
+        "run_dir": run_dir,
     }
-    (results,) = launch([("sdc_agent.drill:train_drill", job)], world=6, ranks_per_node=2)
+    # Forked from one server that imported torch once: the restart's launch then costs little.
+    (results,) = launch(
+        [("sdc_agent.drill:train_drill", job)],
+        world=6,
+        ranks_per_node=2,
+        start_method="forkserver",
+    )
     errors = [r for r in results if "error" in r]
     if errors:
         raise RuntimeError(errors[0]["trace"])
@@ -172,6 +186,12 @@ def run(argv: list[str] | None = None) -> int:
         "on what CloudFormation created instead of the synthesized template",
     )
     args = parser.parse_args(argv)
+    # Imported here, not at the top: under `make demo` this module is the program's __main__,
+    # which every training process imports again, and the harness brings aws_cdk and its
+    # Node.js runtime along: seconds of CPU per process, twice six processes.
+    from tests.e2e.harness.deployed import deployed
+    from tests.e2e.harness.pipeline import LocalPipeline, process_environment
+    from tests.e2e.scenario import local_cluster, pending_for
 
     tl = Timeline()
     cluster = local_cluster(3)
@@ -186,6 +206,7 @@ def run(argv: list[str] | None = None) -> int:
         # shared by every thread, and writing it while one reads it breaks that one.
         process_environment({"SDC_JOB_NAME": cluster.job}),
         tempfile.TemporaryDirectory(prefix="sdc-demo-") as spool,
+        tempfile.TemporaryDirectory(prefix="sdc-demo-run-") as run_dir,
         (
             deployed(cluster, context, quiet_handlers=True)
             if args.deployed
@@ -213,7 +234,7 @@ def run(argv: list[str] | None = None) -> int:
             f"training: 3 nodes x 2 ranks (gloo, CPU), audits every 5 steps, weight checks every 5; {what}"
         )
         started = time.monotonic()
-        result = _train(p, not args.no_fault, spool)
+        result = _train(p, not args.no_fault, spool, run_dir)
         alarm = result["alarm"]
         if alarm is None:
             tl.say(
@@ -285,7 +306,9 @@ def run(argv: list[str] | None = None) -> int:
         for n in p.notifications():
             tl.say(f"  SNS: {n['subject']}")
         _check_outcome(tl, p, args, victim, victim_node, done["status"])
-        _report_resume(tl, p, alarm, result["saves"])
+        announced = _report_resume(tl, p, alarm, result["saves"], run_dir)
+        if announced is not None:
+            _restart_job(tl, p, alarm, announced, run_dir)
         return _verdict(tl)
 
 
@@ -343,38 +366,114 @@ def _announced_resume(p: LocalPipeline) -> tuple[str, dict[str, Any]] | None:
 
 
 def _report_resume(
-    tl: Timeline, p: LocalPipeline, alarm: dict[str, Any], saves: list[list[Any]]
-) -> None:
-    """Where the job restarts: the rule the pipeline announced, and the agent's choice among the
-    job's checkpoints (``sdc.clean_resume_step``), which must agree."""
-    import sdc_agent as sdc
-    from sdc_agent.recovery import write_alarm_record
-
+    tl: Timeline, p: LocalPipeline, alarm: dict[str, Any], saves: list[list[Any]], run_dir: str
+) -> dict[str, Any] | None:
+    """What the restart has to go on: the guard's alarm record next to the job's checkpoints,
+    and the rule the pipeline announced. Returns the announced rule (``max_step``,
+    ``sentence``), None when no notification stated one."""
+    records = sorted(path.name for path in Path(run_dir).glob("alarm-*.json"))
+    checkpoints = sorted(step for step, _tags in saves)
+    tl.say(
+        f"run directory (shared storage): checkpoints at steps {checkpoints}, saved with the "
+        f"guard's tags; alarm log {records} (Guard(alarm_dir=...), written before the stop)"
+    )
+    if len(records) != 1:
+        tl.fail(f"the guard should have recorded its one alarm, the log holds {records}")
     announced = _announced_resume(p)
     if announced is None:
         tl.fail("no notification stated where the job may resume")
-        return
+        return None
     subject, resume = announced
     tl.say(f"pipeline ({subject}): {resume['sentence']}")
-    checkpoints = sorted(step for step, _tags in saves)
-    with tempfile.TemporaryDirectory(prefix="sdc-demo-alarms-") as alarm_log:
-        # What Guard(alarm_dir=...) keeps next to the checkpoints; the drill's guard runs
-        # without one, so its returned alarm is recorded here, by the agent's own writer.
-        write_alarm_record(alarm_log, alarm, writer_rank=0)
-        chosen = sdc.clean_resume_step(checkpoints, alarm_log)
-        refused = sorted(sdc.explain_resume(checkpoints, alarm_log).refused)
-    bound = resume["max_step"]
-    expected = max((c for c in checkpoints if bound is not None and c <= bound), default=None)
+    return resume
+
+
+RESTART_STEPS = 6
+"""Steps the restarted job trains: from the clean checkpoint past the alarm's step, so that the
+audit that fired in the first run runs again (and passes) on the healthy rank set."""
+
+
+def _restart_job(
+    tl: Timeline, p: LocalPipeline, alarm: dict[str, Any], resume: dict[str, Any], run_dir: str
+) -> None:
+    """The job started again after the remediation, on the nodes the cluster has now (the
+    replaced one under its new name) and without the fault: each rank asks
+    ``sdc.clean_resume_step`` for the checkpoint to load, the guard checks that choice against
+    the alarm log and verifies the loaded weights, and training goes on. The step it resumes
+    from must be the newest checkpoint the pipeline's rule allows."""
+    bound = resume["max_step"]  # None: no checkpoint is clean, restart from the initial weights
+    cluster = p.cluster
+    nodes = [
+        cluster.node_name(p.hyperpod.replaced.get(i, i))
+        for i in cluster.instance_ids[: 6 // cluster.ranks_per_node]
+    ]
+    tl.say(f"restart: the job starts again on {', '.join(nodes)} (2 ranks each), no fault")
+    started = time.monotonic()
+    job = {
+        "steps": RESTART_STEPS,
+        "schedule": {"audit_every": 5, "check_every": 5, "ckpt_every": 5, "peer_offset": 2},
+        "run_dir": run_dir,
+        "resume": True,
+    }
+    (results,) = launch(
+        [("sdc_agent.drill:train_drill", job)],
+        world=6,
+        ranks_per_node=2,
+        node_names=nodes,
+        start_method="forkserver",
+    )
+    errors = [r for r in results if "error" in r]
+    if errors:
+        tl.fail(f"the restarted job failed: {errors[0]['error']}")
+        return
+    decisions = [r["resume"] for r in results]
+    if any(d != decisions[0] for d in decisions):
+        tl.fail("the ranks chose different checkpoints to resume from")
+        return
+    decision, result = decisions[0], results[0]
+    chosen, checkpoints = decision["step"], decision["checkpoints"]
+    refused = sorted(int(s) for s in decision["refused"])
+    tags = decision["refused_tags"]
+    why = "; ".join(
+        f"checkpoint {s} was saved with last_weight_check_pass="
+        f"{tags[str(s)]['last_weight_check_pass']}, weights_verified="
+        f"{tags[str(s)]['weights_verified']}"
+        for s in refused
+    )
     tl.say(
         f"restart: checkpoints at steps {checkpoints}; sdc.clean_resume_step -> {chosen}"
         + (f" (resume with start_step={chosen + 1})" if chosen is not None else "")
-        + (f"; refused {refused}: inside the alarm's suspect window" if refused else "")
+        + (f"; refused {refused}: inside the alarm's suspect window ({why})" if refused else "")
     )
+    expected = max((c for c in checkpoints if bound is not None and c <= bound), default=None)
     if chosen != expected:
         tl.fail(
-            f"the agent would resume from {chosen}, the pipeline's rule allows at most {bound} "
+            f"the job resumed from {chosen}, the pipeline's rule allows at most {bound} "
             f"(newest checkpoint there: {expected})"
         )
+    lowest_suspect = -1 if bound is None else bound
+    if not any(lowest_suspect < s <= alarm["step"] for s in refused):
+        tl.fail(
+            f"no checkpoint after step {bound} up to the alarm's step {alarm['step']} was refused: "
+            "the demo no longer shows why the rule matters"
+        )
+    updates, start = result["updates"], decision["start_step"]
+    trained = f"steps {updates[0]}-{updates[-1]}" if updates else "no step"
+    tl.say(
+        f"restart: loaded the checkpoint of step {chosen}; the guard found no recorded alarm "
+        f"covering it and verified every replica's weights on start "
+        f"(verified={decision['weights_verified_on_start']}), then trained {trained}: "
+        + ("no alarm" if result["alarm"] is None else f"ALARM at step {result['alarm']['step']}")
+        + f" (last audit pass {result['last_audit_pass']}, last weight check pass "
+        f"{result['last_weight_check_pass']}, checkpoints saved {[s for s, _ in result['saves']]}) "
+        f"({time.monotonic() - started:.1f} s)"
+    )
+    if result["alarm"] is not None:
+        tl.fail("the restarted job raised an alarm on a healthy rank set")
+    if not decision["weights_verified_on_start"]:
+        tl.fail("the guard did not verify the loaded weights before the first step")
+    if updates != list(range(start, start + RESTART_STEPS)):
+        tl.fail(f"the restarted job should have applied steps {start}.., it applied {updates}")
 
 
 def _verdict(tl: Timeline) -> int:

@@ -18,7 +18,10 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
     status = demo.run([])
     out = capsys.readouterr().out
     # Then every stage happened, in order, the node behind rank 3 was replaced, and the timeline
-    # ends with where the job resumes: the pipeline's rule, and the agent's choice by it
+    # ends with the restarted job: on the replacement node, without the fault, it resumes from
+    # the checkpoint the pipeline announced, chosen by sdc.clean_resume_step from the alarm the
+    # guard recorded next to the checkpoints, refusing the newer one inside the suspect window
+    # (saved with a passing weight check), and trains on with no alarm
     assert status == 0, out
     stages = [
         "agent ALARM at step 10: check 'compute'",
@@ -36,13 +39,21 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
         "approver arn:aws:sts::123456789012:assumed-role/sdc-oncall/demo-operator (HTTP 200)",
         "replace: mode api, requested=True",
         "workflow SUCCEEDED",
-        "hyperpod-i-00000000000000001 replaced by HyperPod",
+        "hyperpod-i-00000000000000001 replaced by HyperPod: new instance i-0000000000000a000",
+        "run directory (shared storage): checkpoints at steps [4, 9], saved with the guard's "
+        "tags; alarm log ['alarm-step0000000010-compute-rank0.json']",
         # the alarm's window is [5, 10]: the audit of step 5 passed, checkpoints are saved after
         # steps 4 and 9, so the job restarts from 4, never from 9
         "pipeline ([sdc-guard] replaced: hyperpod-i-00000000000000001): resume from the newest "
         "checkpoint at or before step 5",
+        "restart: the job starts again on hyperpod-i-00000000000000000, "
+        "hyperpod-i-0000000000000a000, hyperpod-i-00000000000000002 (2 ranks each), no fault",
         "restart: checkpoints at steps [4, 9]; sdc.clean_resume_step -> 4 (resume with "
-        "start_step=5); refused [9]: inside the alarm's suspect window",
+        "start_step=5); refused [9]: inside the alarm's suspect window (checkpoint 9 was saved "
+        "with last_weight_check_pass=9, weights_verified=True)",
+        "restart: loaded the checkpoint of step 4; the guard found no recorded alarm covering it "
+        "and verified every replica's weights on start (verified=True), then trained steps 5-10: "
+        "no alarm (last audit pass 10, last weight check pass 9, checkpoints saved [9])",
         "demo OK",
     ]
     positions = [out.find(s) for s in stages]

@@ -286,6 +286,11 @@ def test_a_failed_write_is_logged_with_the_report_and_does_not_raise(tmp_path, c
     # Then it logs loudly, with the report, and returns
     assert "ALARM NOT RECORDED" in caplog.text
     assert '"suspect_window": [5, 10]' in caplog.text
+    # And it tells whoever reads it the same rule the pipeline's messages state
+    assert (
+        "choose the checkpoint by hand: resume from the newest checkpoint at or before step 5"
+        in (caplog.text)
+    )
 
 
 def test_the_rule_module_loads_without_torch():

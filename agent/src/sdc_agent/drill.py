@@ -31,6 +31,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from . import drill_checkpoints
+
 Job = tuple[str, dict[str, Any]]
 """("package.module:function", keyword arguments): the function runs on every rank."""
 
@@ -91,14 +93,32 @@ def make_loss(autocast_bf16: bool = False) -> Callable[[nn.Module, Any], torch.T
 
 
 def build(
-    schedule: dict[str, Any], *, seed: int = 0, autocast_bf16: bool = False, publisher: Any = None
+    schedule: dict[str, Any],
+    *,
+    seed: int = 0,
+    autocast_bf16: bool = False,
+    publisher: Any = None,
+    state: dict[str, Any] | None = None,
+    alarm_dir: str | None = None,
 ) -> tuple[Any, Any, Any]:
-    """(ddp_model, optimizer, guard) for the drill model, identical initial weights on all ranks."""
+    """(ddp_model, optimizer, guard) for the drill model, identical initial weights on all ranks.
+
+    ``state``: a checkpoint (``{"model", "optimizer", ...}``) to load before the guard is built,
+    the same on every rank; ``alarm_dir``: the guard's alarm log (``Guard(alarm_dir=...)``).
+    """
     torch.manual_seed(seed)
     module = DrillModel()
+    if state is not None:
+        module.load_state_dict(state["model"])
     ddp = nn.parallel.DistributedDataParallel(module)
     optimizer, guard = guarded_sgd(
-        ddp, schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=publisher
+        ddp,
+        schedule,
+        seed=seed,
+        autocast_bf16=autocast_bf16,
+        publisher=publisher,
+        optimizer_state=None if state is None else state["optimizer"],
+        alarm_dir=alarm_dir,
     )
     return ddp, optimizer, guard
 
@@ -111,12 +131,20 @@ def guarded_sgd(
     autocast_bf16: bool,
     publisher: Any,
     scaler: Any = None,
+    optimizer_state: dict[str, Any] | None = None,
+    alarm_dir: str | None = None,
 ) -> tuple[torch.optim.Optimizer, Any]:
     """(optimizer, guard) for a wrapped drill model (DDP or FSDP2): SGD with momentum and a
-    guard that rebuilds any rank's batch from (step, rank, ``seed``)."""
+    guard that rebuilds any rank's batch from (step, rank, ``seed``).
+
+    ``optimizer_state``: a checkpoint's optimizer state, loaded before the guard is built;
+    ``alarm_dir``: where the guard records its alarms and checks a resume (None: nowhere).
+    """
     import sdc_agent as sdc
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
     guard = sdc.Guard(
         model,
         optimizer,
@@ -127,6 +155,7 @@ def guarded_sgd(
         schedule=sdc.Schedule(**schedule),
         publisher=publisher,
         scaler=scaler,
+        alarm_dir=alarm_dir,
     )
     return optimizer, guard
 
@@ -154,6 +183,8 @@ def train_drill(
     parallel: str = "ddp",
     shards: int = 2,
     activation_checkpointing: bool = False,
+    run_dir: str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train the drill model for ``steps`` steps under the guard; report what happened here.
 
@@ -161,15 +192,40 @@ def train_drill(
     to CloudWatch (or an endpoint such as the local demo's); None publishes nothing.
     ``parallel``: ``ddp`` (the default), or ``fsdp`` / ``hsdp`` (FSDP2, ``shards`` ranks per
     replica under HSDP; ``activation_checkpointing`` applies to the sharded model's blocks).
+    ``run_dir`` (DDP only): rank 0 saves each due checkpoint there with the guard's tags
+    (:mod:`sdc_agent.drill_checkpoints`), and the guard records its alarms there
+    (``alarm_dir``). ``resume``: the restart after a stop: load the checkpoint of ``run_dir``
+    that ``sdc.clean_resume_step`` chooses and start after it (``start_step`` must then be 0;
+    no clean checkpoint: the initial weights from step 0); the guard refuses a checkpoint inside
+    a recorded alarm's window and verifies the loaded weights before the first step. The
+    decision is reported under ``"resume"``.
     """
+    if run_dir is not None and parallel != "ddp":
+        raise ValueError(
+            f"run_dir: the drill saves checkpoints with parallel='ddp' only, not {parallel!r}"
+        )
+    if resume and (run_dir is None or start_step != 0):
+        raise ValueError("resume: needs run_dir, and chooses start_step itself (leave it 0)")
     sink = None
     if publisher is not None:
         from .publish import CloudWatchPublisher
 
         sink = CloudWatchPublisher(**publisher)
+    decision: dict[str, Any] | None = None
+    state = None
+    if resume:
+        decision = drill_checkpoints.choose_resume(run_dir)
+        state = decision.pop("state")
+        start_step = 0 if decision["step"] is None else decision["step"] + 1
+        decision["loaded_tags"] = None if state is None else state["sdc"]
     if parallel == "ddp":
         _, optimizer, guard = build(
-            schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=sink
+            schedule,
+            seed=seed,
+            autocast_bf16=autocast_bf16,
+            publisher=sink,
+            state=state,
+            alarm_dir=run_dir,
         )
     else:
         from .drill_fsdp import build_sharded
@@ -185,16 +241,32 @@ def train_drill(
         )
     injected = [make_fault(f).attach(guard) for f in faults]
     updates = []
-    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
+    # The weight check the guard ran before the first step (Schedule.check_on_start), as it
+    # stood at the first update: no periodic check has run by then.
+    on_start: list[int | None] = []
+
+    def after_update(*_: Any) -> None:
+        if not updates:
+            on_start.append(guard.last_weight_check_pass)
+        updates.append(guard.current_step)
+
+    optimizer.register_step_post_hook(after_update)
     saves: list[list[Any]] = []
+
+    def save(step: int, tags: dict[str, Any]) -> None:
+        saves.append([step, tags])
+        if run_dir is not None and dist.get_rank() == 0:
+            drill_checkpoints.save_checkpoint(run_dir, step, guard.module, optimizer, tags)
+
     batches = (
         make_step_batch(s, dist.get_rank(), seed=seed, grad_accum=guard.schedule.grad_accum)
         for s in range(start_step, start_step + steps)
     )
-    alarm = guard.train(
-        batches, save_checkpoint=lambda s, tags: saves.append([s, tags]), start_step=start_step
-    )
+    alarm = guard.train(batches, save_checkpoint=save, start_step=start_step)
     delivered = guard.flush(30.0) if sink is not None else True
+    if decision is not None:
+        decision["start_step"] = start_step
+        decision["weights_verified_on_start"] = bool(on_start) and on_start[0] == start_step
     return {
         "delivered": delivered,
         "rank": dist.get_rank(),
@@ -204,6 +276,7 @@ def train_drill(
         "fired": sum(f.fired for f in injected),
         "last_audit_pass": guard.last_audit_pass,
         "last_weight_check_pass": guard.last_weight_check_pass,
+        "resume": decision,
     }
 
 
@@ -227,14 +300,21 @@ def _worker(
     jobs: list[Job],
     out: str,
     timeout_s: float,
+    node: str,
+    environment: dict[str, str] | None,
 ) -> None:
+    if environment is not None:
+        # A forkserver child inherits the server's environment, as it was when the server
+        # started: put back the launcher's, as of this launch.
+        os.environ.clear()
+        os.environ.update(environment)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank % ranks_per_node),
-        NODE_NAME=node_name(rank // ranks_per_node),
+        NODE_NAME=node,
         # A PyTorchJob names its pods <job>-worker-<n>; the publisher reads the job from it.
         POD_NAME=f"{os.environ.get('SDC_JOB_NAME', 'sdc-drill')}-worker-{rank}",
     )
@@ -261,21 +341,57 @@ def _worker(
 
 
 def launch(
-    jobs: list[Job], *, world: int = 6, ranks_per_node: int = 2, timeout_s: float = 240.0
+    jobs: list[Job],
+    *,
+    world: int = 6,
+    ranks_per_node: int = 2,
+    timeout_s: float = 240.0,
+    node_names: Sequence[str] | None = None,
+    start_method: str = "spawn",
 ) -> list[list[dict[str, Any]]]:
     """Run ``jobs`` on ``world`` CPU processes (gloo); returns results[job][rank].
 
-    Every process gets NODE_NAME of node ``rank // ranks_per_node``. Raises TimeoutError (after
-    killing the processes) when the run takes longer than ``timeout_s``, and RuntimeError when a
-    process dies without a result.
+    Every process gets NODE_NAME of node ``rank // ranks_per_node``: :func:`node_name` of it,
+    or ``node_names[node]`` (a job restarted on a replaced node runs on a new name). Raises
+    TimeoutError (after killing the processes) when the run takes longer than ``timeout_s``, and
+    RuntimeError when a process dies without a result.
+
+    ``start_method``: ``spawn`` starts each process from scratch (each imports torch: seconds
+    of CPU apiece); ``forkserver`` forks them from a server that imported torch and this
+    package once, which makes a second launch in the same program almost free (the demo's
+    restart). Each process gets the launcher's environment as of this call either way.
     """
-    ctx = multiprocessing.get_context("spawn")
+    if start_method not in ("spawn", "forkserver"):
+        raise ValueError(f"start_method: 'spawn' or 'forkserver', got {start_method!r}")
+    nodes = -(-world // ranks_per_node)
+    names = list(node_names) if node_names is not None else [node_name(n) for n in range(nodes)]
+    if len(names) != nodes:
+        raise ValueError(
+            f"node_names: {world} ranks of {ranks_per_node} per node need {nodes} names, "
+            f"got {len(names)}"
+        )
+    ctx = multiprocessing.get_context(start_method)
+    environment = None
+    if start_method == "forkserver":
+        # Only takes effect when the server starts (the first forkserver launch).
+        ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
+        environment = dict(os.environ)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="sdc-drill-") as out:
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(rank, world, port, ranks_per_node, jobs, out, timeout_s),
+                args=(
+                    rank,
+                    world,
+                    port,
+                    ranks_per_node,
+                    jobs,
+                    out,
+                    timeout_s,
+                    names[rank // ranks_per_node],
+                    environment,
+                ),
                 daemon=True,
             )
             for rank in range(world)

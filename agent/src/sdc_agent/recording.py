@@ -24,6 +24,7 @@ from .recovery import (
     probe_writable,
     read_alarm_log,
     resume_refusal,
+    resume_rule,
     write_alarm_record,
 )
 from .topology import all_gather_text, collective_device
@@ -81,11 +82,11 @@ class AlarmLog:
         except Exception:
             logger.exception(
                 "sdc_agent: ALARM NOT RECORDED: writing the alarm of step %d to the alarm log %s "
-                "failed; a resume cannot see it, so resume by hand from a checkpoint before its "
-                "suspect window %s (report: %s)",
+                "failed; a resume cannot see it, so choose the checkpoint by hand: %s "
+                "(report: %s)",
                 alarm.step,
                 self.alarm_dir,
-                list(alarm.suspect_window),
+                _rule_for_a_person(report),
                 json.dumps(report, sort_keys=True),
             )
             return
@@ -124,6 +125,18 @@ class AlarmLog:
                 "sdc_agent: UNSAFE RESUME (allow_unsafe_resume=True, for forensics only): %s",
                 refusal,
             )
+
+
+def _rule_for_a_person(report: dict) -> str:
+    """The resume rule for ``report``, as the pipeline's messages state it; never raises (it is
+    called while reporting another failure)."""
+    try:
+        return resume_rule(report).sentence
+    except Exception:  # a report the rule cannot read: the window is all there is to go on
+        return (
+            f"resume from a checkpoint before the suspect window {report.get('suspect_window')} "
+            "(see docs/recovery.md)"
+        )
 
 
 def open_alarm_log(
