@@ -200,18 +200,22 @@ def _duration(_ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(str(exc), param=param) from None
 
 
-@main.command()
-@click.argument("node_or_instance", required=False, metavar="[NODE|INSTANCE]")
-@click.option(
-    "--node", help="Every transition of this node, one line each (hyperpod-i-... or i-...)."
-)
-@click.option(
+# history and stats mark repeat offenders the same way: one option, one default.
+_recurrence_window = click.option(
     "--window",
     default="7d",
     show_default=True,
     callback=_duration,
     help="Recurrence window: a later alarm within it makes a repeat offender.",
 )
+
+
+@main.command()
+@click.argument("node_or_instance", required=False, metavar="[NODE|INSTANCE]")
+@click.option(
+    "--node", help="Every transition of this node, one line each (hyperpod-i-... or i-...)."
+)
+@_recurrence_window
 @click.option("--json", "as_json", is_flag=True, help="Print the events (or remediations) as JSON.")
 @click.pass_context
 @_fail_cleanly
@@ -306,13 +310,7 @@ def _remediation_json(r: outcomes.Remediation) -> dict[str, Any]:
     callback=_duration,
     help="Only remediations that began within this long (30d, 12h, 2w; default: all).",
 )
-@click.option(
-    "--window",
-    default="7d",
-    show_default=True,
-    callback=_duration,
-    help="Recurrence window: a later alarm within it makes a repeat offender.",
-)
+@_recurrence_window
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.pass_context
 @_fail_cleanly

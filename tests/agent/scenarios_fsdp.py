@@ -10,10 +10,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import sdc_agent as sdc
-from sdc_agent.drill import make_batch, make_loss
-from sdc_agent.drill_fsdp import ShardedDrillModel, build_sharded
+from sdc_agent.drill import make_batch, make_fault, make_loss
+from sdc_agent.drill_fsdp import ShardedDrillModel, build_sharded, shard
 from sdc_agent.fingerprint import fingerprints, table_digest
 from sdc_agent.replay import step_seed
+from tests.agent import loops
+from tests.agent.loops import RecordingPublisher
 from tests.agent.scenarios import CountingPublisher
 
 
@@ -95,14 +97,53 @@ def unsupported_mesh() -> dict[str, Any]:
     return {"error_type": None, "message": ""}
 
 
-def scaler_refused(*, parallel: str) -> dict[str, Any]:
-    """Guard(scaler=GradScaler) on an FSDP2 model: refused at construction, on every rank."""
-    try:
-        build_sharded(
-            {"audit_every": 5, "peer_offset": 2},
-            parallel=parallel,
-            scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10),
-        )
-    except ValueError as err:
-        return {"error_type": type(err).__name__, "message": str(err)}
-    return {"error_type": None, "message": ""}
+def fp16_run(
+    *,
+    parallel: str,
+    steps: int,
+    schedule: dict[str, Any],
+    init_scale: float,
+    faults: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    own_loop: bool = False,
+) -> dict[str, Any]:
+    """Train the sharded drill model in fp16 autocast with a GradScaler starting at
+    ``init_scale`` (guard.train, or the README's owner loop); report what each rank did."""
+    publisher = RecordingPublisher()
+    torch.manual_seed(0)
+    model = shard(ShardedDrillModel(), parallel, shards=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    n = schedule.get("grad_accum", 1)
+    compute_loss = loops.make_loss("fp16")
+    guard = sdc.Guard(
+        model,
+        optimizer,
+        compute_loss=compute_loss,
+        rebuild_batch=lambda step, rank: loops.step_batch(step, rank, n, None),
+        schedule=sdc.Schedule(**schedule),
+        publisher=publisher,
+        scaler=torch.amp.GradScaler("cpu", init_scale=init_scale),
+    )
+    for spec in faults:
+        make_fault(spec).attach(guard)
+    updates: list[int] = []
+    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
+    batches = (loops.step_batch(s, dist.get_rank(), n, None) for s in range(steps))
+    alarm = (
+        loops.owner_loop(model, optimizer, guard, batches, compute_loss)
+        if own_loop
+        else guard.train(batches)
+    )
+    full = [p.full_tensor() for p in model.parameters()]  # collective: every rank's replica
+    return {
+        "rank": dist.get_rank(),
+        "dp_rank": guard.dp_rank,
+        "alarm": alarm.to_dict() if alarm else None,
+        "updates": updates,
+        "scale": guard.scaler.get_scale() if guard.scaler is not None else None,
+        "weights": table_digest(fingerprints(full)),
+        "alarms_published": len(publisher.alarms),
+        "per_node_series": publisher.per_node_series,
+        "cluster_series": publisher.cluster_series,
+        "audit_passes": publisher.audit_passes,
+        "precision": guard.coverage()["precision"],
+    }

@@ -60,6 +60,18 @@ FAULTS: dict[str, list[dict[str, Any]]] = {
     ],
 }
 
+
+def fp16(parallel: str, steps: int, schedule: dict[str, Any], **options: Any) -> tuple:
+    """fp16 autocast with a GradScaler starting at 2**30: the first ~13 steps overflow."""
+    return f"{SCEN}:fp16_run", {
+        "parallel": parallel,
+        "steps": steps,
+        "schedule": {"check_every": 0, "peer_offset": 2, **schedule},
+        "init_scale": 2.0**30,
+        **options,
+    }
+
+
 WEIGHT_FLIP = {
     "kind": "FlipWeightBit",
     "param": "blocks.0.fc.weight",
@@ -94,7 +106,30 @@ JOBS: dict[str, tuple[str, dict]] = {
         f"{layout}_accum4_persistent": drill(layout, [out_scale()], grad_accum=4)
         for layout in LAYOUTS
     },
-    "fsdp_scaler_refused": (f"{SCEN}:scaler_refused", {"parallel": "fsdp"}),
+    "fsdp_fp16_overflows": fp16("fsdp", 24, {"audit_every": 5}),
+    "hsdp_fp16_one_replica_reduced_nan": fp16(
+        "hsdp",
+        20,
+        {"audit_every": 5},
+        faults=[
+            {"kind": "NaNReducedGradient", "index": 3, "rank": 4, "step": 18, "persistent": False}
+        ],
+    ),
+    "hsdp_fp16_transient_nan": fp16(
+        "hsdp",
+        26,
+        {"audit_every": 5, "grad_accum": 2, "max_grad_norm": 5.0},
+        own_loop=True,
+        faults=[
+            {
+                "kind": "NaNOutputElement",
+                "layer": "blocks.1.norm",
+                "rank": R,
+                "step": 23,
+                "persistent": False,
+            }
+        ],
+    ),
     **{
         f"{layout}_reduced_nan": drill(
             layout,
@@ -342,10 +377,59 @@ def test_fsdp2_with_gradient_accumulation_names_a_persistent_fault_at_the_next_a
     assert all(u == list(range(10)) for u in updates(results, f"{layout}_accum4_persistent"))
 
 
-def test_a_grad_scaler_is_refused_under_fsdp2_with_the_reason(results):
-    # Given Guard(scaler=GradScaler) on an FSDP2 model
-    for r in ok(results, "fsdp_scaler_refused"):
-        # Then every rank refuses it at construction, saying why and what to use instead
-        assert r["error_type"] == "ValueError"
-        assert "scaler= is not supported with an FSDP2 model" in r["message"]
-        assert "own shard" in r["message"] and "bf16" in r["message"]
+def test_fp16_overflows_under_full_sharding_are_skipped_everywhere_without_an_alarm(results):
+    # Given FSDP2 full sharding, fp16 autocast and a GradScaler starting at 2**30: the first
+    # steps overflow, each rank holding only its shard of the reduced gradient
+    per_rank = ok(results, "fsdp_fp16_overflows")
+    # Then no alarm is returned or published, and no SDC metric is written
+    assert all(r["alarm"] is None for r in per_rank)
+    (rank0,) = [r for r in per_rank if r["dp_rank"] == 0]
+    assert rank0["alarms_published"] == 0 and rank0["cluster_series"] == 0
+    assert rank0["per_node_series"] == 0
+    # And every rank skipped the same overflowing steps and lowered the scale alike
+    scales = {r["scale"] for r in per_rank}
+    assert len(scales) == 1 and scales.pop() <= 2.0**30 / 2**10
+    updates = per_rank[0]["updates"]
+    assert 0 not in updates and updates[-1] == 23 and len(updates) >= 3
+    assert all(r["updates"] == updates for r in per_rank)
+    # and training went on with one model: every rank's gathered weights are the same bits
+    assert len({r["weights"] for r in per_rank}) == 1
+    # and the audits after the scale settled passed
+    assert rank0["audit_passes"] >= 1
+    # And coverage() says how the sharded skip is agreed
+    assert "found_inf" in rank0["precision"]["sharded_skip"]
+
+
+def test_fp16_transient_nan_under_hsdp_after_the_scale_settled_is_named(results):
+    # Given HSDP, fp16 with a GradScaler (2 micro-batches per step, clipping after unscale_,
+    # the owner loop) and a NaN in rank R's forward at step 23 only, after the early overflows
+    # lowered the scale
+    alarm = the_alarm(results, "hsdp_fp16_transient_nan")
+    # Then the collective replay on the third GPU at the same scale is finite: SDC, transient,
+    # R named
+    assert (alarm["step"], alarm["check"], alarm["nonfinite"]) == (23, "compute", [R])
+    assert alarm["suspects"] == [R] and alarm["diagnosis"] is None
+    assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "transient"}]
+    per_rank = ok(results, "hsdp_fp16_transient_nan")
+    (rank0,) = [r for r in per_rank if r["dp_rank"] == 0]
+    assert rank0["per_node_series"] == 1
+    # And the overflows before it were skipped alike on every rank, step 23 by nobody
+    updates = per_rank[0]["updates"]
+    assert 0 not in updates and updates[-1] == 22
+    assert all(r["updates"] == updates for r in per_rank)
+    assert len({r["scale"] for r in per_rank}) == 1
+
+
+def test_fp16_nan_in_one_hsdp_replicas_reduced_shard_is_dropped_by_every_rank_at_once(results):
+    # Given HSDP with a GradScaler, finite local gradients everywhere and, at step 18 (after
+    # the scale settled; not an audit step), a NaN written into rank 4's copy of a reduced
+    # shard only: the scaler's found_inf would say "skip" on rank 4's replica and "apply" on
+    # the other two, which hold a finite copy of that shard
+    alarm = the_alarm(results, "hsdp_fp16_one_replica_reduced_nan")
+    # Then every rank waited for step 18's flags and reports it at that step, naming nobody
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (18, "reduced_gradient", None)
+    # And no rank applied step 18: the replicas stayed one model
+    per_rank = ok(results, "hsdp_fp16_one_replica_reduced_nan")
+    updates = per_rank[0]["updates"]
+    assert updates[-1] == 17 and all(r["updates"] == updates for r in per_rank)
+    assert len({r["weights"] for r in per_rank}) == 1

@@ -76,6 +76,23 @@ def recorded_clients() -> tuple[Any, Any, list[dict[str, Any]]]:
     return cloudwatch, logs, calls
 
 
+def recorded_publisher(
+    tmp_path: Any, job: str = "llama", **options: Any
+) -> tuple[CloudWatchPublisher, Any, Any, list[dict[str, Any]]]:
+    """A publisher for cluster "ml" on :func:`recorded_clients` (inside ``mock_aws``): the
+    publisher, its CloudWatch and Logs clients, and the recorded PutMetricData requests."""
+    cloudwatch, logs, calls = recorded_clients()
+    publisher = CloudWatchPublisher(
+        cluster_name="ml",
+        job_name=job,
+        cloudwatch_client=cloudwatch,
+        logs_client=logs,
+        spool_dir=str(tmp_path),
+        **options,
+    )
+    return publisher, cloudwatch, logs, calls
+
+
 def stream_messages(logs: Any, group: str, stream: str) -> list[dict[str, Any]]:
     events = logs.get_log_events(logGroupName=group, logStreamName=stream, startFromHead=True)
     return [json.loads(e["message"]) for e in events["events"]]
@@ -104,14 +121,7 @@ def metric_sum(cloudwatch: Any, name: str, dimensions: dict[str, str]) -> tuple[
 def test_alarm_publishes_its_metrics_and_report_and_the_rank_map(tmp_path):
     with mock_aws():
         # Given a publisher for cluster "ml" and job "llama" (log group and stream do not exist)
-        cloudwatch, logs, calls = recorded_clients()
-        publisher = CloudWatchPublisher(
-            cluster_name="ml",
-            job_name="llama",
-            cloudwatch_client=cloudwatch,
-            logs_client=logs,
-            spool_dir=str(tmp_path),
-        )
+        publisher, cloudwatch, logs, calls = recorded_publisher(tmp_path)
         alarm = replay_alarm()
         # When the guard publishes the rank map at start, then an alarm, then flushes
         publisher.publish_rank_map(RANKS)
@@ -191,14 +201,7 @@ def liveness_calls(calls: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 def test_liveness_is_batched_to_one_call_per_minute(tmp_path):
     with mock_aws():
-        cloudwatch, logs, calls = recorded_clients()
-        publisher = CloudWatchPublisher(
-            cluster_name="ml",
-            job_name="llama",
-            cloudwatch_client=cloudwatch,
-            logs_client=logs,
-            spool_dir=str(tmp_path),
-        )
+        publisher, cloudwatch, _logs, calls = recorded_publisher(tmp_path)
         # Given a first passing audit, sent at once (a new job shows up within seconds)
         publisher.publish_liveness(0, 1, 0)
         deadline = time.monotonic() + 5
@@ -227,15 +230,7 @@ def test_liveness_is_batched_to_one_call_per_minute(tmp_path):
 
 def test_liveness_after_the_interval_goes_out_without_a_flush(tmp_path):
     with mock_aws():
-        cloudwatch, logs, calls = recorded_clients()
-        publisher = CloudWatchPublisher(
-            cluster_name="ml",
-            job_name="llama",
-            cloudwatch_client=cloudwatch,
-            logs_client=logs,
-            spool_dir=str(tmp_path),
-            liveness_interval=0.4,
-        )
+        publisher, _cloudwatch, _logs, calls = recorded_publisher(tmp_path, liveness_interval=0.4)
         # Given one pass (sent at once), then three more just after
         publisher.publish_liveness(0, 1, 0)
         deadline = time.monotonic() + 5

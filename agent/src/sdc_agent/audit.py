@@ -345,16 +345,16 @@ class RingAudit:
         """Check 1's verdict on a table that is not clean, while every rank still holds the
         step's state (collective like :meth:`flags_alarm` with ``confirm``).
 
-        Returns None for an fp16 overflow: a GradScaler is in use, every rank's reduced
-        gradient is non-finite (so every rank's ``scaler.step`` skips the step and
-        ``scaler.update`` lowers the scale) and every non-finite local gradient reproduced on
-        a third GPU at the same scale. Anything else is the Alarm of :meth:`flags_alarm`.
+        Returns None for an fp16 overflow: a GradScaler is in use, every rank's ``scaler.step``
+        will skip the step and ``scaler.update`` lower the scale (:meth:`scaler_skips_everywhere`)
+        and every non-finite local gradient reproduced on a third GPU at the same scale.
+        Anything else is the Alarm of :meth:`flags_alarm`.
         """
         overflow_possible = (
             self.overflow_is_expected
             and self.can_confirm
             and bool(table.nonfinite)
-            and all(table.reduced)
+            and self.scaler_skips_everywhere(table)
         )
         alarm = self.flags_alarm(table, confirm=True, deterministic=deterministic)
         if (
@@ -372,6 +372,12 @@ class RingAudit:
                 )
             return None
         return alarm
+
+    def scaler_skips_everywhere(self, table: FlagTable) -> bool:
+        """Whether every rank's ``scaler.step`` will find an inf and skip ``table``'s step:
+        under DDP, when every rank's reduced gradient is non-finite (each rank's scaler sees
+        only its own copy)."""
+        return all(table.reduced)
 
     def flags_alarm(self, table: FlagTable, *, confirm: bool, deterministic: bool) -> Alarm:
         """Check 1's alarm for a table that is not clean (not yet logged nor published).

@@ -138,6 +138,14 @@ def describe(
             "is skipped by scaler.step and the scale lowered by scaler.update, no alarm; not "
             "reproduced: SDC, alarm naming the rank",
         }
+        if sharded:
+            precision["sharded_skip"] = (
+                "each rank holds only its shard of the reduced gradient: scaler.unscale_ "
+                "max-reduces found_inf over the mesh's shard dimension (HSDP replicas hold the "
+                "same shard), so every rank skips an overflowing step and lowers the scale "
+                "alike; the guard waits for every step's flags so that no rank applies a step "
+                "another drops (one blocking flag reduction per step)"
+            )
     else:
         precision = {
             "scaler": None,

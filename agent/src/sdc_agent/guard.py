@@ -100,9 +100,10 @@ class Guard:
         ``scaler``: the ``torch.amp.GradScaler`` of fp16 training. Each micro-batch's loss is
         then back-propagated scaled (:meth:`GuardedStep.backward`), replays scale it the same
         way, and a non-finite gradient that a third GPU reproduces at the same scale is an
-        overflow: the scaler skips the step and lowers the scale, with no alarm. DDP only: an
-        FSDP2 model with a scaler raises ValueError (:meth:`FSDP2Adapter.make_replayer
-        <sdc_agent.parallel_fsdp.FSDP2Adapter.make_replayer>` says why).
+        overflow: the scaler skips the step and lowers the scale, with no alarm. Under FSDP2
+        ``scaler.step`` is a collective (``unscale_`` reduces ``found_inf`` over the mesh), so
+        every rank then waits for each step's flags and decides with the others
+        (:mod:`sdc_agent.parallel_fsdp`).
 
         ``alarm_dir``: record every alarm returned in this directory (the checkpoint directory,
         on shared storage; the same value on every rank) and refuse to resume from a checkpoint
@@ -128,6 +129,10 @@ class Guard:
         self.scaler = scaler
         """The fp16 loss scaler, or None (bf16/fp32: a reproducible NaN is an alarm naming nobody)."""
         a = self.parallel
+        self.decides_every_step = scaler is not None and a.unscale_is_collective
+        """Every rank waits for each step's flags and judges a flagged step with the others:
+        with a scaler whose ``step`` is a collective (FSDP2), no rank may skip an update that
+        another applies."""
         self.model = model
         self.module: nn.Module = a.module
         self.optimizer = optimizer
@@ -748,14 +753,15 @@ class GuardedStep:
             return self._refuse(alarm)
         sensing = g.sensors.sensing  # the same on every rank (a function of the step)
         exchange, own_flags_bad = g.start_flag_exchange(self.step)
-        if not self.audit and not own_flags_bad and not sensing:
+        together = g.decides_every_step  # FSDP2 + scaler: scaler.step is a collective
+        if not self.audit and not own_flags_bad and not sensing and not together:
             g.defer(exchange)  # settled at the next agreement point
             self.end()
             return None
         summary = exchange.summary()
         # SENSORS: on a step whose sensors checked, every rank waits here, so that a candidate
         # is replayed while every rank still holds the step's state (and none has applied it).
-        if self.audit or summary.unanimous or sensing:
+        if self.audit or summary.unanimous or sensing or together:
             # Every rank is here, at this step, with the step's exact state: decide now.
             alarm = g.judge_flags(
                 exchange, loss, deterministic=self._deterministic, audit=self.audit

@@ -26,10 +26,11 @@ both adapters:
   run before DDP's reducer reads the gradient. Under FSDP2 the same isolation runs on the
   unsharded parameters, first in check 1's local taps, before FSDP2's post-backward reads the
   gradient (:meth:`Replayer.micro_batch_isolation`, overridden in :mod:`sdc_agent.replay_fsdp`).
-* A GradScaler (DDP only; ``FSDP2Adapter.make_replayer`` refuses one, saying why): the scaled
-  gradient goes through the same hook; a non-finite step that a replay reproduces at the same
-  scale is an overflow the scaler skips, decided in the audit
-  (:meth:`~sdc_agent.audit.RingAudit.judge_nonfinite`), not here.
+* A GradScaler: the scaled gradient goes through the same hook; a non-finite step that a replay
+  reproduces at the same scale is an overflow the scaler skips, decided in the audit
+  (:meth:`~sdc_agent.audit.RingAudit.judge_nonfinite`), not here. Under FSDP2 ``unscale_`` is
+  itself a collective (:attr:`DDPAdapter.unscale_is_collective`), so every rank decides every
+  step together (:mod:`sdc_agent.parallel_fsdp`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ if TYPE_CHECKING:
 
 class DDPAdapter:
     """The guard's view of a ``DistributedDataParallel`` model."""
+
+    unscale_is_collective = False
+    """Whether ``GradScaler.unscale_`` (and so ``scaler.step``) is a collective: no under DDP,
+    where every replica holds the whole reduced gradient and finds the same inf by itself."""
 
     def __init__(self, model: DistributedDataParallel, dp_group: dist.ProcessGroup | None) -> None:
         """Check the wrapper and record the data-parallel group (None: WORLD)."""

@@ -19,7 +19,20 @@ do not know which wrapper they run on. What differs, and why:
   micro-batch, unsharded, and no reduce-scatter mixes it with the others'.
 * Gradient accumulation: :meth:`FSDP2Adapter.no_sync` is ``set_requires_gradient_sync(False)``;
   the audited micro-batch is isolated on the unsharded parameters (:mod:`sdc_agent.replay_fsdp`).
-  A GradScaler is refused (:meth:`FSDP2Adapter.make_replayer` says why).
+* A GradScaler (fp16) works as under DDP: each micro-batch's loss is scaled in training and in
+  the collective replays, and a non-finite local gradient that the third GPU reproduces at the
+  same scale is an overflow: no alarm, the scaler skips the step and lowers the scale. What
+  differs is who sees the inf. Each rank holds only its shard of the reduced gradient, but in
+  torch 2.13 ``GradScaler.unscale_`` on DTensor gradients max-reduces ``found_inf`` over the
+  mesh's ``Shard`` dimension (DTensor's handler of ``_amp_foreach_non_finite_check_and_unscale_``)
+  and HSDP's replicas hold identical reduced shards, so every rank skips the same steps and
+  lowers the scale alike, as ``ShardedGradScaler`` would. That makes ``unscale_`` (and
+  ``scaler.step``) a collective (:attr:`FSDP2Adapter.unscale_is_collective`): every rank must
+  call it, with its gradients in place, or none. So with a scaler the guard waits for every
+  step's flag reduction on every rank and judges any flagged step on every rank at once (never
+  leaving a step applied by some ranks and dropped by others), and an overflow verdict needs
+  only SOME rank's reduced shard to be non-finite (:meth:`CollectiveRingAudit.scaler_skips_everywhere
+  <sdc_agent.replay_fsdp.CollectiveRingAudit.scaler_skips_everywhere>`).
 * Check 3 compares each shard across its replicas (:mod:`sdc_agent.divergence_fsdp`); with full
   sharding a shard has one copy, so there is nothing to compare: check 3 is off, and the guard
   says so at start (:attr:`FSDP2Adapter.weight_redundancy`).
@@ -175,6 +188,10 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[Any, ShardedLayout]
 class FSDP2Adapter:
     """The guard's view of an FSDP2 (``fully_shard``) model; see the module docstring."""
 
+    unscale_is_collective = True
+    """``GradScaler.unscale_`` on DTensor gradients all-reduces ``found_inf`` over the mesh (see
+    the module docstring): every rank must reach ``scaler.step`` together, or none."""
+
     def __init__(self, model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
         """Check the layout and learn the mesh from the parameters (``dp_group`` must be None)."""
         if not is_fsdp2(model):
@@ -323,22 +340,11 @@ class FSDP2Adapter:
         grad_accum: int = 1,
         scaler: Any | None = None,
     ) -> Replayer:
-        """Check 2's replays: collective, through the sharded module, with sync off.
-
-        Refuses a GradScaler: its inf check reads each rank's own shard of the reduced gradient,
-        so an overflow in one shard makes only the ranks holding it skip the step while the
-        others apply theirs, and the shards of one model no longer belong to the same update;
-        the guard's overflow verdict (every rank's reduced gradient non-finite, every rank
-        skipping) does not hold under FSDP2."""
+        """Check 2's replays: collective, through the sharded module, with sync off; with a
+        ``scaler`` each replayed micro-batch's loss is scaled by the step's scale, as in
+        training, so an overflow reproduces (see the module docstring)."""
         from .replay_fsdp import CollectiveReplayer
 
-        if scaler is not None:
-            raise ValueError(
-                "sdc_agent.Guard: scaler= is not supported with an FSDP2 model: a GradScaler "
-                "checks each rank's own shard of the reduced gradient for inf, so an fp16 "
-                "overflow in one shard skips the step on the ranks holding it only; train in "
-                "bf16 (no scaler) under FSDP2, or use DDP for fp16 with a GradScaler"
-            )
         return CollectiveReplayer(
             self, compute_loss, gradients.hook_state, grad_accum=grad_accum, scaler=scaler
         )

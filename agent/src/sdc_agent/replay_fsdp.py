@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 from .accumulation import MicroBatchIsolation
 from .attribution import FAILED_ROW, ROW_WIDTH, Outcome, confirmation_jobs
 from .audit import RingAudit
-from .gradients import GradStatsState
+from .gradients import FlagTable, GradStatsState
 from .replay import (
     ComputeLoss,
     Replayer,
@@ -129,6 +129,14 @@ class CollectiveReplayer(Replayer):
 
 class CollectiveRingAudit(RingAudit):
     """The ring audit with collective replays: every rank runs every replay round at once."""
+
+    def scaler_skips_everywhere(self, table: FlagTable) -> bool:
+        """Whether every rank's ``scaler.step`` will skip ``table``'s step: when SOME rank's
+        shard of the reduced gradient is non-finite. ``GradScaler.unscale_`` max-reduces
+        ``found_inf`` over the mesh's shard dimension, and HSDP's replicas of a shard hold the
+        same reduced values (:mod:`sdc_agent.parallel_fsdp`); the flags here are those shards'
+        (or, with clipping, the global norm's)."""
+        return any(table.reduced)
 
     def _replay_row(
         self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False

@@ -69,6 +69,18 @@ def _resource_models() -> list[type]:
         could observe changing); deletion goes through each instance's ``delete``."""
 
         physical_id: str
+        CFN_TYPE: str
+        """The CloudFormation type the model creates."""
+        NAME_TYPE = ""
+        """The property that names the resource, "" where CloudFormation makes up the name."""
+
+        @classmethod
+        def cloudformation_type(cls) -> str:
+            return cls.CFN_TYPE
+
+        @classmethod
+        def cloudformation_name_type(cls) -> str:
+            return cls.NAME_TYPE
 
         @property
         def physical_resource_id(self) -> str:
@@ -105,16 +117,11 @@ def _resource_models() -> list[type]:
     class CloudWatchAlarm(_Recorded, CloudFormationModel):
         """AWS::CloudWatch::Alarm -> moto's PutMetricAlarm (single metric or metric math)."""
 
+        CFN_TYPE = "AWS::CloudWatch::Alarm"
+        NAME_TYPE = "AlarmName"
+
         def __init__(self, name: str, arn: str) -> None:
             self.physical_id, self.arn = name, arn
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::CloudWatch::Alarm"
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return "AlarmName"
 
         @classmethod
         def has_cfn_attr(cls, attr: str) -> bool:
@@ -191,16 +198,10 @@ def _resource_models() -> list[type]:
     class SnsSubscription(_Recorded, CloudFormationModel):
         """AWS::SNS::Subscription -> moto's Subscribe (email ones stay pending, as in AWS)."""
 
+        CFN_TYPE = "AWS::SNS::Subscription"
+
         def __init__(self, arn: str) -> None:
             self.physical_id = arn
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::SNS::Subscription"
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return ""
 
         @classmethod
         def create_from_cloudformation_json(  # type: ignore[override]
@@ -222,16 +223,10 @@ def _resource_models() -> list[type]:
     class SnsTopicPolicy(_Recorded, CloudFormationModel):
         """AWS::SNS::TopicPolicy -> the topics' Policy attribute (stored, never enforced)."""
 
+        CFN_TYPE = "AWS::SNS::TopicPolicy"
+
         def __init__(self, topics: list[str], name: str) -> None:
             self.topics, self.physical_id = topics, name
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::SNS::TopicPolicy"
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return ""
 
         @classmethod
         def create_from_cloudformation_json(  # type: ignore[override]
@@ -254,16 +249,10 @@ def _resource_models() -> list[type]:
     class SqsQueuePolicy(_Recorded, CloudFormationModel):
         """AWS::SQS::QueuePolicy -> the queues' Policy attribute (stored, never enforced)."""
 
+        CFN_TYPE = "AWS::SQS::QueuePolicy"
+
         def __init__(self, queues: list[str], name: str) -> None:
             self.queues, self.physical_id = queues, name
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::SQS::QueuePolicy"
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return ""
 
         @classmethod
         def create_from_cloudformation_json(  # type: ignore[override]
@@ -287,16 +276,10 @@ def _resource_models() -> list[type]:
     class EksAccessEntry(_Recorded, CloudFormationModel):
         """AWS::EKS::AccessEntry -> :data:`ACCESS_ENTRIES` (moto has no access-entry API)."""
 
+        CFN_TYPE = "AWS::EKS::AccessEntry"
+
         def __init__(self, key: tuple[str, str], principal: str) -> None:
             self.key, self.physical_id = key, principal
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::EKS::AccessEntry"
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return ""
 
         @classmethod
         def create_from_cloudformation_json(  # type: ignore[override]
@@ -321,16 +304,10 @@ def _resource_models() -> list[type]:
         Through moto's ``get_backend``: with ``use_docker`` off the functions live in the
         in-process Lambda backend, not in ``lambda_backends``."""
 
+        CFN_TYPE = "AWS::Lambda::Url"
+
         def __init__(self, function_arn: str, url: str) -> None:
             self.physical_id, self.url = function_arn, url
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::Lambda::Url"
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return ""
 
         @classmethod
         def has_cfn_attr(cls, attr: str) -> bool:
@@ -363,16 +340,11 @@ def _resource_models() -> list[type]:
     class SchedulerSchedule(_Recorded, CloudFormationModel):
         """AWS::Scheduler::Schedule -> moto's CreateSchedule (stored; moto never fires it)."""
 
+        CFN_TYPE = "AWS::Scheduler::Schedule"
+        NAME_TYPE = "Name"
+
         def __init__(self, name: str, group: str | None, arn: str) -> None:
             self.physical_id, self.group, self.arn = name, group, arn
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::Scheduler::Schedule"
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return "Name"
 
         @classmethod
         def has_cfn_attr(cls, attr: str) -> bool:
@@ -439,6 +411,31 @@ def register_missing_resource_models() -> list[str]:
 # ---------------------------------------------------------------------------- CLI-path patches
 def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
     setattr(owner, name, make(getattr(owner, name)))
+
+
+def _patch_create(
+    model: Any,
+    before: Callable[[dict[str, Any]], dict[str, Any]] = lambda template: template,
+    after: Callable[[Any, dict[str, Any], str, str], Any] = lambda made, props, acct, region: made,
+) -> None:
+    """Wrap a moto model's ``create_from_cloudformation_json``: ``before`` may rewrite the
+    resource's template, ``after(resource, properties, account, region)`` finishes what moto
+    skipped and returns the resource."""
+    create = model.create_from_cloudformation_json.__func__
+
+    def create_from_cloudformation_json(
+        cls: Any,
+        resource_name: str,
+        cloudformation_json: dict[str, Any],
+        account_id: str,
+        region_name: str,
+        **kwargs: Any,
+    ) -> Any:
+        template = before(cloudformation_json)
+        made = create(cls, resource_name, template, account_id, region_name, **kwargs)
+        return after(made, template["Properties"], account_id, region_name)
+
+    model.create_from_cloudformation_json = classmethod(create_from_cloudformation_json)
 
 
 def keep_outputs_of_change_set_stacks() -> None:
@@ -544,19 +541,7 @@ def keep_lambda_layers_architectures_tracing() -> None:
             fn.tracing_config = dict(props["TracingConfig"])
         return fn
 
-    create = LambdaFunction.create_from_cloudformation_json.__func__  # type: ignore[attr-defined]
     update = LambdaFunction.update_from_cloudformation_json.__func__  # type: ignore[attr-defined]
-
-    def create_from_cloudformation_json(
-        cls: Any,
-        resource_name: str,
-        cloudformation_json: dict[str, Any],
-        account_id: str,
-        region_name: str,
-        **kwargs: Any,
-    ) -> Any:
-        fn = create(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
-        return apply(fn, cloudformation_json["Properties"])
 
     def update_from_cloudformation_json(
         cls: Any,
@@ -571,7 +556,7 @@ def keep_lambda_layers_architectures_tracing() -> None:
         )
         return apply(fn, cloudformation_json["Properties"])
 
-    LambdaFunction.create_from_cloudformation_json = classmethod(create_from_cloudformation_json)  # type: ignore[method-assign,assignment]
+    _patch_create(LambdaFunction, after=lambda fn, props, _account, _region: apply(fn, props))
     LambdaFunction.update_from_cloudformation_json = classmethod(update_from_cloudformation_json)  # type: ignore[method-assign,assignment]
     LayerVersion.physical_resource_id = property(lambda self: self.arn)  # type: ignore[attr-defined]
 
@@ -582,23 +567,13 @@ def keep_dynamodb_time_to_live() -> None:
     from moto.dynamodb.models import dynamodb_backends
     from moto.dynamodb.models.table import Table
 
-    create = Table.create_from_cloudformation_json.__func__  # type: ignore[attr-defined]
-
-    def create_from_cloudformation_json(
-        cls: Any,
-        resource_name: str,
-        cloudformation_json: dict[str, Any],
-        account_id: str,
-        region_name: str,
-        **kwargs: Any,
-    ) -> Any:
-        table = create(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
-        ttl = cloudformation_json["Properties"].get("TimeToLiveSpecification")
+    def set_time_to_live(table: Any, props: dict[str, Any], account_id: str, region: str) -> Any:
+        ttl = props.get("TimeToLiveSpecification")
         if ttl:
-            dynamodb_backends[account_id][region_name].update_time_to_live(table.name, ttl)
+            dynamodb_backends[account_id][region].update_time_to_live(table.name, ttl)
         return table
 
-    Table.create_from_cloudformation_json = classmethod(create_from_cloudformation_json)  # type: ignore[method-assign,assignment]
+    _patch_create(Table, after=set_time_to_live)
 
 
 def store_kms_key_policy_as_json() -> None:
@@ -607,23 +582,13 @@ def store_kms_key_policy_as_json() -> None:
     policy as JSON text, as CreateKey does."""
     from moto.kms.models import Key
 
-    create = Key.create_from_cloudformation_json.__func__  # type: ignore[attr-defined]
-
-    def create_from_cloudformation_json(
-        cls: Any,
-        resource_name: str,
-        cloudformation_json: dict[str, Any],
-        account_id: str,
-        region_name: str,
-        **kwargs: Any,
-    ) -> Any:
-        props = dict(cloudformation_json["Properties"])
+    def policy_as_text(template: dict[str, Any]) -> dict[str, Any]:
+        props = dict(template["Properties"])
         if not isinstance(props.get("KeyPolicy"), str):
             props["KeyPolicy"] = json.dumps(props.get("KeyPolicy"))
-        json_with_text_policy = {**cloudformation_json, "Properties": props}
-        return create(cls, resource_name, json_with_text_policy, account_id, region_name, **kwargs)
+        return {**template, "Properties": props}
 
-    Key.create_from_cloudformation_json = classmethod(create_from_cloudformation_json)  # type: ignore[method-assign,assignment]
+    _patch_create(Key, before=policy_as_text)
 
 
 def create_state_machines_in_the_executing_backend() -> None:
