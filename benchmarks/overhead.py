@@ -39,6 +39,9 @@ weights10 <= 2%, det_audit100 <= 3%; each is printed as met or missed, in wall a
     python benchmarks/overhead.py --nodes 2 --variants checks,weights10   # a core per process
                                                       # on a 2-core machine (no audits: they
                                                       # need a third node)
+    python benchmarks/overhead.py --variants checks,weights10,det_audit100 \
+        --rounds 6 --against /path/to/old/agent/src   # before/after: one-round runs of this
+                                                      # agent and another, alternated A B B A
     python benchmarks/overhead.py --nodes 3 --ranks-per-node 2 --variants fsdp,hsdp
                                                       # FSDP2 and HSDP (3 replicas x 2 shards)
                                                       # over their unguarded sharded loops, in
@@ -59,7 +62,9 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -391,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another agent's source directory (holding sdc_agent/): run one-round runs of "
+        "this agent and that one alternately (A B B A ...; --rounds of each), so that both "
+        "see the same drift in the machine's load, and compare them",
+    )
     args = parser.parse_args(argv)
     if args.steps <= 0 or args.steps % 100:
         parser.error("--steps must be a positive multiple of 100 (whole audit periods)")
@@ -412,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({', '.join(auditing) or 'none selected'}): an audit needs the replayer and a "
             "third GPU on other nodes"
         )
+    if args.against is not None:
+        return compare_agents(args, argv if argv is not None else sys.argv[1:])
     kwargs = {
         "rounds": args.rounds,
         "steps": args.steps,
@@ -480,6 +494,102 @@ def main(argv: list[str] | None = None) -> int:
             "config": {**kwargs, "nodes": args.nodes},
             "params": rank0["params"],
             "variants": summary,
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"summary written to {args.json}")
+    return 0
+
+
+def _without(argv: list[str], *options: str) -> list[str]:
+    """``argv`` without ``options`` (each with its value, as ``--x v`` or ``--x=v``)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in options)):
+            kept.append(arg)
+    return kept
+
+
+def compare_agents(args: argparse.Namespace, argv: list[str]) -> int:
+    """Before/after: ``args.rounds`` one-round runs of this benchmark with each agent, in the
+    order A B B A A B ..., so that a drift in the machine's load falls on both alike; prints
+    per agent and variant the median over runs of the overhead, wall and CPU, and each run's."""
+    current = Path(sdc.__file__).resolve().parent.parent
+    agents = {"before": args.against.resolve(), "after": current}
+    forwarded = _without(argv, "--against", "--rounds", "--json")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in agents}
+    order = ["before", "after"]
+    with tempfile.TemporaryDirectory(prefix="sdc-overhead-") as tmp:
+        for r in range(args.rounds):
+            for name in order if r % 2 == 0 else order[::-1]:
+                out = Path(tmp, f"{name}-{r}.json")
+                env = {**os.environ, "PYTHONPATH": str(agents[name])}
+                command = [
+                    sys.executable,
+                    __file__,
+                    *forwarded,
+                    "--rounds",
+                    "1",
+                    "--json",
+                    str(out),
+                ]
+                done = subprocess.run(command, env=env, capture_output=True, text=True)
+                if done.returncode != 0:
+                    print(done.stdout, done.stderr, file=sys.stderr)
+                    return done.returncode
+                runs[name].append(json.loads(out.read_text()))
+                load = runs[name][-1]["machine"]["loadavg_sampled"]
+                print(f"run {r + 1}/{args.rounds} {name}: load average mean {load['mean']:.1f}")
+    variants = [v for v in runs["after"][0]["variants"] if VARIANTS.get(v) is not None]
+    print(
+        f"\nbefore = {agents['before']}\nafter  = {agents['after']}\n"
+        f"{args.rounds} one-round runs of {args.steps} steps per agent, alternated; overhead "
+        "over the same run's unguarded loop, median over runs (min..max), then each run"
+    )
+    print(f"{'variant':14} {'agent':7} {'wall':>8} {'min..max':>14} {'CPU':>8} {'min..max':>14}")
+    summary: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        for name in agents:
+            wall = [run["variants"][variant]["overhead_pct"] for run in runs[name]]
+            cpu = [run["variants"][variant]["cpu_overhead_pct"] for run in runs[name]]
+            row = {
+                "overhead_pct": round(statistics.median(wall), 2),
+                "overhead_pct_per_run": wall,
+                "cpu_overhead_pct": round(statistics.median(cpu), 2),
+                "cpu_overhead_pct_per_run": cpu,
+                "cpu_step_ms_per_run": [
+                    run["variants"][variant]["cpu_step_ms"] for run in runs[name]
+                ],
+            }
+            summary.setdefault(variant, {})[name] = row
+            print(
+                f"{variant:14} {name:7} {row['overhead_pct']:>+7.2f}% "
+                f"{f'{min(wall):+.1f}..{max(wall):+.1f}':>14} {row['cpu_overhead_pct']:>+7.2f}% "
+                f"{f'{min(cpu):+.1f}..{max(cpu):+.1f}':>14}   wall "
+                + " ".join(f"{w:+.1f}" for w in wall)
+                + "   CPU "
+                + " ".join(f"{c:+.1f}" for c in cpu)
+            )
+    for name in agents:
+        lines = target_lines({v: rows[name] for v, rows in summary.items()})
+        for line in lines:
+            print(f"{name}: {line}")
+    loads = {
+        name: [run["machine"]["loadavg_sampled"]["mean"] for run in runs[name]] for name in agents
+    }
+    print("load average mean per run: " + "; ".join(f"{n} {loads[n]}" for n in agents))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        document = {
+            "agents": {name: str(path) for name, path in agents.items()},
+            "order": "A B B A ... (before first in odd runs)",
+            "load_mean_per_run": loads,
+            "variants": summary,
+            "runs": runs,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
         print(f"summary written to {args.json}")

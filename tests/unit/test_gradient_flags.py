@@ -68,3 +68,16 @@ def test_a_sensor_flag_travels_in_the_same_reduction_and_names_its_rank(calls):
     assert calls == [("all_reduce", 4), ("all_gather", 3)]
     assert summary.any_sensor and not summary.clean and not summary.any_local
     assert table.sensor_flagged == [0] and table.nonfinite == [] and not table.clean
+
+
+def test_flags_read_to_the_host_launch_the_same_reduction_and_gather(calls):
+    # Given the guard's per-step path: a rank's flags already read to the host (one read)
+    clean = FlagExchange(8, (False, False, False), None, 1, device=torch.device("cpu"))
+    # When a clean step's summary is read, then one reduction of 4 int64 ran and no gather
+    assert clean.summary().clean and calls == [("all_reduce", 4)]
+    # Given a rank whose reduced gradient was non-finite (its local one was finite)
+    flagged = FlagExchange(9, (False, True, False), None, 1, device=torch.device("cpu"))
+    # When its table is read, then the gather of this rank's three flags names it
+    table = flagged.table()
+    assert calls == [("all_reduce", 4), ("all_reduce", 4), ("all_gather", 3)]
+    assert table.reduced == (True,) and table.nonfinite == [] and table.unanimous

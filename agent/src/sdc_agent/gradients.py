@@ -46,6 +46,7 @@ the same alarm, naming the step at which it happened. No rank ever applies a non
 # No `from __future__ import annotations` here: DDP inspects the hook's annotations at runtime
 # and requires real dist.GradBucket / torch.futures.Future[torch.Tensor] objects.
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -237,18 +238,38 @@ class FlagExchange:
     """
 
     def __init__(
-        self, step: int, flags: torch.Tensor, group: dist.ProcessGroup | None, world: int
+        self,
+        step: int,
+        flags: torch.Tensor | Sequence[int],
+        group: dist.ProcessGroup | None,
+        world: int,
+        *,
+        device: torch.device | None = None,
     ) -> None:
-        """Launch the reduction of this rank's int64 flags ``[local_bad, reduced_bad]`` (and
-        ``sensor_flag``, 0 when left out)."""
+        """Launch the reduction of this rank's flags ``[local_bad, reduced_bad]`` (and
+        ``sensor_flag``, 0 when left out): an int64 tensor (judged on its device), or the same
+        values already read to the host (the guard's per-step path: the reduction's four
+        integers are then made in one allocation on ``device``, the collective's device, and
+        this rank's flags as a tensor only if the per-rank table is gathered)."""
         self.step = step
-        if flags.numel() == 2:  # SENSORS: the third flag is the online sensors' (0: none)
-            flags = torch.cat([flags.reshape(2), flags.new_zeros(1)])
-        self._flags = flags
         self._group = group
         self._world = world
-        clean = (flags.sum() == 0).to(flags.dtype).reshape(1)
-        self._reduced = torch.cat([flags.reshape(3), clean])
+        self._device = device
+        self._own: tuple[int, int, int] | None = None
+        self._flags: torch.Tensor | None = None
+        if isinstance(flags, torch.Tensor):
+            if flags.numel() == 2:  # SENSORS: the third flag is the online sensors' (0: none)
+                flags = torch.cat([flags.reshape(2), flags.new_zeros(1)])
+            self._flags = flags
+            clean = (flags.sum() == 0).to(flags.dtype).reshape(1)
+            self._reduced = torch.cat([flags.reshape(3), clean])
+        else:
+            local, reduced, sensor = (*map(int, map(bool, flags)), 0)[:3]
+            self._own = (local, reduced, sensor)
+            clean = int(not (local or reduced or sensor))
+            self._reduced = torch.tensor(
+                [local, reduced, sensor, clean], dtype=torch.int64, device=device
+            )
         self._work = dist.all_reduce(
             self._reduced, op=dist.ReduceOp.MAX, group=group, async_op=True
         )
@@ -259,14 +280,13 @@ class FlagExchange:
         """Wait for the reduction (once) and say whether any rank flagged anything."""
         if self._summary is None:
             self._work.wait()
-            values = (bool(v) for v in self._reduced.cpu().tolist())
-            any_local, any_reduced, any_sensor, any_clean = values
+            any_local, any_reduced, any_sensor, any_clean = self._reduced.tolist()
             self._summary = FlagSummary(
                 step=self.step,
-                any_local=any_local,
-                any_reduced=any_reduced,
+                any_local=bool(any_local),
+                any_reduced=bool(any_reduced),
                 unanimous=not any_clean,
-                any_sensor=any_sensor,
+                any_sensor=bool(any_sensor),
             )
         return self._summary
 
@@ -279,8 +299,11 @@ class FlagExchange:
                     step=self.step, local=(False,) * self._world, reduced=(False,) * self._world
                 )
             else:
-                gathered = [torch.empty_like(self._flags) for _ in range(self._world)]
-                dist.all_gather(gathered, self._flags, group=self._group)
+                mine = self._flags
+                if mine is None:
+                    mine = torch.tensor(self._own, dtype=torch.int64, device=self._device)
+                gathered = [torch.empty_like(mine) for _ in range(self._world)]
+                dist.all_gather(gathered, mine, group=self._group)
                 rows = torch.stack(gathered).cpu().tolist()
                 self._table = FlagTable(
                     step=self.step,
@@ -358,6 +381,7 @@ class GradientCheck:
         """
         self.require_reduction()
         state = self.hook_state
+        local_flags = state.local_flags
         reduced = torch.stack(state.reduced_sums)
         if max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm).detach()
@@ -366,17 +390,18 @@ class GradientCheck:
                 # (collective; every rank reaches it at the same point).
                 norm = norm.full_tensor()
             reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
-        sensor = (  # SENSORS: one more int64 in the same per-step reduction
-            sensor_flag.reshape(()).to(device=device, dtype=torch.bool)
-            if sensor_flag is not None
-            else torch.zeros((), dtype=torch.bool, device=device)
+        parts = [*local_flags, reduced]
+        if sensor_flag is not None:  # SENSORS: one more int64 in the same per-step reduction
+            parts.append(sensor_flag.reshape(1).to(reduced))
+        # One host read of every value this rank judges (on a GPU, the sync the GradScaler
+        # makes too); the verdicts are then Python, and the reduction's integers are made once.
+        values = torch.cat(parts).tolist()
+        count = len(local_flags)
+        local_bad = any(values[:count])  # each local flag is nonzero when its bucket was bad
+        end = count + reduced.numel()
+        reduced_bad = not all(map(math.isfinite, values[count:end]))
+        sensor_bad = sensor_flag is not None and bool(values[end])
+        exchange = FlagExchange(
+            step, (local_bad, reduced_bad, sensor_bad), self.dp_group, self.world, device=device
         )
-        flags = torch.stack(
-            [
-                torch.cat(state.local_flags).any().to(device),
-                (~torch.isfinite(reduced).all()).to(device),
-                sensor,
-            ]
-        ).to(device=device, dtype=torch.int64)
-        exchange = FlagExchange(step, flags, self.dp_group, self.world)
-        return exchange, bool(flags.any())
+        return exchange, local_bad or reduced_bad or sensor_bad

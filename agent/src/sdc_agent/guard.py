@@ -200,6 +200,9 @@ class Guard:
         )
         """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
         replays. A do-nothing without protected layers."""
+        self.sensors_planned = self.sensors.plan is not None
+        """Whether online sensors check at some steps (decided once: without them, a step skips
+        every sensor call)."""
 
         self.current_step: int | None = None
         """The step being run (fault drills read it); None before the first step."""
@@ -358,18 +361,13 @@ class Guard:
                     save_checkpoint(step, guarded.checkpoint_tags())
         return self.finish()
 
-    @contextlib.contextmanager
-    def step(self, step: int) -> Iterator[GuardedStep]:
-        """The step API for loops you own. Decides before the forward pass whether ``step`` is
-        an audit step and prepares it (hook armed, RNG seeded, deterministic kernels); restores
-        RNG and kernel flags on exit. See :class:`GuardedStep` and the README for the loop.
+    def step(self, step: int) -> GuardedStep:
+        """The step API for loops you own, used as ``with guard.step(step) as guarded:``.
+        Decides before the forward pass whether ``step`` is an audit step and prepares it on
+        entry (hook armed, RNG seeded, deterministic kernels); restores RNG and kernel flags on
+        exit. See :class:`GuardedStep` and the README for the loop.
         """
-        guarded = GuardedStep(self, step)
-        guarded.begin()
-        try:
-            yield guarded
-        finally:
-            guarded.end()
+        return GuardedStep(self, step)
 
     def check_resume(self, start_step: int) -> None:
         """Refuse to resume at ``start_step`` from a checkpoint an alarm covers (collective).
@@ -424,13 +422,15 @@ class Guard:
         Returns the RNG and kernel state to restore when the step's computation is over.
         """
         self.current_step = step
-        if self.start_step is None:
-            self.start_step = step
+        passes = self.reporter.passes
+        if passes.start_step is None:
+            passes.start_step = step
         # With accumulation the comm hook sees the accumulated gradient; the audited
         # micro-batch's own is fingerprinted by the audit's isolation instead.
         capture = deterministic and self.schedule.grad_accum == 1
         self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
-        self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
+        if self.sensors_planned:
+            self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
         return self.audit.prepare_step(
             step, audit=audit, deterministic=deterministic, position=position, seeded=seeded
         )
@@ -439,7 +439,8 @@ class Guard:
         """The step's forward and backward are over: stop capturing (idempotent)."""
         self.gradients.disarm()
         self.audit.end_step()
-        self.sensors.end_step()
+        if self.sensors_planned:
+            self.sensors.end_step()
 
     def start_flag_exchange(self, step: int) -> tuple[FlagExchange, bool]:
         """Check 1's per-step collective: launch the flag reduction (after settling the previous
@@ -449,14 +450,14 @@ class Guard:
         With a scaler and ``max_grad_norm`` the gradients are unscaled first
         (``scaler.unscale_``), so the clipping sees true values; ``scaler.step`` then does not
         unscale them again."""
-        self.gradients.require_reduction()
         if self.scaler is not None and self.schedule.max_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
         return self.gradients.exchange(
             step,
             max_grad_norm=self.schedule.max_grad_norm,
             device=self.parallel.collective_device,
-            sensor_flag=self.sensors.take_flag(),  # SENSORS: travels in the same reduction
+            # SENSORS: travels in the same reduction
+            sensor_flag=self.sensors.take_flag() if self.sensors_planned else None,
         )
 
     def defer(self, exchange: FlagExchange) -> None:
@@ -517,10 +518,10 @@ class Guard:
         weights = self.weights.take_in_flight()
         alarm = None
         if exchange is not None:
-            table = exchange.table()  # collective when some rank flagged something
-            if table.clean:
-                self.last_gradient_check_pass = table.step
+            if exchange.summary().clean:  # the usual step: no per-rank table is built
+                self.reporter.passes.last_gradient_check_pass = exchange.step
             else:
+                table = exchange.table()  # collective: some rank flagged something
                 # Settled a step late: some ranks applied that step, so replays cannot see it.
                 alarm = self.reporter.log_and_publish(
                     self.audit.flags_alarm(
@@ -616,16 +617,31 @@ class GuardedStep:
         # With a scaler every step is seeded, so that confirming an overflow replays the
         # micro-batches exactly as they trained (dropout included).
         # SENSORS: with online sensors too, so that a candidate's confirmation replays it exactly.
-        self._seeded = self.audit or guard.scaler is not None or guard.sensors.checks_at(step)
+        self._seeded = (
+            self.audit
+            or guard.scaler is not None
+            or (guard.sensors_planned and guard.sensors.checks_at(step))
+        )
         self._environment: StepEnvironment | None = None
+        self._ended = False  # end() ran since begin(): a second end() has nothing to undo
         self._weights_checked = False
         self._entered = 0  # micro-batches entered so far
         self._current: int | None = None  # the micro-batch being run
         self._backwards = 0
         self._recorded_loss: torch.Tensor | None = None
 
+    def __enter__(self) -> GuardedStep:
+        """Enter the step: :meth:`begin` (``with guard.step(step) as guarded``)."""
+        self.begin()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Leave the step: :meth:`end` (also on an exception)."""
+        self.end()
+
     def begin(self) -> None:
         """Arm the comm hook; on audit steps seed the RNG and select deterministic kernels."""
+        self._ended = False
         self._environment = self.guard.begin_step(
             self.step,
             audit=self.audit,
@@ -696,6 +712,9 @@ class GuardedStep:
 
     def end(self) -> None:
         """Restore RNG and kernel flags (idempotent) and disarm the hook."""
+        if self._ended:
+            return
+        self._ended = True
         if self._environment is not None:
             self._environment.restore()
             self._environment = None
