@@ -201,3 +201,24 @@ def test_a_suspect_cannot_be_a_canary_on_a_real_node(cloud):
             job=contract.CANARY_JOB, ranks={}, check="compute", verdict="culprit", step=0,
             suspect_window=[0, 0], canary_run="c-1",
         )  # fmt: skip
+
+
+def test_the_cli_shows_the_newest_run_and_where_it_stopped(cloud, invoke):
+    # Given a canary run the canary alarm found stopped before its alarm fired
+    from click.testing import CliRunner
+
+    from sdc_remediation.cli import main
+
+    started = invoke("canary", {"action": "start"})
+    invoke("canary", {"alarmData": {}})
+
+    # When the on-call asks the CLI
+    result = CliRunner().invoke(
+        main, ["--ledger-table", Settings().ledger_table, "canary", "--cluster", CLUSTER]
+    )
+
+    # Then it names the run, where it stopped and the steps it reached
+    assert result.exit_code == 0, result.output
+    assert f"canary run {started['run']}" in result.output
+    assert "stopped at alarm" in result.output
+    assert "published" in result.output and "closed" in result.output
