@@ -42,8 +42,8 @@ from .observability import logger
 STEPS: tuple[tuple[str, str], ...] = (
     ("scheduled", "the schedule started a canary run (the canary function recorded it)"),
     ("published", "the canary report and metric datum were written"),
-    ("alarm", "the canary's SDC alarm went to ALARM"),
-    ("workflow", "the EventBridge rule started a workflow execution"),
+    ("alarm", "the canary's SDC alarm went to ALARM (written by localize)"),
+    ("workflow", "the EventBridge rule started a workflow execution (written by localize)"),
     ("localized", "localize accepted the canary report"),
     ("admitted", "admit read the blast-radius guard (nothing claimed)"),
     ("cordoned", "cordon ran (dry run)"),

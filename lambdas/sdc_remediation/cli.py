@@ -353,6 +353,8 @@ def canary(ctx: click.Context, cluster: str, as_json: bool) -> None:
     """The newest canary run: every step it reached, and where it stopped."""
     run = canary_mod.RunStore(_ledger(ctx).table, cluster).latest()  # the ledger holds runs
     if as_json:
-        click.echo(json.dumps(None if run is None else dataclasses.asdict(run), indent=2, default=str))
+        click.echo(
+            json.dumps(None if run is None else dataclasses.asdict(run), indent=2, default=str)
+        )
         return
     click.echo(canary_table(run))

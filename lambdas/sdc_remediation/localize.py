@@ -506,7 +506,10 @@ def localize(
         )
     for suspect in suspects:
         if suspect.canary_run is not None:
-            canary.reach(settings, suspect, "localized")
+            # The alarm fired and the rule started this execution: localize is the first of
+            # ours to see either, so it writes them on the run with its own step.
+            for step in ("alarm", "workflow", "localized"):
+                canary.reach(settings, suspect, step)
     logger.info(
         "localized",
         extra={

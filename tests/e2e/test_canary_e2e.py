@@ -46,7 +46,7 @@ def test_a_canary_run_walks_the_chain_and_closes_itself():
         record = _run_record(p, run.run_id)
         assert record["completed"] is True
         assert [s["step"] for s in record["steps"]] == [
-            "scheduled", "published", "localized", "admitted", "cordoned", "health_checked",
+            "scheduled", "published", "alarm", "workflow", "localized", "admitted", "cordoned", "health_checked",
             "approval_requested", "approved", "replaced", "closed",
         ]  # fmt: skip
         assert p.transitions(contract.CANARY_INSTANCE_ID) == [
