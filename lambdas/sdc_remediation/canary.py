@@ -324,7 +324,8 @@ def verify_report(report: Report, settings: Settings) -> str:
             f"{where}: only job {contract.CANARY_JOB} reports with a canary_run are canaries",
             field="canary_run",
         )
-    for rank in report.suspects or []:
+    # Every rank it names, blamed or not: a canary report names the reserved node alone.
+    for rank in sorted({*(report.suspects or []), *map(int, report.ranks)}):
         info = report.ranks.get(str(rank))
         if (
             info is None
@@ -350,7 +351,10 @@ def verify_report(report: Report, settings: Settings) -> str:
 def refuse_reserved_node(report: Report) -> None:
     """A training report that names the canary's node is ``UntrustedReport``."""
     for rank, info in report.ranks.items():
-        if contract.CANARY_INSTANCE_ID in (info.instance_id, (info.node_name or "")[9:]):
+        if (
+            info.instance_id == contract.CANARY_INSTANCE_ID
+            or info.node_name == contract.CANARY_NODE_NAME
+        ):
             raise UntrustedReport(
                 f"job {report.job} rank {rank} names the reserved canary node "
                 f"{contract.CANARY_NODE_NAME}, which only canary runs may name",
