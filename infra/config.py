@@ -114,6 +114,15 @@ class SdcConfig:
     check_modes: Mapping[str, str] = field(default_factory=dict)
     """Per check x verdict `enforce` or `shadow`: keys `<check>/<verdict>`, `<check>/*` or
     `*`, the most specific wins; unlisted ones are enforced (`checkModes`)."""
+    shadow_health_check: bool = False
+    """Shadowed alarms also run the deep health check on the (not cordoned) node before they
+    are recorded; off by default: the check disrupts what runs on the node (`shadowHealthCheck`)."""
+    canary_schedule_seconds: int = 86400
+    """How often the live canary runs (an EventBridge Scheduler rate); `off` (0) disables it
+    and its alarm (`canarySchedule`)."""
+    canary_timeout_seconds: int = 3600
+    """How long a canary run may take; the canary alarm fires when none completed within the
+    schedule's period plus this (`canaryTimeout`)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -218,6 +227,31 @@ class SdcConfig:
             "logRetentionDays",
             f"{self.log_retention_days}: CloudWatch Logs accepts {list(LOG_RETENTION_DAYS)}",
         )
+
+        if self.canary_schedule_seconds != 0:
+            _check(
+                3600 <= self.canary_schedule_seconds <= 6 * 86400
+                and self.canary_schedule_seconds % 60 == 0,
+                "canarySchedule",
+                f"{self.canary_schedule_seconds} s: whole minutes between 1 hour and 6 days, or "
+                "'off'",
+            )
+        _check(
+            300 <= self.canary_timeout_seconds <= 86400 and self.canary_timeout_seconds % 60 == 0,
+            "canaryTimeout",
+            f"{self.canary_timeout_seconds} s: whole minutes between 5 minutes and 1 day",
+        )
+
+    @property
+    def canary_enabled(self) -> bool:
+        """Whether the live canary (schedule, function, alarms) is deployed."""
+        return self.canary_schedule_seconds != 0
+
+    @property
+    def canary_window_seconds(self) -> int:
+        """The canary alarm's period: one schedule period plus the time a run may take (at most
+        7 days, CloudWatch's limit for an alarm's evaluation range)."""
+        return self.canary_schedule_seconds + self.canary_timeout_seconds
 
     @property
     def resource_prefix(self) -> str:
@@ -375,6 +409,13 @@ def _as_policy(key: str, value: Any) -> autoapprove.AutoApprovePolicy:
         raise ConfigError(f"context key {key!r} ({env_name(key)}): {exc}") from None
 
 
+def _as_schedule(key: str, value: Any) -> int:
+    """A duration, or `off` (also false/none/disabled: 0) for no schedule."""
+    if value is False or str(value).strip().lower() in ("off", "false", "none", "disabled"):
+        return 0
+    return _as_duration(key, value)
+
+
 def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
     def parse_optional(key: str, value: Any) -> Any:
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -409,6 +450,9 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "logRetentionDays": ("log_retention_days", _as_int),
     "checkModes": ("check_modes", _as_modes),
     "autoApprove": ("auto_approve", _as_policy),
+    "shadowHealthCheck": ("shadow_health_check", _as_bool),
+    "canarySchedule": ("canary_schedule_seconds", _as_schedule),
+    "canaryTimeout": ("canary_timeout_seconds", _as_duration),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
 

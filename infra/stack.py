@@ -14,6 +14,7 @@ from infra.config import SdcConfig
 from infra.constructs.agent_access import AgentPolicy
 from infra.constructs.alarms import LivenessAlarm, PipelineAlarms, SdcAlarms
 from infra.constructs.approval import Approvals, OperatorPolicy
+from infra.constructs.canary import Canary
 from infra.constructs.dashboard import Dashboard
 from infra.constructs.eks_access import EksAccess
 from infra.constructs.functions import SWEEP_RATE, Functions, log_retention
@@ -80,6 +81,7 @@ class SdcGuardStack(cdk.Stack):
                 config.health_check_timeout_seconds + config.approval_timeout_seconds
             ).plus(EXECUTION_TIMEOUT_MARGIN),
             log_retention=log_retention(config.log_retention_days),
+            shadow_health_check=config.shadow_health_check,
         )
         state_machine = self.workflow.state_machine
         self.sweeper = SweeperSchedule(
@@ -90,10 +92,25 @@ class SdcGuardStack(cdk.Stack):
         )
 
         self.sdc_alarms = SdcAlarms(self, "SdcAlarms", config=config)
+        self.canary = (
+            Canary(
+                self,
+                "Canary",
+                config=config,
+                function=self.functions.services["canary"].function,
+                topic=self.notifications.topic,
+            )
+            if config.canary_enabled
+            else None
+        )
         self.rule = AlarmRule(
             self,
             "AlarmRule",
-            alarms=list(self.sdc_alarms.alarms.values()),
+            # The canary's alarm takes the same rule: the canary proves this route too.
+            alarms=[
+                *self.sdc_alarms.alarms.values(),
+                *([self.canary.sdc_alarm] if self.canary else []),
+            ],
             state_machine=state_machine,
         )
         self.pipeline_alarms = PipelineAlarms(
@@ -192,5 +209,18 @@ class SdcGuardStack(cdk.Stack):
                 "and the admission policy limiting what they may change on a node",
             ),
         }
+        if self.canary is not None:
+            outputs["CanaryCommand"] = (
+                cdk.Fn.join(
+                    "",
+                    [
+                        "aws lambda invoke --function-name ",
+                        self.functions.services["canary"].function.function_name,
+                        """ --cli-binary-format raw-in-base64-out --payload '{"action": "start"}' """,
+                        "/dev/stdout",
+                    ],
+                ),
+                "Start a canary run now (the schedule starts one every canarySchedule)",
+            )
         for name, (value, description) in outputs.items():
             cdk.CfnOutput(self, name, value=value, description=description)

@@ -83,6 +83,12 @@ SERVICES: dict[str, StepSpec] = {
     ),
 }
 
+CANARY = StepSpec(
+    "Start a canary run on the schedule; say where it stopped when the canary alarm fires",
+    timeout_seconds=60,
+)
+"""The canary function (only when the canary is on: `canarySchedule`)."""
+
 SWEEP_RATE = cdk.Duration.minutes(15)
 """How often the sweeper looks for remediations whose execution ended without closing them."""
 
@@ -208,7 +214,8 @@ class Functions(Construct):
         """The workflow's step functions, by contract folder."""
         self.services: dict[str, StepFunction] = {}
         """The functions outside the workflow (SERVICES), by folder."""
-        for folder, spec in {**STEPS, **SERVICES}.items():
+        services = {**SERVICES, **({"canary": CANARY} if config.canary_enabled else {})}
+        for folder, spec in {**STEPS, **services}.items():
             in_vpc = folder in self.kubernetes_steps and vpc is not None
             into = self.steps if folder in STEPS else self.services
             into[folder] = StepFunction(
@@ -362,6 +369,9 @@ class Functions(Construct):
 
         allow("record", "Ledger", ledger_rw, ledger_arns)
         allow_notify("record")
+        if config.canary_enabled:
+            self._grant_canary(config, ledger=ledger, state_machine_arn=state_machine_arn)
+            allow_notify("canary")
 
         # The approve function is the only principal that reads task tokens and sends task
         # results (operators reach it through its AWS_IAM function URL).
@@ -403,11 +413,126 @@ class Functions(Construct):
                 reasons.append(
                     "CloudWatch ListMetrics/GetMetricData have no resource-level permissions (read only)"
                 )
+            if folder in ("canary", "record") and config.canary_enabled:
+                reasons.append(
+                    "cloudwatch:PutMetricData has no resource-level permissions; the "
+                    "cloudwatch:namespace condition limits it to one namespace"
+                )
             if step.in_vpc:
                 reasons.append(
                     "the Lambda VPC network-interface calls have no resource-level permissions for Describe*"
                 )
             nag.acknowledge(step.role, nag.ANY_RESOURCE, "; ".join(reasons))
+
+    def _grant_canary(
+        self, config: SdcConfig, *, ledger: dynamodb.ITable, state_machine_arn: str
+    ) -> None:
+        """The canary's statements: its function writes runs, its report and its datum; the
+        steps it passes write its progress; nothing of it reaches a node."""
+        stack = cdk.Stack.of(self)
+        cluster = config.hyperpod_cluster_name
+        # The canary's items only (pk CANARY#<cluster>), never a node's STATE or the guard.
+        canary_items = {
+            "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [f"CANARY#{cluster}"]}
+        }
+        report_group = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=config.report_log_group,
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+        canary_alarm = stack.format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=f"{config.resource_prefix}-{contract.CANARY_ALARM_SUFFIX}",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+
+        def allow(folder: str, statement: iam.PolicyStatement) -> None:
+            self._function(folder).role.add_to_policy(statement)
+
+        allow(
+            "canary",
+            iam.PolicyStatement(
+                sid="CanaryRuns",
+                actions=[
+                    "dynamodb:PutItem",
+                    "dynamodb:GetItem",
+                    "dynamodb:UpdateItem",
+                    "dynamodb:Query",
+                ],
+                resources=[ledger.table_arn],
+                conditions=canary_items,
+            ),
+        )
+        allow(
+            "canary",
+            iam.PolicyStatement(
+                sid="CanaryReport",
+                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[
+                    report_group,
+                    f"{report_group}:log-stream:{contract.CANARY_JOB}",
+                ],
+            ),
+        )
+        allow(
+            "canary",
+            iam.PolicyStatement(
+                sid="CanaryDatum",
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringEquals": {"cloudwatch:namespace": config.namespace}},
+            ),
+        )
+        allow(
+            "canary",
+            iam.PolicyStatement(
+                sid="WhereTheCanaryStopped",
+                actions=["cloudwatch:DescribeAlarms"],
+                resources=[canary_alarm],
+            ),
+        )
+        allow(
+            "canary",
+            iam.PolicyStatement(
+                sid="CanaryExecutions",
+                actions=["states:ListExecutions"],
+                resources=[state_machine_arn],
+            ),
+        )
+        # The steps a canary passes write its progress on its run.
+        for folder in ("localize", "admit", "record"):
+            allow(
+                folder,
+                iam.PolicyStatement(
+                    sid="CanaryProgress",
+                    actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+                    resources=[ledger.table_arn],
+                    conditions=canary_items,
+                ),
+            )
+        allow(
+            "record",
+            iam.PolicyStatement(
+                sid="CanaryCompleted",
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={
+                    "StringEquals": {"cloudwatch:namespace": contract.POWERTOOLS_METRICS_NAMESPACE}
+                },
+            ),
+        )
+        # The canary approves itself: the same SendTaskSuccess a decision takes (an autoApprove
+        # policy grants the same), on this state machine only.
+        allow(
+            "request_approval",
+            iam.PolicyStatement(
+                sid="CanaryApproval",
+                actions=["states:SendTaskSuccess"],
+                resources=[state_machine_arn],
+            ),
+        )
 
     def _function(self, folder: str) -> StepFunction:
         """A step's or a service's function."""

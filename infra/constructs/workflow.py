@@ -4,6 +4,7 @@
         Admit -> Cordon -> StartHealthCheck -> (Wait -> PollHealthCheck)* -> RequestApproval
               -> Replace | Uncordon (rejected with release) | stay cordoned
         Admit (shadow: the check x verdict is not enforced) -> RecordShadow, nothing touched
+              (with `shadowHealthCheck`: the deep health check first, on the uncordoned node)
 
 Contracts this file keeps (docs/CONTRACT.md):
 - Each Map item's state starts as {alarm, suspect, execution}; each step's result is added under
@@ -21,7 +22,7 @@ a ResultPath in one state, so every step task is followed by a Pass that moves
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import aws_cdk as cdk
 from aws_cdk import aws_lambda as lambda_
@@ -99,9 +100,11 @@ class Workflow(Construct):
         health_check_poll: cdk.Duration,
         execution_timeout: cdk.Duration,
         log_retention: logs.RetentionDays,
+        shadow_health_check: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         self._functions = functions
+        self._shadow_health_check = shadow_health_check
 
         definition = self._definition(
             approval_timeout=approval_timeout, health_check_poll=health_check_poll
@@ -337,7 +340,12 @@ class Workflow(Construct):
                 .when(sfn.Condition.is_not_present("$.admission.mode"), cordon)
                 .when(
                     sfn.Condition.string_equals("$.admission.mode", "shadow"),
-                    record("RecordShadow", "shadow", notify=True),
+                    self._shadow(
+                        record("RecordShadow", "shadow", notify=True),
+                        step,
+                        record_failed,
+                        health_check_poll,
+                    ),
                 )
                 .when(sfn.Condition.string_equals("$.admission.mode", "enforce"), cordon)
                 .otherwise(
@@ -466,6 +474,48 @@ class Workflow(Construct):
         replaced.next(record("RecordReplaced", "replaced", notify=True))
         uncordoned.next(record("RecordReleased", "released", notify=True))
         return admit
+
+    def _shadow(
+        self,
+        record_shadow: sfn.IChainable,
+        step: Callable[[str, str, str], tuple[tasks.LambdaInvoke, sfn.Pass]],
+        record_failed: sfn.IChainable,
+        health_check_poll: cdk.Duration,
+    ) -> sfn.IChainable:
+        """A shadowed alarm's path: straight to RecordShadow, or (`shadowHealthCheck`) the deep
+        health check and its poll loop first, so the shadow record and message carry its
+        verdict (the "health check optional" of shadow mode). Nothing is cordoned either way."""
+        if not self._shadow_health_check:
+            return record_shadow
+        start, started = step("ShadowStartHealthCheck", "start_health_check", "health")
+        poll, polled = step("ShadowPollHealthCheck", "poll_health_check", "health")
+        wait = sfn.Wait(
+            self, "ShadowWaitForHealthCheck", time=sfn.WaitTime.duration(health_check_poll)
+        )
+        started.next(
+            sfn.Choice(self, "ShadowHealthCheckStarted")
+            .when(sfn.Condition.is_present("$.health.status"), wait)
+            .otherwise(
+                self._unexpected(
+                    "ShadowNoStartStatus", "start_health_check returned no status"
+                ).next(record_failed)
+            )
+        )
+        wait.next(poll)
+        polled.next(
+            sfn.Choice(self, "ShadowHealthCheckStatus")
+            .when(
+                sfn.Condition.is_not_present("$.health.status"),
+                self._unexpected(
+                    "ShadowNoHealthStatus", "poll_health_check returned no status"
+                ).next(record_failed),
+            )
+            .when(sfn.Condition.string_equals("$.health.status", "in_progress"), wait)
+            # Any verdict (passed, failed, timed out, replaced by HyperPod) is the shadow's
+            # evidence: recorded and notified with it, never acted on.
+            .otherwise(record_shadow)
+        )
+        return start
 
 
 def _retry_transient(task: sfn.TaskStateBase) -> None:

@@ -11,6 +11,7 @@ ledger. Every domain error ends with one line on stderr and exit status 1, never
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -20,12 +21,13 @@ import botocore.exceptions
 import click
 
 from . import aws, clock, outcomes
+from . import canary as canary_mod
 from . import stats as precision
 from .approval_client import ApprovalService
 from .approvals import Approvals, caller_arn
 from .errors import ConfigurationError, NoCredentials, RemediationError
 from .ledger import Ledger
-from .tables import remediations_table, stats_table
+from .tables import canary_table, remediations_table, stats_table
 
 
 def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -333,3 +335,24 @@ def stats(ctx: click.Context, since: Any, window: Any, as_json: bool) -> None:
         return
     scope = f"since {clock.iso(start)}" if start else "the whole ledger"
     click.echo(stats_table(rows, scope=scope))
+
+
+@main.command()
+@click.option(
+    "--cluster",
+    envvar="SDC_CLUSTER",
+    required=True,
+    help="The HyperPod cluster the stack guards (env SDC_CLUSTER).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
+@click.pass_context
+@_fail_cleanly
+def canary(ctx: click.Context, cluster: str, as_json: bool) -> None:
+    """The newest canary run: every step it reached, and where it stopped."""
+    run = canary_mod.RunStore(_ledger(ctx).table, cluster).latest()  # the ledger holds runs
+    if as_json:
+        click.echo(
+            json.dumps(None if run is None else dataclasses.asdict(run), indent=2, default=str)
+        )
+        return
+    click.echo(canary_table(run))

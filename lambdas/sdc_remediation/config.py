@@ -305,6 +305,16 @@ class Settings:
             return False
         raise ConfigurationError(f"DRY_RUN must be 'true' or 'false', got {raw!r}")
 
+    @property
+    def canary_alarm_name(self) -> str:
+        """The canary's SDC alarm (ALARM_NAME_PREFIX + the contract's canary suffix)."""
+        return self.alarm_name_prefix + contract.CANARY_ALARM_SUFFIX
+
+    def dry_run_only(self) -> Settings:
+        """These settings with DRY_RUN forced on (what every step of a canary runs under,
+        whatever the deployment's own DRY_RUN)."""
+        return Settings(ChainMap({contract.DRY_RUN: "true"}, dict(self._env)))
+
 
 def settings() -> Settings:
     """The settings of this invocation: its :func:`environment` block, else the process

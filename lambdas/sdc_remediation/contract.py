@@ -72,3 +72,19 @@ SDC_ALARM_METRICS: tuple[str, ...] = (
 """One deployed alarm each; localize reads their per-node series."""
 SDC_LIVENESS_METRICS: tuple[str, ...] = ("sdc_audit_pass", "sdc_weight_check_pass")
 """Counts the agent publishes per {ClusterName, JobName} while its checks run."""
+
+# --- The live canary (docs/deploy.md, "The canary"): a reserved job and node that no training
+# job can be. The instance id is a well-formed EC2 id of all-zero digits and "c0de", which EC2
+# does not hand out to this account's HyperPod cluster; localize refuses a canary report naming
+# any other node and a training report naming this one, so a canary can never touch a real node.
+CANARY_JOB = "sdc-canary"
+CANARY_INSTANCE_ID = "i-0000000000000c0de"
+CANARY_NODE_NAME = f"hyperpod-{CANARY_INSTANCE_ID}"
+CANARY_INSTANCE_GROUP = "sdc-canary"
+CANARY_METRIC = "sdc_replay_mismatch"
+"""The SDC metric the canary publishes (on its own {ClusterName, JobName} series)."""
+CANARY_ALARM_SUFFIX = f"canary-{CANARY_METRIC}"
+"""The canary's SDC alarm is named ALARM_NAME_PREFIX + this (infra/constructs/canary.py)."""
+CANARY_COMPLETED_METRIC = "canary_completed"
+"""Put (namespace POWERTOOLS_METRICS_NAMESPACE, dimension ClusterName) when a canary closes;
+the canary alarm fires when none arrived in its window."""

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import aws, clock, hyperpod
+from . import aws, canary, clock, contract, hyperpod
 from .config import Settings
 from .errors import (
     InstanceNotInCluster,
@@ -126,6 +126,7 @@ def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
             f"this workflow guards {expected!r}"
         )
     names = {m.name for m in ours}
+    jobs = {m.dimensions.get("JobName") for m in ours}
     end = detail.state.timestamp
     start = end - timedelta(seconds=settings.lookback_seconds)
     return Alarm(
@@ -139,7 +140,14 @@ def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
         cluster_name=expected,
         window_start=clock.iso(start),
         window_end=clock.iso(end + timedelta(seconds=GRACE_SECONDS)),
+        canary=jobs == {contract.CANARY_JOB},
     )
+
+
+def belongs_to(alarm: Alarm, job: str) -> bool:
+    """The canary's alarm reads only the canary job; every other alarm only training jobs, so
+    a canary never joins a real remediation (nor counts against its blast radius)."""
+    return (job == contract.CANARY_JOB) == alarm.canary
 
 
 def nonzero_node_series(alarm: Alarm) -> dict[tuple[str, str], float]:
@@ -185,6 +193,8 @@ def nonzero_node_series(alarm: Alarm) -> dict[tuple[str, str], float]:
                     metric = batch[int(result["Id"][1:])]
                     dims = {d["Name"]: d["Value"] for d in metric["Dimensions"]}
                     key = (dims["JobName"], dims["NodeName"])
+                    if not belongs_to(alarm, key[0]):
+                        continue
                     found[key] = max(found.get(key, 0.0), *values)
     return found
 
@@ -227,7 +237,11 @@ def read_reports(alarm: Alarm, group: str, jobs: Iterable[str] | None = None) ->
     reports = []
     for event in _filter_events(group, f'"{ALARM_SCHEMA}"', jobs, start, end):
         report = _parse_event(event, Report, ALARM_SCHEMA)
-        if report is not None and report.cluster == alarm.cluster_name:
+        if (
+            report is not None
+            and report.cluster == alarm.cluster_name
+            and belongs_to(alarm, report.job)
+        ):
             reports.append(report.model_copy(update={"log_stream": event.get("logStreamName")}))
     return sorted(reports, key=lambda r: r.time)
 
@@ -407,6 +421,11 @@ def suspects_from_reports(
     resolver = _Resolver(settings, kube)
     by_instance: dict[str, Suspect] = {}
     for report in reports:  # oldest first, so later reports overwrite the evidence
+        if report.job == contract.CANARY_JOB or report.canary_run is not None:
+            suspect = _canary_suspect(report, settings)
+            by_instance[suspect.instance_id] = suspect
+            continue
+        canary.refuse_reserved_node(report)
         for rank in sorted(set(report.suspects or [])):
             info = resolver.rank_info(report, rank)
             node, instance_id = resolver.verified_node(info, rank, report.job)
@@ -439,6 +458,28 @@ def suspects_from_reports(
     return sorted(by_instance.values(), key=lambda s: s.node_name)
 
 
+def _canary_suspect(report: Report, settings: Settings) -> Suspect:
+    """The reserved canary node as a suspect, for a report ``canary.verify_report`` accepts
+    (it is no HyperPod instance: nothing asks HyperPod or Kubernetes about it)."""
+    run_id = canary.verify_report(report, settings)
+    ranks = sorted(set(report.suspects or []))
+    return Suspect(
+        node_name=contract.CANARY_NODE_NAME,
+        instance_id=contract.CANARY_INSTANCE_ID,
+        instance_group=contract.CANARY_INSTANCE_GROUP,
+        job=report.job,
+        ranks={str(rank): RankInfo() for rank in ranks[:MAX_RANKS_PER_SUSPECT]},
+        rank_count=len(ranks),
+        check=report.check,
+        verdict=verdict_for(report, ranks[0]) if ranks else "named",
+        step=report.step,
+        suspect_window=list(report.suspect_window),
+        report_log_group=settings.report_log_group,
+        report_log_stream=report.log_stream,
+        canary_run=run_id,
+    )
+
+
 def localize(
     event: AlarmStateChangeEvent, settings: Settings, kube: Callable[[], KubeApi]
 ) -> LocalizeResult:
@@ -463,6 +504,12 @@ def localize(
         raise ReportNotYetVisible(
             f"node(s) {unexplained} have non-zero SDC series but no visible report names them yet"
         )
+    for suspect in suspects:
+        if suspect.canary_run is not None:
+            # The alarm fired and the rule started this execution: localize is the first of
+            # ours to see either, so it writes them on the run with its own step.
+            for step in ("alarm", "workflow", "localized"):
+                canary.reach(settings, suspect, step)
     logger.info(
         "localized",
         extra={

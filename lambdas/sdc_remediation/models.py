@@ -168,6 +168,9 @@ class Report(_Model):
     metric: ReportMetric | None = None
     log_stream: str | None = Field(default=None, exclude=True)
     """Where localize read the report (not part of the agent's schema)."""
+    canary_run: str | None = None
+    """Set only by the canary function (``canary.py``): the run this synthetic report belongs
+    to, which localize checks against the run the canary recorded in the ledger."""
 
     @field_validator("ranks")
     @classmethod
@@ -211,6 +214,9 @@ class Alarm(_Model):
     cluster_name: str
     window_start: str
     window_end: str
+    canary: bool = False
+    """The canary's own alarm (its metric's JobName is the reserved canary job): localize reads
+    only canary reports for it, and only training reports for every other alarm."""
 
 
 class Suspect(_Model):
@@ -238,6 +244,20 @@ class Suspect(_Model):
     report_log_group: str | None = None
     report_log_stream: str | None = None
     """The report's place in CloudWatch Logs: the full evidence (every tensor, every rank)."""
+    canary_run: str | None = None
+    """The canary run this suspect is (None: a real suspect). Only the reserved canary job and
+    node may carry one, so a damaged or forged state cannot turn a real node into a canary."""
+
+    @model_validator(mode="after")
+    def _canary_is_the_reserved_node(self) -> Suspect:
+        if self.canary_run is not None and (
+            self.instance_id != contract.CANARY_INSTANCE_ID or self.job != contract.CANARY_JOB
+        ):
+            raise ValueError(
+                f"canary_run is reserved for job {contract.CANARY_JOB} on instance "
+                f"{contract.CANARY_INSTANCE_ID}, not {self.job} on {self.instance_id}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _node_is_the_instances(self) -> Suspect:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from . import contract
 from .clock import parse_iso
 
 DEFAULT_RECURRENCE_WINDOW = timedelta(days=7)
@@ -109,15 +110,16 @@ def summarise(events: Iterable[Mapping[str, Any]]) -> list[Remediation]:
     """Fold ledger events into one :class:`Remediation` per remediation id, oldest first.
 
     Only node events count (``pk`` an instance id); cluster-level ones (ambiguous, no suspects)
-    name no node. Check, verdict and job come from whichever event carries them (the sweeper's
+    name no node, and the canary's reserved node is no real alarm (``contract.CANARY_*``).
+    Check, verdict and job come from whichever event carries them (the sweeper's
     ``abandoned`` and an operator's ``release`` do not).
     """
     # Keyed by node and id: alarms the guard refused carry an execution-wide `x-<execution>` id.
     by_id: dict[tuple[str, str], Remediation] = {}
     for event in sorted(events, key=lambda e: (str(e.get("at", "")), str(e.get("sk", "")))):
         pk = str(event.get("pk", ""))
-        if not pk.startswith("i-"):
-            continue
+        if not pk.startswith("i-") or pk == contract.CANARY_INSTANCE_ID:
+            continue  # cluster-level events name no node; the canary's are no real alarm
         rid = str(event.get("remediation_id") or f"x-{pk}")
         entry = by_id.get((pk, rid))
         if entry is None:

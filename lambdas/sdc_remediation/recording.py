@@ -15,7 +15,7 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from pydantic import ValidationError
 
-from . import notify, shadow
+from . import canary, notify, shadow
 from .config import Settings
 from .contract import POWERTOOLS_METRICS_NAMESPACE
 from .errors import InvalidStepInput
@@ -139,6 +139,9 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     frees the node for a new admission and its place in flight.
     """
     st = inp.state
+    is_canary = canary.is_canary(st.suspect)
+    if is_canary:
+        settings = settings.dry_run_only()
     cluster = st.alarm.cluster_name if st.alarm else settings.hyperpod_cluster_name
     execution = st.execution or inp.execution
     instance_id = st.suspect.instance_id if st.suspect else (node.instance_id if node else None)
@@ -204,13 +207,23 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         attrs,
         update_status=own and inp.transition not in NOT_ADMITTED and closed is None,
     )
-    metrics.add_dimension(name="ClusterName", value=cluster)
-    metrics.add_metric(name=inp.transition, unit="Count", value=1)
-    if st.suspect is not None and inp.transition in OUTCOME_METRICS:
+    if not is_canary:  # the dashboard's counts and outcome table are real remediations only
+        metrics.add_dimension(name="ClusterName", value=cluster)
+        metrics.add_metric(name=inp.transition, unit="Count", value=1)
+    if not is_canary and st.suspect is not None and inp.transition in OUTCOME_METRICS:
         outcome_metric(cluster, st.suspect.check, st.suspect.verdict, inp.transition)
-    notify_now = inp.notify and (
-        inp.transition not in ONCE_PER_EXECUTION
-        or ledger.first_notice(cluster, execution, inp.transition)
+    if is_canary and st.suspect is not None:
+        # The run's progress (and, on its close, canary_completed); nobody is paged for a
+        # canary that works: only the canary alarm speaks, when one does not.
+        error = f"{inp.error.error}: {inp.error.cause[:500]}" if inp.error else None
+        canary.progress(settings, st.suspect, inp.transition, error)
+    notify_now = (
+        not is_canary
+        and inp.notify
+        and (
+            inp.transition not in ONCE_PER_EXECUTION
+            or ledger.first_notice(cluster, execution, inp.transition)
+        )
     )
     if notify_now:
         if inp.transition == "shadow":

@@ -70,7 +70,13 @@ def message(inp: RecordInput, cluster: str, *, dry_run: bool = False) -> tuple[s
     if st.alarm is not None and suspect is not None:
         # The same evidence an approver would have seen (request_approval's), minus history.
         item = ItemState(alarm=st.alarm, suspect=suspect, execution=st.execution)
-        body["evidence"] = notify.evidence(item.model_copy(update={"admission": st.admission}), [])
+        item = item.model_copy(update={"admission": st.admission, "health": st.health})
+        body["evidence"] = notify.evidence(item, [])
+    if st.health is not None:
+        # `shadowHealthCheck`: the deep health check ran on the uncordoned node.
+        body["health_check"] = (
+            f"the deep health check ran in shadow: {st.health.status} ({st.health.detail})"
+        )
     return subject[:100], json.dumps(body, indent=2, default=str)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import approvals as approvals_mod
-from . import autoapprove, aws, health, notify, outcomes, recording, shadow
+from . import autoapprove, aws, canary, health, notify, outcomes, recording, shadow
 from . import cordon as cordon_mod
 from . import localize as localize_mod
 from . import replace as replace_mod
@@ -73,6 +73,9 @@ def admit(state: ItemState, settings: Settings) -> Admission:
         suspects_in_alarm=state.suspects_in_alarm,
         item=state.item,
     )
+    if canary.is_canary(state.suspect):
+        # Before the modes: a canary walks the enforce path (in dry run) whatever they say.
+        return canary.admit(Ledger(settings.ledger_table), request, state.suspect, settings)
     if settings.mode_for(state.suspect.check, state.suspect.verdict) == "shadow":
         return shadow.admit(Ledger(settings.ledger_table), request)
     decision = Ledger(settings.ledger_table).admit(request)
@@ -82,8 +85,15 @@ def admit(state: ItemState, settings: Settings) -> Admission:
     )  # type: ignore[arg-type]
 
 
+def for_suspect(settings: Settings, state: ItemState) -> Settings:
+    """The settings a step runs under for this suspect: a canary's are always dry run."""
+    return settings.dry_run_only() if canary.is_canary(state.suspect) else settings
+
+
 def cordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonResult:
-    """Cordon step."""
+    """Cordon step (a canary's reserved node is no Kubernetes node: nothing is read or sent)."""
+    if canary.is_canary(state.suspect):
+        return canary.cordon_result(state.suspect)
     return cordon_mod.cordon(kube(), state.alarm, state.suspect, settings.dry_run)
 
 
@@ -91,17 +101,19 @@ def uncordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonR
     """Uncordon step (only after a rejection that asked for release)."""
     if state.approval is None or state.approval.decision != "reject" or not state.approval.release:
         raise InvalidStepInput("uncordon needs $.approval with decision 'reject' and release true")
+    if canary.is_canary(state.suspect):
+        return canary.cordon_result(state.suspect)
     return cordon_mod.uncordon(kube(), state.suspect, state.approval.approver, settings.dry_run)
 
 
 def start_health_check(state: ItemState, settings: Settings) -> HealthResult:
     """StartHealthCheck step."""
-    return health.start(settings, state.suspect, state.cordon)
+    return health.start(for_suspect(settings, state), state.suspect, state.cordon)
 
 
 def poll_health_check(state: PollInput, settings: Settings, kube: KubeFactory) -> HealthResult:
     """PollHealthCheck step."""
-    return health.poll(settings, state, kube)
+    return health.poll(for_suspect(settings, state), state, kube)
 
 
 def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
@@ -113,7 +125,14 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         if not state.admission or h["remediation_id"] != state.admission.remediation_id
     ]
     ev = notify.evidence(state, history)
-    auto = auto_decision(state, settings, ledger)
+    if canary.is_canary(state.suspect):
+        # No person is asked: the canary approves itself through the same record and
+        # SendTaskSuccess a person's decision takes, and nobody is paged.
+        auto: autoapprove.AutoDecision | None = autoapprove.AutoDecision(
+            approve=True, reason=f"canary run {state.suspect.canary_run}", approver=canary.APPROVER
+        )
+    else:
+        auto = auto_decision(state, settings, ledger)
     if auto is not None:
         ev["auto_approval"] = {"approve": auto.approve, "reason": auto.reason}
     approvals = approvals_mod.Approvals(settings.approvals_table)
@@ -128,7 +147,14 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         timeout_seconds=settings.approval_timeout_seconds,
     )
     if auto is not None and auto.approve:
-        _auto_approve(approvals, approval_id, auto, ev, settings, announce=announce)
+        _auto_approve(
+            approvals,
+            approval_id,
+            auto,
+            ev,
+            settings,
+            announce=announce and not canary.is_canary(state.suspect),
+        )
         return approval_id
     if announce:
         prefix = (
@@ -214,6 +240,7 @@ def _auto_approve(
 
 def replace(state: ItemState, settings: Settings, kube: KubeFactory) -> ReplaceResult:
     """Replace step (api mode never connects to Kubernetes)."""
+    settings = for_suspect(settings, state)
     needs_kube = settings.replace_mode == "label" and not settings.dry_run
     return replace_mod.replace(settings, state, kube() if needs_kube else None)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from tabulate import tabulate
 
+from .canary import STEPS, Run
 from .outcomes import Remediation, classify
 from .stats import FEW_EVENTS, PRECISION_DEFINITION, CheckStats
 
@@ -113,4 +114,22 @@ def remediations_table(remediations: Iterable[Remediation]) -> str:
     )
 
 
-__all__ = ["remediations_table", "stats_table"]
+def canary_table(run: Run | None) -> str:
+    """``canary``: the newest canary run's steps in order, and where it stands."""
+    if run is None:
+        return "No canary run recorded for this cluster (is canarySchedule off?)."
+    reached = {s["step"]: s["at"] for s in run.steps}
+    rows = [(name, reached.get(name, "-"), what) for name, what in STEPS]
+    if "failed" in reached:
+        rows.append(("failed", reached["failed"], run.error or "-"))
+    if run.completed:
+        status = "completed"
+    elif run.stopped_at:
+        status = f"stopped at {run.stopped_at} (the canary alarm fired)"
+    else:
+        status = "in progress (or stopped: the canary alarm names the step once its window ends)"
+    table = tabulate(rows, headers=("step", "reached at", "what it proves"), tablefmt="simple_grid")
+    return f"canary run {run.run_id}, started {run.started_at}: {status}\n{table}"
+
+
+__all__ = ["canary_table", "remediations_table", "stats_table"]

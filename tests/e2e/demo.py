@@ -14,7 +14,7 @@ suspect window is refused), the guard verifies the loaded weights and training g
 Every stand-in is described in tests/e2e/harness.
 No AWS account, no Kubernetes, no GPU needed.
 
-    python -m tests.e2e.demo [--reject] [--no-fault] [--dry-run] [--deployed]
+    python -m tests.e2e.demo [--reject] [--no-fault] [--dry-run] [--deployed] [--canary]
 """
 
 from __future__ import annotations
@@ -185,6 +185,12 @@ def run(argv: list[str] | None = None) -> int:
         help="first `cdk deploy` the stack (pinned CDK CLI, embedded AWS), then run the chain "
         "on what CloudFormation created instead of the synthesized template",
     )
+    parser.add_argument(
+        "--canary",
+        action="store_true",
+        help="one live canary instead of a training job: schedule -> alarm -> rule -> "
+        "workflow in dry run on the reserved canary node, closing itself",
+    )
     args = parser.parse_args(argv)
     # Imported here, not at the top: under `make demo` this module is the program's __main__,
     # which every training process imports again, and the harness brings aws_cdk and its
@@ -194,6 +200,12 @@ def run(argv: list[str] | None = None) -> int:
     from tests.e2e.scenario import local_cluster, pending_for
 
     tl = Timeline()
+    if args.canary:
+        from tests.e2e.demo_canary import run_canary
+
+        print("sdc-guard demo: one live canary through the stand-ins\n", flush=True)
+        run_canary(tl)
+        return _verdict(tl)
     cluster = local_cluster(3)
     print(
         "sdc-guard demo: a silent-data-corruption drill, end to end, on embedded stand-ins\n",

@@ -92,7 +92,8 @@ def assert_key_properties(
             ]
         )["MetricAlarms"]
     }
-    assert set(pattern["resources"]) == alarm_arns and len(alarm_arns) == 3
+    # the three SDC alarms and the canary's
+    assert set(pattern["resources"]) == alarm_arns and len(alarm_arns) == 4
     (target,) = events.list_targets_by_rule(Rule=physical[rule_id])["Targets"]
     assert target["Arn"] == outputs["StateMachineArn"]
     # Functions: environment, handler, runtime, architecture, layer, tracing as synthesized.

@@ -65,17 +65,19 @@ def test_cfn_lint_is_clean(which: str, request: pytest.FixtureRequest) -> None:
 def test_resource_counts(default_synth: Any) -> None:
     # Given the default stack / Then it holds exactly the pipeline's resources
     template = Template.from_json(default_synth.template)
-    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES))  # steps + services
+    # steps + services + the canary (on by default)
+    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES) + 1)
     template.resource_count_is("AWS::Lambda::LayerVersion", 1)
     template.resource_count_is("AWS::StepFunctions::StateMachine", 1)
     template.resource_count_is("AWS::Events::Rule", 1)
-    template.resource_count_is("AWS::Scheduler::Schedule", 1)  # the sweeper's
+    template.resource_count_is("AWS::Scheduler::Schedule", 2)  # the sweeper's, the canary's
     template.resource_count_is("AWS::DynamoDB::Table", 2)
     template.resource_count_is("AWS::SNS::Topic", 1)
     template.resource_count_is("AWS::SQS::Queue", 1)
     template.resource_count_is("AWS::CloudWatch::Dashboard", 1)
     # 3 SDC alarms + workflow failures + undelivered events (no liveness job configured)
-    template.resource_count_is("AWS::CloudWatch::Alarm", 5)
+    # + the canary's SDC alarm and its not-completed alarm
+    template.resource_count_is("AWS::CloudWatch::Alarm", 7)
     template.resource_count_is("AWS::IAM::ManagedPolicy", 2)  # operators, agent
 
 
@@ -84,6 +86,7 @@ def sdc_alarms(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
         alarm["Properties"]["MetricName"]: alarm["Properties"]
         for alarm in resources(template, "AWS::CloudWatch::Alarm").values()
         if alarm["Properties"].get("MetricName") in METRIC_NAMES
+        and "canary" not in alarm["Properties"]["AlarmName"]  # the canary's: test_infra_canary
     }
 
 
@@ -125,7 +128,8 @@ def test_rule_matches_exactly_our_alarms_entering_alarm_and_starts_the_workflow(
         for logical_id, alarm in resources(template, "AWS::CloudWatch::Alarm").items()
         if alarm["Properties"].get("MetricName") in METRIC_NAMES
     }
-    # Then it matches the CloudWatch state change of these three alarms to ALARM only
+    # Then it matches the CloudWatch state change of these alarms (the three SDC alarms and
+    # the canary's, which watches one of their metrics) to ALARM only
     assert pattern["source"] == ["aws.cloudwatch"]
     assert pattern["detail-type"] == ["CloudWatch Alarm State Change"]
     assert pattern["detail"] == {"state": {"value": ["ALARM"]}}
@@ -355,7 +359,8 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
     functions = resources(default_synth.template, "AWS::Lambda::Function")
     handlers = sorted(fn["Properties"]["Handler"] for fn in functions.values())
     # Then one per contract folder, handler <folder>.handler.handler
-    assert handlers == sorted(f"{folder}.handler.handler" for folder in {**STEPS, **SERVICES})
+    folders = {**STEPS, **SERVICES, "canary": None}  # the canary is on by default
+    assert handlers == sorted(f"{folder}.handler.handler" for folder in folders)
     for fn in functions.values():
         props = fn["Properties"]
         assert props["Runtime"] == "python3.14"
@@ -484,7 +489,11 @@ def test_star_resources_only_for_actions_without_resource_permissions(
             actions = set(as_list(statement["Action"]))
             # Then "*" appears only with those actions, or PutMetricData fenced by namespace
             if actions == {"cloudwatch:PutMetricData"}:
-                assert statement["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SDC"}}
+                # the agent's and the canary's datum (SDC); the record step's canary_completed
+                # (the functions' own namespace)
+                namespace = statement["Condition"]["StringEquals"]["cloudwatch:namespace"]
+                assert namespace in ("SDC", "SDCRemediation")
+                assert list(statement["Condition"]) == ["StringEquals"]
             else:
                 assert actions <= STAR_ALLOWED, statement
 
@@ -536,13 +545,15 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         for f, acts in by_step.items()
         if "dynamodb:PutItem" in acts and any(ledger_id in r for r in acts["dynamodb:PutItem"])
     }
-    assert writers == {"admit", "record", "sweeper", "approve"}  # approve: releases
+    # approve: releases; canary: its runs' items only (test_infra_canary)
+    assert writers == {"admit", "record", "sweeper", "approve", "canary"}
     assert by_step["admit"]["dynamodb:Query"] == [f"<{ledger_id}.Arn>"]
     # And notifications are published only by record, request_approval and the sweeper
     assert {f for f, acts in by_step.items() if "sns:Publish" in acts} == {
         "record",
         "request_approval",
         "sweeper",
+        "canary",  # where a canary stopped
     }
     assert by_step["record"]["sns:Publish"] == [f"<{topic_id}>"]
     # And eks:DescribeCluster is on the named cluster, for the Kubernetes-facing steps only
@@ -556,6 +567,7 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         "request_approval",
         "sweeper",
         "approve",
+        "canary",
     }
 
 
@@ -643,7 +655,9 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
     assert not [a for a in allowed if a.startswith("states:")]
     assert not any(approvals_id in r for rs in allowed.values() for r in rs)
     assert not any(r == "*" for rs in allowed.values() for r in rs)
-    # And of all the stack's roles, only the approve function's may send task results
+    # And of all the stack's roles, only the approve function's may send task results, and
+    # RequestApproval's for the canary's own approval (it stores every token anyway; the canary
+    # is on by default, `canarySchedule: off` removes it: test_infra_canary)
     senders = set()
     for policy in resources(template, "AWS::IAM::Policy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
@@ -655,7 +669,9 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
                     ":stateMachine:sdc-guard-example-hyperpod-cluster"
                 )
     approve_role = template["Resources"][approve_id]["Properties"]["Role"]["Fn::GetAtt"][0]
-    assert senders == {approve_role}
+    request_id = function_ids(template)["request_approval"]
+    request_role = template["Resources"][request_id]["Properties"]["Role"]["Fn::GetAtt"][0]
+    assert senders == {approve_role, request_role}
 
 
 def test_the_approve_function_has_an_aws_iam_url(default_synth: Any) -> None:
@@ -732,7 +748,9 @@ def test_the_sweeper_runs_on_a_schedule_and_may_only_read_executions(default_syn
     template = default_synth.template
     sweeper = function_ids(template)["sweeper"]
     (schedule,) = [
-        r["Properties"] for r in resources(template, "AWS::Scheduler::Schedule").values()
+        r["Properties"]
+        for r in resources(template, "AWS::Scheduler::Schedule").values()
+        if "canary" not in r["Properties"]["Description"]  # the canary's: test_infra_canary
     ]
     # Then it runs every 15 minutes
     assert schedule["ScheduleExpression"] == "rate(15 minutes)"

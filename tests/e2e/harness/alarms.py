@@ -96,6 +96,9 @@ class LocalAlarmEvaluator:
         default_factory=lambda: datetime.datetime.now(datetime.UTC)
     )
     """The end of the last evaluation round (at first, when the evaluator was made)."""
+    rule_enabled: bool = True
+    """False stands for `aws events disable-rule`: alarms still change state, nothing is
+    delivered (what a broken route into the workflow looks like)."""
 
     def create_in_cloudwatch(self) -> None:
         """Create the alarms in (moto's) CloudWatch so their state can be recorded there."""
@@ -136,7 +139,7 @@ class LocalAlarmEvaluator:
                 continue
             # Stamped with the round that would have fired, as CloudWatch's would have been.
             event = self._event(alarm, previous, reason, breaching, round_end)
-            if matches_pattern(event, self.rule_pattern):
+            if self.rule_enabled and matches_pattern(event, self.rule_pattern):
                 self.delivered.append(event)
                 self.deliver(event)
                 fired.append(event)

@@ -384,6 +384,43 @@ def _resource_models() -> list[type]:
                 self.group, self.physical_id
             )
 
+    class LambdaPermission(_Recorded, CloudFormationModel):
+        """AWS::Lambda::Permission (the canary alarm's Lambda action) -> the function's resource
+        policy, as moto's own model does, but with a physical id: moto's has none, and
+        DescribeStackResources then lists the resource without one."""
+
+        def __init__(self, name: str, function: str, sid: str) -> None:
+            self.physical_id, self.function, self.sid = name, function, sid
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::Lambda::Permission"
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return ""
+
+        @classmethod
+        def create_from_cloudformation_json(  # type: ignore[override]
+            cls,
+            resource_name: str,
+            cloudformation_json: dict[str, Any],
+            account_id: str,
+            region_name: str,
+            **kwargs: Any,
+        ) -> LambdaPermission:
+            p = dict(cloudformation_json["Properties"])
+            p.setdefault("StatementId", resource_name)
+            lambda_backend(account_id, region_name).add_permission(
+                p["FunctionName"], None, json.dumps(p)
+            )
+            return cls(resource_name, p["FunctionName"], p["StatementId"])
+
+        def delete(self, account_id: str, region_name: str) -> None:
+            # The function may have gone first; its policy went with it.
+            with contextlib.suppress(UnknownFunctionException):
+                lambda_backend(account_id, region_name).remove_permission(self.function, self.sid)
+
     return [
         CloudWatchAlarm,
         SnsSubscription,
@@ -392,6 +429,7 @@ def _resource_models() -> list[type]:
         EksAccessEntry,
         LambdaUrl,
         SchedulerSchedule,
+        LambdaPermission,
     ]
 
 
@@ -399,7 +437,8 @@ def register_missing_resource_models() -> list[str]:
     """Gap: moto 5.2.5 skips (with a warning) AWS::CloudWatch::Alarm, AWS::EKS::AccessEntry,
     AWS::SNS::Subscription, AWS::SNS::TopicPolicy, AWS::SQS::QueuePolicy, AWS::Lambda::Url and
     AWS::Scheduler::Schedule, so every ``Fn::GetAtt`` on them (the rule's alarm ARNs, the
-    dashboard, the ApprovalUrl output) fails the stack. Registers a model for each."""
+    dashboard, the ApprovalUrl output) fails the stack; its AWS::Lambda::Permission has no
+    physical id. Registers a model for each."""
     from moto.cloudformation import parsing
 
     models = _resource_models()

@@ -654,6 +654,16 @@ class LocalPipeline:
         return out
 
     # ------------------------------------------------------------------ driving and reading
+    def invoke(self, folder: str, payload: Any) -> Any:
+        """Invoke a function of the template as its trigger would (a schedule, an alarm
+        action), through the same adapter the workflow's invokes take; returns its result, and
+        raises RuntimeError with the function's error."""
+        headers: dict[str, str] = {}
+        out = json.loads(self._invoke(folder, json.dumps(payload), headers))
+        if "x-amz-function-error" in headers:
+            raise RuntimeError(f"{folder} failed: {out['errorType']}: {out['errorMessage']}")
+        return out
+
     def start_execution(self, event: dict[str, Any]) -> str:
         """Start the workflow with ``event`` (what the rule's target does); returns its ARN."""
         arn = self.client("stepfunctions").start_execution(

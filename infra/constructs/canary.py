@@ -1,0 +1,123 @@
+"""The live canary (lambdas/sdc_remediation/canary.py): its schedule, the SDC alarm its datum
+fires, and the alarm that says when a canary did not complete, and where it stopped."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_scheduler_targets as targets
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from infra import nag
+from infra.config import SdcConfig
+from sdc_remediation import contract
+
+START = {"action": "start"}
+"""What the schedule sends the canary function (an alarm action's event carries `alarmData`)."""
+
+
+def canary_alarm_name(config: SdcConfig) -> str:
+    """The canary's SDC alarm: this stack's alarm prefix, so localize accepts its events."""
+    return f"{config.resource_prefix}-{contract.CANARY_ALARM_SUFFIX}"
+
+
+class Canary(Construct):
+    """The schedule that starts a canary run, the canary's SDC alarm (routed by the stack's one
+    EventBridge rule like every SDC alarm), and the not-completed alarm.
+
+    The not-completed alarm watches `canary_completed` (put by the record step when a canary
+    closes) over one schedule period plus `canaryTimeout`; no datum is the failure it exists
+    for (missing data breaches). It notifies the topic and invokes the canary function, which
+    publishes the step where the newest run stopped.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: SdcConfig,
+        function: lambda_.IFunction,
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        cluster = config.hyperpod_cluster_name
+        self.sdc_alarm = cloudwatch.Alarm(
+            self,
+            "SdcAlarm",
+            alarm_name=canary_alarm_name(config),
+            alarm_description=(
+                f"sdc-guard canary: the synthetic SDC finding of job {contract.CANARY_JOB} on "
+                f"{cluster}; ALARM starts the remediation workflow in dry run for the reserved "
+                "canary node"
+            ),
+            metric=cloudwatch.Metric(
+                namespace=config.namespace,
+                metric_name=contract.CANARY_METRIC,
+                dimensions_map={"ClusterName": cluster, "JobName": contract.CANARY_JOB},
+                statistic=cloudwatch.Stats.SUM,
+                period=cdk.Duration.seconds(config.alarm_period_seconds),
+            ),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
+        self.role = iam.Role(
+            self,
+            "ScheduleRole",
+            assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
+            description="sdc-guard: the canary's schedule invokes the canary function",
+        )
+        nag.acknowledge(
+            self.role,
+            nag.wildcard_resource_finding(self, f"{function.function_arn}:*"),
+            "lambda:InvokeFunction on the canary function and its versions/aliases (`:*`), as "
+            "the Scheduler target grants; no other function",
+        )
+        self.schedule = scheduler.Schedule(
+            self,
+            "Schedule",
+            description="sdc-guard: start a canary run (a synthetic SDC event on the reserved node)",
+            schedule=scheduler.ScheduleExpression.rate(
+                cdk.Duration.seconds(config.canary_schedule_seconds)
+            ),
+            target=targets.LambdaInvoke(
+                function,
+                input=scheduler.ScheduleTargetInput.from_object(START),
+                retry_attempts=2,
+                role=self.role,
+            ),
+        )
+
+        window = cdk.Duration.seconds(config.canary_window_seconds)
+        self.not_completed = cloudwatch.Alarm(
+            self,
+            "NotCompleted",
+            alarm_name=f"{config.resource_prefix}-canary-not-completed",
+            alarm_description=(
+                f"sdc-guard canary: no canary completed on {cluster} within "
+                f"{window.to_human_string()} (schedule + canaryTimeout). A second message names "
+                "the step where it stopped; `sdc-remediation canary` shows the newest run's steps"
+            ),
+            metric=cloudwatch.Metric(
+                namespace=contract.POWERTOOLS_METRICS_NAMESPACE,
+                metric_name=contract.CANARY_COMPLETED_METRIC,
+                dimensions_map={"ClusterName": cluster},
+                statistic=cloudwatch.Stats.SUM,
+                period=window,
+            ),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+        self.not_completed.add_alarm_action(actions.SnsAction(topic))
+        self.not_completed.add_alarm_action(actions.LambdaAction(function))
