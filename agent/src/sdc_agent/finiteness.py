@@ -1,4 +1,4 @@
-"""Check 1's "does this gradient hold a NaN/Inf?", in one read pass, on the device.
+"""Check 1's "does this gradient hold a NaN/Inf?", in one pass, on the device.
 
 :func:`mark_non_finite` tests every element of some tensors and raises a one-element flag on
 their device when any is NaN, +Inf or -Inf; it never reads anything back to the host, so a
@@ -9,17 +9,19 @@ scale 1.0: one pass that tests each element with ``isfinite`` in its own dtype's
 (bf16/fp16 widened to float32, exactly) and writes each value back unchanged (the kernel skips
 the multiplication when the scale is 1: finite values, signed zeros and subnormals keep their
 bits, which the unit tests check; a bf16/fp16 NaN may come back as the canonical NaN, still a
-NaN, which is why the taps fingerprint a gradient before checking it). It is element by element, as DDP's comm
-hook tests a bucket (:mod:`sdc_agent.gradients`), so the largest finite value of the dtype is
-finite here, where a squared norm would overflow and a float32 sum of two such values would too.
+NaN, which is why the taps fingerprint a gradient before checking it). It is element by
+element, as DDP's comm hook tests a bucket (:mod:`sdc_agent.gradients`), so the largest finite
+value of the dtype is finite here, where a squared norm would overflow and a float32 sum of two
+such values would too.
 
 Why this kernel rather than ``(~torch.isfinite(g).all())``: in torch ``isfinite`` of a floating
-tensor is a composite, ``(g == g) * (g.abs() != inf)``, so it allocates a full-size ``abs``
-temporary and three boolean tensors and makes four passes; on the CPU, allocating and faulting in
-those temporaries dominates. ``benchmarks/finite_check.py`` times the candidates (the composite,
-this kernel per tensor and batched, ``aminmax``, ``_foreach_norm(inf)``, a float64 sum):
-docs/performance.md has the numbers. Where the kernel does not exist for a device or dtype
-(complex gradients; any backend without it), the composite is the fallback: slower, same answer.
+tensor is a composite, ``(g == g) * (g.abs() != inf)`` (``TensorCompare.cpp`` in ATen), so it
+allocates a full-size ``abs`` temporary and three boolean tensors and makes four passes; on the
+CPU, allocating and faulting in those temporaries dominates. ``benchmarks/finite_check.py``
+times the candidates (the composite, this kernel per tensor and batched, ``aminmax``,
+``_foreach_norm(inf)``, a float64 sum): docs/performance.md has the numbers. Where the kernel
+does not exist for a device or dtype (complex gradients; any backend without it), the composite
+is the fallback: slower, same answer.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def _one(device: torch.device) -> torch.Tensor:
 def mark_non_finite(tensors: Sequence[torch.Tensor], flag: torch.Tensor) -> None:
     """Raise ``flag`` (from :func:`new_flag`, on the tensors' device) when any element of
     ``tensors`` is NaN or +-Inf; leave it as it was otherwise. Finite values keep their
-    bits (a bf16/fp16 NaN may become the canonical NaN). Issues device work only: nothing is read back to the host.
+    bits (a bf16/fp16 NaN may become the canonical NaN). Issues device work only: nothing is
+    read back to the host.
 
     A raised flag is nonzero (1.0 from the fused kernel, a positive count from the fallback).
     Raises ``ValueError`` when ``flag`` is not a one-element float32 tensor on the tensors'

@@ -8,11 +8,12 @@ parameter of a group in chunk order. The taps are post-accumulate-grad hooks ins
   right after accumulating this rank's own gradient into ``unsharded_param.grad`` and before
   FSDP2's post-backward copies that gradient into the reduce-scatter buffer and frees it. So it
   sees exactly this rank's contribution, per parameter, in the parameter's own layout: the
-  non-finite flag (element by element, as DDP's hook does, in one fused read pass per parameter
+  non-finite flag (element by element, as DDP's hook does, in one fused pass per parameter
   into one flag per step: :mod:`sdc_agent.finiteness`) every step, and on audit steps the
-  gradient's fingerprint (taken first, from the gradient as autograd left it). Those fingerprints are in the same terms whether the backward
-  synchronises or not, which is what lets a replay with gradient sync off be compared bit for
-  bit with the audited training step (:mod:`sdc_agent.replay_fsdp`).
+  gradient's fingerprint (taken first, from the gradient as autograd left it). Those
+  fingerprints are in the same terms whether the backward synchronises or not, which is what
+  lets a replay with gradient sync off be compared bit for bit with the audited training step
+  (:mod:`sdc_agent.replay_fsdp`).
   Why not FSDP2's ``set_custom_reduce_scatter``: its input is the padded, chunk-interleaved flat
   buffer of a whole parameter group, which a replay with sync off never builds; and it is not
   called at all when the shard dimension has one rank.
@@ -110,7 +111,7 @@ class ShardedGradientTaps:
                 # A micro-batch without sync. Under a MixedPrecisionPolicy whose reduce dtype
                 # is not the parameters', FSDP2 moves this gradient into a private buffer after
                 # this hook, and the synchronising micro-batch's tap would see its own gradient
-                # alone; so each micro-batch's is checked here, into a flag the step's carries
+                # alone; so each micro-batch's is checked here, into a flag the step carries
                 # (one fused pass each: cheap enough to do whatever the policy).
                 mark_non_finite([grad], self._carried_flag(state.local_flags, grad.device))
                 return
@@ -119,7 +120,7 @@ class ShardedGradientTaps:
                     state.local_fingerprints.device
                 )
             flags = state.local_flags
-            # One flag per step, raised in place by every tap (one fused read pass per
+            # One flag per step, raised in place by every tap (one fused pass per
             # parameter, no temporaries, nothing read back: see sdc_agent.finiteness). It is
             # appended once per tapped parameter, as many times as the reduced taps append
             # sums, because GradientCheck pairs the two lists to tell that the reduction ran.
@@ -128,9 +129,8 @@ class ShardedGradientTaps:
             if flags and flags[-1].device == grad.device:
                 flag = flags[-1]
             elif self._carried is not None and self._carried[0] is flags:
-                flag = self._carried[1].to(
-                    grad.device
-                )  # raised by this step's micro-batches without sync
+                # raised by this step's micro-batches without sync: the step's flag from now on
+                flag = self._carried[1].to(grad.device)
                 self._carried = None
             else:
                 flag = new_flag(grad.device)
