@@ -8,10 +8,12 @@ parameter of a group in chunk order. The taps are post-accumulate-grad hooks ins
   right after accumulating this rank's own gradient into ``unsharded_param.grad`` and before
   FSDP2's post-backward copies that gradient into the reduce-scatter buffer and frees it. So it
   sees exactly this rank's contribution, per parameter, in the parameter's own layout: the
-  non-finite flag (element by element, as DDP's hook does) every step, and on audit steps the
-  gradient's fingerprint. Those fingerprints are in the same terms whether the backward
-  synchronises or not, which is what lets a replay with gradient sync off be compared bit for
-  bit with the audited training step (:mod:`sdc_agent.replay_fsdp`).
+  non-finite flag (element by element, as DDP's hook does, in one fused pass per parameter
+  into one flag per step: :mod:`sdc_agent.finiteness`) every step, and on audit steps the
+  gradient's fingerprint (taken first, from the gradient as autograd left it). Those
+  fingerprints are in the same terms whether the backward synchronises or not, which is what
+  lets a replay with gradient sync off be compared bit for bit with the audited training step
+  (:mod:`sdc_agent.replay_fsdp`).
   Why not FSDP2's ``set_custom_reduce_scatter``: its input is the padded, chunk-interleaved flat
   buffer of a whole parameter group, which a replay with sync off never builds; and it is not
   called at all when the shard dimension has one rank.
@@ -40,6 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from .accumulation import MicroBatchIsolation
 from .fingerprint import fingerprints
+from .finiteness import mark_non_finite, new_flag
 from .gradients import GradStatsState
 
 
@@ -69,12 +72,17 @@ class ShardedGradientTaps:
         unsharded ones at their first forward."""
         self.state = state
         self.recording = True
-        """False while gradients accumulate without sync: the local taps wait for the
-        synchronising backward, as DDP's comm hook does."""
+        """False while gradients accumulate without sync: the local taps add no entry to the
+        step's flags (the synchronising backward does, as DDP's comm hook does) but check each
+        micro-batch's gradient into a flag that backward carries on."""
         self._row_by_name = {name: row for row, name in enumerate(names)}
         self._unsharded: dict[int, nn.Parameter] = {}
         self._unsharded_by_name: dict[str, nn.Parameter] = {}
         self._waiting: dict[str, list[Callable[[nn.Parameter], None]]] = {}
+        self._carried: tuple[list[torch.Tensor], torch.Tensor] | None = None
+        """(the step's ``local_flags`` list, the flag its micro-batches without sync raise):
+        keyed by the list, which ``GradStatsState.arm`` makes anew each step, so a flag left by
+        a step that never synchronised is never carried into the next one."""
         self.isolation: MicroBatchIsolation | None = None
         """Gradient accumulation: isolates the audited micro-batch's local gradient, run from
         the local taps (:meth:`isolate_with`)."""
@@ -97,13 +105,37 @@ class ShardedGradientTaps:
                 # accumulated one added back, so the flags below see the sum, as DDP's hook does.
                 self.isolation.gradient_accumulated(row, param)  # type: ignore[arg-type]
             state, grad = self.state, param.grad
-            if not self.recording or grad is None:
+            if grad is None:
                 return
-            state.local_flags.append((~torch.isfinite(grad).all()).to(torch.float32).reshape(1))
+            if not self.recording:
+                # A micro-batch without sync. Under a MixedPrecisionPolicy whose reduce dtype
+                # is not the parameters', FSDP2 moves this gradient into a private buffer after
+                # this hook, and the synchronising micro-batch's tap would see its own gradient
+                # alone; so each micro-batch's is checked here, into a flag the step carries
+                # (one fused pass each: cheap enough to do whatever the policy).
+                mark_non_finite([grad], self._carried_flag(state.local_flags, grad.device))
+                return
             if state.capture_fingerprints and state.local_fingerprints is not None:
                 state.local_fingerprints[row] = fingerprints([grad])[0].to(
                     state.local_fingerprints.device
                 )
+            flags = state.local_flags
+            # One flag per step, raised in place by every tap (one fused pass per
+            # parameter, no temporaries, nothing read back: see sdc_agent.finiteness). It is
+            # appended once per tapped parameter, as many times as the reduced taps append
+            # sums, because GradientCheck pairs the two lists to tell that the reduction ran.
+            # Only these taps append to ``local_flags`` under FSDP2, so its last entry, when
+            # there is one, is this step's flag (a replay records into a state of its own).
+            if flags and flags[-1].device == grad.device:
+                flag = flags[-1]
+            elif self._carried is not None and self._carried[0] is flags:
+                # raised by this step's micro-batches without sync: the step's flag from now on
+                flag = self._carried[1].to(grad.device)
+                self._carried = None
+            else:
+                flag = new_flag(grad.device)
+            mark_non_finite([grad], flag)
+            flags.append(flag)
 
         return tap
 
@@ -119,6 +151,13 @@ class ShardedGradientTaps:
             self.state.reduced_sums.append(shard.sum(dtype=torch.float32))
 
         return tap
+
+    def _carried_flag(self, flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """The flag of the micro-batches without sync of the step whose flags are ``flags``."""
+        carried = self._carried
+        if carried is None or carried[0] is not flags or carried[1].device != device:
+            carried = self._carried = (flags, new_flag(device))
+        return carried[1]
 
     # ------------------------------------------------------------------ the unsharded parameters
     def _discover(self, prefix: str) -> Callable[..., None]:
@@ -171,7 +210,8 @@ class ShardedGradientTaps:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Do not record local flags inside the block (backward passes without sync)."""
+        """Inside the block (backward passes without sync) record no local flag in the step's
+        list: check each local gradient into a flag the step's synchronising backward takes up."""
         was, self.recording = self.recording, False
         try:
             yield

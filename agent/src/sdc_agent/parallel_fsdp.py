@@ -287,13 +287,15 @@ class FSDP2Adapter:
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally: FSDP2's ``set_requires_gradient_sync(False)``; check 1's
-        local taps pause, as DDP's comm hook does not run inside ``no_sync`` either.
+        local taps record no entry of their own (DDP's comm hook does not run inside ``no_sync``
+        either) but check each micro-batch's local gradient into a flag the step carries.
 
-        The synchronising micro-batch's tap then sees the accumulated unsharded gradient, as DDP's
-        hook sees the accumulated bucket, except under a ``MixedPrecisionPolicy`` whose reduce
-        dtype differs from the parameters': FSDP2 then moves each earlier micro-batch's gradient
-        into a private float32 buffer, and the tap sees the last micro-batch's alone (a NaN in an
-        earlier one still reaches the reduced gradient, which check 1 flags without a name).
+        That is needed under a ``MixedPrecisionPolicy`` whose reduce dtype differs from the
+        parameters': FSDP2 then moves each earlier micro-batch's gradient into a private float32
+        buffer, and the synchronising micro-batch's tap sees its own gradient alone, not the
+        accumulated one as DDP's hook does; a NaN in an earlier micro-batch is still named as
+        this rank's local one. The check is one fused pass per parameter and micro-batch
+        (:mod:`sdc_agent.finiteness`), so it is made whatever the policy.
         """
         self.set_gradient_sync(False)
         try:
