@@ -23,7 +23,9 @@ The first identity catches a wrong element of dx and a wrong ``m1``; the second 
 (whose error ``-r δ x̂`` sums to zero and would pass the first). O(D) per row, like the
 backward itself.
 
-Bounds: each element of dx errs by about ``u r (|g_i| + |m1| + |x̂_i m2|) + u |dx_i|`` in fp32,
+Bounds: each element of dx errs by about ``u r (|g_i| + |m1| + |x̂_i m2|) + u |dx_i|`` in fp32
+(``|dx_i|`` itself bounded by the first term, so that the bound comes from the backward's
+inputs only and a corrupted dx cannot widen it),
 plus the rounding of ``x - μ`` carried through ``r m2`` (``u r |r m2| (|x_i| + |μ|)``); as a
 random walk over the row with the fp32 sums, ``u (1 + sqrt(D))`` times the row norm of those
 per-element errors (weighted by ``1 + |x̂_i|`` for the second identity), plus the rounding of dx
@@ -86,7 +88,7 @@ def layer_norm_output_ratio(
     y32 = y.float()
     observed = y32.sum(dim=1)
     bound = FP32_UNIT_ROUNDOFF * sqrt_length(features) * magnitude
-    bound = bound + output_rounding(y.dtype, torch.linalg.vector_norm(y32, dim=1))
+    bound = bound + output_rounding(y.dtype, magnitude)  # |y_r| <= magnitude, from the inputs
     return worst_row_ratio(observed, expected, bound)
 
 
@@ -113,18 +115,16 @@ def layer_norm_dgrad_ratio(
     sum_xhat2 = xhat.square().sum(dim=1, keepdim=True)
     expected1 = -r * m2 * sum_xhat
     expected2 = r * (features * m2 - m1 * sum_xhat - m2 * sum_xhat2)
-    # Per element: the kernel's rounding of dx and that of x - μ carried through r m2 (fp32),
-    # then the rounding of dx to its own dtype.
-    error = r * (g.abs() + m1.abs() + (xhat * m2).abs()) + dx32.abs()
+    # |dx_i| <= r (|g_i| + |m1| + |x̂_i m2|): every term from the backward's inputs, never from
+    # the dx it checks (a corrupted element must not widen its own bound).
+    error = 2.0 * r * (g.abs() + m1.abs() + (xhat * m2).abs())
     error = error + r * (r * m2).abs() * (x32.abs() + mean32.abs())
     growth = FP32_UNIT_ROUNDOFF * sqrt_length(features)
-    weight2 = xhat.abs() + 1.0
-    bound1 = growth * torch.linalg.vector_norm(error, dim=1) + output_rounding(
-        dx.dtype, torch.linalg.vector_norm(dx32, dim=1)
-    )
-    bound2 = growth * torch.linalg.vector_norm(error * weight2, dim=1) + output_rounding(
-        dx.dtype, torch.linalg.vector_norm(dx32 * weight2, dim=1)
-    )
+    weighted = error * (xhat.abs() + 1.0)
+    norm1 = torch.linalg.vector_norm(error, dim=1)
+    norm2 = torch.linalg.vector_norm(weighted, dim=1)
+    bound1 = growth * norm1 + output_rounding(dx.dtype, norm1)
+    bound2 = growth * norm2 + output_rounding(dx.dtype, norm2)
     first = worst_row_ratio(dx32.sum(dim=1), expected1.reshape(-1), bound1)
     second = worst_row_ratio((dx32 * xhat).sum(dim=1), expected2.reshape(-1), bound2)
     return torch.maximum(first, second)

@@ -22,7 +22,8 @@ The three fp32 sums err as random walks (``u (1 + sqrt(D))`` times the norms of 
 ``u = 2^-24``) and each ``y_i = a_i + b_i`` is rounded to y's dtype (error ``<= u_y |y_i|``,
 summed over the row about ``u_y |y_r|``), so a row may differ by about
 ``u (1 + sqrt(D)) (|a_r| + |b_r| + |y_r|) + 2 u_y |y_r|`` (the last term only when y is coarser
-than fp32; :func:`residual_ratio`). A wrong element ``y_i`` moves its row's sum by
+than fp32; :func:`residual_ratio`), with ``|y_r| <= |a_r| + |b_r|`` in place of ``|y_r|`` so
+that a corrupted y cannot widen its own bound. A wrong element ``y_i`` moves its row's sum by
 its whole error: x1.1 on an fp32 element of a row of D ~ N(0, 1) values is ~0.1/(3 u D) bounds
 (thousands for D <= 4096) unless the element is itself near zero. In bf16 the bound is bf16's
 rounding summed over the row: only larger faults stand out (``docs/performance.md``).
@@ -48,9 +49,10 @@ def residual_ratio(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.T
     y32 = y.float().reshape(-1, features)
     a32 = a.float().expand(y.shape).reshape(-1, features)
     b32 = b.float().expand(y.shape).reshape(-1, features)
-    norms = sum(torch.linalg.vector_norm(t, dim=1) for t in (a32, b32, y32))
-    bound = FP32_UNIT_ROUNDOFF * sqrt_length(features) * norms
-    bound = bound + output_rounding(y.dtype, torch.linalg.vector_norm(y32, dim=1))
+    # From the inputs only (|y| <= |a| + |b|): a corrupted y must not widen its own bound.
+    norms = torch.linalg.vector_norm(a32, dim=1) + torch.linalg.vector_norm(b32, dim=1)
+    bound = 2.0 * FP32_UNIT_ROUNDOFF * sqrt_length(features) * norms
+    bound = bound + output_rounding(y.dtype, norms)
     return worst_row_ratio(y32.sum(dim=1), a32.sum(dim=1) + b32.sum(dim=1), bound)
 
 

@@ -5,7 +5,9 @@ as reading them once (the maths of each is in its own module: :mod:`.norm`, :mod
 :mod:`.softmax`). Each check computes, per row, the identity's two sides and a bound on how far
 apart rounding alone may put them, and hands the board the largest ``|observed - expected| /
 bound`` (:func:`worst_row_ratio`); the board's thresholds, warm-up and flags are the GEMMs'
-(:mod:`.board`).
+(:mod:`.board`). A bound is built from the op's inputs only, never from the values it checks:
+a corrupted element (a flipped exponent bit makes it ~2^100) would otherwise widen its own
+bound, or overflow it to Inf, and hide.
 
 The kernels compute in fp32 (also for 16-bit inputs), so a bound is fp32's unit roundoff times
 the row's terms, grown as a random walk over the row, plus the rounding of the checked values to

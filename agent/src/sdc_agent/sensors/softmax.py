@@ -16,8 +16,11 @@ Bounds: every element's rounding error in the fp32 computation, as a random walk
 times ``u (1 + sqrt(D))`` (``u = 2^-24``), plus the rounding of the checked values to their own
 dtype when it is coarser (:func:`.rows.output_rounding`): in the forward, ``exp`` of a
 rounded argument errs by ``u |z_i|`` relative, so element i errs by about ``u y_i (2 + |z_i|)``
-(log-softmax: ``u p_i (2 + |z_i| + |y_i| + |max x|)`` with ``p = exp(y)``); in the backward by
-``u (|y_i dy_i| + |y_i s|)`` (log-softmax ``u (|dy_i| + p_i |Σdy| (1 + |y_i|))``). A fault in an element moves its row's sum by its whole error, so it
+(log-softmax: ``u p_i (2 + 2 |z_i| + log D + |max x|)`` with ``p = exp(y)``); in the backward by
+``u (|y_i dy_i| + |y_i s|)`` (log-softmax ``u (|dy_i| + p_i |Σdy| (1 + |y_i|))``), and the
+rounding of dx itself, of the same size. Every term comes from the op's inputs (the forward's
+x, the backward's dy and saved y; probabilities clamped to [0, 1]), never from the values
+checked: a corrupted element must not widen its own bound. A fault in an element moves its row's sum by its whole error, so it
 stands out when the element is not tiny against its row: a x1.1 change of a probability of
 ``1e-9`` is below any rounding bound, and matters as little to the training (measured in
 ``benchmarks/campaign.py``).
@@ -31,6 +34,7 @@ A module built with ``dim=None`` (torch's deprecated implicit dim) is not protec
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -49,21 +53,20 @@ from .rows import (
 )
 
 
-def _bound(error: torch.Tensor, rounded: torch.Tensor, rounded_rows: torch.Tensor) -> torch.Tensor:
-    """fp32 rounding grown over the row, plus the rounding of ``rounded`` (the checked values,
-    as rows ``rounded_rows`` in fp32) to its own dtype."""
-    growth = FP32_UNIT_ROUNDOFF * sqrt_length(error.shape[1])
-    return growth * torch.linalg.vector_norm(error, dim=1) + output_rounding(
-        rounded.dtype, torch.linalg.vector_norm(rounded_rows, dim=1)
-    )
+def _bound(error: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 rounding of the per-element ``error`` terms grown over the row, plus the rounding
+    of the checked values (whose size those terms bound) to their own ``dtype``."""
+    norm = torch.linalg.vector_norm(error, dim=1)
+    return FP32_UNIT_ROUNDOFF * sqrt_length(error.shape[1]) * norm + output_rounding(dtype, norm)
 
 
 def softmax_ratio(y: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
     """Softmax forward: each row's ``|Σy - 1| / bound`` (0-dim fp32; module docstring)."""
     y32, x32 = rows_of(y, dim), rows_of(x, dim)
     z = x32 - x32.amax(dim=1, keepdim=True)
-    error = y32.abs() * (2.0 + z.abs())
-    bound = _bound(error, y, y32)
+    # A healthy probability is in [0, 1]: clamped, a corrupted y cannot widen its own bound.
+    error = y32.clamp(0.0, 1.0) * (2.0 + z.abs())
+    bound = _bound(error, y.dtype)
     return worst_row_ratio(y32.sum(dim=1), torch.ones_like(bound), bound)
 
 
@@ -71,9 +74,12 @@ def log_softmax_ratio(y: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tenso
     """Log-softmax forward: each row's ``|Σexp(y) - 1| / bound`` (0-dim fp32)."""
     y32, x32 = rows_of(y, dim), rows_of(x, dim)
     top = x32.amax(dim=1, keepdim=True)
+    z = (x32 - top).abs()
     p = y32.exp()
-    error = p * (2.0 + (x32 - top).abs() + y32.abs() + top.abs())
-    bound = _bound(error, y, p * y32)  # y_i's rounding moves p_i by p_i u |y_i|
+    # From the inputs: |y_i| <= |z_i| + log D for a healthy row, p_i in [0, 1] (clamped), so a
+    # corrupted y cannot widen its own bound.
+    error = p.clamp(0.0, 1.0) * (2.0 + 2.0 * z + math.log(y32.shape[1]) + top.abs())
+    bound = _bound(error, y.dtype)
     return worst_row_ratio(p.sum(dim=1), torch.ones_like(bound), bound)
 
 
@@ -84,8 +90,9 @@ def softmax_dgrad_ratio(
     dx32, dy32, y32 = rows_of(dx, dim), rows_of(dy, dim), rows_of(y, dim)
     s = (dy32 * y32).sum(dim=1, keepdim=True)
     expected = (s * (1.0 - y32.sum(dim=1, keepdim=True))).reshape(-1)
-    error = (y32 * dy32).abs() + y32.abs() * s.abs() + dx32.abs()
-    bound = _bound(error, dx, dx32)
+    # |dx_i| <= y_i (|dy_i| + |s|): from the backward's inputs, not from the dx it checks.
+    error = 2.0 * y32.abs() * (dy32.abs() + s.abs())
+    bound = _bound(error, dx.dtype)
     return worst_row_ratio(dx32.sum(dim=1), expected, bound)
 
 
@@ -97,8 +104,9 @@ def log_softmax_dgrad_ratio(
     p = y32.exp()
     total = dy32.sum(dim=1, keepdim=True)
     expected = (total * (1.0 - p.sum(dim=1, keepdim=True))).reshape(-1)
-    error = dy32.abs() + p * total.abs() * (1.0 + y32.abs()) + dx32.abs()
-    bound = _bound(error, dx, dx32)
+    # |dx_i| <= |dy_i| + p_i |Σdy|: from the backward's inputs, not from the dx it checks.
+    error = 2.0 * dy32.abs() + p.clamp(0.0, 1.0) * total.abs() * (2.0 + y32.abs())
+    bound = _bound(error, dx.dtype)
     return worst_row_ratio(dx32.sum(dim=1), expected, bound)
 
 
