@@ -88,7 +88,10 @@ class OpSensor:
     gemm_taps: list[GemmTap]
     sensor_ops: tuple[Gemm, ...]
 
-    def _attach_sensor(self, board: SensorBoard, name: str, kind: str, costs: list) -> None:
+    def _attach_sensor(
+        self, board: SensorBoard, name: str, kind: str, costs: list[tuple[int, int]]
+    ) -> None:
+        """Register this layer's sensors (``sensor_ops``, with their per-row ``costs``)."""
         self.sensor_board = board
         self.layer_name = name
         self.sensor_base = board.register_op(name, kind, self.sensor_ops, costs)
