@@ -7,11 +7,45 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 import sdc_agent as sdc
 from sdc_agent.drill import DrillModel, make_batch, make_fault, make_loss
-from sdc_agent.sensors import SensorConfig, protect
+from sdc_agent.sensors import ResidualAdd, SensorConfig, protect
+
+
+class OpsDrillModel(nn.Module):
+    """The op families beyond GEMMs in one small model: a LayerNorm, a softmax gate, a residual
+    add (written as ``ResidualAdd``) and log-softmax outputs, around three linear layers."""
+
+    def __init__(self, d_in: int = 16, hidden: int = 32, classes: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Linear(d_in, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.act = nn.GELU()
+        self.mlp = nn.Linear(hidden, hidden)
+        self.gate = nn.Softmax(dim=-1)
+        self.add = ResidualAdd(hidden)
+        self.head = nn.Linear(hidden, classes)
+        self.out = nn.LogSoftmax(dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.norm(self.embed(x)))
+        h = self.add(h, self.mlp(h) * self.gate(h) * h.shape[-1])
+        return self.out(self.head(h))
+
+
+def ops_loss(autocast_bf16: bool = False) -> Any:
+    """compute_loss for :class:`OpsDrillModel` (log-probabilities in, NLL out)."""
+
+    def compute_loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+        x, y = batch
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
+            logp = model(x)
+        return F.nll_loss(logp.float(), y)
+
+    return compute_loss
 
 
 class SensorCountingPublisher:
@@ -49,11 +83,13 @@ def sensed_run(
     autocast_bf16: bool = False,
     grad_accum: int = 1,
     layer_norm: bool = False,
+    ops_model: bool = False,
 ) -> dict[str, Any]:
     """Train the protected drill model; report the alarm, updates and sensor counts here.
 
     With ``grad_accum`` = N > 1 step s trains on micro-batches ``make_batch(s * N + i, rank)``;
-    ``layer_norm``: net.1 is an ``nn.LayerNorm`` instead of the drill's BatchNorm."""
+    ``layer_norm``: net.1 is an ``nn.LayerNorm`` instead of the drill's BatchNorm;
+    ``ops_model``: train :class:`OpsDrillModel` instead."""
 
     def batch_of(step: int, rank: int) -> Any:
         if grad_accum == 1:
@@ -61,7 +97,7 @@ def sensed_run(
         return [make_batch(step * grad_accum + i, rank) for i in range(grad_accum)]
 
     torch.manual_seed(0)
-    module = DrillModel()
+    module = OpsDrillModel() if ops_model else DrillModel()
     if layer_norm:
         module.net[1] = nn.LayerNorm(module.net[1].num_features)
     protect(module, config=SensorConfig(**(config or {"warmup_checks": warmup})))
@@ -71,7 +107,7 @@ def sensed_run(
     guard = sdc.Guard(
         ddp,
         optimizer,
-        compute_loss=make_loss(autocast_bf16),
+        compute_loss=ops_loss(autocast_bf16) if ops_model else make_loss(autocast_bf16),
         rebuild_batch=batch_of,
         schedule=sdc.Schedule(
             audit_every=audit_every,

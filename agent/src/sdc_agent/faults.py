@@ -14,7 +14,11 @@ weight faults change one replica's weights right after an optimizer step (or now
 :meth:`WeightFault.apply_now`); :class:`NaNReducedGradient` corrupts a rank's gradient after the
 all-reduce. GEMM faults (:class:`ScaleGemmElement`, :class:`FlipGemmBit`) corrupt the fp32 result
 of one GEMM of a protected linear layer (:func:`sdc_agent.sensors.protect`), between the
-accumulator and the sensor's check: exactly what the online sensors see.
+accumulator and the sensor's check: exactly what the online sensors see. The same injectors, and
+their aliases :class:`ScaleOpElement` and :class:`FlipOpBit`, corrupt the other protected ops
+the same way, between the kernel and the check: a layer norm's output (``forward``) or input
+gradient (``dgrad``), a residual add's sum (``forward``), a softmax's or log-softmax's output
+(``forward``) or input gradient (``dgrad``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ __all__ = [
     "CompensatingWeightChange",
     "Fault",
     "FlipGemmBit",
+    "FlipOpBit",
     "FlipOutputBit",
     "FlipWeightBit",
     "NaNOutputElement",
@@ -44,6 +49,7 @@ __all__ = [
     "OutputNoise",
     "ScaleGemmElement",
     "ScaleInputGradElement",
+    "ScaleOpElement",
     "ScaleOutputColumn",
     "ScaleOutputElement",
     "ScaleWeightGradElement",
@@ -357,13 +363,15 @@ class CompensatingWeightChange(WeightFault):
 
 # ---------------------------------------------------------------- inside a protected GEMM (sensors)
 class _GemmFault(Fault):
-    """Corrupts one GEMM's fp32 result inside a protected linear layer, before its check."""
+    """Corrupts one GEMM's fp32 result inside a protected linear layer (or the result of
+    another protected op), before its check."""
 
     def __init__(self, layer: str, *, gemm: str = "forward", index: int = 0, **when: Any) -> None:
         """``layer``: the protected layer's qualified name; ``gemm``: ``forward``, ``dgrad``
-        (input gradient) or ``wgrad`` (weight gradient) of a protected linear layer, or
-        ``forward`` (its output) of a protected layer norm; ``index``: the flat element (modulo
-        the result's size)."""
+        (input gradient) or ``wgrad`` (weight gradient) of a protected linear layer; for the
+        other protected layers (norm, residual add, softmax, log-softmax) ``forward`` is the op's
+        output and ``dgrad`` its input gradient, where it has one (``sensor_ops`` says);
+        ``index``: the flat element (modulo the result's size)."""
         from .sensors import GEMMS
 
         if gemm not in GEMMS:
@@ -435,3 +443,14 @@ class FlipGemmBit(_GemmFault):
     def corrupt_(self, flat: torch.Tensor, index: int) -> None:
         """Flip the bit."""
         _flip_bit_(flat, index, self.bit)
+
+
+class ScaleOpElement(ScaleGemmElement):
+    """:class:`ScaleGemmElement` by the name that fits the ops beyond GEMMs: multiply one element
+    of a protected op's result (``forward``) or input gradient (``dgrad``) by ``factor``."""
+
+
+class FlipOpBit(FlipGemmBit):
+    """:class:`FlipGemmBit` by the name that fits the ops beyond GEMMs: flip one bit of one
+    element of a protected op's result or input gradient. The bit must exist in the result's
+    dtype (0-31 for fp32, 0-15 for a bf16 output)."""

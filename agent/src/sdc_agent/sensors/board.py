@@ -62,8 +62,9 @@ class SensorConfig:
 
 @dataclass(frozen=True)
 class SensorId:
-    """One checked operation: the layer's qualified name, which of its GEMMs (``forward`` for a
-    norm layer's output), and the kind of layer (``linear`` or ``layer_norm``)."""
+    """One checked operation: the layer's qualified name, which of its GEMMs (for the other
+    layers ``forward`` is the op's output and ``dgrad`` its input gradient), and the kind of
+    layer (``linear``, ``layer_norm``, ``residual_add``, ``softmax`` or ``log_softmax``)."""
 
     layer: str
     gemm: Gemm
@@ -91,7 +92,7 @@ class SensorBoard:
         self.sensors: list[SensorId] = []
         """Every sensor, by index (layer-major, GEMMs in :data:`GEMMS` order)."""
         self.layers: dict[str, str] = {}
-        """Protected layers' kinds (``linear``, ``layer_norm``) by qualified name, in order."""
+        """Protected layers' kinds (``linear``, ``layer_norm``, ...) by qualified name, in order."""
         self.costs: list[tuple[float, float]] = []
         """Per sensor, per row of the batch: (flops of its check, flops of the op it checks);
         the plan's cost model (:mod:`.plan`)."""
@@ -117,6 +118,19 @@ class SensorBoard:
         """Add a layer norm's output sensor; returns its index."""
         # Per row: the check reads x and y and takes two dot products (~5 D); the norm ~8 D.
         return self._add(layer, "layer_norm", ("forward",), [(5 * features, 8 * features)])
+
+    def register_op(
+        self, layer: str, kind: str, ops: tuple[Gemm, ...], costs: list[tuple[int, int]]
+    ) -> int:
+        """Add the sensors of a layer that is not a linear one (a norm's backward, a residual
+        add, a softmax): ``ops`` in sensor-index order, ``costs`` per op and per row as
+        (flops of the check, flops of the op). Returns the index of its first sensor."""
+        if not ops or len(ops) != len(costs):
+            raise ValueError(f"register_op: {len(ops)} ops and {len(costs)} costs for {layer!r}")
+        unknown = [op for op in ops if op not in GEMMS]
+        if unknown:
+            raise ValueError(f"register_op: ops must be among {GEMMS}, got {unknown}")
+        return self._add(layer, kind, ops, costs)
 
     def _add(
         self, layer: str, kind: str, ops: tuple[Gemm, ...], costs: list[tuple[int, int]]

@@ -49,8 +49,11 @@ BLIND = (
     "and 3 cover them)",
     "a corruption after the check (the rounding to bf16/fp16, a later memory write)",
     "GEMMs of layers not protected (nn.Linear subclasses, fused attention, convolutions)",
-    "activations, softmax, residual adds, the loss and the optimizer; norm layers other "
-    "than nn.LayerNorm, and every norm layer's backward",
+    "activations (GELU, ...), the loss and the optimizer; norm layers other than nn.LayerNorm "
+    "(BatchNorm, RMSNorm), residual adds not written as sensors.ResidualAdd, and softmax not "
+    "called through nn.Softmax/nn.LogSoftmax (F.softmax in a forward, fused attention)",
+    "faults below rounding: a 16-bit output's own rounding hides a 10% change of one element "
+    "from the row sums of norms, adds and softmax (bit flips in the exponent still show)",
     "GEMMs not sampled at a step (see each layer's rate) and sensors still in their warm-up",
 )
 """What the online sensors do not see (``Guard.coverage()`` reports it)."""
@@ -263,8 +266,10 @@ class SensorCheck:
         return {
             "on": True,
             "why": "row checksums of the forward, input-gradient and weight-gradient GEMMs of "
-            "protected linear layers, on their fp32 result, and of protected layer norms' "
-            "output rows; a flag is confirmed by replays on a third GPU before it is an alarm",
+            "protected linear layers, on their fp32 result; row invariants of protected layer "
+            "norms (output and input gradient), residual adds (sums) and (log-)softmax (row "
+            "sums, output and input gradient); a flag is confirmed by replays on a third GPU "
+            "before it is an alarm",
             "period": self.plan.period,
             "estimated_cost": self.plan.mean_cost,
             "warmup_checks": self.board.config.warmup_checks,

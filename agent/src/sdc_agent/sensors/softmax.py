@@ -1,0 +1,206 @@
+"""Protected (log-)softmax: ``nn.Softmax``/``nn.LogSoftmax`` whose rows are checked by their sums.
+
+A softmax row is a probability distribution and its gradient is orthogonal to the ones vector, so
+both passes have an O(D)-per-row invariant (D: the length of the ``dim`` being normalised):
+
+* softmax forward ``y = exp(z) / Σexp(z)`` with ``z = x - max(x)``: ``Σ y = 1``
+  (:func:`softmax_ratio`);
+* log-softmax forward ``y = z - log Σexp(z)``: ``Σ exp(y) = 1``, the same statement as
+  ``logsumexp(y) = 0`` with no logarithm to take (:func:`log_softmax_ratio`);
+* softmax backward ``dx = y ⊙ (dy - s)`` with ``s = dy @ y``: ``Σ dx = s (1 - Σy)``, which is 0
+  up to the forward's rounding and is evaluated with that rounding (:func:`softmax_dgrad_ratio`);
+* log-softmax backward ``dx = dy - exp(y) Σdy``: ``Σ dx = Σdy (1 - Σexp(y))``
+  (:func:`log_softmax_dgrad_ratio`).
+
+Bounds: every element's rounding error in the fp32 computation, as a random walk over the row,
+times ``u (1 + sqrt(D))`` (``u = 2^-24``), plus the rounding of the checked values to their own
+dtype when it is coarser (:func:`.rows.output_rounding`): in the forward, ``exp`` of a
+rounded argument errs by ``u |z_i|`` relative, so element i errs by about ``u y_i (2 + |z_i|)``
+(log-softmax: ``u p_i (2 + 2 |z_i| + log D + |max x|)`` with ``p = exp(y)``); in the backward by
+``u (|y_i dy_i| + |y_i s|)`` (log-softmax ``u (|dy_i| + p_i |Σdy| (1 + |y_i|))``), and the
+rounding of dx itself, of the same size. Every term comes from the op's inputs (the forward's
+x, the backward's dy and saved y; probabilities clamped to [0, 1]), never from the values
+checked: a corrupted element must not widen its own bound. A fault in an element moves its row's sum by its whole error, so it
+stands out when the element is not tiny against its row: a x1.1 change of a probability of
+``1e-9`` is below any rounding bound, and matters as little to the training (measured in
+``benchmarks/campaign.py``).
+
+The layers run the very kernels autograd runs for ``F.softmax``/``F.log_softmax``
+(``torch._softmax``/``_log_softmax`` and their ``_backward_data``), so their values are
+``nn.Softmax``'s and ``nn.LogSoftmax``'s bit for bit (proved by the tests). Under CUDA autocast
+the input is cast to fp32 as autocast does (its fp32 list); the CPU's autocast leaves them alone.
+A module built with ``dim=None`` (torch's deprecated implicit dim) is not protected.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .board import Gemm, SensorBoard
+from .rows import (
+    FP32_UNIT_ROUNDOFF,
+    OpSensor,
+    autocast_fp32,
+    autocast_mirrored,
+    output_rounding,
+    rows_of,
+    sqrt_length,
+    worst_row_ratio,
+)
+
+
+def _bound(error: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 rounding of the per-element ``error`` terms grown over the row, plus the rounding
+    of the checked values (whose size those terms bound) to their own ``dtype``."""
+    norm = torch.linalg.vector_norm(error, dim=1)
+    return FP32_UNIT_ROUNDOFF * sqrt_length(error.shape[1]) * norm + output_rounding(dtype, norm)
+
+
+def softmax_ratio(y: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Softmax forward: each row's ``|Σy - 1| / bound`` (0-dim fp32; module docstring)."""
+    y32, x32 = rows_of(y, dim), rows_of(x, dim)
+    z = x32 - x32.amax(dim=1, keepdim=True)
+    # A healthy probability is in [0, 1]: clamped, a corrupted y cannot widen its own bound.
+    error = y32.clamp(0.0, 1.0) * (2.0 + z.abs())
+    bound = _bound(error, y.dtype)
+    return worst_row_ratio(y32.sum(dim=1), torch.ones_like(bound), bound)
+
+
+def log_softmax_ratio(y: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Log-softmax forward: each row's ``|Σexp(y) - 1| / bound`` (0-dim fp32)."""
+    y32, x32 = rows_of(y, dim), rows_of(x, dim)
+    top = x32.amax(dim=1, keepdim=True)
+    z = (x32 - top).abs()
+    p = y32.exp()
+    # From the inputs: |y_i| <= |z_i| + log D for a healthy row, p_i in [0, 1] (clamped), so a
+    # corrupted y cannot widen its own bound.
+    error = p.clamp(0.0, 1.0) * (2.0 + 2.0 * z + math.log(y32.shape[1]) + top.abs())
+    bound = _bound(error, y.dtype)
+    return worst_row_ratio(p.sum(dim=1), torch.ones_like(bound), bound)
+
+
+def softmax_dgrad_ratio(
+    dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, dim: int
+) -> torch.Tensor:
+    """Softmax backward: each row's ``|Σdx - s (1 - Σy)| / bound`` (0-dim fp32)."""
+    dx32, dy32, y32 = rows_of(dx, dim), rows_of(dy, dim), rows_of(y, dim)
+    s = (dy32 * y32).sum(dim=1, keepdim=True)
+    expected = (s * (1.0 - y32.sum(dim=1, keepdim=True))).reshape(-1)
+    # |dx_i| <= y_i (|dy_i| + |s|): from the backward's inputs, not from the dx it checks.
+    error = 2.0 * y32.abs() * (dy32.abs() + s.abs())
+    bound = _bound(error, dx.dtype)
+    return worst_row_ratio(dx32.sum(dim=1), expected, bound)
+
+
+def log_softmax_dgrad_ratio(
+    dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, dim: int
+) -> torch.Tensor:
+    """Log-softmax backward: each row's ``|Σdx - Σdy (1 - Σexp(y))| / bound`` (0-dim fp32)."""
+    dx32, dy32, y32 = rows_of(dx, dim), rows_of(dy, dim), rows_of(y, dim)
+    p = y32.exp()
+    total = dy32.sum(dim=1, keepdim=True)
+    expected = (total * (1.0 - p.sum(dim=1, keepdim=True))).reshape(-1)
+    # |dx_i| <= |dy_i| + p_i |Σdy|: from the backward's inputs, not from the dx it checks.
+    error = 2.0 * dy32.abs() + p.clamp(0.0, 1.0) * total.abs() * (2.0 + y32.abs())
+    bound = _bound(error, dx.dtype)
+    return worst_row_ratio(dx32.sum(dim=1), expected, bound)
+
+
+class _RowNormaliserFunction(torch.autograd.Function):
+    """``torch._softmax``/``_log_softmax`` and their backward kernels, checked and tapped."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, layer: _ProtectedRowNormaliser
+    ) -> torch.Tensor:
+        dim = layer.dim
+        y = layer.kernel(x, dim, False)
+        layer.tap("forward", y)
+        if layer.checks("forward"):
+            layer.record("forward", layer.forward_ratio(y, x, dim))
+        ctx.layer, ctx.input_dtype = layer, x.dtype
+        ctx.check_dgrad = layer.checks("dgrad")
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
+        layer: _ProtectedRowNormaliser = ctx.layer
+        (y,) = ctx.saved_tensors
+        # The call autograd's SoftmaxBackward0 / LogSoftmaxBackward0 makes.
+        dx = layer.backward_kernel(grad, y, layer.dim, ctx.input_dtype)
+        with torch.no_grad():
+            layer.tap("dgrad", dx)
+            if ctx.check_dgrad:
+                layer.record("dgrad", layer.dgrad_ratio(dx, grad, y, layer.dim))
+        return dx, None
+
+
+class _ProtectedRowNormaliser(OpSensor):
+    """What softmax and log-softmax share: the autocast policy and the checked path."""
+
+    dim: int | None
+    sensor_ops: tuple[Gemm, ...] = ("forward", "dgrad")
+    """What it checks and fault drills may corrupt: the output (``forward``) and the input
+    gradient (``dgrad``)."""
+    kind: str
+
+    def _attach(self, board: SensorBoard, name: str) -> None:
+        if self.dim is None:
+            raise ValueError(f"{type(self).__name__} {name!r}: dim=None cannot be protected")
+        # Per element of the row (the width is not known before it runs): the forward check
+        # reads x and y (~4) against the op's ~5, the backward's ~5 against its ~4.
+        self._attach_sensor(board, name, self.kind, [(4, 5), (5, 4)])
+
+    def _checked(self, x: torch.Tensor, plain: Any) -> torch.Tensor:
+        device = x.device.type
+        if not self.sensing() or not autocast_mirrored(device):
+            return plain(x)
+        if autocast_fp32(device):
+            x = x.float()  # what CUDA autocast does for softmax and log_softmax
+        with torch.autocast(device, enabled=False):
+            return _RowNormaliserFunction.apply(x, self)
+
+
+class ProtectedSoftmax(_ProtectedRowNormaliser, nn.Softmax):
+    """An ``nn.Softmax`` whose rows and input gradient are checked (module docstring); made by
+    :func:`sdc_agent.sensors.protect`."""
+
+    kind = "softmax"
+    kernel = staticmethod(torch._softmax)
+    backward_kernel = staticmethod(torch._softmax_backward_data)
+    forward_ratio = staticmethod(softmax_ratio)
+    dgrad_ratio = staticmethod(softmax_dgrad_ratio)
+
+    def __init__(self, dim: int, *, board: SensorBoard | None = None, name: str = "") -> None:
+        """As ``nn.Softmax(dim)``; ``board``/``name``: where its sensors are registered."""
+        super().__init__(dim)
+        self._attach(board or SensorBoard(), name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.softmax(x, dim)``, checked when the board says so."""
+        return self._checked(x, lambda t: nn.functional.softmax(t, self.dim))
+
+
+class ProtectedLogSoftmax(_ProtectedRowNormaliser, nn.LogSoftmax):
+    """An ``nn.LogSoftmax`` whose rows and input gradient are checked (module docstring); made
+    by :func:`sdc_agent.sensors.protect`."""
+
+    kind = "log_softmax"
+    kernel = staticmethod(torch._log_softmax)
+    backward_kernel = staticmethod(torch._log_softmax_backward_data)
+    forward_ratio = staticmethod(log_softmax_ratio)
+    dgrad_ratio = staticmethod(log_softmax_dgrad_ratio)
+
+    def __init__(self, dim: int, *, board: SensorBoard | None = None, name: str = "") -> None:
+        """As ``nn.LogSoftmax(dim)``; ``board``/``name``: where its sensors are registered."""
+        super().__init__(dim)
+        self._attach(board or SensorBoard(), name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.log_softmax(x, dim)``, checked when the board says so."""
+        return self._checked(x, lambda t: nn.functional.log_softmax(t, self.dim))
