@@ -39,9 +39,10 @@ def new_flag(device: torch.device | str) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.float32, device=device)
 
 
-def _fused_supported(tensor: torch.Tensor) -> bool:
+def fused_supported(tensor: torch.Tensor) -> bool:
     """Whether torch's fused non-finite check exists for ``tensor``'s device type and dtype
-    (probed once per pair on a small tensor of that kind)."""
+    (probed once per pair on a small tensor of that kind). DDP's comm hook asks too: it runs
+    the same kernel with 1/world as the scale (:func:`sdc_agent.gradients.divide_and_check`)."""
     key = (tensor.device.type, tensor.dtype)
     if key not in _FUSED_SUPPORT:
         probe = torch.ones(2, dtype=tensor.dtype, device=tensor.device)
@@ -80,7 +81,7 @@ def mark_non_finite(tensors: Sequence[torch.Tensor], flag: torch.Tensor) -> None
             raise ValueError(f"tensors: finiteness of a {tensor.dtype} tensor is not a check")
         if tensor.device != flag.device:
             raise ValueError(f"flag: on {flag.device}, a tensor is on {tensor.device}")
-        if _fused_supported(tensor):
+        if fused_supported(tensor):
             # One tensor per call: the per-parameter hooks that call this see one at a time,
             # and a list must share a dtype on CUDA's multi-tensor path.
             torch._amp_foreach_non_finite_check_and_unscale_([tensor], flag, _one(flag.device))

@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from . import finiteness
 from .fingerprint import fingerprints
 
 ReducedTap = Callable[[dist.GradBucket, torch.Tensor], None]
@@ -117,26 +118,12 @@ def grad_stats_hook(
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(after_reduction)
 
 
-_FUSED_SUPPORT: dict[tuple[str, torch.dtype], bool] = {}
-
-
 def _fused_supported(buffer: torch.Tensor) -> bool:
     """Whether torch's fused non-finite check and scale runs on this device type and dtype.
 
     Not for float64: its scale is a float32 tensor, so 1/world would be rounded to float32.
     """
-    key = (buffer.device.type, buffer.dtype)
-    if buffer.dtype == torch.float64:
-        return False
-    if key not in _FUSED_SUPPORT:
-        probe = torch.ones(4, dtype=buffer.dtype, device=buffer.device)
-        found = torch.zeros(1, dtype=torch.float32, device=buffer.device)
-        try:
-            torch._amp_foreach_non_finite_check_and_unscale_([probe], found, found + 0.5)
-            _FUSED_SUPPORT[key] = True
-        except (AttributeError, NotImplementedError, RuntimeError):
-            _FUSED_SUPPORT[key] = False
-    return _FUSED_SUPPORT[key]
+    return buffer.dtype != torch.float64 and finiteness.fused_supported(buffer)
 
 
 @functools.lru_cache(maxsize=16)
@@ -154,7 +141,8 @@ def divide_and_check(buffer: torch.Tensor, world: int) -> torch.Tensor:
             [buffer], found, _inverse(buffer.device, world)
         )
         return found
-    found += ~torch.isfinite(buffer.sum(dtype=torch.float32))
+    # Element by element (a float32 sum of huge finite float64 values would overflow).
+    finiteness.mark_non_finite([buffer], found)
     buffer.mul_(1.0 / world)
     return found
 
@@ -165,10 +153,12 @@ def all_finite(tensors: Sequence[torch.Tensor | None]) -> bool:
     Element by element, as the comm hook's fused kernel tests a bucket: huge finite values
     (1e30) are finite here, where a squared norm would overflow to Inf.
     """
-    flags = [torch.isfinite(t).all() for t in tensors if t is not None]
-    if not flags:
+    present = [t for t in tensors if t is not None]
+    if not present:
         return True
-    return bool(torch.stack(flags).all())
+    flag = finiteness.new_flag(present[0].device)
+    finiteness.mark_non_finite(present, flag)
+    return not bool(flag)
 
 
 @dataclass(frozen=True)
