@@ -175,7 +175,13 @@ def _ratio_torch(
     right32 = right.float()
     expected = left32 @ right32.sum(dim=1)
     observed = result.sum(dim=1, dtype=torch.float32)
-    magnitude = torch.linalg.vector_norm(left32, dim=1) * torch.linalg.vector_norm(right32)
+    if left32.stride(-1) == 1:
+        row_norms = torch.linalg.vector_norm(left32, dim=1)
+    else:
+        # The weight-gradient check's dYᵀ is a transposed view: vector_norm reduces across its
+        # strided rows ~20x slower on the CPU than squaring and summing them.
+        row_norms = left32.square().sum(dim=1).sqrt()
+    magnitude = row_norms * torch.linalg.vector_norm(right32)
     if bias is not None:
         bias32 = bias.float()
         expected = expected + bias32.sum()

@@ -88,11 +88,14 @@ class SensorCheck:
         self.unsupported = unsupported if find_board(module) is not None else None
         board = find_board(module) if schedule.sensors and unsupported is None else None
         self.board: SensorBoard | None = board
-        self.plan: SensorPlan | None = (
-            plan_sensors(board, schedule.sensor_budget) if board is not None else None
-        )
+        self.budget = schedule.sensor_budget
+        self.plan: SensorPlan | None = None
+        """The rotation, made at the first step after a protected layer ran (the cost model
+        needs the batch's rows, :mod:`.plan`); until then nothing checks."""
         self.sensing = False
-        """Whether some sensor checks at the current step (every rank alike)."""
+        """Whether this step is a sensor step: every step once the plan is made, on every rank
+        alike (what a rank checks within it may differ if its batch rows differ, which changes
+        no collective)."""
         self.unconfirmed = 0
         """Candidates the replays did not confirm, since the guard started."""
         self._flags: torch.Tensor | None = None
@@ -104,18 +107,26 @@ class SensorCheck:
         return self.board is not None
 
     # ------------------------------------------------------------------ per step (local)
+    def _planned(self) -> SensorPlan | None:
+        """The plan, made on first use once a protected layer has run (host-only)."""
+        if self.plan is None and self.board is not None and self.board.rows is not None:
+            self.plan = plan_sensors(
+                self.board, self.budget, rows=self.board.rows, device_type=self.board.device_type
+            )
+        return self.plan
+
     def checks_at(self, step: int) -> bool:
-        """Whether some sensor checks at ``step`` (the same on every rank): such a step is
-        seeded, so that a candidate's confirmation replays it exactly (dropout included)."""
-        return self.plan is not None and bool(self.plan.active(step))
+        """Whether ``step`` is a sensor step (the same on every rank): such a step is seeded,
+        so that a candidate's confirmation replays it exactly (dropout included)."""
+        return self._planned() is not None
 
     def begin_step(self, step: int) -> None:
         """Arm the sensors the plan checks at ``step`` (before its forward pass)."""
-        if self.board is None or self.plan is None:
+        plan = self._planned()
+        if self.board is None or plan is None:
             return
-        active = self.plan.active(step)
-        self.sensing = bool(active)
-        self.board.arm(active)
+        self.sensing = True
+        self.board.arm(plan.active(step))
 
     def take_flag(self) -> torch.Tensor | None:
         """This step's flag for check 1's reduction (a device tensor; no host read), and disarm
@@ -250,23 +261,29 @@ class SensorCheck:
     # ------------------------------------------------------------------ coverage
     def describe(self) -> dict[str, Any]:
         """The sensors' part of ``Guard.coverage()``: which GEMMs are checked, at what rate."""
-        if self.board is None or self.plan is None:
+        if self.board is None:
             return {
                 "on": False,
                 "why": self.unsupported
                 or "no protected layer (sdc_agent.sensors.protect) or Schedule.sensors=False",
                 "layers": {},
             }
-        layers: dict[str, dict[str, float]] = {}
+        plan = self._planned()
+        layers: dict[str, dict[str, float | None]] = {}
         for index, sensor in enumerate(self.board.sensors):
-            layers.setdefault(sensor.layer, {})[sensor.gemm] = self.plan.rate(index)
+            rate = plan.rate(index) if plan is not None else None
+            layers.setdefault(sensor.layer, {})[sensor.gemm] = rate
         return {
             "on": True,
             "why": "row checksums of the forward, input-gradient and weight-gradient GEMMs of "
             "protected linear layers, on their fp32 result, and of protected layer norms' "
             "output rows; a flag is confirmed by replays on a third GPU before it is an alarm",
-            "period": self.plan.period,
-            "estimated_cost": self.plan.mean_cost,
+            "planned": plan is not None,
+            "budget": self.budget,
+            "rows": self.board.rows,
+            "device": self.board.device_type,
+            "period": plan.period if plan is not None else None,
+            "estimated_cost": plan.mean_cost if plan is not None else None,
             "warmup_checks": self.board.config.warmup_checks,
             "layers": layers,
             "kinds": dict(self.board.layers),
