@@ -11,6 +11,8 @@ the step's exact state. Then, collectively and only on that step:
 2. each flagged rank's micro-batches are replayed, with every warmed-up sensor checking, on its
    third GPU (another node) and on itself (the existing confirmation placement), and one
    all-reduce brings the rows back;
+   Under FSDP2 (a forward needs every rank's shards) every rank replays each flagged rank's
+   batch at once, one round per flagged rank, as check 2's collective confirmations do;
 3. :func:`sensor_verdict` decides: the third GPU's sensor fires too -> ``reproducible`` (the
    data's numerics, not a GPU: counted as an unconfirmed flag, logged, published only as a
    liveness count, and the step is applied); the flagged rank's own replay fires again or
@@ -178,10 +180,16 @@ class SensorCheck:
     def _replay_row(
         self, audit: RingAudit, step: int, target_dp: int, deterministic: bool
     ) -> list[int]:
-        """Replay ``target_dp``'s micro-batches with every warmed-up sensor checking."""
+        """Replay ``target_dp``'s micro-batches with every warmed-up sensor checking (under
+        FSDP2 collectively: every rank calls it for the same target at once)."""
         assert self.board is not None
         self.board.confirm_all()
         try:
+            if _replays_collectively(audit):
+                # Collective; a failure on any rank comes back as FAILED_ROW on every rank.
+                row = audit._replay_row(step, target_dp, deterministic, whole_step=True)
+                fired = bool(self.board.take_flags()[0].any()) and not is_failed(row)
+                return [*row, int(fired)]
             outcome = audit.replay(step, target_dp, deterministic=deterministic, whole_step=True)
             fired = bool(self.board.take_flags()[0].any())
             return [*outcome.to_row(), int(fired)]
@@ -207,10 +215,20 @@ class SensorCheck:
         rows = torch.zeros((len(targets), 2, ROW), dtype=torch.int64)
         # Without a third node for each target (the same answer on every rank) nothing is replayed.
         jobs = confirmation_jobs(targets, a.world, audit.peer_offset, a.dp_rank)
-        for slot, column, target_dp in jobs if audit.can_confirm else []:
-            rows[slot, column] = torch.tensor(
-                self._replay_row(audit, table.step, target_dp, deterministic)
-            )
+        if audit.can_confirm and _replays_collectively(audit):
+            # FSDP2: a forward needs every rank's shards, so every rank replays each target's
+            # batch at once (one round per target) and only the third GPU and the target keep
+            # their row; each rank's sensors read its own computation of that batch.
+            for slot, target_dp in enumerate(targets):
+                row = torch.tensor(self._replay_row(audit, table.step, target_dp, deterministic))
+                for job_slot, column, _ in jobs:
+                    if job_slot == slot:
+                        rows[slot, column] = row
+        else:
+            for slot, column, target_dp in jobs if audit.can_confirm else []:
+                rows[slot, column] = torch.tensor(
+                    self._replay_row(audit, table.step, target_dp, deterministic)
+                )
         rows = rows.to(a.collective_device)
         dist.all_reduce(rows, op=dist.ReduceOp.SUM, group=a.dp_group)  # one writer per slot
         verdicts: list[Verdict] = []
@@ -289,6 +307,13 @@ class SensorCheck:
             "kinds": dict(self.board.layers),
             "blind": list(BLIND),
         }
+
+
+def _replays_collectively(audit: RingAudit) -> bool:
+    """Whether ``audit`` replays as FSDP2 must: every rank at once (sdc_agent.replay_fsdp)."""
+    from ..replay_fsdp import CollectiveRingAudit  # FSDP2 only; imports torch.distributed.tensor
+
+    return isinstance(audit, CollectiveRingAudit)
 
 
 def _publish_unconfirmed(publisher: Any, step: int, count: int) -> None:
