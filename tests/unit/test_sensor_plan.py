@@ -175,7 +175,11 @@ def test_the_guards_sensor_coverage_says_what_is_checked_and_at_what_rate():
     assert set(report["layers"]["1"]) == {"forward"}
     rates = [r for layer in report["layers"].values() for r in layer.values()]
     assert min(rates) >= 1 / report["period"] and report["estimated_cost"] <= 0.01 + 1e-12
-    assert all(on.checks_at(s) for s in range(report["period"]))
+    # And the guard plans in bursts: every sensor on one step of each period, none between
+    assert report["period"] > 1
+    assert [on.checks_at(s) for s in range(report["period"])] == [True] + [False] * (
+        report["period"] - 1
+    )
 
 
 def test_the_memory_model_rotates_a_narrow_layer_slower_than_the_flop_model():
@@ -196,6 +200,23 @@ def test_the_memory_model_rotates_a_narrow_layer_slower_than_the_flop_model():
     assert plan.period > 3 and plan.mean_cost <= 0.01 + 1e-12
     with pytest.raises(ValueError, match="rows"):
         sensor_costs(board, rows=0)
+
+
+def test_a_burst_plan_checks_every_gemm_as_often_as_the_rotation_on_fewer_steps():
+    # Given a model whose checks cost more than the budget in one step
+    board = board_of((512, 2048), (2048, 512), (64, 64))
+    rotation = plan_sensors(board, 0.01, rows=256, device_type="cpu")
+    burst = plan_sensors(board, 0.01, rows=256, device_type="cpu", burst=True)
+    # Then the burst checks every GEMM on one step per period and nothing between
+    assert burst.groups[0] == frozenset(range(len(board)))
+    assert all(not g for g in burst.groups[1:]) and burst.period > 1
+    # And it stays within the budget on average, each GEMM checked about as often
+    assert burst.mean_cost <= 0.01 + 1e-12
+    assert all(burst.rate(i) >= 1 / burst.period for i in range(len(board)))
+    assert abs(burst.period - rotation.period) <= len(board)
+    # And sensor steps are one per period instead of (nearly) every step
+    sensor_steps = sum(bool(g) for g in rotation.groups)
+    assert sum(bool(g) for g in burst.groups) == 1 < sensor_steps
 
 
 def test_sensors_refused_by_the_parallelism_stay_off_and_say_why():

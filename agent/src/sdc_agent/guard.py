@@ -184,7 +184,7 @@ class Guard:
         """Check 3: weight fingerprint comparisons."""
         # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
         # there, as check 2's do).
-        self.sensors = SensorCheck(self.module, self.schedule)
+        self.sensors = SensorCheck(self.module, self.schedule, adapter=a)
         """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
         replays. A do-nothing without protected layers."""
 

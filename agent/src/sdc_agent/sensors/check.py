@@ -81,23 +81,30 @@ class SensorCheck:
     ``Schedule.sensors`` is False)."""
 
     def __init__(
-        self, module: nn.Module, schedule: Schedule, *, unsupported: str | None = None
+        self,
+        module: nn.Module,
+        schedule: Schedule,
+        *,
+        unsupported: str | None = None,
+        adapter: DDPAdapter | None = None,
     ) -> None:
-        """Find ``module``'s sensor board and plan the rotation under ``Schedule.sensor_budget``.
+        """Find ``module``'s sensor board; the plan under ``Schedule.sensor_budget`` follows at
+        the first step.
 
         ``unsupported``: why this guard cannot run sensors (its parallelism); they stay off and
-        :meth:`describe` says why."""
+        :meth:`describe` says why. ``adapter``: the job's data-parallel ranks, which agree on
+        the rows the plan assumes (one all-reduce, once), so that every rank has the same sensor
+        steps; without it (a single process) the plan is local."""
+        self._adapter = adapter
         self.unsupported = unsupported if find_board(module) is not None else None
         board = find_board(module) if schedule.sensors and unsupported is None else None
         self.board: SensorBoard | None = board
         self.budget = schedule.sensor_budget
         self.plan: SensorPlan | None = None
-        """The rotation, made at the first step after a protected layer ran (the cost model
-        needs the batch's rows, :mod:`.plan`); until then nothing checks."""
+        """The plan (in bursts, :mod:`.plan`), made at the first step after a protected layer
+        ran (the cost model needs the batch's rows); until then nothing checks."""
         self.sensing = False
-        """Whether this step is a sensor step: every step once the plan is made, on every rank
-        alike (what a rank checks within it may differ if its batch rows differ, which changes
-        no collective)."""
+        """Whether some sensor checks at the current step (every rank alike)."""
         self.unconfirmed = 0
         """Candidates the replays did not confirm, since the guard started."""
         self._flags: torch.Tensor | None = None
@@ -110,25 +117,40 @@ class SensorCheck:
 
     # ------------------------------------------------------------------ per step (local)
     def _planned(self) -> SensorPlan | None:
-        """The plan, made on first use once a protected layer has run (host-only)."""
+        """The plan, made on first use once a protected layer has run. With an adapter this is
+        collective (every rank calls it at the same step: each has run the same forwards)."""
         if self.plan is None and self.board is not None and self.board.rows is not None:
+            rows = self.board.rows
+            a = self._adapter
+            if a is not None:
+                # Every rank must have the same sensor steps: agree on the largest batch.
+                agreed = torch.tensor([rows], dtype=torch.int64, device=a.collective_device)
+                dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=a.dp_group)
+                rows = int(agreed.item())
             self.plan = plan_sensors(
-                self.board, self.budget, rows=self.board.rows, device_type=self.board.device_type
+                self.board,
+                self.budget,
+                rows=rows,
+                device_type=self.board.device_type,
+                burst=True,
             )
         return self.plan
 
     def checks_at(self, step: int) -> bool:
-        """Whether ``step`` is a sensor step (the same on every rank): such a step is seeded,
-        so that a candidate's confirmation replays it exactly (dropout included)."""
-        return self._planned() is not None
+        """Whether some sensor checks at ``step`` (the same on every rank): such a step is
+        seeded, so that a candidate's confirmation replays it exactly (dropout included).
+        Collective at the first step after the protected layers ran (see :meth:`_planned`)."""
+        plan = self._planned()
+        return plan is not None and bool(plan.active(step))
 
     def begin_step(self, step: int) -> None:
         """Arm the sensors the plan checks at ``step`` (before its forward pass)."""
         plan = self._planned()
         if self.board is None or plan is None:
             return
-        self.sensing = True
-        self.board.arm(plan.active(step))
+        active = plan.active(step)
+        self.sensing = bool(active)
+        self.board.arm(active)
 
     def take_flag(self) -> torch.Tensor | None:
         """This step's flag for check 1's reduction (a device tensor; no host read), and disarm
@@ -286,7 +308,8 @@ class SensorCheck:
                 or "no protected layer (sdc_agent.sensors.protect) or Schedule.sensors=False",
                 "layers": {},
             }
-        plan = self._planned()
+        # A report never makes the plan under an adapter (that is collective).
+        plan = self.plan if self._adapter is not None else self._planned()
         layers: dict[str, dict[str, float | None]] = {}
         for index, sensor in enumerate(self.board.sensors):
             rate = plan.rate(index) if plan is not None else None
