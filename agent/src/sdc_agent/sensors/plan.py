@@ -36,8 +36,9 @@ period, the same average cost), so a one-step fault is sampled with the same pro
 persistent one is seen within the same period; but only one step in a period is a sensor step,
 and a sensor step is what costs beyond the checks: every rank holds it at check 1's reduction
 until the flags are known (no overlap with the next step) and it is seeded for replays.
-Measured on this project's CPU (benchmarks/overhead.py, 3 ranks): holding every step cost
-about 4 points of CPU time over check 1 alone, for checks the model put at 0.7%.
+Measured on this project's CPU (benchmarks/overhead.py, 3 ranks, the same checks): with every
+step a sensor step the sensors cost 4.2 points of CPU time over check 1 alone, in bursts 2.0
+(docs/performance.md, "Online sensors").
 """
 
 from __future__ import annotations
