@@ -43,10 +43,15 @@ AVAILABLE = importlib.util.find_spec("triton") is not None
 
 BLOCK_ROWS = 32
 """Rows per program: its partial maximum covers them."""
-BLOCK_COLS = 128
-"""Columns of ``C`` (and of ``A``) each program loads per iteration, per row."""
+BLOCK_COLS = 64
+"""Columns of ``C`` (and of ``A``) each program loads per iteration, per row (three
+BLOCK_ROWS x BLOCK_COLS fp32 accumulators live in registers)."""
 
 _FLOOR = 1e-30  # abft.BOUND_FLOOR (imported there from here would be circular)
+
+# The kernel's reduction combine functions, set by _kernel() (jitted in the mode it runs in).
+_checksum_add: Any = None
+_checksum_larger: Any = None
 
 
 def interpreting() -> bool:
@@ -61,6 +66,22 @@ def _kernel(interpret: bool) -> Callable[..., Any]:
     del interpret  # only the cache key
     import triton
     import triton.language as tl
+
+    # Reductions through tl.reduce with combine functions decorated here, not tl.sum / tl.max:
+    # those are @jit functions of triton.language, decorated when Triton was first imported,
+    # and if that import happened outside the interpreter (torch imports Triton for its own
+    # kernels) the interpreter cannot call them.
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
+    @triton.jit
+    def _larger(a, b):
+        return tl.maximum(a, b)
+
+    # The interpreter resolves names through the kernel's module globals, not its closure; a
+    # process builds one flavour (interpreted on CPU tensors, compiled on a GPU), not both.
+    globals().update(_checksum_add=_add, _checksum_larger=_larger)
 
     @triton.jit
     def row_checksum_kernel(
@@ -89,7 +110,10 @@ def _kernel(interpret: bool) -> Callable[..., Any]:
         row64 = row.to(tl.int64)
         cols = tl.arange(0, BLOCK_COLS)
         # observed = C_r @ 1 (the GEMM's fp32 result, summed in fp32)
-        observed = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+        # Element-wise partial sums across the column blocks, reduced once at the end: four
+        # reductions per program instead of one per block (the interpreter runs each
+        # tl.reduce in Python; on a GPU it saves the per-block shuffles).
+        observed2 = tl.full([BLOCK_ROWS, BLOCK_COLS], 0.0, tl.float32)
         for start in range(0, width, BLOCK_COLS):
             col = start + cols
             mask = row_ok[:, None] & (col < width)[None, :]
@@ -98,10 +122,10 @@ def _kernel(interpret: bool) -> Callable[..., Any]:
                 mask=mask,
                 other=0.0,
             ).to(tl.float32)
-            observed += tl.sum(tile, axis=1)
+            observed2 += tile
         # expected = A_r @ (B @ 1) and ||A_r||², one pass over A (16-bit A widened here)
-        expected = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-        squares = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+        expected2 = tl.full([BLOCK_ROWS, BLOCK_COLS], 0.0, tl.float32)
+        squares2 = tl.full([BLOCK_ROWS, BLOCK_COLS], 0.0, tl.float32)
         for start in range(0, inner, BLOCK_COLS):
             col = start + cols
             col_ok = col < inner
@@ -112,8 +136,11 @@ def _kernel(interpret: bool) -> Callable[..., Any]:
                 other=0.0,
             ).to(tl.float32)
             ref = tl.load(ref_ptr + col, mask=col_ok, other=0.0)
-            expected += tl.sum(tile * ref[None, :], axis=1)
-            squares += tl.sum(tile * tile, axis=1)
+            expected2 += tile * ref[None, :]
+            squares2 += tile * tile
+        observed = tl.reduce(observed2, 1, _checksum_add)
+        expected = tl.reduce(expected2, 1, _checksum_add)
+        squares = tl.reduce(squares2, 1, _checksum_add)
         magnitude = tl.sqrt(squares) * tl.load(frob_ptr)
         if HAS_BIAS:
             expected += tl.load(bias_sum_ptr)
@@ -123,7 +150,7 @@ def _kernel(interpret: bool) -> Callable[..., Any]:
         finite = (ratio == ratio) & (ratio < float("inf"))
         ratio = tl.where(finite, ratio, float("inf"))
         ratio = tl.where(row_ok, ratio, 0.0)
-        tl.store(out_ptr + pid, tl.max(ratio, axis=0))
+        tl.store(out_ptr + pid, tl.reduce(ratio, 0, _checksum_larger))
 
     return row_checksum_kernel
 
