@@ -5,7 +5,7 @@
 #
 # Needs a Python with a CUDA build of torch (and numpy); Triton is used when importable. The
 # agent is taken from this checkout (PYTHONPATH), so nothing is installed. Each step has its own
-# time limit so a hang cannot eat the machine's time: 350 s in the worst case, ~4 min expected.
+# time limit so a hang cannot eat the machine's time: 380 s in the worst case, ~4 min expected.
 set -uo pipefail  # no -e: a failed step is reported, and the next steps still run
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -38,8 +38,10 @@ timeout 30 $PY benchmarks/fingerprint.py --devices cpu --sizes 100M --reps 5 \
 echo "== 4. guard overhead over plain DDP (gloo on the CPU: 3 simulated nodes)"
 timeout 90 $PY benchmarks/overhead.py --rounds 1 --steps 100 --json "$RESULTS/overhead.json" || failed+=(overhead)
 
-echo "== 5. online sensors on CUDA: fp32-accumulator checks, detection, overhead per layer"
-timeout 60 $PY benchmarks/sensor_gpu.py --json "$RESULTS/sensor_gpu.json" || failed+=(sensors)
+echo "== 5. online sensors on CUDA: fp32-accumulator checks, the Triton checksum kernel against"
+echo "   torch ops, detection, overhead per layer with each check backend (torch ops, Triton)"
+timeout 90 $PY benchmarks/sensor_gpu.py --backends torch,triton \
+  --json "$RESULTS/sensor_gpu.json" || failed+=(sensors)
 
 echo "results in $RESULTS"
 if ((${#failed[@]})); then

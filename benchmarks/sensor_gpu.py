@@ -8,8 +8,14 @@ accumulator through ``torch.mm(..., out_dtype=torch.float32)``), this script che
    replays need);
 2. healthy batches raise no flag after the warm-up; x1.1 on one element of each GEMM's fp32
    result, and bit flips 20..30, are caught (rates printed);
-3. overhead: forward + backward of ``nn.Linear`` vs the protected layer with no sensor armed and
-   with all three armed (CUDA events, median of ``--iters``), as a percentage.
+3. the fused Triton checksum kernel (``sdc_agent.sensors._triton_checksum``) against the torch
+   path on the self-check's known cases, when Triton is importable;
+4. overhead: forward + backward of ``nn.Linear`` vs the protected layer with no sensor armed and
+   with all three armed, once per check backend (``--backends``: torch ops, the Triton kernel;
+   CUDA events, median of ``--iters``), as a percentage.
+
+Detection and false flags (2.) run on the backend ``SDC_SENSOR_BACKEND`` picks (auto: the
+kernel when it passed its self-check), named in the output.
 
     python benchmarks/sensor_gpu.py                      # 4096 -> 4096, 8192 rows, on cuda
     python benchmarks/sensor_gpu.py --device cpu --k 64 --n 128 --rows 32 --iters 5   # smoke
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,7 +39,7 @@ import torch
 from torch import nn
 
 from sdc_agent.faults import FlipGemmBit, ScaleGemmElement
-from sdc_agent.sensors import GEMMS, ProtectedLinear
+from sdc_agent.sensors import GEMMS, ProtectedLinear, _triton_checksum, abft
 
 
 def step(layer: nn.Module, x: torch.Tensor, device: str) -> list[torch.Tensor]:
@@ -80,11 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=8192, help="rows (tokens) per batch")
     parser.add_argument("--trials", type=int, default=100, help="fault trials per GEMM")
     parser.add_argument("--iters", type=int, default=50, help="timed iterations")
+    parser.add_argument(
+        "--backends",
+        default="torch,triton",
+        help="check backends to time (comma-separated; triton is left out when not importable, "
+        "and on the CPU unless TRITON_INTERPRET=1)",
+    )
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU here (use --device cpu for a smoke run)")
     dev = args.device
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if any(b not in ("torch", "triton") for b in backends):
+        parser.error(f"--backends: torch and/or triton, got {args.backends!r}")
+    kernel_runs = _triton_checksum.AVAILABLE and (dev == "cuda" or _triton_checksum.interpreting())
+    skipped = [] if kernel_runs else [b for b in backends if b == "triton"]
+    backends = [b for b in backends if b not in skipped]
+    kernel_agrees = abft.kernel_agrees(torch.device(dev)) if kernel_runs else None
+    default_backend = abft.sensor_backend(torch.device(dev))
     torch.manual_seed(0)
     plain = nn.Linear(args.k, args.n).to(dev)
     layer = ProtectedLinear(args.k, args.n, name="fc").to(dev)
@@ -131,35 +152,50 @@ def main(argv: list[str] | None = None) -> int:
             caught = sum(flags_of(layer, batch(), dev)[index] for _ in range(args.trials))
             detection[label][gemm] = caught / args.trials
         layer.gemm_taps.clear()
-    # 3. overhead
+    # 4. overhead, per check backend
     x = batch()
     base = timed(lambda: step(plain, x, dev), args.iters, dev)
     board.disarm()
     unchecked = timed(lambda: step(layer, x, dev), args.iters, dev)
-    board.arm(frozenset(range(3)))
-    checked = timed(lambda: (board.arm(frozenset(range(3))), step(layer, x, dev)), args.iters, dev)
+    checked: dict[str, float] = {}
+    forced = os.environ.get(abft.BACKEND_ENV)
+    try:
+        for backend in backends:
+            os.environ[abft.BACKEND_ENV] = backend
+            checked[backend] = timed(
+                lambda: (board.arm(frozenset(range(3))), step(layer, x, dev)), args.iters, dev
+            )
+    finally:
+        if forced is None:
+            os.environ.pop(abft.BACKEND_ENV, None)
+        else:
+            os.environ[abft.BACKEND_ENV] = forced
+    board.disarm()
     result = {
         "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
         "shape": {"k": args.k, "n": args.n, "rows": args.rows},
         "max_relative_difference_vs_nn_linear": worst,
         "bit_reproducible": reproducible,
+        "check_backend": default_backend,
+        "triton_kernel_agrees_with_torch": kernel_agrees,
+        "backends_not_timed": skipped,
         "false_flags": false_flags,
         "trials": args.trials,
         "detection": detection,
         "ms": {
             "nn_linear": base,
             "protected_unchecked": unchecked,
-            "protected_all_checked": checked,
+            **{f"protected_all_checked_{b}": ms for b, ms in checked.items()},
         },
         "overhead_pct": {
             "unchecked": 100 * (unchecked / base - 1),
-            "all_checked": 100 * (checked / base - 1),
+            **{f"all_checked_{b}": 100 * (ms / base - 1) for b, ms in checked.items()},
         },
     }
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    return 0 if reproducible and false_flags == 0 else 1
+    return 0 if reproducible and false_flags == 0 and kernel_agrees is not False else 1
 
 
 if __name__ == "__main__":

@@ -158,16 +158,65 @@ def test_the_guards_sensor_coverage_says_what_is_checked_and_at_what_rate():
     protect(protected)
     disabled = SensorCheck(protected, sdc.Schedule(sensors=False))
     on = SensorCheck(protected, sdc.Schedule(sensor_budget=0.01))
+    # Then before the protected model has run, the plan waits for the batch's rows
+    assert on.enabled and not on.checks_at(0)
+    waiting = on.describe()
+    assert waiting["planned"] is False and waiting["period"] is None
+    assert waiting["layers"]["0"] == {"forward": None, "dgrad": None, "wgrad": None}
+    # When it has run a batch of 32 rows
+    protected(torch.randn(32, 64))
     # Then only the last checks anything, every protected op at a rate of one per period
     assert not off.enabled and off.describe()["on"] is False
     assert not disabled.enabled and not disabled.checks_at(0)
     report = on.describe()
+    assert report["planned"] and report["rows"] == 32 and report["device"] == "cpu"
     assert report["on"] and report["kinds"] == {"0": "linear", "1": "layer_norm", "2": "linear"}
     assert set(report["layers"]["0"]) == {"forward", "dgrad", "wgrad"}
     assert set(report["layers"]["1"]) == {"forward", "dgrad"}  # its output and its input gradient
     rates = [r for layer in report["layers"].values() for r in layer.values()]
     assert min(rates) >= 1 / report["period"] and report["estimated_cost"] <= 0.01 + 1e-12
-    assert any(on.checks_at(s) for s in range(report["period"]))
+    # And the guard plans in bursts: every sensor on one step of each period, none between
+    assert report["period"] > 1
+    assert [on.checks_at(s) for s in range(report["period"])] == [True] + [False] * (
+        report["period"] - 1
+    )
+
+
+def test_the_memory_model_rotates_a_narrow_layer_slower_than_the_flop_model():
+    # Given a 1024-wide layer seeing 128 rows on the CPU
+    board = board_of((1024, 1024))
+    by_flops = sensor_costs(board)
+    by_reads = sensor_costs(board, rows=128, device_type="cpu")
+    # Then its weight passes and the CPU's read cost make each check cost ~9% of its GEMM
+    # (measured: 8-9%), where flops alone say ~0.1%
+    own_gemm = 1 / 3
+    assert all(0.05 < c / own_gemm < 0.15 for c in by_reads[:2])
+    assert all(c / own_gemm < 0.005 for c in by_flops)
+    # And more rows amortise the weight passes; a GPU's reads cost more than the CPU's
+    assert sensor_costs(board, rows=8192, device_type="cpu")[0] < by_reads[0]
+    assert sensor_costs(board, rows=128, device_type="cuda")[0] > by_reads[0]
+    # And the plan at 1% rotates: every check within the period, the average under budget
+    plan = plan_sensors(board, 0.01, rows=128, device_type="cpu")
+    assert plan.period > 3 and plan.mean_cost <= 0.01 + 1e-12
+    with pytest.raises(ValueError, match="rows"):
+        sensor_costs(board, rows=0)
+
+
+def test_a_burst_plan_checks_every_gemm_as_often_as_the_rotation_on_fewer_steps():
+    # Given a model whose checks cost more than the budget in one step
+    board = board_of((512, 2048), (2048, 512), (64, 64))
+    rotation = plan_sensors(board, 0.01, rows=256, device_type="cpu")
+    burst = plan_sensors(board, 0.01, rows=256, device_type="cpu", burst=True)
+    # Then the burst checks every GEMM on one step per period and nothing between
+    assert burst.groups[0] == frozenset(range(len(board)))
+    assert all(not g for g in burst.groups[1:]) and burst.period > 1
+    # And it stays within the budget on average, each GEMM checked about as often
+    assert burst.mean_cost <= 0.01 + 1e-12
+    assert all(burst.rate(i) >= 1 / burst.period for i in range(len(board)))
+    assert abs(burst.period - rotation.period) <= len(board)
+    # And sensor steps are one per period instead of (nearly) every step
+    sensor_steps = sum(bool(g) for g in rotation.groups)
+    assert sum(bool(g) for g in burst.groups) == 1 < sensor_steps
 
 
 def test_sensors_refused_by_the_parallelism_stay_off_and_say_why():

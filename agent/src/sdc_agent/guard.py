@@ -48,7 +48,6 @@ from .alarm import Alarm, RankInfo
 from .audit import RebuildBatch
 from .coverage import describe
 from .gradients import FlagExchange, GradientCheck
-from .parallel import DDPAdapter
 from .parallel_fsdp import adapter_for
 from .publisher import NullPublisher, Publisher
 from .recording import open_alarm_log
@@ -188,16 +187,9 @@ class Guard:
         """Check 2: the ring replay audit and the confirmation replays."""
         self.weights = a.make_weight_check(self.reporter)
         """Check 3: weight fingerprint comparisons."""
-        # SENSORS: DDP only for now (a candidate's confirmation replays one rank's batch alone,
-        # which FSDP2's collective replays do not); elsewhere protected layers compute, unchecked.
-        self.sensors = SensorCheck(
-            self.module,
-            self.schedule,
-            unsupported=None
-            if isinstance(a, DDPAdapter)
-            else "online sensors run under DDP only; under FSDP2 the protected layers compute "
-            "as nn.Linear / nn.LayerNorm do and check nothing",
-        )
+        # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
+        # there, as check 2's do).
+        self.sensors = SensorCheck(self.module, self.schedule, adapter=a)
         """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
         replays. A do-nothing without protected layers."""
         self.sensors_planned = self.sensors.plan is not None

@@ -37,19 +37,109 @@ per sensor in an observe-only warm-up, with a floor. A wrong element ``c`` adds
 ``|delta c|`` to one row's difference; at a 10% change that is thousands of ``bound_r`` for
 small layers and still tens of it for a 1024 x 4096 one (the measurement in issue 17).
 A NaN/Inf in either side makes the ratio NaN/Inf, which the board treats as a flag.
+
+Two implementations compute the same ratio: torch ops (every device) and a fused Triton kernel
+(:mod:`._triton_checksum`: one pass over the result and the left operand) used on GPUs when
+Triton is importable and the kernel passed a self-check there; ``SDC_SENSOR_BACKEND`` chooses.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 
 import torch
+
+from . import _triton_checksum
+
+logger = logging.getLogger("sdc_agent")
 
 FP32_UNIT_ROUNDOFF = 2.0**-24
 """``u`` of fp32: every check runs on fp32 values."""
 
 BOUND_FLOOR = 1e-30
 """Added to each row's bound, so an all-zero row (ratio 0/0) reads as agreement, not NaN."""
+
+
+BACKEND_ENV = "SDC_SENSOR_BACKEND"
+"""How checks compute their ratio: ``auto`` (default): the Triton kernel on GPUs when Triton is
+importable and the kernel passed its self-check on that device, else torch ops; ``torch``: always
+torch ops; ``triton``: always the kernel (on CPU tensors only in Triton's interpreter,
+``TRITON_INTERPRET=1``)."""
+_BACKENDS = ("auto", "torch", "triton")
+
+# Per device: whether the kernel passed its self-check there (auto mode; checked once).
+_TRITON_TRUSTED: dict[torch.device, bool] = {}
+
+
+def sensor_backend(device: torch.device) -> str:
+    """``"torch"`` or ``"triton"``: how checks of tensors on ``device`` run (see
+    :data:`BACKEND_ENV`). Raises ValueError for an unknown choice or a kernel that cannot run."""
+    choice = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if choice == "auto":
+        if device.type != "cuda" or not _triton_checksum.AVAILABLE:
+            return "torch"
+        if device not in _TRITON_TRUSTED:
+            _TRITON_TRUSTED[device] = _self_check(device)
+        return "triton" if _TRITON_TRUSTED[device] else "torch"
+    if choice == "torch":
+        return "torch"
+    if choice != "triton":
+        raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}, got {choice!r}")
+    if not _triton_checksum.AVAILABLE:
+        raise ValueError(f"{BACKEND_ENV}=triton but Triton is not installed")
+    if device.type == "cpu" and not _triton_checksum.interpreting():
+        raise ValueError(
+            f"{BACKEND_ENV}=triton on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)"
+        )
+    return "triton"
+
+
+def kernel_agrees(device: torch.device) -> bool:
+    """Whether the Triton kernel reproduces the torch path on :func:`._triton_checksum.
+    self_check_cases` on ``device``: both read +Inf, or both below 3 (healthy data: rounding
+    noise, which no threshold flags, differs with the order of summation), or within 0.1% of
+    each other (a fault of known size). Syncs the host; raises what the kernel raises."""
+    for result, left, right, bias in _triton_checksum.self_check_cases(device):
+        scale = _bound_scale(left.shape[1], result.shape[1])
+        by_torch = float(_ratio_torch(result, left, right, bias, scale))
+        by_kernel = float(_triton_checksum.row_checksum_ratio(result, left, right, bias, scale))
+        if math.isinf(by_torch) or math.isinf(by_kernel):
+            same = by_torch == by_kernel
+        elif by_torch < 3.0:
+            same = by_kernel < 3.0
+        else:
+            same = abs(by_kernel - by_torch) <= 1e-3 * by_torch
+        if not same:
+            logger.warning(
+                "sdc_agent: the Triton checksum kernel reads %s where torch reads %s (%s x %s)",
+                by_kernel,
+                by_torch,
+                tuple(left.shape),
+                tuple(right.shape),
+            )
+            return False
+    return True
+
+
+def _self_check(device: torch.device) -> bool:
+    """Trust the kernel on ``device`` only if it agrees with torch (once per device): a wrong
+    kernel would flag healthy GEMMs in every job, or miss faults."""
+    try:
+        return kernel_agrees(device)
+    except Exception:  # a kernel that cannot even run is not trusted either
+        logger.warning(
+            "sdc_agent: the Triton checksum kernel failed on %s; using torch ops",
+            device,
+            exc_info=True,
+        )
+        return False
+
+
+def _bound_scale(inner: int, width: int) -> float:
+    """The bound's ``u (1 + sqrt(C / L))`` (module docstring)."""
+    return FP32_UNIT_ROUNDOFF * (1.0 + math.sqrt(width / max(inner, 1)))
 
 
 def row_checksum_ratio(
@@ -62,19 +152,40 @@ def row_checksum_ratio(
 
     ``result`` is the fp32 GEMM result ``left @ right (+ bias)``, R x C; ``left`` R x L; ``right``
     L x C; every operand is read as fp32. The bound is the module docstring's. NaN/Inf anywhere
-    in the checksums gives a NaN/Inf result. No host synchronisation.
+    in the checksums gives a NaN/Inf result. No host synchronisation (except the kernel's
+    one-time self-check on a GPU).
     """
+    scale = _bound_scale(left.shape[1], result.shape[1])
+    # The CPU's default is torch ops: skip the choice unless a backend is forced.
+    chosen = result.device.type != "cpu" or BACKEND_ENV in os.environ
+    if chosen and sensor_backend(result.device) == "triton":
+        return _triton_checksum.row_checksum_ratio(result, left, right, bias, scale)
+    return _ratio_torch(result, left, right, bias, scale)
+
+
+def _ratio_torch(
+    result: torch.Tensor,
+    left: torch.Tensor,
+    right: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`row_checksum_ratio` by torch ops."""
     left32 = left.float()
     right32 = right.float()
-    inner, width = left32.shape[1], result.shape[1]
     expected = left32 @ right32.sum(dim=1)
     observed = result.sum(dim=1, dtype=torch.float32)
-    magnitude = torch.linalg.vector_norm(left32, dim=1) * torch.linalg.vector_norm(right32)
+    if left32.stride(-1) == 1:
+        row_norms = torch.linalg.vector_norm(left32, dim=1)
+    else:
+        # The weight-gradient check's dYᵀ is a transposed view: vector_norm reduces across its
+        # strided rows ~20x slower on the CPU than squaring and summing them.
+        row_norms = left32.square().sum(dim=1).sqrt()
+    magnitude = row_norms * torch.linalg.vector_norm(right32)
     if bias is not None:
         bias32 = bias.float()
         expected = expected + bias32.sum()
         magnitude = magnitude + torch.linalg.vector_norm(bias32)
-    scale = FP32_UNIT_ROUNDOFF * (1.0 + math.sqrt(width / max(inner, 1)))
     ratio = (observed - expected).abs() / (scale * magnitude + BOUND_FLOOR)
     if ratio.numel() == 0:
         return ratio.new_zeros(())

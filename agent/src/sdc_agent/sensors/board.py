@@ -98,7 +98,18 @@ class SensorBoard:
         the plan's cost model (:mod:`.plan`)."""
         self.checks: list[int] = []
         """Per sensor: checks run so far (host counter; warm-up ends at ``warmup_checks``)."""
+        self.fixed_costs: list[float] = []
+        """Per sensor: elements its check reads once whatever the batch (the ``N x K`` passes
+        over a weight or a weight gradient); the plan amortises them over the batch's rows."""
+        self.rows: int | None = None
+        """Rows (tokens) of the largest batch a protected layer has seen, and where it ran
+        (``device_type``): the plan's cost model needs them (host values, no sync)."""
+        self.device_type: str | None = None
         self._active: frozenset[int] = frozenset()
+        self.active_layers: frozenset[int] = frozenset()
+        """The first sensor index of every layer with a sensor armed now (a layer's cheap
+        "does anything check me" test)."""
+        self._bases: list[int] = []  # per sensor: its layer's first sensor index
         self._confirming = False
         self._device: torch.device | None = None
         self._flags: torch.Tensor | None = None  # int64 [n]: fired since the last take
@@ -112,7 +123,9 @@ class SensorBoard:
         k, n = shape.in_features, shape.out_features
         # Per row: reading the result, the reference mat-vec and the row norms (see .abft).
         costs = [(n + 2 * k, 2 * n * k), (k + 2 * n, 2 * n * k), (2 * (n + k), 2 * n * k)]
-        return self._add(layer, "linear", GEMMS, costs)
+        # Once per check: forward and dgrad sum the weight and take its norm (2 N K reads),
+        # wgrad sums its N x K result.
+        return self._add(layer, "linear", GEMMS, costs, fixed=[2 * n * k, 2 * n * k, n * k])
 
     def register_layer_norm(self, layer: str, features: int) -> int:
         """Add a layer norm's output sensor; returns its index."""
@@ -133,7 +146,12 @@ class SensorBoard:
         return self._add(layer, kind, ops, costs)
 
     def _add(
-        self, layer: str, kind: str, ops: tuple[Gemm, ...], costs: list[tuple[int, int]]
+        self,
+        layer: str,
+        kind: str,
+        ops: tuple[Gemm, ...],
+        costs: list[tuple[int, int]],
+        fixed: list[int] | None = None,
     ) -> int:
         if layer in self.layers:
             raise ValueError(f"layer {layer!r} is already protected on this board")
@@ -142,16 +160,24 @@ class SensorBoard:
         self.sensors.extend(SensorId(layer, op, kind) for op in ops)
         self.costs.extend((float(c), float(o)) for c, o in costs)
         self.checks.extend([0] * len(ops))
+        self._bases.extend([base] * len(ops))
+        self.fixed_costs.extend(float(f) for f in fixed or [0] * len(ops))
         self._device = None  # re-allocated for the new size on the next check
         return base
 
     def __len__(self) -> int:
         return len(self.sensors)
 
+    def observe(self, rows: int, device_type: str) -> None:
+        """Note a protected layer's batch rows and device (before the plan is made)."""
+        if self.rows is None or rows > self.rows:
+            self.rows = rows
+        self.device_type = device_type
+
     # ------------------------------------------------------------------ what checks now
     def arm(self, active: frozenset[int]) -> None:
         """Check exactly the sensors in ``active`` from now on, with fresh flags."""
-        self._active = frozenset(active)
+        self._set_active(frozenset(active))
         self._confirming = False
         if self._flags is not None:
             self._flags.zero_()
@@ -159,19 +185,23 @@ class SensorBoard:
 
     def disarm(self) -> None:
         """Check nothing (replays of the audit run disarmed)."""
-        self._active = frozenset()
+        self._set_active(frozenset())
         self._confirming = False
 
     def confirm_all(self) -> None:
         """Check every sensor that finished its warm-up, with fresh flags and without learning:
         a confirmation replay's reading."""
-        self._active = frozenset(
-            i for i, n in enumerate(self.checks) if n >= self.config.warmup_checks
+        self._set_active(
+            frozenset(i for i, n in enumerate(self.checks) if n >= self.config.warmup_checks)
         )
         self._confirming = True
         if self._flags is not None:
             self._flags.zero_()
             self._ratios.zero_()
+
+    def _set_active(self, active: frozenset[int]) -> None:
+        self._active = active
+        self.active_layers = frozenset(self._bases[i] for i in active)
 
     def is_active(self, index: int) -> bool:
         """Whether sensor ``index`` checks its GEMM now (host-side, no sync)."""

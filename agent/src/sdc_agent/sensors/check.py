@@ -11,6 +11,8 @@ the step's exact state. Then, collectively and only on that step:
 2. each flagged rank's micro-batches are replayed, with every warmed-up sensor checking, on its
    third GPU (another node) and on itself (the existing confirmation placement), and one
    all-reduce brings the rows back;
+   Under FSDP2 (a forward needs every rank's shards) every rank replays each flagged rank's
+   batch at once, one round per flagged rank, as check 2's collective confirmations do;
 3. :func:`sensor_verdict` decides: the third GPU's sensor fires too -> ``reproducible`` (the
    data's numerics, not a GPU: counted as an unconfirmed flag, logged, published only as a
    liveness count, and the step is applied); the flagged rank's own replay fires again or
@@ -82,18 +84,28 @@ class SensorCheck:
     ``Schedule.sensors`` is False)."""
 
     def __init__(
-        self, module: nn.Module, schedule: Schedule, *, unsupported: str | None = None
+        self,
+        module: nn.Module,
+        schedule: Schedule,
+        *,
+        unsupported: str | None = None,
+        adapter: DDPAdapter | None = None,
     ) -> None:
-        """Find ``module``'s sensor board and plan the rotation under ``Schedule.sensor_budget``.
+        """Find ``module``'s sensor board; the plan under ``Schedule.sensor_budget`` follows at
+        the first step.
 
         ``unsupported``: why this guard cannot run sensors (its parallelism); they stay off and
-        :meth:`describe` says why."""
+        :meth:`describe` says why. ``adapter``: the job's data-parallel ranks, which agree on
+        the rows the plan assumes (one all-reduce, once), so that every rank has the same sensor
+        steps; without it (a single process) the plan is local."""
+        self._adapter = adapter
         self.unsupported = unsupported if find_board(module) is not None else None
         board = find_board(module) if schedule.sensors and unsupported is None else None
         self.board: SensorBoard | None = board
-        self.plan: SensorPlan | None = (
-            plan_sensors(board, schedule.sensor_budget) if board is not None else None
-        )
+        self.budget = schedule.sensor_budget
+        self.plan: SensorPlan | None = None
+        """The plan (in bursts, :mod:`.plan`), made at the first step after a protected layer
+        ran (the cost model needs the batch's rows); until then nothing checks."""
         self.sensing = False
         """Whether some sensor checks at the current step (every rank alike)."""
         self.unconfirmed = 0
@@ -107,16 +119,39 @@ class SensorCheck:
         return self.board is not None
 
     # ------------------------------------------------------------------ per step (local)
+    def _planned(self) -> SensorPlan | None:
+        """The plan, made on first use once a protected layer has run. With an adapter this is
+        collective (every rank calls it at the same step: each has run the same forwards)."""
+        if self.plan is None and self.board is not None and self.board.rows is not None:
+            rows = self.board.rows
+            a = self._adapter
+            if a is not None:
+                # Every rank must have the same sensor steps: agree on the largest batch.
+                agreed = torch.tensor([rows], dtype=torch.int64, device=a.collective_device)
+                dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=a.dp_group)
+                rows = int(agreed.item())
+            self.plan = plan_sensors(
+                self.board,
+                self.budget,
+                rows=rows,
+                device_type=self.board.device_type,
+                burst=True,
+            )
+        return self.plan
+
     def checks_at(self, step: int) -> bool:
         """Whether some sensor checks at ``step`` (the same on every rank): such a step is
-        seeded, so that a candidate's confirmation replays it exactly (dropout included)."""
-        return self.plan is not None and bool(self.plan.active(step))
+        seeded, so that a candidate's confirmation replays it exactly (dropout included).
+        Collective at the first step after the protected layers ran (see :meth:`_planned`)."""
+        plan = self._planned()
+        return plan is not None and bool(plan.active(step))
 
     def begin_step(self, step: int) -> None:
         """Arm the sensors the plan checks at ``step`` (before its forward pass)."""
-        if self.board is None or self.plan is None:
+        plan = self._planned()
+        if self.board is None or plan is None:
             return
-        active = self.plan.active(step)
+        active = plan.active(step)
         self.sensing = bool(active)
         self.board.arm(active)
 
@@ -170,10 +205,16 @@ class SensorCheck:
     def _replay_row(
         self, audit: RingAudit, step: int, target_dp: int, deterministic: bool
     ) -> list[int]:
-        """Replay ``target_dp``'s micro-batches with every warmed-up sensor checking."""
+        """Replay ``target_dp``'s micro-batches with every warmed-up sensor checking (under
+        FSDP2 collectively: every rank calls it for the same target at once)."""
         assert self.board is not None
         self.board.confirm_all()
         try:
+            if _replays_collectively(audit):
+                # Collective; a failure on any rank comes back as FAILED_ROW on every rank.
+                row = audit._replay_row(step, target_dp, deterministic, whole_step=True)
+                fired = bool(self.board.take_flags()[0].any()) and not is_failed(row)
+                return [*row, int(fired)]
             outcome = audit.replay(step, target_dp, deterministic=deterministic, whole_step=True)
             fired = bool(self.board.take_flags()[0].any())
             return [*outcome.to_row(), int(fired)]
@@ -199,10 +240,20 @@ class SensorCheck:
         rows = torch.zeros((len(targets), 2, ROW), dtype=torch.int64)
         # Without a third node for each target (the same answer on every rank) nothing is replayed.
         jobs = confirmation_jobs(targets, a.world, audit.peer_offset, a.dp_rank)
-        for slot, column, target_dp in jobs if audit.can_confirm else []:
-            rows[slot, column] = torch.tensor(
-                self._replay_row(audit, table.step, target_dp, deterministic)
-            )
+        if audit.can_confirm and _replays_collectively(audit):
+            # FSDP2: a forward needs every rank's shards, so every rank replays each target's
+            # batch at once (one round per target) and only the third GPU and the target keep
+            # their row; each rank's sensors read its own computation of that batch.
+            for slot, target_dp in enumerate(targets):
+                row = torch.tensor(self._replay_row(audit, table.step, target_dp, deterministic))
+                for job_slot, column, _ in jobs:
+                    if job_slot == slot:
+                        rows[slot, column] = row
+        else:
+            for slot, column, target_dp in jobs if audit.can_confirm else []:
+                rows[slot, column] = torch.tensor(
+                    self._replay_row(audit, table.step, target_dp, deterministic)
+                )
         rows = rows.to(a.collective_device)
         dist.all_reduce(rows, op=dist.ReduceOp.SUM, group=a.dp_group)  # one writer per slot
         verdicts: list[Verdict] = []
@@ -253,16 +304,19 @@ class SensorCheck:
     # ------------------------------------------------------------------ coverage
     def describe(self) -> dict[str, Any]:
         """The sensors' part of ``Guard.coverage()``: which GEMMs are checked, at what rate."""
-        if self.board is None or self.plan is None:
+        if self.board is None:
             return {
                 "on": False,
                 "why": self.unsupported
                 or "no protected layer (sdc_agent.sensors.protect) or Schedule.sensors=False",
                 "layers": {},
             }
-        layers: dict[str, dict[str, float]] = {}
+        # A report never makes the plan under an adapter (that is collective).
+        plan = self.plan if self._adapter is not None else self._planned()
+        layers: dict[str, dict[str, float | None]] = {}
         for index, sensor in enumerate(self.board.sensors):
-            layers.setdefault(sensor.layer, {})[sensor.gemm] = self.plan.rate(index)
+            rate = plan.rate(index) if plan is not None else None
+            layers.setdefault(sensor.layer, {})[sensor.gemm] = rate
         return {
             "on": True,
             "why": "row checksums of the forward, input-gradient and weight-gradient GEMMs of "
@@ -270,13 +324,24 @@ class SensorCheck:
             "norms (output and input gradient), residual adds (sums) and (log-)softmax (row "
             "sums, output and input gradient); a flag is confirmed by replays on a third GPU "
             "before it is an alarm",
-            "period": self.plan.period,
-            "estimated_cost": self.plan.mean_cost,
+            "planned": plan is not None,
+            "budget": self.budget,
+            "rows": self.board.rows,
+            "device": self.board.device_type,
+            "period": plan.period if plan is not None else None,
+            "estimated_cost": plan.mean_cost if plan is not None else None,
             "warmup_checks": self.board.config.warmup_checks,
             "layers": layers,
             "kinds": dict(self.board.layers),
             "blind": list(BLIND),
         }
+
+
+def _replays_collectively(audit: RingAudit) -> bool:
+    """Whether ``audit`` replays as FSDP2 must: every rank at once (sdc_agent.replay_fsdp)."""
+    from ..replay_fsdp import CollectiveRingAudit  # FSDP2 only; imports torch.distributed.tensor
+
+    return isinstance(audit, CollectiveRingAudit)
 
 
 def _publish_unconfirmed(publisher: Any, step: int, count: int) -> None:

@@ -188,10 +188,21 @@ class ProtectedLinear(nn.Linear):
             tap(gemm, result32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``, its GEMMs checked when the board says so."""
-        dtype = _compute_dtype(x, self.weight)
-        if not torch.is_autocast_enabled(x.device.type) and x.dtype != self.weight.dtype:
+        """``F.linear(x, weight, bias)``, its GEMMs checked when the board says so.
+
+        A layer the plan does not sample at this step costs a few attribute reads and set
+        look-ups over ``nn.Linear`` (fp32: the very ``F.linear`` call)."""
+        board = self.sensor_board
+        if board.rows is None:
+            # The plan's cost model needs the batch's rows (host ints: no sync); once.
+            board.observe(x.numel() // max(1, self.in_features), x.device.type)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+        elif x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)  # raises as nn.Linear does
+        else:
+            dtype = x.dtype
         if dtype not in _SIXTEEN_BIT and not self.gemm_taps and not self._checks_now():
             # Nothing to check: nn.Linear's own call (the function's fp32 path makes the same
             # calls, so the values do not depend on whether a sensor checks).
@@ -199,8 +210,7 @@ class ProtectedLinear(nn.Linear):
         return _ProtectedLinearFunction.apply(x, self.weight, self.bias, self, dtype)
 
     def _checks_now(self) -> bool:
-        board, base = self.sensor_board, self.sensor_base
-        return any(board.is_active(base + g) for g in range(3))
+        return self.sensor_base in self.sensor_board.active_layers
 
 
 def protect(

@@ -13,10 +13,32 @@ norm of D features counts its check as ``5 M D`` against its own ``8 M D``. Othe
 the step (attention, activations, the optimizer) are not counted, so the real fraction of the
 step is lower than the budget says.
 
+Counting flops alone understates a check by one to two orders of magnitude: a check is a few
+passes over memory (the result, the left operand, and once per check the ``N x K`` weight or
+weight gradient, which does not shrink with the batch), while its GEMM runs at the machine's
+peak arithmetic rate. So when the batch's rows ``M`` are known (:func:`plan_sensors`'s
+``rows``, the guard's plan takes them from the first step) a check's cost is counted as
+``read_cost x (M x per-row reads + fixed reads)`` over its GEMMs' ``6 M Σ N K`` flops, where
+:data:`READ_COST` is what one fp32 element read costs in GEMM flops on the device: measured on
+this project's 2-core CPU (a 1024 x 1024 layer, 128 rows: the forward and input-gradient checks
+cost 8-9% of their GEMM, this model says 9.3%), and for GPUs the ratio of an H100/H200's dense
+bf16 rate to its memory bandwidth (~990 TFLOP/s over ~4.8 TB/s per 4-byte element, rounded
+down; not measured here: ``benchmarks/sensor_gpu.py`` measures the real overhead on a GPU).
+
 The rotation: the sensors, in a fixed order, are packed greedily into groups whose cost stays
 within ``budget``; a sensor costing more than the budget alone gets a group followed by empty
 groups, so that its cost averaged over the steps stays within the budget. Step ``s`` checks
 group ``s % len(groups)``: every GEMM is checked once every ``period`` steps.
+
+The guard plans in bursts instead (``burst=True``): every sensor in one group, followed by
+``ceil(total cost / budget) - 1`` empty ones. Each GEMM is checked exactly as often (once per
+period, the same average cost), so a one-step fault is sampled with the same probability and a
+persistent one is seen within the same period; but only one step in a period is a sensor step,
+and a sensor step is what costs beyond the checks: every rank holds it at check 1's reduction
+until the flags are known (no overlap with the next step) and it is seeded for replays.
+Measured on this project's CPU (benchmarks/overhead.py, 3 ranks, the same checks): with every
+step a sensor step the sensors cost 4.2 points of CPU time over check 1 alone, in bursts 2.0
+(docs/performance.md, "Online sensors").
 """
 
 from __future__ import annotations
@@ -26,12 +48,35 @@ from dataclasses import dataclass
 
 from .board import SensorBoard
 
+READ_COST = {"cpu": 10.0, "cuda": 800.0}
+"""GEMM flops one fp32 element read of a check costs, by device type (see the module docstring);
+other devices count as GPUs."""
 
-def sensor_costs(board: SensorBoard) -> list[float]:
+
+def read_cost(device_type: str | None) -> float:
+    """:data:`READ_COST` of ``device_type`` (a GPU's when unknown)."""
+    return READ_COST.get(device_type or "cuda", READ_COST["cuda"])
+
+
+def sensor_costs(
+    board: SensorBoard, *, rows: int | None = None, device_type: str | None = None
+) -> list[float]:
     """Each sensor's estimated cost as a fraction of the step's protected operations' flops
-    (for linear layers only: of their GEMMs'; a layer norm adds its own few flops per row)."""
+    (for linear layers only: of their GEMMs'; a layer norm adds its own few flops per row).
+
+    Without ``rows``: the per-row flops model (elements a check reads per row over its GEMM's
+    flops per row). With ``rows`` (the batch's rows): the memory model of the module docstring
+    on ``device_type``, with each check's batch-independent passes amortised over ``rows``."""
     total = sum(op for _, op in board.costs)
-    return [check / total for check, _ in board.costs]
+    if rows is None:
+        return [check / total for check, _ in board.costs]
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows!r}")
+    weight = read_cost(device_type)
+    return [
+        weight * (check + fixed / rows) / total
+        for (check, _), fixed in zip(board.costs, board.fixed_costs, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -62,13 +107,28 @@ class SensorPlan:
         return sum(self.costs) / max(1, len(self.groups))
 
 
-def plan_sensors(board: SensorBoard, budget: float) -> SensorPlan:
-    """Pack ``board``'s sensors into rotation groups that each cost at most ``budget``."""
+def plan_sensors(
+    board: SensorBoard,
+    budget: float,
+    *,
+    rows: int | None = None,
+    device_type: str | None = None,
+    burst: bool = False,
+) -> SensorPlan:
+    """Pack ``board``'s sensors into rotation groups that each cost at most ``budget``
+    (costs by :func:`sensor_costs`, with ``rows`` and ``device_type`` when given); with
+    ``burst``, one group of every sensor and enough empty groups after it that the average
+    stays within ``budget`` (module docstring)."""
     if not budget > 0:
         raise ValueError(f"sensor budget must be > 0, got {budget!r}")
-    costs = sensor_costs(board)
-    if math.isinf(budget):
-        return SensorPlan(groups=(frozenset(range(len(costs))),), costs=tuple(costs))
+    costs = sensor_costs(board, rows=rows, device_type=device_type)
+    everything = frozenset(range(len(costs)))
+    total = sum(costs)
+    if math.isinf(budget) or total <= budget:
+        return SensorPlan(groups=(everything,), costs=tuple(costs))
+    if burst:
+        idle = math.ceil(total / budget) - 1
+        return SensorPlan(groups=(everything,) + (frozenset(),) * idle, costs=tuple(costs))
     groups: list[frozenset[int]] = []
     current: list[int] = []
     spent = 0.0

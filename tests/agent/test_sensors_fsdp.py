@@ -1,0 +1,98 @@
+"""Online GEMM sensors on a model sharded with FSDP2 and HSDP: 3 simulated nodes x 2 ranks, gloo.
+
+The sharded drill model's layers are protected, then sharded (``fully_shard`` per block, then
+the root): FSDP2 keeps each weight as a sharded DTensor at rest and hands the protected layer's
+autograd function the unsharded tensor in forward and backward. Rank R=3 (node 1) is faulty; its
+candidates are confirmed by collective replays, kept by rank 5 (node 2, its third GPU with
+peer_offset=2) and by R itself. Audits run every 50 steps, so step 8 is not an audit step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sdc_agent.drill import launch
+from tests.agent.outcomes import the_alarm
+
+R = 3
+RUN = "tests.agent.sensor_scenarios_fsdp:sensed_sharded_run"
+CLEAN_STEPS = 80
+CLEAN_WARMUP = 20
+"""The default SensorConfig.warmup_checks (the fault rows use 5 so their sensors are warm by
+step 8; with 5, a fault-free run here saw one healthy flag on the 4 x 32 head's wgrad, at 3.7
+against the floor of 3, which the replays found reproducible: counted, no alarm)."""
+LAYOUTS = ("fsdp", "hsdp")
+
+FORWARD_X1_1 = {
+    "kind": "ScaleGemmElement",
+    "layer": "blocks.1.fc",
+    "gemm": "forward",
+    "factor": 1.1,
+    "index": 5,
+    "rank": R,
+    "step": 8,
+    "persistent": False,
+}
+"""x1.1 on one element of blocks.1.fc's forward GEMM result on rank R, at step 8 only."""
+
+JOBS: dict[str, tuple[str, dict]] = {
+    **{
+        f"{layout}_forward_x1_1": (RUN, {"parallel": layout, "steps": 12, "faults": [FORWARD_X1_1]})
+        for layout in LAYOUTS
+    },
+    **{
+        f"{layout}_clean": (
+            RUN,
+            {"parallel": layout, "steps": CLEAN_STEPS, "warmup": CLEAN_WARMUP},
+        )
+        for layout in LAYOUTS
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, list[dict[str, Any]]]:
+    names = list(JOBS)
+    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=900)
+    out = dict(zip(names, per_job, strict=True))
+    for name, per_rank in out.items():
+        errors = [r["trace"] for r in per_rank if "error" in r]
+        assert not errors, f"{name}: {errors[0]}"
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_one_step_x1_1_in_a_sharded_models_forward_gemm_is_confirmed_transient(results, layout):
+    name = f"{layout}_forward_x1_1"
+    # Given x1.1 on one element of blocks.1.fc's forward GEMM on rank R at step 8 only
+    alarm = the_alarm(results, name)
+    # Then that sensor raises a candidate at step 8 naming R
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (8, "compute", [R])
+    candidates = alarm["sensor_candidates"]
+    assert [(c["rank"], c["layer"], c["gemm"]) for c in candidates] == [
+        (R, "blocks.1.fc", "forward")
+    ]
+    # And the collective replays (kept by the third GPU and by R) confirm it transient
+    assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "transient"}]
+    # And the step was not applied on any rank
+    assert all(r["updates"] == list(range(8)) for r in results[name])
+    assert results[name][0]["alarms_published"] == 1
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_fault_free_sharded_run_with_every_gemm_checked_raises_nothing(results, layout):
+    per_rank = results[f"{layout}_clean"]
+    # Given a fault-free sharded run in which every sensor checks on every step
+    coverage = per_rank[0]["coverage"]
+    assert coverage["on"] and coverage["period"] == 1
+    # Then the sensors ran past their warm-up, nothing flagged, no alarm, every step applied
+    # (13 GEMMs and norms a step: embed's input needs no gradient, so it has no dgrad)
+    assert all(r["checks_run"] >= 13 * (CLEAN_STEPS - 1) for r in per_rank)
+    assert all(r["alarm"] is None and r["unconfirmed"] == 0 for r in per_rank)
+    assert all(r["updates"] == list(range(CLEAN_STEPS)) for r in per_rank)
+    # And FSDP2 kept the weights sharded at rest while the protected layers computed on the
+    # unsharded tensors
+    assert all(r["sharded_at_rest"] == "DTensor" for r in per_rank)
+    assert all(r["weight_types_in_forward"] == ["Parameter"] for r in per_rank)
