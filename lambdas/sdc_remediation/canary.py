@@ -512,12 +512,15 @@ def settle_approval(settings: Settings, approval_id: str) -> ApprovalDecision | 
         logger.info("canary approval already decided", extra={"approval_id": approval_id})
         return None
     except Exception as exc:
-        RunStore(settings.ledger_table, settings.hyperpod_cluster_name).reach(
-            run_id,
-            "failed",
-            error=f"the approve function could not settle canary approval {approval_id}: "
-            f"{type(exc).__name__}: {exc}",
-        )
+        try:
+            RunStore(settings.ledger_table, settings.hyperpod_cluster_name).reach(
+                run_id,
+                "failed",
+                error=f"the approve function could not settle canary approval {approval_id}: "
+                f"{type(exc).__name__}: {exc}",
+            )
+        except Exception:  # the send's error is the one to raise; this one is only logged
+            logger.exception("could not write the failed canary approval on the run")
         raise
 
 

@@ -4,8 +4,9 @@ The function sits behind a Lambda function URL with ``AWS_IAM`` auth. Lambda ver
 request's SigV4 signature and puts the caller's ARN in the event
 (``requestContext.authorizer.iam.userArn``, payload format 2.0); that ARN, and never anything in
 the body, is recorded as the approver. The function's role is the only one allowed to send task
-results to the state machine and to read the approvals table (task tokens), so the decision
-deadline and the single-use claim (``approvals.Approvals.decide``) hold for every decision.
+results to the state machine (unless the opt-in autoApprove policy is on) and to read the
+approvals table (task tokens), so the decision deadline and the single-use claim
+(``approvals.Approvals.decide``) hold for every decision.
 
 One event is not a URL request: ``{"action": "settle_canary_approval", "approval_id": ...}``,
 invoked directly (no ``requestContext``; a function URL event always has one) by request_approval,
