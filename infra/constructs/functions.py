@@ -523,15 +523,20 @@ class Functions(Construct):
                 },
             ),
         )
-        # The canary approves itself: the same SendTaskSuccess a decision takes (an autoApprove
-        # policy grants the same), on this state machine only.
+        # The canary's approval is settled by the approve function, which request_approval
+        # invokes directly (that function only; its code approves canary approvals alone), so
+        # approve stays the only role that sends task results unless autoApprove is on.
+        approve = self.services["approve"].function
         allow(
             "request_approval",
             iam.PolicyStatement(
-                sid="CanaryApproval",
-                actions=["states:SendTaskSuccess"],
-                resources=[state_machine_arn],
+                sid="InvokeApproveForCanary",
+                actions=["lambda:InvokeFunction"],
+                resources=[approve.function_arn],
             ),
+        )
+        self.steps["request_approval"].function.add_environment(
+            contract.APPROVE_FUNCTION, approve.function_name
         )
 
     def _function(self, folder: str) -> StepFunction:

@@ -6,8 +6,10 @@ agent's report log group, and puts the canary's datum on its own SDC series. Fro
 path runs: the canary's alarm fires, the EventBridge rule starts the workflow, localize accepts
 the report (only for the reserved node, only for a run the ledger holds), admit reads the guard
 without claiming a slot, and cordon, the deep health check, the approval and replace all run in
-dry run; the canary approves itself (no person), and the record step closes the run and puts
-``canary_completed``. Each step it passes is written on the run (``RunStore.reach``).
+dry run; request_approval stores the canary's approval as for a person and invokes the approve
+function to settle it (no person: ``ask_approve`` / ``settle_approval``), so the approve function
+stays the only one that sends task results and the canary proves it works; the record step
+closes the run and puts ``canary_completed``. Each step it passes is written on the run (``RunStore.reach``).
 
 The canary alarm fires when no ``canary_completed`` arrived in its window. It notifies the topic
 and invokes the canary function again (``check``), which reads the newest run, observes what the
@@ -32,11 +34,12 @@ from typing import Any
 
 from . import aws, clock, contract, notify
 from .admission import AdmitRequest
+from .approvals import Approvals
 from .config import Settings
 from .dynamo import from_item, to_item
-from .errors import UntrustedReport
+from .errors import ApprovalAlreadyDecided, ConfigurationError, RemediationError, UntrustedReport
 from .ledger import Ledger
-from .models import ALARM_SCHEMA, Admission, CordonResult, Report, Suspect
+from .models import ALARM_SCHEMA, Admission, ApprovalDecision, CordonResult, Report, Suspect
 from .observability import logger
 
 STEPS: tuple[tuple[str, str], ...] = (
@@ -49,7 +52,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("cordoned", "cordon ran (dry run)"),
     ("health_checked", "the deep health check ran (dry run)"),
     ("approval_requested", "the approval was requested"),
-    ("approved", "the canary's own approval resumed the workflow"),
+    ("approved", "the approve function settled the canary's approval and resumed the workflow"),
     ("replaced", "replace ran (dry run)"),
     ("closed", "the record step closed the canary and put canary_completed"),
 )
@@ -81,6 +84,9 @@ TRANSITION_STEPS: dict[str, str] = {
 
 APPROVER = "sdc-guard canary (no person: a synthetic event on the reserved canary node)"
 RUN_PREFIX = "RUN#"
+SETTLE_ACTION = "settle_canary_approval"
+"""The ``action`` of the event request_approval invokes the approve function with (directly, not
+through its URL): ``{"action": SETTLE_ACTION, "approval_id": ...}``."""
 
 
 def run_pk(cluster: str) -> str:
@@ -418,6 +424,106 @@ def progress(settings: Settings, suspect: Suspect, transition: str, error: str |
         logger.info("canary completed", extra={"run": suspect.canary_run})
 
 
+# ---- the canary's approval, settled by the approve function ----------------------------------
+
+
+class CanaryApprovalRefused(RemediationError):
+    """A direct ``settle_canary_approval`` event named an approval that is not the canary's:
+    nothing is sent, the record is unchanged."""
+
+
+def settle_event(approval_id: str) -> dict[str, str]:
+    """The event request_approval invokes the approve function with."""
+    return {"action": SETTLE_ACTION, "approval_id": approval_id}
+
+
+def ask_approve(settings: Settings, approval_id: str) -> None:
+    """Invoke the approve function (asynchronously, ``Event``) to settle the canary's approval.
+
+    Asynchronously: the approve function sends SendTaskSuccess after this step returned, the
+    order a person's decision takes, and neither function's timeout depends on the other's. An
+    invoke Lambda refuses (denied, no such function) raises here and fails the step; an approve
+    function that fails writes its error on the run (``settle_approval``), and the run then
+    stops at ``approved``, which the canary alarm's message names.
+    """
+    function = settings.approve_function
+    if not function:
+        raise ConfigurationError(
+            f"{contract.APPROVE_FUNCTION} is not set: request_approval cannot ask the approve "
+            "function to settle the canary's approval (infra sets it when the canary is on)"
+        )
+    with aws.aws_errors("lambda:InvokeFunction"):
+        resp = aws.client("lambda").invoke(
+            FunctionName=function,
+            InvocationType="Event",
+            Payload=json.dumps(settle_event(approval_id)).encode(),
+        )
+    if resp.get("StatusCode") != 202:
+        raise ConfigurationError(
+            f"the approve function {function} did not queue the canary approval {approval_id} "
+            f"(status {resp.get('StatusCode')})"
+        )
+    logger.info("canary approval sent to the approve function", extra={"approval_id": approval_id})
+
+
+def canary_run_of(item: dict[str, Any], settings: Settings) -> str:
+    """The run id of an approval record that is the canary's: its node is the reserved canary
+    node, its remediation a canary's, and its evidence names an open canary run in the ledger.
+    Anything else is ``CanaryApprovalRefused``."""
+    approval_id = item.get("approval_id", "?")
+    refused = f"approval {approval_id} is not a canary approval"
+    if (
+        item.get("instance_id") != contract.CANARY_INSTANCE_ID
+        or item.get("node_name") != contract.CANARY_NODE_NAME
+    ):
+        raise CanaryApprovalRefused(
+            f"{refused}: its node is {item.get('node_name')!r} ({item.get('instance_id')!r}), "
+            f"not the reserved canary node {contract.CANARY_NODE_NAME}; only a person decides it, "
+            "through the approve function's URL"
+        )
+    evidence = json.loads(item.get("evidence") or "{}")
+    run_id = evidence.get("canary_run")
+    remediation = str(item.get("remediation_id") or "")
+    if not isinstance(run_id, str) or not remediation.startswith("c-"):
+        raise CanaryApprovalRefused(
+            f"{refused}: remediation {remediation!r} with canary run {run_id!r} is no canary "
+            "remediation"
+        )
+    run = RunStore(settings.ledger_table, settings.hyperpod_cluster_name).get(run_id)
+    if run is None or run.completed:
+        raise CanaryApprovalRefused(f"{refused}: run {run_id!r} is not an open canary run")
+    return run.run_id
+
+
+def settle_approval(settings: Settings, approval_id: str) -> ApprovalDecision | None:
+    """The approve function's side: approve the canary's approval ``approval_id`` as
+    ``APPROVER``, through the same claim and SendTaskSuccess a person's decision takes.
+
+    ``CanaryApprovalRefused`` (nothing sent) unless the record is the canary's. None when it was
+    already decided (a retried invoke). Any other failure is written on the run, then raised.
+    """
+    approvals = Approvals(settings.approvals_table)
+    run_id = canary_run_of(approvals.get(approval_id), settings)
+    try:
+        return approvals.decide(
+            approval_id, "approve", reason=f"canary run {run_id}", approver=APPROVER
+        )
+    except ApprovalAlreadyDecided:
+        logger.info("canary approval already decided", extra={"approval_id": approval_id})
+        return None
+    except Exception as exc:
+        try:
+            RunStore(settings.ledger_table, settings.hyperpod_cluster_name).reach(
+                run_id,
+                "failed",
+                error=f"the approve function could not settle canary approval {approval_id}: "
+                f"{type(exc).__name__}: {exc}",
+            )
+        except Exception:  # the send's error is the one to raise; this one is only logged
+            logger.exception("could not write the failed canary approval on the run")
+        raise
+
+
 # ---- where a run stopped (the canary alarm) ---------------------------------------------------
 
 
@@ -518,19 +624,25 @@ def check(settings: Settings) -> Stop:
 
 __all__ = [
     "APPROVER",
+    "SETTLE_ACTION",
     "STEPS",
     "STEP_NAMES",
+    "CanaryApprovalRefused",
     "Run",
     "RunStore",
     "Stop",
     "admit",
+    "ask_approve",
     "canary_report",
+    "canary_run_of",
     "check",
     "cordon_result",
     "is_canary",
     "progress",
     "reach",
     "refuse_reserved_node",
+    "settle_approval",
+    "settle_event",
     "start_run",
     "stopped_at",
     "verify_report",

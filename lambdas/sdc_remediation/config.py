@@ -196,6 +196,12 @@ class Settings:
         return value
 
     @property
+    def approve_function(self) -> str | None:
+        """APPROVE_FUNCTION: the approve function's name, which request_approval invokes to
+        settle a canary's approval (set on request_approval only, when the canary is on)."""
+        return self._optional(contract.APPROVE_FUNCTION)
+
+    @property
     def approval_ttl_seconds(self) -> int:
         """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
         timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""

@@ -33,6 +33,9 @@ TRAINING_NAMESPACE = "TRAINING_NAMESPACE"
 APPROVAL_URL = "APPROVAL_URL"
 CHECK_MODES = "CHECK_MODES"
 AUTO_APPROVE = "AUTO_APPROVE"
+APPROVE_FUNCTION = "APPROVE_FUNCTION"
+"""Set on request_approval only, when the canary is on: the approve function it invokes to settle
+the canary's approval (docs/deploy.md, "The canary")."""
 
 FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     HYPERPOD_CLUSTER_NAME,

@@ -4,8 +4,15 @@ The function sits behind a Lambda function URL with ``AWS_IAM`` auth. Lambda ver
 request's SigV4 signature and puts the caller's ARN in the event
 (``requestContext.authorizer.iam.userArn``, payload format 2.0); that ARN, and never anything in
 the body, is recorded as the approver. The function's role is the only one allowed to send task
-results to the state machine and to read the approvals table (task tokens), so the decision
-deadline and the single-use claim (``approvals.Approvals.decide``) hold for every decision.
+results to the state machine (unless the opt-in autoApprove policy is on) and to read the
+approvals table (task tokens), so the decision deadline and the single-use claim
+(``approvals.Approvals.decide``) hold for every decision.
+
+One event is not a URL request: ``{"action": "settle_canary_approval", "approval_id": ...}``,
+invoked directly (no ``requestContext``; a function URL event always has one) by request_approval,
+the only other role allowed lambda:InvokeFunction on this function. It approves that approval as
+the canary (``canary.APPROVER``) only if the record is the canary's (``canary.settle_approval``);
+anything else is refused (``CanaryApprovalRefused``) and nothing is sent.
 
 Request: ``POST`` with a JSON body ``{"action": "pending" | "approve" | "reject" | "release",
 "approval_id": ..., "node": ..., "reason": ..., "release": bool}``. Response: JSON, 200 with the
@@ -21,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import canary
 from .approvals import Approvals
 from .config import Settings
 from .errors import (
@@ -108,6 +116,40 @@ def perform(request: OperatorRequest, caller: str, settings: Settings) -> dict[s
         reason=request.reason,
         approver=caller,
     )
+    return result.model_dump(mode="json")
+
+
+class CanaryEvent(BaseModel):
+    """The direct invocation's event: settle one canary approval (nothing else)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["settle_canary_approval"]
+    approval_id: str = Field(min_length=1, max_length=64)
+
+
+def is_direct_canary_event(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is request_approval's direct invocation, not a function URL request:
+    no ``requestContext`` at all (a URL event, payload format 2.0, always has one) and the
+    canary's action. Any other event is read as a URL request (and refused if unauthenticated)."""
+    return "requestContext" not in event and event.get("action") == canary.SETTLE_ACTION
+
+
+def settle_canary(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """request_approval's direct invocation: approve one canary approval as the canary.
+
+    Raises (a function error, visible in the approve function's errors and logs) on a malformed
+    event (``InvalidStepInput``), a record that is not the canary's (``CanaryApprovalRefused``,
+    nothing sent) or a failed send (written on the canary run too).
+    """
+    try:
+        request = CanaryEvent.model_validate(event)
+    except ValidationError as exc:
+        raise InvalidStepInput(f"bad canary event: {str(exc).splitlines()[0]}") from exc
+    logger.info("canary approval", extra={"approval_id": request.approval_id})
+    result = canary.settle_approval(settings, request.approval_id)
+    if result is None:
+        return {"approval_id": request.approval_id, "already_decided": True}
     return result.model_dump(mode="json")
 
 

@@ -125,12 +125,12 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         if not state.admission or h["remediation_id"] != state.admission.remediation_id
     ]
     ev = notify.evidence(state, history)
-    if canary.is_canary(state.suspect):
-        # No person is asked: the canary approves itself through the same record and
-        # SendTaskSuccess a person's decision takes, and nobody is paged.
-        auto: autoapprove.AutoDecision | None = autoapprove.AutoDecision(
-            approve=True, reason=f"canary run {state.suspect.canary_run}", approver=canary.APPROVER
-        )
+    is_canary = canary.is_canary(state.suspect)
+    if is_canary:
+        # No person is asked and nobody is paged: the approve function settles the canary's
+        # approval (below), so it stays the only sender of task results.
+        ev["canary_run"] = state.suspect.canary_run
+        auto: autoapprove.AutoDecision | None = None
     else:
         auto = auto_decision(state, settings, ledger)
     if auto is not None:
@@ -146,15 +146,11 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         execution=state.execution,
         timeout_seconds=settings.approval_timeout_seconds,
     )
+    if is_canary:
+        canary.ask_approve(settings, approval_id)
+        return approval_id
     if auto is not None and auto.approve:
-        _auto_approve(
-            approvals,
-            approval_id,
-            auto,
-            ev,
-            settings,
-            announce=announce and not canary.is_canary(state.suspect),
-        )
+        _auto_approve(approvals, approval_id, auto, ev, settings, announce=announce)
         return approval_id
     if announce:
         prefix = (

@@ -4,7 +4,8 @@ The canary function starts a run as its EventBridge Scheduler schedule would (a 
 and datum for the reserved canary job and node); the local alarm evaluator fires the canary's
 SDC alarm and the rule starts the real workflow, whose real handlers localize the canary, admit
 it without claiming a slot, and run cordon, the deep health check, the approval and replace in
-dry run; the canary approves itself and the record step closes the run. The demo then checks
+dry run; request_approval asks the approve function to settle the canary's approval (the only
+function that sends task results) and the record step closes the run. The demo then checks
 what a canary must never do (touch a node, hold a guard slot, page anybody, count in `stats`)
 and that its not-completed alarm stays OK, and prints what `sdc-remediation canary` shows.
 """
@@ -21,7 +22,7 @@ from tests.e2e.scenario import local_cluster, operator
 
 CANARY_FOLDERS_SHOWN = (
     "localize", "admit", "cordon", "start_health_check", "poll_health_check",
-    "request_approval", "replace", "record",
+    "request_approval", "approve", "replace", "record",
 )  # fmt: skip
 
 
@@ -45,7 +46,9 @@ def _line(call: Invocation) -> str | None:
     if call.folder == "poll_health_check":
         return None if r.get("status") == "in_progress" else f"deep health check: {r.get('status')}"
     if call.folder == "request_approval":
-        return "approval requested and approved by the canary itself (nobody paged)"
+        return "approval requested; approve function invoked to settle it (nobody paged)"
+    if call.folder == "approve":
+        return f"approve (direct canary event): {r.get('decision')} recorded, approver {r.get('approver')}"
     if call.folder == "replace":
         return f"replace: {r.get('detail')}"
     if call.folder == "record":

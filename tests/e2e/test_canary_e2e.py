@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from sdc_remediation import canary as canary_mod
 from sdc_remediation import contract, outcomes
 from tests.e2e.harness.canary import LocalCanary
 from tests.e2e.harness.pipeline import LocalPipeline
@@ -56,6 +57,14 @@ def test_a_canary_run_walks_the_chain_and_closes_itself():
         assert [a["approver"]["S"] for a in approvals] == [
             "sdc-guard canary (no person: a synthetic event on the reserved canary node)"
         ]
+        # ... settled by the approve function (the only sender of task results), which
+        # request_approval invoked with the canary's direct event for that one approval
+        (approval,) = approvals
+        settled = [c for c in p.invocations if c.folder == "approve"]
+        assert [(c.payload, c.error) for c in settled] == [
+            (canary_mod.settle_event(approval["approval_id"]["S"]), None)
+        ]
+        assert settled[0].result["approver"] == canary_mod.APPROVER
         # ... nothing touched a node: no Kubernetes write, no HyperPod call
         assert p.kube.patches == []
         assert p.hyperpod.calls == []

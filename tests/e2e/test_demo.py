@@ -61,3 +61,30 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
         s for s, p in zip(stages, positions, strict=True) if p < 0
     ]
     assert positions == sorted(positions)
+
+
+@pytest.mark.timeout(600)
+def test_the_canary_demo_closes_the_canary_through_the_approve_function(capsys):
+    # Given the demo's canary mode (`python -m tests.e2e.demo --canary`)
+    # When it runs one canary through the stand-ins
+    status = demo.run(["--canary"])
+    out = capsys.readouterr().out
+    # Then its timeline shows the approval settled by the approve function (no person, nobody
+    # paged), the workflow succeeding and the canary closing itself, in that order
+    assert status == 0, out
+    stages = [
+        "schedule -> canary function: run c-",
+        "approval requested; approve function invoked to settle it (nobody paged)",
+        "approve (direct canary event): approve recorded, approver sdc-guard canary",
+        "ledger: approved (canary: no notification)",
+        "workflow SUCCEEDED; ledger for the reserved node: cordoned -> health_check_passed -> "
+        "awaiting_approval -> approved -> replaced",
+        "canary: nobody paged",
+        "canary closed itself",
+        "demo OK",
+    ]
+    positions = [out.find(s) for s in stages]
+    assert all(p >= 0 for p in positions), [
+        s for s, p in zip(stages, positions, strict=True) if p < 0
+    ]
+    assert positions == sorted(positions)

@@ -369,7 +369,13 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert props["LoggingConfig"]["LogFormat"] == "JSON"
         assert len(props["Layers"]) == 1
         env = props["Environment"]["Variables"]
-        assert set(env) == CONTRACT_ENV
+        # request_approval alone also names the approve function (the canary, on by default)
+        own = (
+            {contract.APPROVE_FUNCTION}
+            if props["Handler"].startswith("request_approval.")
+            else set()
+        )
+        assert set(env) == CONTRACT_ENV | own
         assert env["REPORT_LOG_GROUP"] == "/sdc/example-hyperpod-cluster"
         assert env["MAX_NODES_PER_HOUR"] == "2"
         assert env["HEALTH_CHECKS"] == "InstanceStress"
@@ -655,9 +661,8 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
     assert not [a for a in allowed if a.startswith("states:")]
     assert not any(approvals_id in r for rs in allowed.values() for r in rs)
     assert not any(r == "*" for rs in allowed.values() for r in rs)
-    # And of all the stack's roles, only the approve function's may send task results, and
-    # RequestApproval's for the canary's own approval (it stores every token anyway; the canary
-    # is on by default, `canarySchedule: off` removes it: test_infra_canary)
+    # And of all the stack's roles, only the approve function's may send task results (the
+    # canary, on by default, approves through it: RequestApproval may invoke it, nothing else)
     senders = set()
     for policy in resources(template, "AWS::IAM::Policy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
@@ -669,9 +674,23 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
                     ":stateMachine:sdc-guard-example-hyperpod-cluster"
                 )
     approve_role = template["Resources"][approve_id]["Properties"]["Role"]["Fn::GetAtt"][0]
+    assert senders == {approve_role}
+    # And RequestApproval may invoke the approve function alone (to settle the canary's
+    # approval), and knows its name
     request_id = function_ids(template)["request_approval"]
     request_role = template["Resources"][request_id]["Properties"]["Role"]["Fn::GetAtt"][0]
-    assert senders == {approve_role, request_role}
+    invokes = [
+        statement
+        for policy in resources(template, "AWS::IAM::Policy").values()
+        if request_role in [r["Ref"] for r in policy["Properties"]["Roles"]]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        if any(a.startswith("lambda:") for a in as_list(statement["Action"]))
+    ]
+    assert [(as_list(s["Action"]), s["Resource"]) for s in invokes] == [
+        (["lambda:InvokeFunction"], {"Fn::GetAtt": [approve_id, "Arn"]})
+    ]
+    request_env = template["Resources"][request_id]["Properties"]["Environment"]["Variables"]
+    assert request_env["APPROVE_FUNCTION"] == {"Ref": approve_id}
 
 
 def test_the_approve_function_has_an_aws_iam_url(default_synth: Any) -> None:

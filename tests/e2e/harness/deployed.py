@@ -332,6 +332,27 @@ class DeployedChain:
                 self._running -= 1
                 self._in_flight.notify_all()
 
+    def invoke_event(self, function_name: str, body: Any) -> bytes:
+        """An asynchronous invoke (``InvocationType=Event``): answered at once, run afterwards on
+        a thread of its own as Lambda queues it (the template-built pipeline's
+        ``_invoke_event`` says what that does and does not stand in for). Counted as running
+        from now, so closing the chain waits for it."""
+        with self._in_flight:
+            if self._closing:
+                return b""
+            self._running += 1
+
+        def run() -> None:
+            try:
+                self.invoke(function_name, body, {})
+            finally:
+                with self._in_flight:
+                    self._running -= 1
+                    self._in_flight.notify_all()
+
+        threading.Thread(target=run, name="lambda-event", daemon=True).start()
+        return b""
+
     # ------------------------------------------------------------------ driving and reading
     def start_execution(self, event: dict[str, Any]) -> str:
         """What the deployed rule's target does with a matching event; returns the ARN."""
@@ -460,6 +481,8 @@ def _dispatcher(chain: DeployedChain) -> Callable[..., bytes]:
         headers: Any,
         response_headers: dict[str, str],
     ) -> bytes:
+        if headers.get("X-Amz-Invocation-Type") == "Event":
+            return chain.invoke_event(function_name, body)
         return chain.invoke(function_name, body, response_headers)
 
     return invoke

@@ -514,6 +514,11 @@ class LocalPipeline:
         folders = function_logical_ids(self.template)
         functions = self._resources("AWS::Lambda::Function")
         for folder, logical_id in folders.items():
+            # A function's name is its folder here (what `_invoke` dispatches on), e.g. the
+            # approve function request_approval invokes for the canary (APPROVE_FUNCTION).
+            self._physical[logical_id] = folder
+            self._arns[logical_id] = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{folder}"
+        for folder, logical_id in folders.items():
             variables = (
                 functions[logical_id]["Properties"].get("Environment", {}).get("Variables", {})
             )
@@ -600,9 +605,36 @@ class LocalPipeline:
             headers: Any,
             response_headers: dict[str, str],
         ) -> bytes:
+            if headers.get("X-Amz-Invocation-Type") == "Event":
+                return pipeline._invoke_event(function_name, body)
             return pipeline._invoke(function_name, body, response_headers)
 
         return invoke
+
+    def _invoke_event(self, function_name: str, body: Any) -> bytes:
+        """An asynchronous invoke (``InvocationType=Event``, how request_approval asks the
+        approve function to settle a canary's approval): answered at once (moto answers 202),
+        and run afterwards on a thread of its own, as Lambda queues it and runs it once the
+        caller went on. Counted as running from now, so closing the pipeline waits for it. Its
+        outcome is only in ``self.invocations`` (a function error there, as in the function's
+        logs); Lambda's two retries of a failed asynchronous invocation are not stood in."""
+        folder = function_name.rsplit(":", 1)[-1]
+        payload = json.loads(body) if body else {}
+        with self._in_flight:
+            if self._closing:
+                return b""
+            self._running_invokes += 1
+
+        def run() -> None:
+            try:
+                self._run_handler(folder, payload, {})
+            finally:
+                with self._in_flight:
+                    self._running_invokes -= 1
+                    self._in_flight.notify_all()
+
+        threading.Thread(target=run, name=f"lambda-event-{folder}", daemon=True).start()
+        return b""
 
     def _invoke(self, function_name: str, body: Any, response_headers: dict[str, str]) -> bytes:
         """Run the real handler of ``function_name`` in this process, as the Lambda runtime would:
