@@ -192,9 +192,10 @@ class Guard:
         self.sensors = SensorCheck(self.module, self.schedule, adapter=a)
         """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
         replays. A do-nothing without protected layers."""
-        self.sensors_planned = self.sensors.plan is not None
-        """Whether online sensors check at some steps (decided once: without them, a step skips
-        every sensor call)."""
+        self.sensors_planned = self.sensors.enabled
+        """Whether online sensors run in this job (decided once: without them, a step skips
+        every sensor call). Their plan itself is made at the first step (the cost model needs
+        the batch's rows), so this asks whether there is a board to plan for, not a plan."""
 
         self.current_step: int | None = None
         """The step being run (fault drills read it); None before the first step."""
