@@ -219,6 +219,32 @@ def check_cost(rows_out: int, inner: int, width: int) -> float:
     return check / gemm
 
 
+def layer_norm_row_sums(
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of a layer norm's R x D input ``x``: the expected output row sum
+    ``r ((x - μ) @ gamma) + sum(beta)`` and the magnitude its rounding grows with,
+    ``r (|x - μ| + |μ|) |gamma| + |beta|`` (fp32, R values each), with the kernel's own ``μ``
+    and ``r`` (see :func:`layer_norm_ratio`)."""
+    x32 = x.float()
+    features = x32.shape[1]
+    mean32, rstd32 = mean.float().reshape(-1, 1), rstd.float().reshape(-1)
+    centred = x32 - mean32
+    gamma = weight.float().reshape(-1) if weight is not None else x32.new_ones(features)
+    expected = rstd32 * (centred @ gamma)
+    spread = torch.linalg.vector_norm(centred, dim=1) + mean32.reshape(-1).abs()
+    magnitude = rstd32 * spread * torch.linalg.vector_norm(gamma)
+    if bias is not None:
+        bias32 = bias.float().reshape(-1)
+        expected = expected + bias32.sum()
+        magnitude = magnitude + torch.linalg.vector_norm(bias32)
+    return expected, magnitude
+
+
 def layer_norm_ratio(
     y32: torch.Tensor,
     x: torch.Tensor,
@@ -243,18 +269,8 @@ def layer_norm_ratio(
     x1.1 on one element above 5 in 99% of trials for D <= 4096 with mean 0, less as the mean
     grows against the spread (the output's own precision shrinks with it).
     """
-    x32 = x.float()
-    features = x32.shape[1]
-    mean32, rstd32 = mean.float().reshape(-1, 1), rstd.float().reshape(-1)
-    centred = x32 - mean32
-    gamma = weight.float().reshape(-1) if weight is not None else x32.new_ones(features)
-    expected = rstd32 * (centred @ gamma)
-    spread = torch.linalg.vector_norm(centred, dim=1) + mean32.reshape(-1).abs()
-    magnitude = rstd32 * spread * torch.linalg.vector_norm(gamma)
-    if bias is not None:
-        bias32 = bias.float().reshape(-1)
-        expected = expected + bias32.sum()
-        magnitude = magnitude + torch.linalg.vector_norm(bias32)
+    expected, magnitude = layer_norm_row_sums(x, mean, rstd, weight, bias)
+    features = x.shape[1]
     observed = y32.sum(dim=1, dtype=torch.float32)
     scale = FP32_UNIT_ROUNDOFF * (1.0 + math.sqrt(features))
     ratio = (observed - expected).abs() / (scale * magnitude + BOUND_FLOOR)

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .abft import layer_norm_row_sums
 from .board import Gemm, SensorBoard
 from .rows import (
     FP32_UNIT_ROUNDOFF,
@@ -75,18 +76,8 @@ def layer_norm_output_ratio(
     :func:`.abft.layer_norm_ratio`'s identity and bound, plus the rounding of the output to its
     own dtype when it is coarser than fp32 (:func:`.rows.output_rounding`). ``y`` and ``x`` are
     R x D, ``mean``/``rstd`` R values."""
-    x32 = x.float()
-    features = x32.shape[1]
-    mean32, rstd32 = mean.float().reshape(-1, 1), rstd.float().reshape(-1)
-    centred = x32 - mean32
-    gamma = weight.float().reshape(-1) if weight is not None else x32.new_ones(features)
-    expected = rstd32 * (centred @ gamma)
-    spread = torch.linalg.vector_norm(centred, dim=1) + mean32.reshape(-1).abs()
-    magnitude = rstd32 * spread * torch.linalg.vector_norm(gamma)
-    if bias is not None:
-        bias32 = bias.float().reshape(-1)
-        expected = expected + bias32.sum()
-        magnitude = magnitude + torch.linalg.vector_norm(bias32)
+    expected, magnitude = layer_norm_row_sums(x, mean, rstd, weight, bias)
+    features = x.shape[1]
     y32 = y.float()
     observed = y32.sum(dim=1)
     bound = FP32_UNIT_ROUNDOFF * sqrt_length(features) * magnitude
