@@ -15,6 +15,22 @@ from sdc_agent.drill import DrillModel, make_batch, make_fault, make_loss
 from sdc_agent.sensors import ResidualAdd, SensorConfig, protect
 
 
+def x1_1_once(layer: str, gemm: str = "forward", *, rank: int, **kw: Any) -> dict[str, Any]:
+    """A fault spec: x1.1 on one element of a protected GEMM's (or op's) fp32 result on
+    ``rank``, once at step 8 (``kw`` overrides any field: kind, step, persistent, ...)."""
+    return {
+        "kind": "ScaleGemmElement",
+        "layer": layer,
+        "gemm": gemm,
+        "factor": 1.1,
+        "index": 5,
+        "rank": rank,
+        "step": 8,
+        "persistent": False,
+        **kw,
+    }
+
+
 class OpsDrillModel(nn.Module):
     """The op families beyond GEMMs in one small model: a LayerNorm, a softmax gate, a residual
     add (written as ``ResidualAdd``) and log-softmax outputs, around three linear layers."""

@@ -15,6 +15,7 @@ import pytest
 
 from sdc_agent.drill import launch
 from tests.agent.outcomes import the_alarm
+from tests.agent.sensor_scenarios import x1_1_once
 
 # One launch for every scenario: on a busy 2-core machine it can outlast the default 300 s.
 pytestmark = pytest.mark.timeout(900)
@@ -32,16 +33,7 @@ FAULTS = {  # scenario: (layer, op, kind of sensor)
 
 def op_fault(layer: str, op: str) -> dict[str, Any]:
     """x1.1 on one element of a protected op's result on rank R, once at step 8."""
-    return {
-        "kind": "ScaleOpElement",
-        "layer": layer,
-        "gemm": op,
-        "factor": 1.1,
-        "index": 5,
-        "rank": R,
-        "step": 8,
-        "persistent": False,
-    }
+    return x1_1_once(layer, op, rank=R, kind="ScaleOpElement")
 
 
 JOBS: dict[str, tuple[str, dict]] = {

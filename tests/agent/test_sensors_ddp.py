@@ -14,6 +14,7 @@ import pytest
 
 from sdc_agent.drill import launch
 from tests.agent.outcomes import the_alarm
+from tests.agent.sensor_scenarios import x1_1_once
 
 R = 3
 RUN = "tests.agent.sensor_scenarios:sensed_run"
@@ -22,16 +23,7 @@ CLEAN_STEPS = 500
 
 def gemm_fault(layer: str = "net.4", **kw: Any) -> dict[str, Any]:
     """x1.1 on one element of a protected GEMM's fp32 result on rank R, once at step 8."""
-    return {
-        "kind": "ScaleGemmElement",
-        "layer": layer,
-        "factor": 1.1,
-        "index": 5,
-        "rank": R,
-        "step": 8,
-        "persistent": False,
-        **kw,
-    }
+    return x1_1_once(layer, rank=R, **kw)
 
 
 JOBS: dict[str, tuple[str, dict]] = {

@@ -15,6 +15,7 @@ import pytest
 
 from sdc_agent.drill import launch
 from tests.agent.outcomes import the_alarm
+from tests.agent.sensor_scenarios import x1_1_once
 
 R = 3
 RUN = "tests.agent.sensor_scenarios_fsdp:sensed_sharded_run"
@@ -25,16 +26,7 @@ step 8; with 5, a fault-free run here saw one healthy flag on the 4 x 32 head's 
 against the floor of 3, which the replays found reproducible: counted, no alarm)."""
 LAYOUTS = ("fsdp", "hsdp")
 
-FORWARD_X1_1 = {
-    "kind": "ScaleGemmElement",
-    "layer": "blocks.1.fc",
-    "gemm": "forward",
-    "factor": 1.1,
-    "index": 5,
-    "rank": R,
-    "step": 8,
-    "persistent": False,
-}
+FORWARD_X1_1 = x1_1_once("blocks.1.fc", rank=R)
 """x1.1 on one element of blocks.1.fc's forward GEMM result on rank R, at step 8 only."""
 
 JOBS: dict[str, tuple[str, dict]] = {
