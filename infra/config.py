@@ -39,6 +39,7 @@ LOG_RETENTION_DAYS: tuple[int, ...] = (
 _HYPERPOD_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # SageMaker ClusterName
 _HYPERPOD_ARN = re.compile(r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-z0-9]{12}$")
 _EKS_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")  # EKS CreateCluster name
+_K8S_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1123 label
 _NAMESPACE = re.compile(r"^[^:][^:]{0,254}$")  # CloudWatch namespace: no colon, 1..255 chars
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
@@ -123,8 +124,17 @@ class SdcConfig:
     canary_timeout_seconds: int = 3600
     """How long a canary run may take; the canary alarm fires when none completed within the
     schedule's period plus this (`canaryTimeout`)."""
+    training_namespace: str = "default"
+    """The Kubernetes namespace of the guarded jobs' pods: localize trusts a report's pod only
+    there (`trainingNamespace`)."""
 
     def __post_init__(self) -> None:
+        _check(
+            bool(_K8S_NAMESPACE.match(self.training_namespace)),
+            "trainingNamespace",
+            f"{self.training_namespace!r} is not a Kubernetes namespace name (a DNS-1123 label: "
+            "lower-case letters, digits and '-', at most 63)",
+        )
         _check(
             bool(_HYPERPOD_NAME.match(self.hyperpod_cluster_name)),
             "hyperPodClusterName",
@@ -453,6 +463,7 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "shadowHealthCheck": ("shadow_health_check", _as_bool),
     "canarySchedule": ("canary_schedule_seconds", _as_schedule),
     "canaryTimeout": ("canary_timeout_seconds", _as_duration),
+    "trainingNamespace": ("training_namespace", _as_str),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
 

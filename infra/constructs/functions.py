@@ -579,6 +579,7 @@ class Functions(Construct):
             contract.STATE_MACHINE_ARN: state_machine_arn,
             contract.CHECK_MODES: config.check_modes_json,
             contract.AUTO_APPROVE: config.auto_approve.as_json(),
+            contract.TRAINING_NAMESPACE: config.training_namespace,
         }
         return {
             **env,

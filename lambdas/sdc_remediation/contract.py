@@ -59,6 +59,7 @@ FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     ALARM_NAME_PREFIX,
     CHECK_MODES,
     AUTO_APPROVE,
+    TRAINING_NAMESPACE,
 )
 """What infra sets on every function (besides Powertools' own variables below)."""
 

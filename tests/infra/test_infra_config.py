@@ -27,6 +27,7 @@ def test_shipped_cdk_json_gives_the_documented_defaults() -> None:
     assert config.replace_mode == "api"
     assert config.dry_run is False
     assert config.report_log_group == "/sdc/example-hyperpod-cluster"
+    assert config.training_namespace == "default"
 
 
 def test_missing_cluster_name_names_the_key_and_how_to_set_it() -> None:
@@ -109,6 +110,13 @@ def test_partial_thresholds_keep_the_default_for_the_others() -> None:
         ("vpcId", "vpc-0123456789abcdef0", "required when vpcId", "subnetIds"),
         ("logRetentionDays", 10, "CloudWatch Logs accepts", "logRetentionDays"),
         ("livenessWindow", "90s", "between 5 minutes and 1 day", "livenessWindow"),
+        ("trainingNamespace", "Team_A", "not a Kubernetes namespace name", "trainingNamespace"),
+        (
+            "trainingNamespace",
+            "../kube-system",
+            "not a Kubernetes namespace name",
+            "trainingNamespace",
+        ),
     ],
 )
 def test_invalid_values_are_rejected_naming_the_key(

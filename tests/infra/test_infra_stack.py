@@ -383,6 +383,7 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "SDCRemediation"
         assert env["ALARM_ACCOUNT_ID"] == {"Ref": "AWS::AccountId"}
         assert env["ALARM_NAME_PREFIX"] == "sdc-guard-example-hyperpod-cluster-"
+        assert env["TRAINING_NAMESPACE"] == "default"  # trainingNamespace
         assert int(env["APPROVAL_TTL_SECONDS"]) > 86400
         # The approval timeout is passed as itself (the functions no longer subtract a day)
         assert env["APPROVAL_TIMEOUT_SECONDS"] == "86400"
