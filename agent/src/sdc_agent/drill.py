@@ -318,7 +318,8 @@ def _worker(
         # A PyTorchJob names its pods <job>-worker-<n>; the publisher reads the job from it.
         POD_NAME=f"{os.environ.get('SDC_JOB_NAME', 'sdc-drill')}-worker-{rank}",
     )
-    # Bitwise replays need the same intra-op thread count on every rank: a different count changes how the CPU kernels split their sums.
+    # Bitwise replays need the same intra-op thread count on every rank: a different count
+    # changes how the CPU kernels split their sums.
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
