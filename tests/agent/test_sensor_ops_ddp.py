@@ -41,6 +41,18 @@ JOBS: dict[str, tuple[str, dict]] = {
         name: (RUN, {"steps": 12, "ops_model": True, "faults": [op_fault(layer, op)]})
         for name, (layer, op, _) in FAULTS.items()
     },
+    # A persistent fault in the norm's output from step 70, the next audit at 100, under a
+    # budget that rotates the sensors (as test_sensors_ddp's persistent GEMM row).
+    "persistent_norm": (
+        RUN,
+        {
+            "steps": 100,
+            "audit_every": 100,
+            "budget": 0.25,
+            "ops_model": True,
+            "faults": [x1_1_once("norm", rank=R, kind="ScaleOpElement", step=70, persistent=True)],
+        },
+    ),
     "clean_fp32": (RUN, {"steps": CLEAN_STEPS, "ops_model": True}),
     "clean_bf16": (RUN, {"steps": CLEAN_STEPS, "ops_model": True, "autocast_bf16": True}),
 }
@@ -74,6 +86,22 @@ def test_a_one_step_fault_beyond_gemms_is_a_candidate_that_step_confirmed_transi
     assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "transient"}]
     assert all(r["updates"] == list(range(8)) for r in results[name])
     assert results[name][0]["alarms_published"] == 1
+
+
+def test_a_persistent_norm_fault_is_named_by_the_rotation_well_before_the_next_audit(results):
+    # Given a budget under which the sensors rotate, and x1.1 in the norm's output on R every
+    # step from step 70; the next audit is at step 100
+    run = results["persistent_norm"][0]
+    period = run["coverage"]["period"]
+    alarm = the_alarm(results, "persistent_norm")
+    # Then the norm's sensor names R within one rotation period, confirmed persistent
+    assert 70 <= alarm["step"] < 70 + period < 100
+    assert alarm["suspects"] == [R]
+    assert [v["kind"] for v in alarm["verdicts"]] == ["persistent"]
+    assert {(c["layer"], c["kind"]) for c in alarm["sensor_candidates"]} == {("norm", "layer_norm")}
+    # And the budget did rotate: not every sensor checks on every step
+    rates = [r for layer in run["coverage"]["layers"].values() for r in layer.values()]
+    assert period > 1 and max(rates) < 1.0 and min(rates) > 0.0
 
 
 @pytest.mark.parametrize("name", ["clean_fp32", "clean_bf16"])
