@@ -38,6 +38,7 @@ from moto.awslambda_simple.models import LambdaSimpleBackend
 from infra.app import STACK_ID
 from tests.support.kube_standin import KubeStandIn
 
+from .account import create_cluster
 from .alarms import AlarmSpec, LocalAlarmEvaluator
 from .deployment import (
     ACCOUNT,
@@ -146,33 +147,7 @@ class DeployedChain:
         return config["Handler"].rsplit(".", 1)[0]
 
     def _create_cluster(self) -> None:
-        c = self.cluster
-        self.aws.client("sagemaker").create_cluster(
-            ClusterName=c.hyperpod_name,
-            InstanceGroups=[
-                {
-                    "InstanceCount": len(c.instance_ids),
-                    "InstanceGroupName": c.instance_group,
-                    "InstanceType": "ml.p5.48xlarge",
-                    "LifeCycleConfig": {
-                        "SourceS3Uri": "s3://sagemaker-lifecycle/",
-                        "OnCreate": "on_create.sh",
-                    },
-                    "ExecutionRole": f"arn:aws:iam::{ACCOUNT}:role/hyperpod-nodes",
-                    "ThreadsPerCore": 1,
-                }
-            ],
-        )
-        self.hyperpod.adopt_instance_ids(c.hyperpod_name, c.instance_ids)
-        self.aws.client("eks").create_cluster(
-            name=c.eks_name,
-            roleArn=f"arn:aws:iam::{ACCOUNT}:role/eks",
-            resourcesVpcConfig={"subnetIds": ["subnet-1"]},
-        )
-        for node, instance_id in enumerate(c.instance_ids):
-            for local in range(c.ranks_per_node):
-                rank = node * c.ranks_per_node + local
-                self.kube.add_pod(c.pod_name(rank), c.node_name(instance_id))
+        create_cluster(self.aws.client, self.hyperpod, self.kube, self.cluster)
 
     def _deployed_evaluator(self) -> LocalAlarmEvaluator:
         """Evaluate the deployed alarms; deliver to the deployed rule's target."""

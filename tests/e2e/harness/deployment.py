@@ -32,16 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import requests
 from moto.server import ThreadedMotoServer
 
 from infra.app import example_context
 from infra.config import KEYS
 
 from . import moto_cloudformation
+from .account import ACCOUNT, REGION, reset_embedded_aws
 
-ACCOUNT = "123456789012"
-REGION = "us-east-1"
 REPO = Path(__file__).resolve().parents[3]
 WORK_DIR = REPO / ".deploy-local"
 """Gitignored: the cloud assembly the rehearsal deploys and the CLI's logs."""
@@ -79,15 +77,7 @@ class EmbeddedAws:
         _, port = self._server.get_host_and_port()
         self.port = int(port)
         self.endpoint = f"http://localhost:{self.port}"
-        requests.post(f"{self.endpoint}/moto-api/reset", timeout=30).raise_for_status()
-        requests.post(
-            f"{self.endpoint}/moto-api/config",
-            json={
-                "stepfunctions": {"execute_state_machine": True},
-                "lambda": {"use_docker": False},
-            },
-            timeout=30,
-        ).raise_for_status()
+        reset_embedded_aws(self.endpoint, timeout=30)
         return self
 
     def __exit__(self, *exc: object) -> None:

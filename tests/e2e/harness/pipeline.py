@@ -49,7 +49,6 @@ from unittest import mock
 
 import boto3
 import botocore.exceptions
-import requests
 from botocore.credentials import Credentials
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.server import ThreadedMotoServer
@@ -58,12 +57,11 @@ from infra.app import synthesize_template
 from infra.template import function_logical_ids, state_machine_definition
 from tests.support.kube_standin import KubeStandIn
 
+from .account import ACCOUNT, REGION, create_cluster, reset_embedded_aws
 from .alarms import AlarmSpec, LocalAlarmEvaluator
 from .function_url import ApprovalUrl
 from .hyperpod import HyperPodSimulator
 
-ACCOUNT = "123456789012"
-REGION = "us-east-1"
 REPO = Path(__file__).resolve().parents[3]
 LAMBDAS = REPO / "lambdas"
 
@@ -310,15 +308,7 @@ class LocalPipeline:
             aws_secret_access_key="sk",
         )
         # moto's backends are process globals: start every pipeline from an empty account.
-        requests.post(f"{self.endpoint}/moto-api/reset", timeout=10).raise_for_status()
-        requests.post(
-            f"{self.endpoint}/moto-api/config",
-            json={
-                "stepfunctions": {"execute_state_machine": True},
-                "lambda": {"use_docker": False},
-            },
-            timeout=10,
-        ).raise_for_status()
+        reset_embedded_aws(self.endpoint, timeout=10)
         self.kube = self._stack.enter_context(KubeStandIn())
         self.hyperpod = HyperPodSimulator(
             self.kube,
@@ -409,33 +399,7 @@ class LocalPipeline:
 
     # ------------------------------------------------------------------ the cluster
     def _create_cluster(self) -> None:
-        c = self.cluster
-        self.client("sagemaker").create_cluster(
-            ClusterName=c.hyperpod_name,
-            InstanceGroups=[
-                {
-                    "InstanceCount": len(c.instance_ids),
-                    "InstanceGroupName": c.instance_group,
-                    "InstanceType": "ml.p5.48xlarge",
-                    "LifeCycleConfig": {
-                        "SourceS3Uri": "s3://sagemaker-lifecycle/",
-                        "OnCreate": "on_create.sh",
-                    },
-                    "ExecutionRole": f"arn:aws:iam::{ACCOUNT}:role/hyperpod-nodes",
-                    "ThreadsPerCore": 1,
-                }
-            ],
-        )
-        self.hyperpod.adopt_instance_ids(c.hyperpod_name, c.instance_ids)
-        self.client("eks").create_cluster(
-            name=c.eks_name,
-            roleArn=f"arn:aws:iam::{ACCOUNT}:role/eks",
-            resourcesVpcConfig={"subnetIds": ["subnet-1"]},
-        )
-        for node, instance_id in enumerate(c.instance_ids):
-            for local in range(c.ranks_per_node):
-                rank = node * c.ranks_per_node + local
-                self.kube.add_pod(c.pod_name(rank), c.node_name(instance_id))
+        create_cluster(self.client, self.hyperpod, self.kube, self.cluster)
 
     # ------------------------------------------------------------------ template resources
     def _resources(self, kind: str) -> dict[str, dict[str, Any]]:
