@@ -76,7 +76,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sdc_agent as sdc
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "plain": None,
@@ -113,7 +113,7 @@ BASELINES = {
 }
 """Variants measured against their own unguarded loop (the default baseline is "plain")."""
 SHARDED = {"fsdp": "fsdp", "plain_fsdp": "fsdp", "hsdp": "hsdp", "plain_hsdp": "hsdp"}
-"""The variants whose model is sharded with FSDP2, and how (``sdc_agent.drill_fsdp.shard``)."""
+"""The variants whose model is sharded with FSDP2, and how (``sdc_agent.drills.sharded.shard``)."""
 DEFAULT_VARIANTS = ["checks", "weights10", "audit100", "det_audit100", "det_audit10", "accum4"]
 """What a run without ``--variants`` measures (the DDP set; the sharded ones are opt-in)."""
 ACCUM = 4
@@ -163,7 +163,7 @@ def _model(name: str, width: int, depth: int, shards: int) -> nn.Module:
     parallel = SHARDED.get(name)
     if parallel is None:
         return nn.parallel.DistributedDataParallel(module)
-    from sdc_agent.drill_fsdp import shard
+    from sdc_agent.drills.sharded import shard
 
     hidden = [m for m in module.net if isinstance(m, nn.Linear)][1:-1]
     return shard(module, parallel, shards=shards, blocks=hidden)

@@ -9,10 +9,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import sdc_agent as sdc
-from sdc_agent.drill import make_batch, make_loss
-from sdc_agent.drill_fsdp import ShardedDrillModel, build_sharded
-from sdc_agent.parallel_fsdp import FSDP2Adapter, adapter_for
-from sdc_agent.replay import outcome_of
+from sdc_agent.checks.replay.replayer import outcome_of
+from sdc_agent.drills.job import build_sharded, make_batch, make_loss
+from sdc_agent.drills.sharded import ShardedDrillModel
+from sdc_agent.parallel import FSDP2Adapter, adapter_for
 
 
 @pytest.fixture

@@ -31,10 +31,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .fingerprint import bit_patterns
+from ..fingerprint import bit_patterns
 
 if TYPE_CHECKING:
-    from .guard import Guard
+    from ..guard import Guard
 
 
 __all__ = [
@@ -372,7 +372,7 @@ class _GemmFault(Fault):
         other protected layers (norm, residual add, softmax, log-softmax) ``forward`` is the op's
         output and ``dgrad`` its input gradient, where it has one (``sensor_ops`` says);
         ``index``: the flat element (modulo the result's size)."""
-        from .sensors import GEMMS
+        from ..sensors import GEMMS
 
         if gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")

@@ -1,29 +1,15 @@
-"""Fire drills on the CPU: a real multi-process DDP job (gloo) with a fault on one "GPU".
+"""The drill job: a small model trained under the guard, with faults injected on one rank.
 
-``python -m sdc_agent.drill`` starts 3 simulated nodes x 2 ranks on this machine, injects a
-persistent fault into one rank's forward pass, and prints what the guard caught;
-``--parallel fsdp|hsdp`` runs the same drill on a model sharded with FSDP2 (full sharding, or
-HSDP with replicas across nodes and shards within a node; :mod:`sdc_agent.drill_fsdp`). The same
-launcher runs the project's multi-process tests: :func:`launch` starts ``world`` processes, each
-with its own NODE_NAME (``hyperpod-i-...``), and runs a list of jobs (importable functions) in
-one process group, returning each job's per-rank result.
+Every rank of a drill runs :func:`train_drill` (started by :mod:`.launch`, from the CLI
+``python -m sdc_agent.drill`` or from the tests): it builds the model (DDP, or FSDP2/HSDP with
+:mod:`.sharded`), the optimizer and the guard, attaches the fault injectors of :mod:`.faults`,
+trains and reports what the guard caught on that rank. The batches are pure functions of (step,
+rank), so any rank can rebuild any other's (``rebuild_batch``).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
-import multiprocessing
-import os
-import socket
-import sys
-import tempfile
-import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,18 +17,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import drill_checkpoints
-
-Job = tuple[str, dict[str, Any]]
-"""("package.module:function", keyword arguments): the function runs on every rank."""
+from . import checkpoints
+from .sharded import ShardedDrillModel, shard
 
 
-def node_name(node: int) -> str:
-    """A HyperPod-style node name for simulated node ``node``."""
-    return f"hyperpod-i-{node:017x}"
-
-
-# ---------------------------------------------------------------------------- the drill job
 class DrillModel(nn.Module):
     """A small MLP with the parts that make replays hard: BatchNorm buffers and dropout."""
 
@@ -160,6 +138,36 @@ def guarded_sgd(
     return optimizer, guard
 
 
+def build_sharded(
+    schedule: dict[str, Any],
+    *,
+    parallel: str,
+    shards: int = 2,
+    seed: int = 0,
+    autocast_bf16: bool = False,
+    activation_checkpointing: bool = False,
+    mixed_precision: bool = False,
+    publisher: Any = None,
+    scaler: Any = None,
+) -> tuple[Any, Any, Any]:
+    """(fsdp_model, optimizer, guard) for the sharded drill model, identical initial weights.
+
+    ``schedule``: ``sdc_agent.Schedule``'s keywords (with ``grad_accum`` > 1 ``rebuild_batch``
+    returns the step's micro-batches, :func:`make_step_batch`); ``scaler``: passed to the guard
+    as is."""
+    torch.manual_seed(seed)
+    model = shard(
+        ShardedDrillModel(activation_checkpointing=activation_checkpointing),
+        parallel,
+        shards=shards,
+        mixed_precision=mixed_precision,
+    )
+    optimizer, guard = guarded_sgd(
+        model, schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=publisher, scaler=scaler
+    )
+    return model, optimizer, guard
+
+
 def make_fault(spec: dict[str, Any]) -> Any:
     """A fault injector from ``{"kind": "ScaleOutputElement", ...keyword arguments}``."""
     from . import faults
@@ -193,7 +201,7 @@ def train_drill(
     ``parallel``: ``ddp`` (the default), or ``fsdp`` / ``hsdp`` (FSDP2, ``shards`` ranks per
     replica under HSDP; ``activation_checkpointing`` applies to the sharded model's blocks).
     ``run_dir`` (DDP only): rank 0 saves each due checkpoint there with the guard's tags
-    (:mod:`sdc_agent.drill_checkpoints`), and the guard records its alarms there
+    (:mod:`.checkpoints`), and the guard records its alarms there
     (``alarm_dir``). ``resume``: the restart after a stop: load the checkpoint of ``run_dir``
     that ``sdc.clean_resume_step`` chooses and start after it (``start_step`` must then be 0;
     no clean checkpoint: the initial weights from step 0); the guard refuses a checkpoint inside
@@ -214,7 +222,7 @@ def train_drill(
     decision: dict[str, Any] | None = None
     state = None
     if resume:
-        decision = drill_checkpoints.choose_resume(run_dir)
+        decision = checkpoints.choose_resume(run_dir)
         state = decision.pop("state")
         start_step = 0 if decision["step"] is None else decision["step"] + 1
         decision["loaded_tags"] = None if state is None else state["sdc"]
@@ -228,8 +236,6 @@ def train_drill(
             alarm_dir=run_dir,
         )
     else:
-        from .drill_fsdp import build_sharded
-
         _, optimizer, guard = build_sharded(
             schedule,
             parallel=parallel,
@@ -256,7 +262,7 @@ def train_drill(
     def save(step: int, tags: dict[str, Any]) -> None:
         saves.append([step, tags])
         if run_dir is not None and dist.get_rank() == 0:
-            drill_checkpoints.save_checkpoint(run_dir, step, guard.module, optimizer, tags)
+            checkpoints.save_checkpoint(run_dir, step, guard.module, optimizer, tags)
 
     batches = (
         make_step_batch(s, dist.get_rank(), seed=seed, grad_accum=guard.schedule.grad_accum)
@@ -278,274 +284,3 @@ def train_drill(
         "last_weight_check_pass": guard.last_weight_check_pass,
         "resume": decision,
     }
-
-
-# ---------------------------------------------------------------------------- the launcher
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _resolve(path: str) -> Any:
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _worker(
-    rank: int,
-    world: int,
-    port: int,
-    ranks_per_node: int,
-    jobs: list[Job],
-    out: str,
-    timeout_s: float,
-    node: str,
-    environment: dict[str, str] | None,
-) -> None:
-    if environment is not None:
-        # A forkserver child inherits the server's environment, as it was when the server
-        # started: put back the launcher's, as of this launch.
-        os.environ.clear()
-        os.environ.update(environment)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank % ranks_per_node),
-        NODE_NAME=node,
-        # A PyTorchJob names its pods <job>-worker-<n>; the publisher reads the job from it.
-        POD_NAME=f"{os.environ.get('SDC_JOB_NAME', 'sdc-drill')}-worker-{rank}",
-    )
-    # Bitwise replays need the same intra-op thread count on every rank: a different count
-    # changes how the CPU kernels split their sums.
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
-    )
-    results = []
-    for path, kwargs in jobs:
-        try:
-            results.append(_resolve(path)(**kwargs))
-        except Exception as err:  # reported to the parent, which fails the run
-            results.append(
-                {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
-            )
-    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # gloo's destructors can deadlock at interpreter exit: leave at once.
-    os._exit(0)
-
-
-def launch(
-    jobs: list[Job],
-    *,
-    world: int = 6,
-    ranks_per_node: int = 2,
-    timeout_s: float = 240.0,
-    node_names: Sequence[str] | None = None,
-    start_method: str = "spawn",
-) -> list[list[dict[str, Any]]]:
-    """Run ``jobs`` on ``world`` CPU processes (gloo); returns results[job][rank].
-
-    Every process gets NODE_NAME of node ``rank // ranks_per_node``: :func:`node_name` of it,
-    or ``node_names[node]`` (a job restarted on a replaced node runs on a new name). Raises
-    TimeoutError (after killing the processes) when the run takes longer than ``timeout_s``, and
-    RuntimeError when a process dies without a result.
-
-    ``start_method``: ``spawn`` starts each process from scratch (each imports torch: seconds
-    of CPU apiece); ``forkserver`` forks them from a server that imported torch and this
-    package once, which makes a second launch in the same program almost free (the demo's
-    restart). Each process gets the launcher's environment as of this call either way.
-    """
-    if start_method not in ("spawn", "forkserver"):
-        raise ValueError(f"start_method: 'spawn' or 'forkserver', got {start_method!r}")
-    nodes = -(-world // ranks_per_node)
-    names = list(node_names) if node_names is not None else [node_name(n) for n in range(nodes)]
-    if len(names) != nodes:
-        raise ValueError(
-            f"node_names: {world} ranks of {ranks_per_node} per node need {nodes} names, "
-            f"got {len(names)}"
-        )
-    ctx = multiprocessing.get_context(start_method)
-    environment = None
-    if start_method == "forkserver":
-        # Only takes effect when the server starts (the first forkserver launch).
-        ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
-        environment = dict(os.environ)
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="sdc-drill-") as out:
-        procs = [
-            ctx.Process(
-                target=_worker,
-                args=(
-                    rank,
-                    world,
-                    port,
-                    ranks_per_node,
-                    jobs,
-                    out,
-                    timeout_s,
-                    names[rank // ranks_per_node],
-                    environment,
-                ),
-                daemon=True,
-            )
-            for rank in range(world)
-        ]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-        if alive:
-            raise TimeoutError(f"drill did not finish within {timeout_s:.0f} s (ranks hung)")
-        per_rank = []
-        for rank in range(world):
-            path = Path(out, f"rank{rank}.json")
-            if not path.exists():
-                raise RuntimeError(
-                    f"rank {rank} exited with code {procs[rank].exitcode} and no result"
-                )
-            per_rank.append(json.loads(path.read_text()))
-    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
-
-
-# ---------------------------------------------------------------------------- the CLI
-def _describe(result: dict[str, Any]) -> Iterator[str]:
-    alarm = result["alarm"]
-    if alarm is None:
-        yield f"no alarm: {len(result['updates'])} updates applied, checks passed"
-        return
-    yield f"ALARM at step {alarm['step']}: check '{alarm['check']}' ({alarm['metric']['name']})"
-    yield f"  suspects: {alarm['suspects']}   window: {alarm['suspect_window']}"
-    if alarm["mismatched_pairs"]:
-        yield f"  mismatched (target, replayer) pairs: {alarm['mismatched_pairs']}"
-    if alarm["culprits"]:
-        yield f"  culprits (wrong as target and as replayer): {alarm['culprits']}"
-    for v in alarm["verdicts"]:
-        yield f"  confirmation of {v['pair']} by rank {v['third']}: {v['kind']} -> {v['suspect']}"
-    for rank, info in alarm["ranks"].items():
-        yield f"  rank {rank}: node {info['node_name']} instance {info['instance_id']} gpu {info['gpu_uuid']}"
-    applied = (
-        "was applied: its weights were checked after it"
-        if alarm["check"] == "weights"
-        else "was not applied"
-    )
-    yield f"  updates applied: {len(result['updates'])} (the failing step {applied})"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run one drill and print what the guard caught; exit 0 when the outcome is as expected."""
-    parser = argparse.ArgumentParser(
-        prog="python -m sdc_agent.drill", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--fault",
-        choices=["scale", "nan", "weight", "none"],
-        default="scale",
-        help="what goes wrong on the faulty rank (none: a clean run, expect no alarm)",
-    )
-    parser.add_argument("--rank", type=int, default=3, help="the faulty global rank")
-    parser.add_argument("--step", type=int, default=7, help="the step the fault starts at")
-    parser.add_argument("--steps", type=int, default=20, help="training steps")
-    parser.add_argument("--nodes", type=int, default=3, help="simulated nodes (>= 3)")
-    parser.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
-    parser.add_argument(
-        "--parallel",
-        choices=["ddp", "fsdp", "hsdp"],
-        default="ddp",
-        help="how the model is data-parallel: DDP, FSDP2 full sharding, or HSDP (replicas "
-        "across nodes, shards within a node)",
-    )
-    args = parser.parse_args(argv)
-    world = args.nodes * args.ranks_per_node
-    sharded = args.parallel != "ddp"
-    # The sharded drill model names its layers differently (sdc_agent.drill_fsdp).
-    layer, weight = (
-        ("blocks.1.norm", "blocks.0.fc.weight") if sharded else ("net.4", "net.0.weight")
-    )
-    faults = {
-        "scale": [
-            {
-                "kind": "ScaleOutputElement",
-                "layer": layer,
-                "factor": 1000.0,
-                "rank": args.rank,
-                "step": args.step,
-            }
-        ],
-        "nan": [
-            {
-                "kind": "NaNOutputElement",
-                "layer": layer,
-                "rank": args.rank,
-                "step": args.step,
-                "persistent": False,
-            }
-        ],
-        "weight": [
-            {
-                "kind": "FlipWeightBit",
-                "param": weight,
-                "bit": 27,
-                "rank": args.rank,
-                "step": args.step,
-            }
-        ],
-        "none": [],
-    }[args.fault]
-    schedule = {
-        "audit_every": 5,
-        "check_every": 5,
-        "ckpt_every": 10,
-        "peer_offset": args.ranks_per_node,
-    }
-    print(
-        f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks "
-        f"(gloo, CPU), fault: "
-        f"{args.fault} on rank {args.rank} from step {args.step}"
-    )
-    started = time.monotonic()
-    results = launch(
-        [
-            (
-                "sdc_agent.drill:train_drill",
-                {
-                    "steps": args.steps,
-                    "schedule": schedule,
-                    "faults": faults,
-                    "parallel": args.parallel,
-                    "shards": args.ranks_per_node,
-                },
-            )
-        ],
-        world=world,
-        ranks_per_node=args.ranks_per_node,
-    )[0]
-    errors = [r for r in results if "error" in r]
-    if errors:
-        print(errors[0]["trace"], file=sys.stderr)
-        return 1
-    for line in _describe(results[0]):
-        print(line)
-    named = (results[0]["alarm"] or {}).get("suspects") or []
-    # Full sharding keeps one copy of each weight shard and every rank computes with it, so a
-    # flipped stored weight is seen by no check (the guard logged so at start).
-    unseen = args.fault == "none" or (args.fault == "weight" and args.parallel == "fsdp")
-    if unseen and args.fault == "weight":
-        print("  (FSDP2 full sharding: no weight redundancy, so check 3 is off; expected no alarm)")
-    print(f"({time.monotonic() - started:.1f} s)")
-    expected_ok = results[0]["alarm"] is None if unseen else named == [args.rank]
-    return 0 if expected_ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

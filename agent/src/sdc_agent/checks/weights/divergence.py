@@ -1,49 +1,25 @@
-"""Check 3: are the replicas' weights still bit-identical, and if not, whose copy is wrong?
+"""Check 3's comparison of whole replicas: are their weights still bit-identical, and if not,
+whose copy is wrong?
 
 :class:`DivergenceCheck` is one comparison (fingerprints + one all-reduce, an all-gather only when
-copies differ); :class:`WeightCheck` is the guard's check 3: comparisons run at once (before a
-checkpoint, after a load) or launched after an update and judged at the next agreement point.
+copies differ); :func:`find_divergent_ranks` makes one and waits for it. The guard's check 3
+(:mod:`.check`) runs them at once (before a checkpoint, after a load) or launches one after an
+update and judges it at the next agreement point; sharded weights are compared shard by shard
+(:mod:`.sharded`).
 """
 
 from __future__ import annotations
 
 import abc
-from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .fingerprint import fingerprints, table_digest
-from .topology import collective_device, group_ranks
-
-if TYPE_CHECKING:
-    from .alarm import Alarm
-    from .reporting import Reporter
-
-
-@dataclass(frozen=True)
-class DivergenceReport:
-    """The outcome of one weight fingerprint comparison; identical on every rank.
-
-    ``ranks``: global ranks whose copy of some tensor differs from a strict majority of replicas.
-    ``tensors``: names of the tensors whose copies disagree. ``unattributable``: some tensor has
-    no strict majority (two replicas, or a split), so nobody is named for it. ``digest``: a digest
-    of the fingerprint table every replica agreed on (None when they did not agree).
-    """
-
-    ranks: list[int] = field(default_factory=list)
-    tensors: list[str] = field(default_factory=list)
-    unattributable: bool = False
-    digest: str | None = None
-
-    @property
-    def agreed(self) -> bool:
-        """True when every replica holds bit-identical weights."""
-        return not self.tensors
+from ...fingerprint import fingerprints, table_digest
+from ...topology import collective_device, group_ranks
+from .report import DivergenceReport, name_minority_copies
 
 
 def _named_tensors(
@@ -59,29 +35,6 @@ def _named_tensors(
         else:
             named.append((f"tensor[{i}]", item))
     return named
-
-
-def name_minority_copies(
-    table: torch.Tensor, names: list[str], ranks: list[int]
-) -> DivergenceReport:
-    """Name the minority copies of each disagreeing tensor in a gathered [world, P, 2] table."""
-    disagreeing = (table != table[0]).any(dim=2).any(dim=0).nonzero().flatten().tolist()
-    world = table.shape[0]
-    named: set[int] = set()
-    unattributable = False
-    for column in disagreeing:
-        copies = [tuple(table[r, column].tolist()) for r in range(world)]
-        value, count = Counter(copies).most_common(1)[0]
-        if count * 2 > world:
-            named.update(ranks[r] for r in range(world) if copies[r] != value)
-        else:
-            unattributable = True
-    return DivergenceReport(
-        ranks=sorted(named),
-        tensors=[names[c] for c in disagreeing],
-        unattributable=unattributable,
-        digest=None,
-    )
 
 
 class ReplicaComparison(abc.ABC):
@@ -173,59 +126,3 @@ def find_divergent_ranks(
     reported as ``unattributable`` without a name.
     """
     return DivergenceCheck(params, dp_group).report()
-
-
-class WeightCheck:
-    """Check 3 for one guard: compares every replica's weights and reports the verdict.
-
-    Collective like :class:`DivergenceCheck`: every rank calls :meth:`compare_now` and
-    :meth:`launch` at the same steps, and settles what :meth:`launch` started at the same
-    agreement point (:meth:`take_in_flight` then :meth:`judge` or :meth:`DivergenceCheck.wait`).
-    """
-
-    def __init__(
-        self,
-        named_weights: list[tuple[str, torch.Tensor]],
-        dp_group: dist.ProcessGroup | None,
-        reporter: Reporter,
-    ) -> None:
-        """``named_weights``: what every replica must hold bit-identically."""
-        self._named_weights = named_weights
-        self._group = dp_group
-        self._reporter = reporter
-        self._in_flight: tuple[int, ReplicaComparison] | None = None
-
-    def _start_comparison(self) -> ReplicaComparison:
-        """Fingerprint the weights as they are now and launch their comparison."""
-        return DivergenceCheck(self._named_weights, self._group)
-
-    def compare_now(self, step: int) -> Alarm | None:
-        """Compare the weights as they are now, after ``step``'s update (collective, blocking)."""
-        return self.judge(step, self._start_comparison())
-
-    def launch(self, step: int) -> None:
-        """Fingerprint the weights after ``step``'s update and launch their comparison; it is
-        judged at the next agreement point."""
-        if self._in_flight is not None:
-            raise RuntimeError(
-                "sdc_agent: a weight check is still in flight; call check_gradients (or "
-                "Guard.finish) between two after_update calls"
-            )
-        self._in_flight = (step, self._start_comparison())
-
-    def take_in_flight(self) -> tuple[int, ReplicaComparison] | None:
-        """The launched comparison (the step it was taken after), now owned by the caller."""
-        in_flight, self._in_flight = self._in_flight, None
-        return in_flight
-
-    def judge(self, step: int, check: ReplicaComparison) -> Alarm | None:
-        """Check 3's verdict on a comparison of the weights after ``step``'s update: records the
-        pass and the agreed digest, or logs, publishes and returns the Alarm."""
-        report = check.report()
-        reporter = self._reporter
-        if report.agreed:
-            reporter.passes.last_weight_check_pass = step
-            reporter.passes.last_weights_digest = report.digest
-            reporter.record_pass("weights", step)
-            return None
-        return reporter.log_and_publish(reporter.weights_alarm(step, report))
