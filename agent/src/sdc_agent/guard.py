@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
 from .checks.gradients.exchange import FlagExchange, GradientCheck
-from .checks.replay.audit import RebuildBatch, ring_audit
+from .checks.replay.audit import RebuildBatch, ring_audit_type
 from .checks.replay.environment import StepEnvironment
 from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
 from .checks.weights.check import weight_check
@@ -175,7 +175,8 @@ class Guard:
         self.gradients = GradientCheck(self.params, a.dp_group, self.world)
         """Check 1: the gradient taps' statistics and the per-step flag exchange."""
         a.install_gradient_taps(self.gradients.hook_state)
-        self.audit = ring_audit(
+        # The audit for the adapter's replay unit (each rank alone, or every rank in lockstep).
+        self.audit = ring_audit_type(a)(
             a,
             a.make_replayer(
                 compute_loss,

@@ -7,7 +7,7 @@ check 1: a rank whose local gradient was non-finite has its micro-batch replayed
 and on itself; the online sensors' candidates are confirmed the same way
 (:meth:`RingAudit.fill_confirmations`).
 
-The replay unit decides how replays are scheduled (:func:`ring_audit` asks the adapter): each
+The replay unit decides how replays are scheduled (:func:`ring_audit_type` asks the adapter): each
 rank replays alone (:class:`RingAudit`, DDP: the bare module needs no other rank), or every rank
 replays at the same time, in lockstep (:class:`CollectiveRingAudit`, FSDP2: a forward needs the
 other ranks' shards), and each confirmation is then a round in which every rank replays the
@@ -517,26 +517,7 @@ class CollectiveRingAudit(RingAudit):
                     table[slot, column] = row
 
 
-def ring_audit(
-    adapter: ParallelAdapter,
-    replayer: Replayer,
-    rebuild_batch: RebuildBatch,
-    reporter: Reporter,
-    *,
-    peer_offset: int,
-    can_confirm: bool,
-    overflow_is_expected: bool = False,
-) -> RingAudit:
-    """Check 2 for ``adapter``'s job: replays in lockstep when its replay unit needs every rank
-    at once (``adapter.replays_in_lockstep``), else each rank alone; the keywords as
-    :class:`RingAudit`'s."""
-    kind = CollectiveRingAudit if adapter.replays_in_lockstep else RingAudit
-    return kind(
-        adapter,
-        replayer,
-        rebuild_batch,
-        reporter,
-        peer_offset=peer_offset,
-        can_confirm=can_confirm,
-        overflow_is_expected=overflow_is_expected,
-    )
+def ring_audit_type(adapter: ParallelAdapter) -> type[RingAudit]:
+    """Check 2's audit for ``adapter``'s replay unit: :class:`CollectiveRingAudit` when a replay
+    needs every rank at once (``adapter.replays_in_lockstep``), else :class:`RingAudit`."""
+    return CollectiveRingAudit if adapter.replays_in_lockstep else RingAudit
