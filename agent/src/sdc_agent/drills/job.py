@@ -216,7 +216,7 @@ def train_drill(
         raise ValueError("resume: needs run_dir, and chooses start_step itself (leave it 0)")
     sink = None
     if publisher is not None:
-        from .publish import CloudWatchPublisher
+        from ..publish import CloudWatchPublisher
 
         sink = CloudWatchPublisher(**publisher)
     decision: dict[str, Any] | None = None
