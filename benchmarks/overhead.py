@@ -76,7 +76,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import sdc_agent as sdc
-from sdc_agent.drills.launch import launch
+
+# --against runs this script on other agents, from before the drills moved into
+# sdc_agent.drills too: sdc_agent.drill has the launcher in every version.
+from sdc_agent.drill import launch
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "plain": None,
@@ -163,7 +166,10 @@ def _model(name: str, width: int, depth: int, shards: int) -> nn.Module:
     parallel = SHARDED.get(name)
     if parallel is None:
         return nn.parallel.DistributedDataParallel(module)
-    from sdc_agent.drills.sharded import shard
+    try:
+        from sdc_agent.drills.sharded import shard
+    except ImportError:  # an agent from before the drills moved (--against)
+        from sdc_agent.drill_fsdp import shard  # type: ignore[no-redef]
 
     hidden = [m for m in module.net if isinstance(m, nn.Linear)][1:-1]
     return shard(module, parallel, shards=shards, blocks=hidden)
