@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: demo deploy-local test lint format synth bench clean
 
-$(STAMP): requirements.txt requirements-dev.txt agent/pyproject.toml lambdas/pyproject.toml package.json
+$(STAMP): requirements.txt requirements-dev.txt agent/pyproject.toml agent/contract/pyproject.toml lambdas/pyproject.toml package.json
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
