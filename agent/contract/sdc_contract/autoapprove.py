@@ -11,9 +11,10 @@ and ``history`` say that no person decided.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ._json import json_object
 
 APPROVER_PREFIX = "policy:sdc-guard-auto-approve"
 """What the ledger records as the approver of an auto-approval (``/<rule>`` follows)."""
@@ -52,18 +53,11 @@ class AutoApprovePolicy:
 def parse_policy(value: Any) -> AutoApprovePolicy:
     """Validate ``{"onHealthCheckFailed": bool, "minPrecision": 0..1 | null, "minEvents": int
     >= 1}`` (or its JSON text; empty: off); ValueError names the field."""
-    if isinstance(value, str):
-        if not value.strip():
-            return AutoApprovePolicy()
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"invalid JSON object: {exc}") from None
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            'expected an object like {"onHealthCheckFailed": true, "minPrecision": 0.95, '
-            f'"minEvents": 20}}, got {value!r}'
-        )
+    value = json_object(
+        value, '{"onHealthCheckFailed": true, "minPrecision": 0.95, "minEvents": 20}'
+    )
+    if value is None:
+        return AutoApprovePolicy()
     unknown = sorted(set(value) - set(_KEYS))
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; expected some of {list(_KEYS)}")

@@ -15,10 +15,10 @@ match.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from ._json import json_object
 from .report import CHECKS, SUSPECT_VERDICTS, verdict_name
 
 Mode = Literal["enforce", "shadow"]
@@ -29,19 +29,9 @@ ANY = "*"
 
 def parse_modes(value: Any) -> dict[str, Mode]:
     """Validate a modes table (a JSON object, or its text); ValueError names the bad entry."""
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return {}
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"invalid JSON object: {exc}") from None
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            'expected an object like {"*": "shadow", "compute/persistent": "enforce"}, '
-            f"got {value!r}"
-        )
+    value = json_object(value, '{"*": "shadow", "compute/persistent": "enforce"}')
+    if value is None:
+        return {}
     table: dict[str, Mode] = {}
     for key, mode in value.items():
         if not isinstance(key, str) or not _valid_key(key):

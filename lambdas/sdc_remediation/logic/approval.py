@@ -10,6 +10,7 @@ command to approve (never the token).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..clients import sns
@@ -20,6 +21,20 @@ from ..errors import ApprovalAlreadyDecided
 from ..models import ApprovalRequestInput
 from ..observability import logger
 from . import autoapprove, notify, outcomes, stats
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    """A stored approval request waiting to be decided."""
+
+    approvals: Approvals
+    approval_id: str
+    evidence: dict[str, Any]
+    """What the approver sees (stored with the request)."""
+    auto: autoapprove.AutoDecision | None
+    """The auto-approval policy's answer (None: no policy applies)."""
+    announce: bool
+    """Whether its message is still due (False when a retried step finds it sent)."""
 
 
 def auto_decision(
@@ -51,47 +66,39 @@ def auto_decision(
     return decision
 
 
-def ask_a_person(
-    approvals: Approvals,
-    approval_id: str,
-    ev: dict[str, Any],
-    settings: Settings,
-    *,
-    announce: bool,
-) -> None:
+def ask_a_person(pending: PendingApproval, settings: Settings) -> None:
     """Publish the approval request (unless a retried step already did)."""
-    if not announce:
+    if not pending.announce:
         return
     prefix = (
         f"sdc-remediation --approval-url {settings.approval_url}"
         if settings.approval_url
         else f"sdc-remediation --approvals-table {settings.approvals_table}"
     )
-    subject, body = notify.approval_message(approval_id, ev, prefix, dry_run=settings.dry_run)
+    subject, body = notify.approval_message(
+        pending.approval_id, pending.evidence, prefix, dry_run=settings.dry_run
+    )
     sns.publish(settings.topic_arn, subject, body)
-    approvals.mark_notified(approval_id)
+    pending.approvals.mark_notified(pending.approval_id)
 
 
 def auto_approve(
-    approvals: Approvals,
-    approval_id: str,
-    auto: autoapprove.AutoDecision,
-    ev: dict[str, Any],
-    settings: Settings,
-    *,
-    announce: bool,
+    pending: PendingApproval, auto: autoapprove.AutoDecision, settings: Settings
 ) -> None:
     """Resume the workflow with the policy's approval (recorded as the approver) and tell the
     on-call that no person decided. A retried step re-sends or finds it already decided."""
+    approval_id = pending.approval_id
     try:
-        approvals.decide(approval_id, "approve", reason=auto.reason, approver=auto.approver)
+        pending.approvals.decide(approval_id, "approve", reason=auto.reason, approver=auto.approver)
     except ApprovalAlreadyDecided:
         logger.info("auto-approval already sent", extra={"approval_id": approval_id})
-    if not announce:
+    if not pending.announce:
         return
-    subject, body = notify.auto_approval_message(approval_id, auto, ev, dry_run=settings.dry_run)
+    subject, body = notify.auto_approval_message(
+        approval_id, auto, pending.evidence, dry_run=settings.dry_run
+    )
     sns.publish(settings.topic_arn, subject, body)
-    approvals.mark_notified(approval_id)
+    pending.approvals.mark_notified(approval_id)
 
 
-__all__ = ["ask_a_person", "auto_approve", "auto_decision"]
+__all__ = ["PendingApproval", "ask_a_person", "auto_approve", "auto_decision"]

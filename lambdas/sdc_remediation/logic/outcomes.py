@@ -132,7 +132,9 @@ def summarise(events: Iterable[Mapping[str, Any]]) -> list[Remediation]:
         if entry.check == UNKNOWN and event.get("check"):
             entry.check = str(event["check"])
         if entry.verdict == UNKNOWN and event.get("verdict"):
-            entry.verdict = str(event["verdict"])
+            # A verdict outside the contract's list (a row another version wrote) counts as
+            # `unknown`, the name the record step writes for it now.
+            entry.verdict = contract.verdict_name(event["verdict"])
         entry.dry_run = entry.dry_run or bool(event.get("dry_run"))
         entry.transitions.append(
             {

@@ -36,6 +36,7 @@ from . import health, notify, recording
 from . import localize as localize_mod
 from . import replace as replace_mod
 from .admission import AdmitRequest
+from .approval import PendingApproval
 
 KubeFactory = Callable[[], KubeApi]
 
@@ -117,7 +118,8 @@ def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
         execution=state.execution,
         timeout_seconds=settings.approval_timeout_seconds,
     )
-    target.ask_for_decision(approvals, approval_id, evidence, auto, settings, announce=announce)
+    pending = PendingApproval(approvals, approval_id, evidence, auto, announce)
+    target.ask_for_decision(pending, settings)
     logger.info(
         "approval requested", extra={"approval_id": approval_id, "node": state.suspect.node_name}
     )

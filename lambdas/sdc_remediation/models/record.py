@@ -8,13 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import Model as _Model
-from .results import (
-    Admission,
-    ApprovalDecision,
-    CordonResult,
-    HealthResult,
-    ReplaceResult,
-)
+from .results import StepResults
 from .state import Alarm, Suspect
 
 Transition = Literal[
@@ -46,7 +40,7 @@ class StepError(_Model):
     cause: str = Field(default="", alias="Cause")
 
 
-class RecordState(_Model):
+class RecordState(StepResults):
     """The state record receives: a Map item's state, localize's output, or the raw event."""
 
     alarm: Alarm | None = None
@@ -54,12 +48,6 @@ class RecordState(_Model):
     suspects: list[Suspect] = Field(default_factory=list)
     execution: str = ""
     item: int | None = None
-    admission: Admission | None = None
-    cordon: CordonResult | None = None
-    health: HealthResult | None = None
-    approval: ApprovalDecision | None = None
-    replacement: ReplaceResult | None = None
-    uncordon: CordonResult | None = None
 
 
 class RecordInput(_Model):

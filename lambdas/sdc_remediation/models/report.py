@@ -7,9 +7,9 @@ until localize checked it against HyperPod and Kubernetes.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field
 
 from sdc_contract.report import (
     ALARM_SCHEMA,
@@ -22,6 +22,16 @@ from sdc_contract.report import (
 from .base import Model as _Model
 
 
+def _rank_keyed(value: dict[str, RankInfo]) -> dict[str, RankInfo]:
+    check_rank_keys(value)
+    return value
+
+
+def _window(value: list[int]) -> list[int]:
+    check_window(value)
+    return value
+
+
 class RankInfo(_Model):
     """Where one global rank runs, as the agent reports it."""
 
@@ -30,6 +40,12 @@ class RankInfo(_Model):
     gpu_uuid: str | None = None
     local_rank: int | None = None
     pod_name: str | None = None
+
+
+RankMapping = Annotated[dict[str, RankInfo], AfterValidator(_rank_keyed)]
+"""Ranks keyed by the global rank as a decimal string (``sdc_contract.report.check_rank_keys``)."""
+SuspectWindow = Annotated[list[int], AfterValidator(_window)]
+"""``[first, last]`` step, ``0 <= first <= last`` (``sdc_contract.report.check_window``)."""
 
 
 class VerdictEntry(_Model):
@@ -65,29 +81,17 @@ class Report(_Model):
     culprits: list[int] = Field(default_factory=list)
     verdicts: list[VerdictEntry] = Field(default_factory=list)
     suspects: list[int] | None = None
-    suspect_window: list[int] = Field(default_factory=lambda: [0, 0])
+    suspect_window: SuspectWindow = Field(default_factory=lambda: [0, 0])
     last_audit_pass: int | None = None
     last_weight_check_pass: int | None = None
     divergent_tensors: list[str] = Field(default_factory=list)
-    ranks: dict[str, RankInfo] = Field(default_factory=dict)
+    ranks: RankMapping = Field(default_factory=dict)
     metric: ReportMetric | None = None
     log_stream: str | None = Field(default=None, exclude=True)
     """Where localize read the report (not part of the agent's schema)."""
     canary_run: str | None = None
     """Set only by the canary function (``logic/canary/start.py``): the run this synthetic
     report belongs to, which localize checks against the run the canary recorded in the ledger."""
-
-    @field_validator("ranks")
-    @classmethod
-    def _rank_keys(cls, value: dict[str, RankInfo]) -> dict[str, RankInfo]:
-        check_rank_keys(value)
-        return value
-
-    @field_validator("suspect_window")
-    @classmethod
-    def _suspect_window(cls, value: list[int]) -> list[int]:
-        check_window(value)
-        return value
 
 
 class RankMap(_Model):
@@ -97,13 +101,15 @@ class RankMap(_Model):
     cluster: str
     job: str
     time: datetime
-    ranks: dict[str, RankInfo] = Field(default_factory=dict)
-
-    @field_validator("ranks")
-    @classmethod
-    def _rank_keys(cls, value: dict[str, RankInfo]) -> dict[str, RankInfo]:
-        check_rank_keys(value)
-        return value
+    ranks: RankMapping = Field(default_factory=dict)
 
 
-__all__ = ["RankInfo", "RankMap", "Report", "ReportMetric", "VerdictEntry"]
+__all__ = [
+    "RankInfo",
+    "RankMap",
+    "RankMapping",
+    "Report",
+    "ReportMetric",
+    "SuspectWindow",
+    "VerdictEntry",
+]

@@ -73,6 +73,17 @@ class ReplaceResult(_Model):
     detail: str
 
 
+class StepResults(_Model):
+    """What the per-node steps added to the item state, each under its own key (ResultPath)."""
+
+    admission: Admission | None = None
+    cordon: CordonResult | None = None
+    health: HealthResult | None = None
+    approval: ApprovalDecision | None = None
+    replacement: ReplaceResult | None = None
+    uncordon: CordonResult | None = None
+
+
 __all__ = [
     "Admission",
     "ApprovalDecision",
@@ -80,4 +91,5 @@ __all__ = [
     "HealthResult",
     "HealthStatus",
     "ReplaceResult",
+    "StepResults",
 ]

@@ -14,23 +14,11 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 
 from sdc_contract.canary import CANARY_INSTANCE_ID, CANARY_JOB
 from sdc_contract.names import is_instance_id, is_subdomain_name, node_name_of
-from sdc_contract.report import (
-    Check,
-    SuspectVerdict,
-    check_rank_keys,
-    check_window,
-    verdict_name,
-)
+from sdc_contract.report import Check, SuspectVerdict, verdict_name
 
 from .base import Model as _Model
-from .report import RankInfo
-from .results import (
-    Admission,
-    ApprovalDecision,
-    CordonResult,
-    HealthResult,
-    ReplaceResult,
-)
+from .report import RankInfo, RankMapping, SuspectWindow
+from .results import HealthResult, StepResults
 
 MAX_RANKS_PER_SUSPECT = 8
 """Ranks listed per suspect in the workflow state (a GPU node runs 8; the report has them all,
@@ -66,7 +54,7 @@ class Suspect(_Model):
     instance_id: str
     instance_group: str
     job: str
-    ranks: dict[str, RankInfo]
+    ranks: RankMapping
     rank_count: int = 0
     """How many ranks the reports named on this node (``ranks`` lists at most 8 of them)."""
     check: Check
@@ -74,7 +62,7 @@ class Suspect(_Model):
     """How the reports named the node: one of the contract's verdicts, ``unknown`` for a kind
     the contract does not list (a newer agent's); never free text."""
     step: int
-    suspect_window: list[int]
+    suspect_window: SuspectWindow
     last_audit_pass: int | None = None
     last_weight_check_pass: int | None = None
     divergent_tensors: list[str] = Field(default_factory=list, max_length=MAX_TENSOR_NAMES)
@@ -136,18 +124,6 @@ class Suspect(_Model):
             raise ValueError(f"{value!r} is not an instance id (i- and 8 or 17 hex digits)")
         return value
 
-    @field_validator("ranks")
-    @classmethod
-    def _rank_keys(cls, value: dict[str, RankInfo]) -> dict[str, RankInfo]:
-        check_rank_keys(value)
-        return value
-
-    @field_validator("suspect_window")
-    @classmethod
-    def _suspect_window(cls, value: list[int]) -> list[int]:
-        check_window(value)
-        return value
-
 
 class LocalizeResult(_Model):
     """Output of localize."""
@@ -158,7 +134,7 @@ class LocalizeResult(_Model):
     reports: int
 
 
-class ItemState(_Model):
+class ItemState(StepResults):
     """The Map item's state: what every per-node step receives."""
 
     alarm: Alarm
@@ -169,12 +145,6 @@ class ItemState(_Model):
     item: int | None = None
     """The Map item's index (``$$.Map.Item.Index``): with ``execution``, what the execution
     itself knows about this remediation, whatever the steps returned."""
-    admission: Admission | None = None
-    cordon: CordonResult | None = None
-    health: HealthResult | None = None
-    approval: ApprovalDecision | None = None
-    replacement: ReplaceResult | None = None
-    uncordon: CordonResult | None = None
 
 
 class PollInput(ItemState):

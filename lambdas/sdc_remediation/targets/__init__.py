@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 from ..clients.kube import KubeApi
 from ..config import Settings
-from ..dal.approvals import Approvals
 from ..dal.ledger import Ledger
 from ..logic.admission import AdmitRequest
+from ..logic.approval import PendingApproval
 from ..logic.autoapprove import AutoDecision
 from ..models import Admission, ApprovalRequestInput, CordonResult, ItemState, Suspect
 from .canary import CanaryNode
@@ -65,16 +65,7 @@ class NodeTarget(Protocol):
         """The auto-approval policy's answer (None: nothing to apply)."""
         ...
 
-    def ask_for_decision(
-        self,
-        approvals: Approvals,
-        approval_id: str,
-        evidence: dict[str, Any],
-        auto: AutoDecision | None,
-        settings: Settings,
-        *,
-        announce: bool,
-    ) -> None:
+    def ask_for_decision(self, pending: PendingApproval, settings: Settings) -> None:
         """Have the stored approval decided: by a person, the policy, or the approve function."""
         ...
 

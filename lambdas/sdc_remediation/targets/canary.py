@@ -13,10 +13,10 @@ import sdc_contract as contract
 from ..clients import cloudwatch
 from ..clients.kube import KubeApi
 from ..config import Settings
-from ..dal.approvals import Approvals
 from ..dal.canary_runs import RunStore
 from ..dal.ledger import Ledger
 from ..logic.admission import AdmitRequest
+from ..logic.approval import PendingApproval
 from ..logic.autoapprove import AutoDecision
 from ..logic.canary.approval import CANARY_REMEDIATION_PREFIX, ask_approve
 from ..models import Admission, ApprovalRequestInput, CordonResult, ItemState
@@ -95,19 +95,10 @@ class CanaryNode:
         """No policy: the approve function settles a canary's approval."""
         return None
 
-    def ask_for_decision(
-        self,
-        approvals: Approvals,
-        approval_id: str,
-        evidence: dict[str, Any],
-        auto: AutoDecision | None,
-        settings: Settings,
-        *,
-        announce: bool,
-    ) -> None:
+    def ask_for_decision(self, pending: PendingApproval, settings: Settings) -> None:
         """No person is asked and nobody is paged: the approve function settles it, so it
         stays the only sender of task results."""
-        ask_approve(settings, approval_id)
+        ask_approve(settings, pending.approval_id)
 
     def recorded(self, transition: str, error: str | None, settings: Settings) -> None:
         """A step of the run, its close (with ``canary_completed``, the canary alarm's metric),

@@ -8,7 +8,6 @@ from typing import Any
 
 from ..clients.kube import KubeApi
 from ..config import Settings
-from ..dal.approvals import Approvals
 from ..dal.ledger import Ledger
 from ..logic import approval, cordon, shadow
 from ..logic.admission import AdmitRequest
@@ -66,23 +65,12 @@ class HyperPodNode:
         """The opt-in auto-approval policy's answer (None: no policy configured)."""
         return approval.auto_decision(state, settings, ledger)
 
-    def ask_for_decision(
-        self,
-        approvals: Approvals,
-        approval_id: str,
-        evidence: dict[str, Any],
-        auto: AutoDecision | None,
-        settings: Settings,
-        *,
-        announce: bool,
-    ) -> None:
+    def ask_for_decision(self, pending: approval.PendingApproval, settings: Settings) -> None:
         """The policy approves by itself when it says so; otherwise a person is asked."""
-        if auto is not None and auto.approve:
-            approval.auto_approve(
-                approvals, approval_id, auto, evidence, settings, announce=announce
-            )
+        if pending.auto is not None and pending.auto.approve:
+            approval.auto_approve(pending, pending.auto, settings)
         else:
-            approval.ask_a_person(approvals, approval_id, evidence, settings, announce=announce)
+            approval.ask_a_person(pending, settings)
 
     def recorded(self, transition: str, error: str | None, settings: Settings) -> None:
         """Nothing beyond the ledger event the record step writes."""
