@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sdc_contract import autoapprove, metrics, modes, names
+from sdc_contract import autoapprove, environment, metrics, modes, names
 
 METRIC_NAMES: tuple[str, ...] = metrics.SDC_ALARM_METRICS
 """The agent's alarm metrics (docs/CONTRACT.md, "Agent -> CloudWatch"): one deployed alarm each."""
@@ -68,17 +68,17 @@ class SdcConfig:
         default_factory=lambda: dict.fromkeys(METRIC_NAMES, 1.0)
     )
     """Alarm fires when a period's Sum reaches this, per metric (`alarmThresholds`)."""
-    approval_timeout_seconds: int = 86400
+    approval_timeout_seconds: int = environment.DEFAULT_APPROVAL_TIMEOUT_SECONDS
     """How long the workflow waits for a human decision before giving up (`approvalTimeout`)."""
     health_checks: tuple[str, ...] = names.DEFAULT_HEALTH_CHECKS
     """Deep health checks to run on a suspect (`healthChecks`)."""
-    health_check_timeout_seconds: int = 9000
+    health_check_timeout_seconds: int = environment.DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS
     """Give up waiting for the deep health check after this long (`healthCheckTimeout`)."""
     health_check_poll_seconds: int = 300
     """Interval between health-check polls (`healthCheckPollInterval`)."""
-    max_nodes_per_hour: int = 2
+    max_nodes_per_hour: int = environment.DEFAULT_MAX_NODES_PER_HOUR
     """Blast-radius guard: admissions per hour before the circuit opens (`maxNodesPerHour`)."""
-    max_fraction: float = 0.05
+    max_fraction: float = environment.DEFAULT_MAX_FRACTION
     """Blast-radius guard: fraction of the cluster in remediation at once (`maxFraction`)."""
     replace_mode: str = "api"
     """`api` (BatchReplaceClusterNodes) or `label` (node-health-status label) (`replaceMode`)."""
@@ -270,7 +270,7 @@ class SdcConfig:
     def approval_ttl_seconds(self) -> int:
         """Approval records outlive the task token by a day, so a late CLI call finds the
         record and says "expired" instead of "not found"."""
-        return self.approval_timeout_seconds + 86400
+        return self.approval_timeout_seconds + environment.APPROVAL_TTL_MARGIN_SECONDS
 
     @property
     def check_modes_json(self) -> str:

@@ -21,6 +21,14 @@ from typing import Literal
 
 import sdc_contract as contract
 from sdc_contract.autoapprove import AutoApprovePolicy, parse_policy
+from sdc_contract.environment import (
+    APPROVAL_TTL_MARGIN_SECONDS,
+    DEFAULT_APPROVAL_TIMEOUT_SECONDS,
+    DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS,
+    DEFAULT_LOOKBACK_SECONDS,
+    DEFAULT_MAX_FRACTION,
+    DEFAULT_MAX_NODES_PER_HOUR,
+)
 from sdc_contract.metrics import DEFAULT_NAMESPACE, report_log_group
 from sdc_contract.modes import Mode, mode_for, parse_modes
 from sdc_contract.names import (
@@ -32,8 +40,6 @@ from sdc_contract.names import (
 
 from .errors import ConfigurationError
 
-APPROVAL_TTL_MARGIN_SECONDS = 86400
-"""How much longer than the approval timeout an approval record lives (infra/config.py)."""
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no", ""}
 
@@ -137,7 +143,7 @@ class Settings:
     @property
     def lookback_seconds(self) -> int:
         """LOOKBACK_SECONDS: how far before the alarm to look for series and reports (600)."""
-        return self._int(contract.LOOKBACK_SECONDS, 600, minimum=10)
+        return self._int(contract.LOOKBACK_SECONDS, DEFAULT_LOOKBACK_SECONDS, minimum=10)
 
     @property
     def alarm_account_id(self) -> str:
@@ -210,7 +216,8 @@ class Settings:
     def approval_ttl_seconds(self) -> int:
         """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
         timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""
-        return self._int(contract.APPROVAL_TTL_SECONDS, 2 * APPROVAL_TTL_MARGIN_SECONDS, minimum=60)
+        default = DEFAULT_APPROVAL_TIMEOUT_SECONDS + APPROVAL_TTL_MARGIN_SECONDS
+        return self._int(contract.APPROVAL_TTL_SECONDS, default, minimum=60)
 
     @property
     def approval_timeout_seconds(self) -> int:
@@ -221,7 +228,9 @@ class Settings:
         the TTL minus the one day infra adds to it.
         """
         if self._optional(contract.APPROVAL_TIMEOUT_SECONDS) is not None:
-            timeout = self._int(contract.APPROVAL_TIMEOUT_SECONDS, 86400, minimum=60)
+            timeout = self._int(
+                contract.APPROVAL_TIMEOUT_SECONDS, DEFAULT_APPROVAL_TIMEOUT_SECONDS, minimum=60
+            )
             if timeout > self.approval_ttl_seconds:
                 raise ConfigurationError(
                     f"APPROVAL_TIMEOUT_SECONDS ({timeout}) must not exceed APPROVAL_TTL_SECONDS "
@@ -241,14 +250,14 @@ class Settings:
     @property
     def max_nodes_per_hour(self) -> int:
         """MAX_NODES_PER_HOUR: admissions allowed per rolling hour (default 2)."""
-        return self._int(contract.MAX_NODES_PER_HOUR, 2, minimum=1)
+        return self._int(contract.MAX_NODES_PER_HOUR, DEFAULT_MAX_NODES_PER_HOUR, minimum=1)
 
     @property
     def max_fraction(self) -> float:
         """MAX_FRACTION: largest share of the cluster's nodes open at once (default 0.05)."""
         raw = self._optional(contract.MAX_FRACTION)
         if raw is None:
-            return 0.05
+            return DEFAULT_MAX_FRACTION
         try:
             value = float(raw)
         except ValueError:
@@ -274,7 +283,9 @@ class Settings:
     @property
     def health_check_timeout_seconds(self) -> int:
         """HEALTH_CHECK_TIMEOUT_SECONDS: give up polling after this long (default 9000)."""
-        return self._int(contract.HEALTH_CHECK_TIMEOUT_SECONDS, 9000, minimum=60)
+        return self._int(
+            contract.HEALTH_CHECK_TIMEOUT_SECONDS, DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS, minimum=60
+        )
 
     @property
     def replace_mode(self) -> Literal["api", "label"]:

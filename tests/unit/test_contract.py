@@ -139,3 +139,25 @@ def test_the_agents_package_still_exports_the_resume_names_from_the_same_rule():
         assert name in sdc_agent.__all__ and name in recovery.__all__, name
     assert recovery.resume_rule is resume.resume_rule
     assert recovery.AlarmLogError is resume.AlarmLogError
+
+
+def test_every_check_of_the_contract_has_a_suggested_action_in_the_messages():
+    from sdc_remediation.logic import notify
+
+    # A check added to the contract must come with the action the approver is advised to take
+    assert set(report.CHECKS) <= set(notify.SUGGESTED_ACTIONS)
+
+
+def test_infra_and_the_functions_share_the_defaults():
+    from infra.config import SdcConfig
+    from sdc_remediation.config import Settings
+
+    config = SdcConfig(hyperpod_cluster_name="hp", eks_cluster_name="eks")
+    unset = Settings({})
+    assert config.max_nodes_per_hour == unset.max_nodes_per_hour
+    assert config.max_fraction == unset.max_fraction
+    assert config.health_check_timeout_seconds == unset.health_check_timeout_seconds
+    assert config.approval_ttl_seconds == unset.approval_ttl_seconds
+    assert config.health_checks == tuple(unset.health_checks)
+    assert config.replace_mode == unset.replace_mode
+    assert config.training_namespace == unset.training_namespace

@@ -62,6 +62,17 @@ FUNCTION_ENVIRONMENT: tuple[str, ...] = (
 )
 """What infra sets on every function (besides Powertools' own variables below)."""
 
+# Defaults both sides share: infra's when a context key is absent (infra/config.py), the
+# functions' when a variable is (a function run outside the stack, as in a unit test).
+DEFAULT_LOOKBACK_SECONDS = 600
+DEFAULT_MAX_NODES_PER_HOUR = 2
+DEFAULT_MAX_FRACTION = 0.05
+DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS = 9000
+DEFAULT_APPROVAL_TIMEOUT_SECONDS = 86400
+APPROVAL_TTL_MARGIN_SECONDS = 86400
+"""APPROVAL_TTL_SECONDS is the approval timeout plus this: a late CLI call finds the record
+and says "expired" rather than "not found"."""
+
 # The functions also read these two, which infra never sets: a proxy in front of a private EKS
 # endpoint, or a local stand-in of the Kubernetes API (lambdas/README.md, "Cordon/uncordon").
 K8S_API_ENDPOINT = "K8S_API_ENDPOINT"
@@ -91,11 +102,17 @@ __all__ = [
     "ALARM_NAME_PREFIX",
     "APPROVALS_TABLE",
     "APPROVAL_TIMEOUT_SECONDS",
+    "APPROVAL_TTL_MARGIN_SECONDS",
     "APPROVAL_TTL_SECONDS",
     "APPROVAL_URL",
     "APPROVE_FUNCTION",
     "AUTO_APPROVE",
     "CHECK_MODES",
+    "DEFAULT_APPROVAL_TIMEOUT_SECONDS",
+    "DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS",
+    "DEFAULT_LOOKBACK_SECONDS",
+    "DEFAULT_MAX_FRACTION",
+    "DEFAULT_MAX_NODES_PER_HOUR",
     "DRY_RUN",
     "EKS_CLUSTER_NAME",
     "FUNCTION_ENVIRONMENT",
