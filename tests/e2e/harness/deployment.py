@@ -43,6 +43,8 @@ from .account import ACCOUNT, REGION, embedded_aws_environment, reset_embedded_a
 REPO = Path(__file__).resolve().parents[3]
 WORK_DIR = REPO / ".deploy-local"
 """Gitignored: the cloud assembly the rehearsal deploys and the CLI's logs."""
+CDK_CLI = REPO / "node_modules" / ".bin" / "cdk"
+"""The pinned CDK CLI (package.json), installed by `make cdk-cli`."""
 
 CDK_TIMEOUT_SECONDS = 900.0
 """One CLI command's limit: a first synth builds the Lambda layer with pip (a busy machine)."""
@@ -145,6 +147,11 @@ class CdkCli:
 
     def run(self, *args: str) -> str:
         """Run ``npx cdk <args>`` in the repository root; returns stdout, raises on failure."""
+        if not CDK_CLI.exists():
+            raise CdkCommandFailed(
+                f"the pinned CDK CLI is not installed ({CDK_CLI.relative_to(REPO)} is missing): "
+                "run `make cdk-cli` (npm ci from package-lock.json; needs the npm registry)"
+            )
         env = {
             **os.environ,
             **self.aws.environment,
