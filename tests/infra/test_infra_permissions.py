@@ -18,6 +18,7 @@ from tests.infra.iam_permissions import PINNED, diff, pinned_principals, stateme
 from tests.infra.infra_synth import Synth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["default", "variant"])
 def test_each_function_role_and_managed_policy_grants_exactly_the_pinned_statements(
     which: str, request: pytest.FixtureRequest
@@ -33,6 +34,7 @@ def test_each_function_role_and_managed_policy_grants_exactly_the_pinned_stateme
     )
 
 
+@pytest.mark.slow
 def test_the_pinned_table_covers_every_function_and_both_managed_policies(
     default_synth: Synth,
 ) -> None:
