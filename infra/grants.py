@@ -2,7 +2,7 @@
 and, next to it, the acknowledgment of any wildcard resource it needs.
 
 Each construct's `grant_*` methods call `allow`; the stack decides who gets which grant
-(docs/architecture.md, "Who may do what"). CDK's own `table.grant_read_write_data()` and
+(docs/architecture.md, "The stack"). CDK's own `table.grant_read_write_data()` and
 `topic.grant_publish()` are not used: they add `index/*` and `kms:GenerateDataKey*` wildcards,
 where these grants name the exact actions and resources the functions use.
 """

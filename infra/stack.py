@@ -159,8 +159,8 @@ class SdcGuardStack(cdk.Stack):
 
     def _grant(self) -> None:
         """Who may do what: each line is one grant of the construct that owns the resource,
-        which says exactly which actions on which resource (docs/architecture.md, "Who may do
-        what"). Nothing is granted anywhere else, except each function's own log group and
+        which says exactly which actions on which resource (docs/architecture.md, "The
+        stack"). Nothing is granted anywhere else, except each function's own log group and
         network (infra/constructs/functions.py) and the service roles CDK makes for the
         schedules, the rule and the state machine."""
         fn = self.functions.function
