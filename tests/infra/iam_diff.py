@@ -165,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             count = len(after["Resources"])
             principals = len(permissions(after))
             print(f"== {name}: {count} resources, {principals} principals compared")
-            print("\n".join(lines) if lines else "   identical IAM, identical logical ids")
+            print(
+                "\n".join(lines)
+                if lines
+                else "   identical IAM, logical ids and template (but statement order)"
+            )
     return 1 if differs else 0
 
 
