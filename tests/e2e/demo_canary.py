@@ -17,7 +17,8 @@ from typing import Any
 
 from sdc_remediation import contract, outcomes
 from tests.e2e.harness.canary import LocalCanary
-from tests.e2e.harness.pipeline import Invocation, LocalPipeline
+from tests.e2e.harness.pipeline import LocalPipeline
+from tests.e2e.harness.runtime import Invocation
 from tests.e2e.scenario import local_cluster, operator
 
 CANARY_FOLDERS_SHOWN = (
