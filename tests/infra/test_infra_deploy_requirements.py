@@ -1,6 +1,6 @@
 """Deploying needs requirements.txt only: a fresh virtual environment with nothing else (no
-torch, no agent, no test tools) synthesizes the stack with the pinned CDK CLI, which runs
-`python app.py` exactly as `npx cdk deploy` does.
+torch, no agent, no test tools) synthesizes the stack with `python app.py`, given what the CDK
+CLI gives it (cdk.json's context, an output directory), so the check needs no npm.
 
 Slow (a fresh venv of aws-cdk-lib and the Lambda runtime's dependencies, then a synth that
 bundles the layer): about 4 minutes on the 2-core CI machine under load, most of it pip; pip's
@@ -51,15 +51,17 @@ def test_a_fresh_venv_with_only_requirements_txt_synthesizes_the_stack(tmp_path:
     )
     assert missing.stdout.strip() == "['torch', 'sdc_agent', 'sdc_remediation', 'pytest', 'moto']"
 
-    # When the CDK CLI synthesizes the app with that Python
+    # When `python app.py` runs in it as the CDK CLI runs it: cdk.json's context in
+    # CDK_CONTEXT_JSON, the cloud assembly's directory in CDK_OUTDIR (assets bundled)
     out = tmp_path / "cdk.out"
-    env = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
-    env.pop("VIRTUAL_ENV", None)
-    _run(
-        ["npx", "cdk", "synth", "--quiet", "--app", f"{python} app.py", "-o", str(out)],
-        cwd=REPO,
-        env=env,
-    )
+    context = json.loads((REPO / "cdk.json").read_text())["context"]
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")},
+        "CDK_CONTEXT_JSON": json.dumps(context),
+        "CDK_OUTDIR": str(out),
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    _run([python, "app.py"], cwd=REPO, env=env)
 
     # Then the stack's template is there, and the functions' code asset carries the contract
     # beside the domain package (the layer: the Lambda runtime's dependencies)
