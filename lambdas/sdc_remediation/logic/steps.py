@@ -9,8 +9,6 @@ replace in api mode) never connect.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..clients import hyperpod
 from ..clients.kube import KubeApi
 from ..config import Settings
@@ -31,14 +29,12 @@ from ..models import (
     ReplaceResult,
 )
 from ..observability import logger
-from ..targets import target_for
+from ..targets import KubeFactory, target_for
 from . import health, notify, recording
 from . import localize as localize_mod
 from . import replace as replace_mod
 from .admission import AdmitRequest
 from .approval import PendingApproval
-
-KubeFactory = Callable[[], KubeApi]
 
 
 def kube_factory(settings: Settings) -> KubeFactory:
