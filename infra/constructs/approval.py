@@ -17,8 +17,8 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+import sdc_contract as contract
 from infra.grants import allow
-from sdc_remediation import contract
 
 TTL_ATTRIBUTE = "expires_at"
 

@@ -1,4 +1,4 @@
-"""The live canary (lambdas/sdc_remediation/canary.py): its schedule, the SDC alarm its datum
+"""The live canary (lambdas/sdc_remediation/logic/canary/): its schedule, the SDC alarm its datum
 fires, the alarm that says when a canary did not complete, and where it stopped; the grants on
 those alarms."""
 
@@ -14,10 +14,10 @@ from aws_cdk import aws_scheduler_targets as targets
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+import sdc_contract as contract
 from infra import nag
 from infra.config import SdcConfig
 from infra.grants import allow
-from sdc_remediation import contract
 
 START = {"action": "start"}
 """What the schedule sends the canary function (an alarm action's event carries `alarmData`)."""

@@ -22,10 +22,10 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+import sdc_contract as contract
 from infra import bundling, nag
 from infra.config import LOG_RETENTION_DAYS, SdcConfig
 from infra.grants import allow
-from sdc_remediation import contract
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14  # the newest: cdk-nag L1 asks for it
 ARCHITECTURE = lambda_.Architecture.ARM_64  # Graviton: cheaper per ms; every wheel we need exists

@@ -12,8 +12,8 @@ import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+import sdc_contract as contract
 from infra.grants import allow
-from sdc_remediation import contract
 
 
 class ReportLogGroup(Construct):
