@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 from sdc_agent.drills.launch import launch
 
 if TYPE_CHECKING:
-    from tests.e2e.harness.pipeline import Invocation, LocalPipeline
+    from tests.e2e.harness.pipeline import LocalPipeline
+    from tests.e2e.harness.runtime import Invocation
 
 FAULTY_RANK = 3
 FAULT_STEP = 7
@@ -211,7 +212,8 @@ def run(argv: list[str] | None = None) -> int:
     # which every training process imports again, and the harness brings aws_cdk and its
     # Node.js runtime along: seconds of CPU per process, twice six processes.
     from tests.e2e.harness.deployed import deployed
-    from tests.e2e.harness.pipeline import LocalPipeline, process_environment
+    from tests.e2e.harness.pipeline import LocalPipeline
+    from tests.e2e.harness.runtime import process_environment
     from tests.e2e.scenario import local_cluster, pending_for
 
     tl = Timeline()
