@@ -79,9 +79,16 @@ class DDPAdapter(ParallelAdapter):
         self.param_device = self.params[0].device if self.params else torch.device("cpu")
         """Where the parameters (and so the gradients) live."""
 
+    compute_groups: tuple[tuple[int, ...], ...] = ()
+    """Every DP rank computes its micro-batch alone."""
+
     def global_rank(self, dp_rank: int) -> int:
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
+
+    def seed_rank(self, rank: int) -> int:
+        """Each rank's computation runs with its own seed."""
+        return rank
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Register check 1's comm hook writing into ``stats``; DDP takes one comm hook per

@@ -37,6 +37,13 @@ class GradStatsState:
     """[num_params, 2] int64 fingerprints of the local gradients (audit steps only)."""
     reduced_taps: list[ReducedTap] = field(default_factory=list)
     """Callables that see each reduced bucket (used by fault drills; empty in production)."""
+    records_events: bool = False
+    """Whether the taps also record :attr:`local_events` (set by the adapter that installs
+    them: tensor parallel)."""
+    local_events: list[torch.Tensor] | None = None
+    """This rank's LOCAL results in the order it computed them ([2] int64 fingerprints: module
+    outputs before a collective mixes them, each local gradient as autograd stores it), on steps
+    that capture fingerprints when :attr:`records_events`; else None."""
 
     def arm(self, *, capture_fingerprints: bool, device: torch.device) -> None:
         """Reset the per-step statistics before a forward pass."""
@@ -48,3 +55,14 @@ class GradStatsState:
             if capture_fingerprints
             else None
         )
+        self.local_events = [] if capture_fingerprints and self.records_events else None
+
+    def local_table(self) -> torch.Tensor | None:
+        """What check 2 compares of this rank's computation: its local events in order when
+        recorded ([events, 2] int64), else the per-parameter local gradient fingerprints
+        (None when nothing was captured)."""
+        if self.local_events is None:
+            return self.local_fingerprints
+        if not self.local_events:
+            return torch.zeros((0, 2), dtype=torch.int64)
+        return torch.stack(self.local_events)

@@ -88,6 +88,8 @@ class ShardedGradientTaps:
         the local taps (:meth:`isolate_with`)."""
         for row, param in enumerate(params):
             param.register_post_accumulate_grad_hook(self._reduced_tap(row))
+        self._sharded = {id(p) for p in root.parameters()}
+        """The sharded parameters (FSDP2 swaps unsharded ones in for forward and backward)."""
         prefixes = {id(m): name for name, m in root.named_modules()}
         # Removed once every trainable parameter's unsharded form is hooked: walking the
         # parameters on every forward would cost O(parameters) per FSDP module and step.
@@ -107,6 +109,11 @@ class ShardedGradientTaps:
             state, grad = self.state, param.grad
             if grad is None:
                 return
+            if isinstance(grad, DTensor):
+                # Tensor parallel: the unsharded parameter is a DTensor over the tp dimension;
+                # this rank's own gradient is its local slice (a Partial one is this rank's
+                # contribution, before any reduction).
+                grad = grad.to_local()
             if not self.recording:
                 # A micro-batch without sync. Under a MixedPrecisionPolicy whose reduce dtype
                 # is not the parameters', FSDP2 moves this gradient into a private buffer after
@@ -116,9 +123,10 @@ class ShardedGradientTaps:
                 mark_non_finite([grad], self._carried_flag(state.local_flags, grad.device))
                 return
             if state.capture_fingerprints and state.local_fingerprints is not None:
-                state.local_fingerprints[row] = fingerprints([grad])[0].to(
-                    state.local_fingerprints.device
-                )
+                fingerprint = fingerprints([grad])[0].to(state.local_fingerprints.device)
+                state.local_fingerprints[row] = fingerprint
+                if state.local_events is not None:
+                    state.local_events.append(fingerprint)  # in the order autograd ran
             flags = state.local_flags
             # One flag per step, raised in place by every tap (one fused pass per
             # parameter, no temporaries, nothing read back: see sdc_agent.checks.gradients.finiteness). It is
@@ -166,7 +174,7 @@ class ShardedGradientTaps:
 
         def hook(module: nn.Module, args: object) -> None:
             for name, param in module.named_parameters(prefix=prefix):
-                if isinstance(param, DTensor) or id(param) in self._unsharded:
+                if id(param) in self._sharded or id(param) in self._unsharded:
                     continue  # still sharded (a nested FSDP module), or already hooked
                 row = self._row_by_name.get(name)
                 if row is None:
