@@ -4,7 +4,8 @@ It starts 3 simulated nodes x 2 ranks on this machine (:mod:`sdc_agent.drills.la
 persistent fault into one rank's forward pass (:mod:`sdc_agent.drills.faults`), trains the drill
 job (:mod:`sdc_agent.drills.job`) and prints the alarm; ``--parallel fsdp|hsdp`` runs the same
 drill on a model sharded with FSDP2 (full sharding, or HSDP with replicas across nodes and
-shards within a node).
+shards within a node), and ``--parallel tp|fsdp+tp`` on a tensor-parallel model (TP groups
+inside a node, composed with HSDP replicas or FSDP2 shards across nodes).
 
 The drills live in :mod:`sdc_agent.drills`, which the guard never imports; the names this module
 had before they moved there (the drill job, the launcher) stay importable from here, for code
@@ -64,6 +65,8 @@ def _describe(result: dict[str, Any]) -> Iterator[str]:
         yield f"  mismatched (target, replayer) pairs: {alarm['mismatched_pairs']}"
     if alarm["culprits"]:
         yield f"  culprits (wrong as target and as replayer): {alarm['culprits']}"
+    if alarm.get("diagnosis"):
+        yield f"  diagnosis: {alarm['diagnosis']}"
     for v in alarm["verdicts"]:
         yield f"  confirmation of {v['pair']} by rank {v['third']}: {v['kind']} -> {v['suspect']}"
     for rank, info in alarm["ranks"].items():
@@ -92,18 +95,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
     parser.add_argument(
         "--parallel",
-        choices=["ddp", "fsdp", "hsdp"],
+        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp"],
         default="ddp",
-        help="how the model is data-parallel: DDP, FSDP2 full sharding, or HSDP (replicas "
-        "across nodes, shards within a node)",
+        help="how the model is parallel: DDP, FSDP2 full sharding, HSDP (replicas across "
+        "nodes, shards within a node), tp (tensor parallel inside a node, HSDP replicas across "
+        "nodes: a ('replicate', 'shard', 'tp') mesh) or fsdp+tp (tensor parallel inside a node, "
+        "FSDP2 across nodes: ('dp', 'tp'))",
     )
     args = parser.parse_args(argv)
     world = args.nodes * args.ranks_per_node
-    sharded = args.parallel != "ddp"
-    # The sharded drill model names its layers differently (sdc_agent.drills.sharded).
-    layer, weight = (
-        ("blocks.1.norm", "blocks.0.fc.weight") if sharded else ("net.4", "net.0.weight")
-    )
+    # Each drill model names its layers its own way (sdc_agent.drills.sharded, .tp): the
+    # tensor-parallel fault is in one rank's column-parallel GEMM output.
+    layer, weight = {
+        "ddp": ("net.4", "net.0.weight"),
+        "tp": ("blocks.1.up", "blocks.0.up.weight"),
+        "fsdp+tp": ("blocks.1.up", "blocks.0.up.weight"),
+    }.get(args.parallel, ("blocks.1.norm", "blocks.0.fc.weight"))
     faults = {
         "scale": [
             {
@@ -171,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     named = (results[0]["alarm"] or {}).get("suspects") or []
     # Full sharding keeps one copy of each weight shard and every rank computes with it, so a
     # flipped stored weight is seen by no check (the guard logged so at start).
-    unseen = args.fault == "none" or (args.fault == "weight" and args.parallel == "fsdp")
+    unseen = args.fault == "none" or (
+        args.fault == "weight" and args.parallel in ("fsdp", "fsdp+tp")
+    )
     if unseen and args.fault == "weight":
         print("  (FSDP2 full sharding: no weight redundancy, so check 3 is off; expected no alarm)")
     print(f"({time.monotonic() - started:.1f} s)")

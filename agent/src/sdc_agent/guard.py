@@ -154,7 +154,7 @@ class Guard:
         self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
         nodes = [self.ranks[g].node_name for g in self.global_ranks]
         try:
-            validate_placement(nodes, self.schedule.peer_offset)
+            validate_placement(nodes, self.schedule.peer_offset, a.compute_groups)
             can_confirm = True
         except TopologyError:
             # Audits need the placement; so does a scaler (an overflow is told from a faulty
@@ -489,7 +489,7 @@ class Guard:
             alarm = self.audit.audit(
                 exchange.step,
                 loss,
-                self.gradients.local_fingerprints if deterministic else None,
+                self.gradients.local_table() if deterministic else None,
                 deterministic=deterministic,
             )
         elif not table.nonfinite and not any(table.reduced):

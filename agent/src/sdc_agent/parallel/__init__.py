@@ -51,28 +51,45 @@ from __future__ import annotations
 
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .adapter import ParallelAdapter, WeightReplicas
 from .ddp import DDPAdapter
-from .fsdp import FSDP2Adapter, ShardingLayoutError, is_fsdp2
+from .fsdp import FSDP2Adapter, is_fsdp2
+from .mesh import ShardedLayout, ShardingLayoutError, learn_layout
+from .tp import TensorParallelAdapter
 
 __all__ = [
     "DDPAdapter",
     "FSDP2Adapter",
     "ParallelAdapter",
+    "ShardedLayout",
     "ShardingLayoutError",
+    "TensorParallelAdapter",
     "WeightReplicas",
     "adapter_for",
 ]
 
 
 def adapter_for(model: nn.Module, dp_group: dist.ProcessGroup | None) -> ParallelAdapter:
-    """The adapter for ``model``: :class:`FSDP2Adapter` for an FSDP2 module, else DDP's."""
+    """The adapter for ``model``: :class:`TensorParallelAdapter` for an FSDP2 module whose mesh
+    has a tensor-parallel dimension, :class:`FSDP2Adapter` for another FSDP2 module, else DDP's."""
     if is_fsdp2(model):
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        _, layout = learn_layout(trainable)
+        if layout.tensor_parallel:
+            return TensorParallelAdapter(model, dp_group)
         return FSDP2Adapter(model, dp_group)
     if any(is_fsdp2(m) for m in model.modules()):
         raise ShardingLayoutError(
             f"sdc_agent.Guard: {type(model).__name__} has fully_shard submodules but is not "
             "sharded itself; apply fully_shard to the root module too and pass that"
+        )
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: {type(model).__name__} has DTensor (tensor parallel) parameters "
+            "but is not sharded with fully_shard; the guard checks tensor parallelism composed "
+            "with FSDP2 or HSDP: fully_shard the model on the data-parallel dimensions of the "
+            "mesh (('dp', 'tp') or ('replicate', 'shard', 'tp'))"
         )
     return DDPAdapter(model, dp_group)  # raises TypeError for anything that is not DDP

@@ -219,6 +219,12 @@ class GradientCheck:
         """[num_params, 2] int64 fingerprints of this step's local gradients (audit steps)."""
         return self.hook_state.local_fingerprints
 
+    def local_table(self) -> torch.Tensor | None:
+        """What check 2 compares of this step's local computation: the local gradients'
+        fingerprints, or the local events in order where the taps record them (tensor
+        parallel; :meth:`~.stats.GradStatsState.local_table`)."""
+        return self.hook_state.local_table()
+
     def add_reduced_tap(self, tap: ReducedTap) -> None:
         """Let ``tap(bucket, reduced)`` see each reduced bucket (fault drills use it)."""
         self.hook_state.reduced_taps.append(tap)

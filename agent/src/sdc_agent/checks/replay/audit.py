@@ -329,12 +329,15 @@ class RingAudit:
             mixed = pairs
             pairs = self._earliest_local_pairs(pairs, own_fingerprints, self.replayer.last_table)
             if pairs != mixed:
+                later = [
+                    (a.global_rank(t), a.global_rank(r)) for t, r in mixed if (t, r) not in pairs
+                ]
                 diagnosis = (
-                    "ranks that compute together (tensor parallel): the local results of ranks "
-                    f"{sorted({a.global_rank(r) for pair in pairs for r in pair})} diverged "
-                    "first; the pairs "
-                    f"{[(a.global_rank(t), a.global_rank(r)) for t, r in mixed if (t, r) not in pairs]} "
-                    "diverged only after a collective mixed a wrong result into theirs"
+                    "ranks that compute together (tensor parallel): the pairs "
+                    f"{[(a.global_rank(t), a.global_rank(r)) for t, r in pairs]} diverged first, "
+                    "in local results computed before a collective mixed their group's slices; "
+                    f"the pairs {later} of the same groups diverged only later, after a "
+                    "collective carried a wrong result to them"
                 )
 
         culprits = find_culprits(pairs)
