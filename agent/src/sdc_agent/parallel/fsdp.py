@@ -189,6 +189,7 @@ class FSDP2Adapter(ParallelAdapter):
             "weights_named_by_majority": layout.majority_possible,
             "weights_why": why,
             "replicas_of_shard": [list(r) for r in layout.replicas_of_shard],
+            "mesh": layout.dims(),
         }
 
     compute_groups: tuple[tuple[int, ...], ...] = ()

@@ -1,0 +1,163 @@
+"""Tensor parallel: the mesh learned from the parameters on a one-rank gloo group, the layouts
+refused by name, and check 2's earliest-local-divergence reasoning on synthetic tables."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+import sdc_agent as sdc
+from sdc_agent.checks.replay.attribution import (
+    earliest_local_mismatches,
+    find_culprits,
+    first_divergence,
+)
+from sdc_agent.drills.faults import ScaleWeightGradElement
+from sdc_agent.drills.tp import TPDrillModel, tp_plan
+from sdc_agent.parallel import FSDP2Adapter, TensorParallelAdapter, adapter_for, learn_layout
+from sdc_agent.topology import TopologyError, validate_placement
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo process group."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def tp_model(names: tuple[str, ...]) -> nn.Module:
+    """The TP drill model: column/row-parallel blocks on ``mesh["tp"]``, fully_shard on the rest
+    (each block and the root; embedding, norm and head on the data-parallel sub-mesh only)."""
+    mesh = init_device_mesh("cpu", (1,) * len(names), mesh_dim_names=names)
+    model = TPDrillModel()
+    parallelize_module(model, mesh["tp"], tp_plan(model, sequence_parallel=False))
+    dp = mesh[names[:-1]] if len(names) > 2 else mesh[names[0]]
+    for block in model.blocks:
+        fully_shard(block, mesh=dp)
+    return fully_shard(model, mesh=dp)
+
+
+@pytest.mark.parametrize(
+    ("names", "kind"),
+    [(("dp", "tp"), "fsdp+tp"), (("replicate", "shard", "tp"), "hsdp+tp")],
+)
+def test_the_whole_mesh_is_learned_from_parameters_on_it_and_its_sub_meshes(one_rank, names, kind):
+    # Given torchtitan's layout: TP on mesh["tp"], fully_shard on the data-parallel dimensions,
+    # so the embedding, norm and head live on a sub-mesh without "tp"
+    model = tp_model(names)
+    params = list(model.named_parameters())
+    assert len({p.device_mesh.ndim for _, p in params}) == 2
+    # When the layout is learned
+    _, layout = learn_layout(params)
+    # Then every dimension has its role and the TP groups are known
+    assert layout.kind == kind and layout.tensor_parallel
+    assert layout.roles == (("replicate",) if len(names) == 3 else ()) + ("shard", "tp")
+    assert layout.tp_groups == ((0,),)
+    # And the guard's adapter is the tensor-parallel one
+    adapter = adapter_for(model, None)
+    assert isinstance(adapter, TensorParallelAdapter)
+    assert adapter.compute_groups == ((0,),) and adapter.seed_rank(0) == 0
+    assert adapter.coverage_facts()["mesh"] == dict.fromkeys(layout.roles, 1)
+
+
+def test_the_fsdp2_adapter_refuses_a_tensor_parallel_layout_itself(one_rank):
+    # Given a TP x FSDP2 model, the adapter for FSDP2 alone would miss the TP groups' RNG
+    with pytest.raises(sdc.ShardingLayoutError, match="TensorParallelAdapter"):
+        FSDP2Adapter(tp_model(("dp", "tp")), None)
+
+
+@pytest.mark.parametrize(
+    ("names", "what"),
+    [(("dp", "cp"), "context parallel"), (("dp_shard_cp", "tp"), "context parallel")],
+)
+def test_context_parallel_meshes_are_refused_naming_what_was_found(one_rank, names, what):
+    # Given a model sharded over a mesh with a context-parallel dimension
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=names)
+    model = fully_shard(TPDrillModel(), mesh=mesh)
+    # Then the guard refuses it, naming the parallelism and the dimension
+    with pytest.raises(sdc.ShardingLayoutError, match=what) as err:
+        adapter_for(model, None)
+    assert repr(names[0] if "cp" in names[0] else names[1]) in str(err.value)
+
+
+def test_experts_on_a_mesh_of_their_own_are_refused_as_expert_parallel(one_rank):
+    # Given dense layers on a ("dp", "tp") mesh and MoE experts sharded on a ("dp", "ep") mesh
+    model = TPDrillModel()
+    experts = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "ep"))
+    fully_shard(model.blocks[1], mesh=experts)
+    dense = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model.blocks[0], dense["tp"], {"up": ColwiseParallel()})
+    fully_shard(model, mesh=dense["dp"])
+    # Then the two meshes are not one mesh's dimensions: refused, naming expert parallelism
+    with pytest.raises(sdc.ShardingLayoutError, match="Expert parallel"):
+        adapter_for(model, None)
+
+
+def test_tensor_parallel_without_fully_shard_is_refused(one_rank):
+    # Given column/row-parallel layers but no data-parallel sharding
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    model = TPDrillModel()
+    parallelize_module(model, mesh, {"blocks.0.up": ColwiseParallel()})
+    # Then the error says to compose it with FSDP2
+    with pytest.raises(sdc.ShardingLayoutError, match="not sharded with fully_shard"):
+        adapter_for(model, None)
+
+
+def test_a_weight_gradient_fault_corrupts_a_dtensors_local_slice(one_rank):
+    # Given a gradient DTensor sharded over a one-rank tp mesh
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    grad = DTensor.from_local(torch.ones(4, 2), mesh, [Shard(0)])
+    fault = ScaleWeightGradElement("w", index=3, factor=1000.0, rank=0)
+    # When the fault's hook changes it
+    fault._should_fire = lambda: True  # type: ignore[method-assign]
+    corrupted = fault._hook(grad)
+    # Then the local slice holds the change, the layout is kept, the input is untouched
+    assert isinstance(corrupted, DTensor) and corrupted.placements == (Shard(0),)
+    assert corrupted.to_local().view(-1)[3] == 1000.0 and grad.to_local().sum() == 8
+
+
+# ---------------------------------------------------------------- check 2's pure reasoning
+def test_first_divergence_is_the_first_differing_local_result():
+    assert first_divergence([[1, 1], [2, 2], [3, 3]], [[1, 1], [2, 9], [3, 9]]) == 1
+    assert first_divergence([[1, 1]], [[1, 1]]) == 1  # equal: only the loss differed
+
+
+def test_the_pairs_that_diverged_first_are_kept_and_name_the_gpu():
+    # Given 3 TP groups of 2 (ranks 2g, 2g+1), offset 2, and rank 3 wrong in its own local
+    # result 4 and in its replay of rank 5's (persistent); its partner 2 diverges at result 6,
+    # after the row-parallel all-reduce carried rank 3's wrong value to it
+    pairs = [(2, 0), (3, 1), (4, 2), (5, 3)]
+    first = {(2, 0): 6, (3, 1): 4, (4, 2): 6, (5, 3): 4}
+    group_of = [0, 0, 1, 1, 2, 2]
+    # When the earliest local mismatches are kept
+    kept = earliest_local_mismatches(pairs, first, group_of)
+    # Then the ring's attribution names rank 3 alone
+    assert kept == [(3, 1), (5, 3)]
+    assert find_culprits(kept) == [3]
+
+
+def test_ranks_that_diverge_at_the_same_local_result_are_both_kept():
+    # Given both ranks of a group wrong from the same local result (a wrong collective result)
+    pairs = [(2, 0), (3, 1)]
+    kept = earliest_local_mismatches(pairs, {(2, 0): 5, (3, 1): 5}, [0, 0, 1, 1, 2, 2])
+    # Then neither is dropped: the group is what the evidence names
+    assert kept == pairs
+
+
+def test_a_peer_offset_that_splits_a_tp_group_is_refused():
+    # Given TP groups of 2 ranks, one per node, and peer_offset 1: rank 1 would replay rank 2's
+    # slice 0 with its slice 1
+    nodes = ["n0", "n0", "n1", "n1", "n2", "n2"]
+    groups = [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(TopologyError, match="multiple of the TP degree"):
+        validate_placement(nodes, 1, groups)
+    # And peer_offset 2 maps each group onto the next node's, slice by slice
+    validate_placement(nodes, 2, groups)
