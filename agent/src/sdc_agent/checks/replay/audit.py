@@ -384,33 +384,46 @@ class RingAudit:
         """The mismatched pairs whose local results diverged first among the pairs of the same
         two groups of ranks that compute together (:func:`.attribution.earliest_local_mismatches`).
 
-        Collective over the audit's group, only when some pair mismatched: every rank's two
-        tables (its own step's local results in order, and its replay's) are gathered."""
+        Collective over the audit's group, only when some pair mismatched. Each rank sends its
+        replay's local results to the rank whose micro-batch it replayed, and receives its own
+        replayer's (one point-to-point shift around the ring: the tables never travel further),
+        finds where they first differ from its own, and one small all-gather shares that index."""
         a = self.adapter
         device = a.collective_device
         empty = torch.zeros((0, 2), dtype=torch.int64)
         own = (own_table if own_table is not None else empty).to(device, torch.int64)
         replay = (replay_table if replay_table is not None else empty).to(device, torch.int64)
-        lengths = torch.tensor([own.shape[0], replay.shape[0]], dtype=torch.int64, device=device)
-        all_lengths = [torch.zeros_like(lengths) for _ in range(a.world)]
-        dist.all_gather(all_lengths, lengths, group=a.dp_group)
-        sizes = [tuple(int(n) for n in t.tolist()) for t in all_lengths]
-        longest = max(max(s) for s in sizes)
-        mine = torch.zeros((2, longest, 2), dtype=torch.int64, device=device)
-        mine[0, : own.shape[0]] = own
-        mine[1, : replay.shape[0]] = replay
-        gathered = [torch.zeros_like(mine) for _ in range(a.world)]
-        dist.all_gather(gathered, mine, group=a.dp_group)
-        tables = [
-            (g[0, :n_own].cpu().tolist(), g[1, :n_replay].cpu().tolist())
-            for g, (n_own, n_replay) in zip(gathered, sizes, strict=True)
-        ]
-        first = {(t, r): first_divergence(tables[t][0], tables[r][1]) for t, r in pairs}
+        target = a.global_rank(replay_target(a.dp_rank, a.world, self.peer_offset))
+        replayer = a.global_rank((a.dp_rank - self.peer_offset) % a.world)
+        length = torch.tensor([replay.shape[0]], dtype=torch.int64, device=device)
+        received_length = torch.zeros_like(length)
+        self._shift(length, target, received_length, replayer)
+        received = torch.zeros((int(received_length.item()), 2), dtype=torch.int64, device=device)
+        self._shift(replay.contiguous(), target, received, replayer)
+        mine = torch.tensor(
+            [first_divergence(own.cpu().tolist(), received.cpu().tolist())],
+            dtype=torch.int64,
+            device=device,
+        )
+        firsts = [torch.zeros_like(mine) for _ in range(a.world)]
+        dist.all_gather(firsts, mine, group=a.dp_group)
+        first = {(t, r): int(firsts[t].item()) for t, r in pairs}
         group_of = list(range(len(a.compute_groups), len(a.compute_groups) + a.world))
         for index, members in enumerate(a.compute_groups):
             for dp in members:
                 group_of[dp] = index
         return earliest_local_mismatches(pairs, first, group_of)
+
+    def _shift(self, send: torch.Tensor, to: int, receive: torch.Tensor, source: int) -> None:
+        """Send ``send`` to global rank ``to`` while receiving ``receive`` from ``source``, every
+        rank at once (batched, so that NCCL cannot deadlock on a ring of sends)."""
+        group = self.adapter.dp_group
+        ops = [
+            dist.P2POp(dist.isend, send, to, group=group),
+            dist.P2POp(dist.irecv, receive, source, group=group),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
 
     # ------------------------------------------------------------------ check 1's confirmation
     def judge_nonfinite(self, table: FlagTable, *, deterministic: bool) -> Alarm | None:
