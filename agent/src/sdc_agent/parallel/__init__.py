@@ -6,7 +6,14 @@ the adapter from the model:
 
 * :mod:`.ddp`: :class:`DDPAdapter`, a ``DistributedDataParallel`` model;
 * :mod:`.fsdp`: :class:`FSDP2Adapter`, a model sharded with FSDP2's ``fully_shard``: full
-  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh), learned from the parameters.
+  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh), learned from the parameters;
+* :mod:`.tp`: :class:`TensorParallelAdapter`, tensor parallelism (``ColwiseParallel``,
+  ``RowwiseParallel``, ``SequenceParallel``) composed with FSDP2 or HSDP on a ``("dp", "tp")``
+  or ``("replicate", "shard", "tp")`` mesh.
+
+:mod:`.mesh` learns the mesh and every dimension's role (replicate, shard, tp) from the
+parameters' DTensor placements, sub-meshes included, and refuses what it cannot check (context
+and expert parallel, by the dimension it found).
 
 What each check asks, and how DDP and FSDP2 answer:
 
@@ -26,23 +33,24 @@ What each check asks, and how DDP and FSDP2 answer:
   replicas along ``replicate``, the shard group to agree on one verdict; full sharding: one
   copy, nothing to compare).
 
-Room for tensor and pipeline parallelism (``tp.py``, ``pp.py``; not built). They are further
-dimensions of the same device mesh, learned from the parameters as FSDP2's is, each adapter
-answering the questions above for its dimension, composed with the data-parallel one:
+How tensor parallelism answers them (:mod:`.tp`), and room for pipeline parallelism
+(``pp.py``), as further dimensions of the same device mesh, each adapter answering the
+questions above for its dimension, composed with the data-parallel one:
 
-* The job: a data-parallel replica is then a whole TP x PP group; DP ranks index replicas, and a
-  replica's ranks train on its micro-batch together (``rebuild_batch(step, rank)`` returns the
-  micro-batch of global ``rank``'s replica).
+* The job: the ranks of a TP group (a PP group too, for the pipeline) compute ONE micro-batch
+  together (``rebuild_batch(step, rank)`` returns the micro-batch of global ``rank``'s group),
+  and draw one RNG stream (``seed_rank``). Every rank is still one of the guard's ranks (it has
+  its own local results to check); ``compute_groups`` lists the groups.
 * Check 1: the local gradient is each rank's own, before the data-parallel reduction (a TP
-  shard of the gradient, a stage's gradients): the same taps as FSDP2's, on the tensors the TP
+  slice of the gradient, a stage's gradients): the same taps as FSDP2's, on the tensors the TP
   and PP modules own; every reduced gradient after it; one flag reduction over the whole world.
-* Check 2: the replay unit is a whole replica (a TP group replaying collectively; a pipeline
+* Check 2: the replay unit is a whole group (a TP group replaying collectively; a pipeline
   schedule's ``step`` over the stages), so ``replays_in_lockstep`` holds for every rank of the
   mesh; what is compared is each rank's LOCAL work before a collective mixes it (partial
-  outputs before a row-parallel all-reduce, gradient shards before reduce-scatter, the
+  outputs before a row-parallel all-reduce, gradient slices before reduce-scatter, the
   activations a stage sends and the gradients it receives), rank by rank at the same (tp, pp)
   coordinates, so that the earliest local divergence names one GPU, not its group.
-* Check 3: ``weight_replicas`` with ``sharded`` true: each local shard compared across the
+* Check 3: ``weight_replicas`` with ``sharded`` true: each local slice compared across the
   data-parallel replicas at the same (tp, pp, shard) coordinates, the other coordinates of the
   replica as the shard group.
 """

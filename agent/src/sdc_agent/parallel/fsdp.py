@@ -3,12 +3,14 @@
 The same questions as :class:`~.ddp.DDPAdapter` answers (:class:`~.adapter.ParallelAdapter`), so
 the checks and the guard's wiring do not know which wrapper they run on. What differs, and why:
 
-* The mesh is learned from the parameters themselves (DTensor ``device_mesh`` / ``placements``):
-  a 1-D mesh with ``Shard`` placements is full sharding; a 2-D mesh named
+* The mesh is learned from the parameters themselves (DTensor ``device_mesh`` / ``placements``,
+  :mod:`.mesh`): a 1-D mesh with ``Shard`` placements is full sharding; a 2-D mesh named
   ``("replicate", "shard")`` with ``(Replicate(), Shard)`` placements is HSDP (replicas across
-  nodes, shards within a node). Anything else (tensor parallel placements, a mesh that does not
-  cover every rank, a mixture of meshes) is refused with a clear error: the checks' reasoning
-  (every rank trains on its own micro-batch; replicas of a shard hold the same bits) would not hold.
+  nodes, shards within a node). A mesh with a tensor-parallel dimension is
+  :class:`~.tp.TensorParallelAdapter`'s; anything else (a mesh that does not cover every rank,
+  meshes that are not one mesh's dimensions, context or expert parallel) is refused with a clear
+  error: the checks' reasoning (every rank trains on its own micro-batch; replicas of a shard
+  hold the same bits) would not hold.
 * Every rank is a data-parallel rank: each trains on its own micro-batch, so the ring replay,
   check 1's flags and the rank map run over the whole mesh (WORLD), as under DDP.
 * FSDP2 has no comm hook. Check 1's taps are post-accumulate-grad hooks
@@ -160,10 +162,12 @@ class FSDP2Adapter(ParallelAdapter):
         self._fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
         if self.layout.weight_redundancy is False and self.rank == 0:
             logger.warning(
-                "sdc_agent: FSDP2 full sharding: each weight shard has a single copy, so check 3 "
-                "(weight fingerprints across replicas) is off; a bit flip in a stored weight is "
-                "caught only when it changes a computation that an audit replays. Use HSDP "
-                "(a ('replicate', 'shard') mesh with >= 3 replicas) for weight redundancy"
+                "sdc_agent: FSDP2 full sharding (%s): each weight shard has a single copy, so "
+                "check 3 (weight fingerprints across replicas) is off; a bit flip in a stored "
+                "weight is caught only when it changes a computation that an audit replays. Use "
+                "HSDP (a ('replicate', 'shard') mesh, ('replicate', 'shard', 'tp') with tensor "
+                "parallel, with >= 3 replicas) for weight redundancy",
+                self.layout.kind,
             )
 
     # ------------------------------------------------------------------ the adapter's answers
