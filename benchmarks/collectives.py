@@ -2,7 +2,8 @@
 
 Two modes:
 
-    python benchmarks/collectives.py --model     # NCCL's cost model at 8, 1,024 and 16,384 ranks
+    python benchmarks/collectives.py --model     # NCCL's cost model at 8, 1,024 and 16,384 ranks,
+                                                 # the tensor-parallel dimension's rows included
     python benchmarks/collectives.py             # gloo on this CPU at 3, 6, 9 and 12 processes
     python benchmarks/collectives.py --sizes 3,6,12 --reps 300 --json out.json
 
@@ -36,7 +37,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,12 @@ class Collective:
     """The payload as a formula of N (ranks), T (tensors), D (disputed targets), L (text)."""
     nbytes: Callable[[int, int], int]
     """Bytes NCCL moves, as a function of (N, T): the buffer for an all-reduce, N x the
-    per-rank part for an all-gather."""
+    per-rank part for an all-gather (the group's size in place of N for a group's)."""
+    group: Callable[[int, int], tuple[int, int]] | None = None
+    """(ranks in the collective, ranks of it per node) as a function of (N, GPUs per node), for
+    a collective over a group smaller than the job (None: all N ranks, a node's GPUs each)."""
+    measured: bool = True
+    """Whether the gloo measurement times it too (the tensor-parallel rows are modelled only)."""
 
 
 def collectives(disputed: int = 1) -> list[Collective]:
@@ -131,6 +137,50 @@ def collectives(disputed: int = 1) -> list[Collective]:
         Collective(
             "rank_map_text", "at start", "all_gather", f"N x L B (L={text})",
             lambda n, t: n * text,
+        ),
+    ]  # fmt: skip
+
+
+TP_ACTIVATION_BYTES = 1024 * 8192 * 2
+"""A row-parallel layer's partial output for scale: 1,024 tokens x 8,192 hidden, bf16."""
+EVENTS_PER_TENSOR = 2
+"""Ordered local results per parameter tensor under TP (its module's output, its gradient)."""
+
+
+def tp_collectives() -> list[Collective]:
+    """The tensor-parallel dimension's collectives, TP groups filling a node (TP = GPUs per
+    node) and HSDP replicas one per node: the model's own (for scale), check 2's exchange of
+    ordered local results (only when some pair mismatched) and check 3's groups (modelled only)."""
+    events = EVENTS_PER_TENSOR * FINGERPRINT_WIDTH * INT64
+    return [
+        Collective(
+            "tp_partial_sum", "per row-parallel layer, every step and replay (the model's)",
+            "all_reduce", f"{TP_ACTIVATION_BYTES // 2**20} MiB in the TP group (one node)",
+            lambda n, t: TP_ACTIVATION_BYTES,
+            group=lambda n, g: (min(n, g), min(n, g)), measured=False,
+        ),
+        Collective(
+            "tp_local_shift", "per audit, only on a mismatch (TP)", "send_recv",
+            f"E x {FINGERPRINT_WIDTH * INT64} B to one rank on another node (E = "
+            f"{EVENTS_PER_TENSOR}T)",
+            lambda n, t: t * events,
+            group=lambda n, g: (2, 1), measured=False,
+        ),
+        Collective(
+            "tp_first_gather", "per audit, only on a mismatch (TP)", "all_gather",
+            f"N x {INT64} B", lambda n, t: n * INT64, measured=False,
+        ),
+        Collective(
+            "tp_weights_max", "per weight check (HSDP x TP: a slice's replicas)", "all_reduce",
+            f"T x {2 * FINGERPRINT_WIDTH * INT64} B over N / TP ranks, one per node",
+            lambda n, t: t * 2 * FINGERPRINT_WIDTH * INT64,
+            group=lambda n, g: (n // g, 1), measured=False,
+        ),
+        Collective(
+            "tp_weights_agree", "per weight check (HSDP x TP: a replica's slices)", "all_gather",
+            f"TP x {5 * INT64} B in one node",
+            lambda n, t: n * 5 * INT64,
+            group=lambda n, g: (min(n, g), min(n, g)), measured=False,
         ),
     ]  # fmt: skip
 
@@ -268,6 +318,16 @@ def nccl_best(
     return min((e for e in options if e is not None), key=lambda e: e.total_us)
 
 
+def p2p_estimate(nbytes: int, fabric: Fabric) -> Estimate:
+    """One send/receive pair between two nodes. NCCL's tuner does not model point-to-point
+    calls (tuning.cc covers collectives); approximated as one Simple-protocol network hop: the
+    ring's base latency and per-hop network latency, plus the bytes at one node's network
+    bandwidth."""
+    p = PROTOCOLS.index("Simple")
+    latency = BASE_LAT_US["ring"][p] + HW_LAT_US["net"]["ring"][p]
+    return Estimate("p2p", "Simple", 1, latency, nbytes / (1000 * fabric.busbw_inter))
+
+
 def _time(us: float) -> str:
     """Microseconds as a short human figure."""
     return f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} us"
@@ -284,12 +344,20 @@ def _size(nbytes: float) -> str:
 def model_table(fabric: Fabric, tensors: int) -> list[dict[str, Any]]:
     """Per collective and rank count: payload, NCCL's pick, its hops and modelled times."""
     rows = []
-    for c in collectives():
+    for c in [*collectives(), *tp_collectives()]:
         row: dict[str, Any] = {"name": c.name, "when": c.when, "op": c.op, "payload": c.payload}
         for n in MODEL_RANKS:
-            nbytes = c.nbytes(n, tensors)
-            best = nccl_best(c.op, nbytes, n, fabric)
-            ring = nccl_best(c.op, nbytes, n, fabric, ("ring",))
+            ranks, per_node = c.group(n, fabric.gpus_per_node) if c.group else (n, None)
+            if ranks < 2:
+                row[str(n)] = None  # a group of one rank: nothing to send
+                continue
+            group_fabric = replace(fabric, gpus_per_node=per_node) if per_node else fabric
+            nbytes = c.nbytes(ranks, tensors)
+            if c.op == "send_recv":
+                best = ring = p2p_estimate(nbytes, fabric)
+            else:
+                best = nccl_best(c.op, nbytes, ranks, group_fabric)
+                ring = nccl_best(c.op, nbytes, ranks, group_fabric, ("ring",))
             row[str(n)] = {
                 "bytes": nbytes,
                 "best": f"{best.algorithm}/{best.protocol}",
@@ -318,6 +386,9 @@ def print_model(rows: list[dict[str, Any]], fabric: Fabric, tensors: int) -> Non
         cells = []
         for n in MODEL_RANKS:
             cell = row[str(n)]
+            if cell is None:
+                cells.append("- (one rank)")
+                continue
             text = f"{_time(cell['total_us'])} ({cell['best']}, {cell['hops']:,} hops"
             text += f", {_size(cell['bytes'])})"
             if cell["ring_total_us"] > cell["total_us"] * 1.05:
@@ -486,7 +557,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def print_measured(result: dict[str, Any]) -> None:
     """The measured table, as markdown: median (p90) ms per collective and process count."""
     sizes = list(result["sizes"])
-    when = {c.name: (c.when, f"{c.op} {c.payload}") for c in collectives()}
+    when = {c.name: (c.when, f"{c.op} {c.payload}") for c in collectives() if c.measured}
     print(
         f"gloo on this machine ({result['cpus']} CPUs), T = {result['config']['tensors']}, "
         f"{result['config']['reps']} repetitions ({result['config']['bucket_reps']} for "

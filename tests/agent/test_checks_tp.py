@@ -17,9 +17,11 @@ import pytest
 from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import ok, the_alarm
 from tests.agent.scenarios import R
+from tests.agent.sensor_scenarios import x1_1_once
 
 DRILL = "sdc_agent.drills.job:train_drill"
 SCEN = "tests.agent.scenarios_fsdp"
+SENSED = "tests.agent.sensor_scenarios_fsdp:sensed_sharded_run"
 SCHEDULE = {"audit_every": 5, "check_every": 0, "ckpt_every": 0, "peer_offset": 2}
 CLEAN = {"audit_every": 1, "check_every": 1, "ckpt_every": 25, "peer_offset": 2}
 CLEAN_STEPS = 50
@@ -91,6 +93,22 @@ JOBS: dict[str, tuple[str, dict]] = {
     "tp_clean": (
         f"{SCEN}:long_clean_run",
         {"parallel": "tp", "steps": CLEAN_STEPS, "schedule": CLEAN, "sequence_parallel": True},
+    ),
+    **{
+        f"tp_sensor_{layer}_{gemm}": (
+            SENSED,
+            {
+                "parallel": "tp",
+                "steps": 12,
+                "faults": [x1_1_once(f"blocks.1.{layer}", gemm, rank=R)],
+            },
+        )
+        for layer, gemm in (("up", "forward"), ("down", "forward"), ("down", "dgrad"))
+    },
+    "tp_sensor_clean": (SENSED, {"parallel": "tp", "steps": 30, "warmup": 20}),
+    "tp_protected_bit_identical": (
+        "tests.agent.sensor_scenarios_fsdp:protected_tp_matches_unprotected",
+        {"steps": 3, "sequence_parallel": True},
     ),
     "tp_bit_identical": (
         f"{SCEN}:replays_leave_training_unchanged",
@@ -234,3 +252,43 @@ def test_replays_leave_tp_training_bit_identical(results):
     per_rank = ok(results, "tp_bit_identical")
     # Then every rank's slices end bit-identical in both runs
     assert all(r["audited"] == r["unaudited"] for r in per_rank)
+
+
+@pytest.mark.parametrize(
+    ("layer", "gemm"), [("up", "forward"), ("down", "forward"), ("down", "dgrad")]
+)
+def test_a_one_step_fault_in_one_ranks_local_tp_gemm_is_seen_by_its_sensor(results, layer, gemm):
+    # Given protect() before parallelize_module, every GEMM checked every step, and x1.1 on one
+    # element of the fp32 result of R's local GEMM at step 8 only: the column-parallel layer's
+    # output columns, or the row-parallel layer's partial output (or its input gradient)
+    name = f"tp_sensor_{layer}_{gemm}"
+    alarm = the_alarm(results, name)
+    # Then R's sensor on that local GEMM raises the candidate, and the collective replays
+    # (kept by the third node's rank at R's tp coordinate, and by R) confirm it transient
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (8, "compute", [R])
+    candidates = alarm["sensor_candidates"]
+    assert [(c["rank"], c["layer"], c["gemm"]) for c in candidates] == [
+        (R, f"blocks.1.{layer}", gemm)
+    ]
+    assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "transient"}]
+    # And the protected layer computed on DTensor weights (TP slices), still DTensors at rest
+    rank0 = ok(results, name)[0]
+    assert rank0["weight_types_in_forward"] == ["DTensor"]
+    assert all(r["updates"] == list(range(8)) for r in ok(results, name))
+
+
+def test_a_fault_free_tp_run_with_every_local_gemm_checked_raises_nothing(results):
+    # Given 30 fault-free steps of HSDP x TP with every sensor checking every step
+    per_rank = ok(results, "tp_sensor_clean")
+    # Then no alarm and no unconfirmed flag, every step applied, the sensors did check
+    assert all(r["alarm"] is None and r["unconfirmed"] == 0 for r in per_rank)
+    assert all(r["updates"] == list(range(30)) for r in per_rank)
+    assert all(r["checks_run"] > 0 for r in per_rank)
+
+
+def test_protected_tp_layers_compute_the_same_bits_as_unprotected_ones(results):
+    # Given the sequence-parallel TP model trained 3 fp32 steps unprotected and protected
+    # (every column- and row-parallel layer, the embedding and head included, on its local path)
+    per_rank = ok(results, "tp_protected_bit_identical")
+    # Then losses and final weight slices are the same bits on every rank
+    assert all(r["protected"] == r["unprotected"] for r in per_rank)
