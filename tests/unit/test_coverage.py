@@ -62,3 +62,69 @@ def test_steps_between_audits_are_blind_only_without_sensors():
     # And with sensors only what they do not sample at that step is left blind
     (with_sensors,) = between_audits(True)
     assert "outside what the online sensors sample" in with_sensors
+
+
+def tp_facts(replicas: int) -> dict:
+    """Layout facts of 3 TP groups of 2 ranks, with HSDP replicas (3) or FSDP2 shards (1)."""
+    hsdp = replicas > 1
+    return {
+        "parallel": "hsdp+tp" if hsdp else "fsdp+tp",
+        "replicas": replicas,
+        "shards": 6 // replicas,
+        "weights_compared": hsdp,
+        "weights_named_by_majority": hsdp,
+        "weights_why": "each (shard, tp) slice compared across its 3 replicas"
+        if hsdp
+        else "no replicate dimension: one copy per slice",
+        "replicas_of_shard": [[0, 2, 4], [1, 3, 5]] if hsdp else [[r] for r in range(6)],
+        "mesh": {"replicate": 3, "shard": 1, "tp": 2} if hsdp else {"dp": 3, "tp": 2},
+        "compute_groups": [[0, 1], [2, 3], [4, 5]],
+    }
+
+
+def test_tensor_parallel_coverage_says_what_is_compared_and_what_only_names_the_group():
+    # Given HSDP x TP with deterministic audits and no accumulation
+    schedule = Schedule(audit_every=5, check_every=5, peer_offset=2)
+    cov = describe(
+        schedule,
+        global_ranks=list(range(6)),
+        can_confirm=True,
+        scaler=None,
+        param_dtypes=["float32"],
+        layout=tp_facts(3),
+    )
+    # Then the report names the mesh, the TP groups and the ordered local results compared
+    assert json.loads(json.dumps(cov)) == cov
+    assert (cov["parallelism"], cov["mesh"]) == ("hsdp+tp", {"replicate": 3, "shard": 1, "tp": 2})
+    audit = cov["checks"]["replay_audit"]
+    assert audit["compute_groups"] == [[0, 1], [2, 3], [4, 5]]
+    assert "partial output before the all-reduce" in audit["compares"]
+    assert "name the GPU, not its TP group" in audit["compares"]
+    assert "each TP group replays another group's micro-batch" in audit["why"]
+    assert cov["checks"]["weight_fingerprints"]["on"]
+    # And it says what TP leaves to the group: collectives, loss-only audits, check 1's NaN
+    tp_lines = [line for line in cov["not_covered"] if line.startswith("tensor parallel")]
+    assert len(tp_lines) == 3 and "whole group" in tp_lines[0]
+    # And with accumulation the per-parameter tables name every rank the divergence reached
+    accum = describe(
+        Schedule(audit_every=5, peer_offset=2, grad_accum=2),
+        global_ranks=list(range(6)),
+        can_confirm=True,
+        scaler=None,
+        param_dtypes=["float32"],
+        layout=tp_facts(3),
+    )
+    assert "not in order" in accum["checks"]["replay_audit"]["compares"]
+
+
+def test_fsdp_x_tp_coverage_says_stored_weights_are_not_compared():
+    cov = describe(
+        Schedule(audit_every=5, check_every=5, peer_offset=2),
+        global_ranks=list(range(6)),
+        can_confirm=True,
+        scaler=None,
+        param_dtypes=["float32"],
+        layout=tp_facts(1),
+    )
+    assert not cov["checks"]["weight_fingerprints"]["on"]
+    assert any(line.startswith("stored weights under FSDP2") for line in cov["not_covered"])

@@ -161,3 +161,27 @@ def test_a_peer_offset_that_splits_a_tp_group_is_refused():
         validate_placement(nodes, 1, groups)
     # And peer_offset 2 maps each group onto the next node's, slice by slice
     validate_placement(nodes, 2, groups)
+
+
+def test_a_12_rank_hsdp_x_tp_mesh_lays_out_replicas_slices_and_tp_groups(one_rank):
+    # Given a ("replicate", "shard", "tp") mesh of 3 replicas x 2 shards x 2 (ranks row-major),
+    # as rank 0 sees it (the layout's maths does not need the other ranks)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from sdc_agent.parallel.mesh import _layout_of
+
+    grid = torch.arange(12).reshape(3, 2, 2)
+    mesh = DeviceMesh("cpu", grid, mesh_dim_names=("replicate", "shard", "tp"), _init_backend=False)
+    layout = _layout_of(mesh, ("replicate", "shard", "tp"), "hsdp+tp")
+    # Then each (shard, tp) slice has 3 replicas, one per replica of 4 ranks, and the TP groups
+    # are consecutive pairs
+    assert (layout.replicas, layout.shards, layout.tp) == (3, 4, 2)
+    assert layout.replicas_of_shard == ((0, 4, 8), (1, 5, 9), (2, 6, 10), (3, 7, 11))
+    assert layout.tp_groups == ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11))
+    assert layout.dims() == {"replicate": 3, "shard": 2, "tp": 2}
+    # And with 4 ranks per node, peer_offset 4 replays each TP group on the next node, while
+    # peer_offset 2 would replay on the same node (the other shard's group): refused
+    nodes = [f"n{r // 4}" for r in range(12)]
+    validate_placement(nodes, 4, layout.tp_groups)
+    with pytest.raises(TopologyError, match=r"three\s+different nodes"):
+        validate_placement(nodes, 2, layout.tp_groups)
