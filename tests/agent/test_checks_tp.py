@@ -75,6 +75,7 @@ JOBS: dict[str, tuple[str, dict]] = {
         ],
     ),
     "tp_replayer": drill("tp", [out_scale("blocks.1.up", rank=1)]),
+    "tp_accum2_colwise": drill("tp", [out_scale("blocks.1.up")], schedule={"grad_accum": 2}),
     "tp_nan_one_step": drill(
         "tp",
         [
@@ -292,3 +293,17 @@ def test_protected_tp_layers_compute_the_same_bits_as_unprotected_ones(results):
     per_rank = ok(results, "tp_protected_bit_identical")
     # Then losses and final weight slices are the same bits on every rank
     assert all(r["protected"] == r["unprotected"] for r in per_rank)
+
+
+def test_with_gradient_accumulation_a_tp_fault_is_named_on_its_group_in_its_node(results):
+    # Given 2 micro-batches per step (the audited one's own gradient isolated per parameter,
+    # its local results not recorded in order) and the persistent column-parallel fault on R
+    alarm = the_alarm(results, "tp_accum2_colwise")
+    # Then the audit at step 10 names R and its TP partner, whose gradients the all-reduce
+    # carried the wrong value to: R's node, never another; nobody applied step 10
+    assert (alarm["step"], alarm["check"]) == (10, "compute")
+    assert alarm["suspects"] == [PARTNER, R] and alarm["culprits"] == [PARTNER, R]
+    assert {info["node_name"] for info in alarm["ranks"].values()} == {
+        "hyperpod-i-00000000000000001"
+    }
+    assert all(u == list(range(10)) for u in updates(results, "tp_accum2_colwise"))

@@ -82,17 +82,21 @@ def tp_facts(replicas: int) -> dict:
     }
 
 
-def test_tensor_parallel_coverage_says_what_is_compared_and_what_only_names_the_group():
-    # Given HSDP x TP with deterministic audits and no accumulation
-    schedule = Schedule(audit_every=5, check_every=5, peer_offset=2)
-    cov = describe(
-        schedule,
+def tp_coverage(replicas: int, grad_accum: int = 1) -> dict:
+    """coverage() of 3 TP groups of 2 (:func:`tp_facts`), audits and weight checks every 5."""
+    return describe(
+        Schedule(audit_every=5, check_every=5, peer_offset=2, grad_accum=grad_accum),
         global_ranks=list(range(6)),
         can_confirm=True,
         scaler=None,
         param_dtypes=["float32"],
-        layout=tp_facts(3),
+        layout=tp_facts(replicas),
     )
+
+
+def test_tensor_parallel_coverage_says_what_is_compared_and_what_only_names_the_group():
+    # Given HSDP x TP with deterministic audits and no accumulation
+    cov = tp_coverage(3)
     # Then the report names the mesh, the TP groups and the ordered local results compared
     assert json.loads(json.dumps(cov)) == cov
     assert (cov["parallelism"], cov["mesh"]) == ("hsdp+tp", {"replicate": 3, "shard": 1, "tp": 2})
@@ -106,25 +110,11 @@ def test_tensor_parallel_coverage_says_what_is_compared_and_what_only_names_the_
     tp_lines = [line for line in cov["not_covered"] if line.startswith("tensor parallel")]
     assert len(tp_lines) == 3 and "whole group" in tp_lines[0]
     # And with accumulation the per-parameter tables name every rank the divergence reached
-    accum = describe(
-        Schedule(audit_every=5, peer_offset=2, grad_accum=2),
-        global_ranks=list(range(6)),
-        can_confirm=True,
-        scaler=None,
-        param_dtypes=["float32"],
-        layout=tp_facts(3),
-    )
+    accum = tp_coverage(3, grad_accum=2)
     assert "not in order" in accum["checks"]["replay_audit"]["compares"]
 
 
 def test_fsdp_x_tp_coverage_says_stored_weights_are_not_compared():
-    cov = describe(
-        Schedule(audit_every=5, check_every=5, peer_offset=2),
-        global_ranks=list(range(6)),
-        can_confirm=True,
-        scaler=None,
-        param_dtypes=["float32"],
-        layout=tp_facts(1),
-    )
+    cov = tp_coverage(1)
     assert not cov["checks"]["weight_fingerprints"]["on"]
     assert any(line.startswith("stored weights under FSDP2") for line in cov["not_covered"])

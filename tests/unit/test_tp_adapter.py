@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -22,15 +21,10 @@ from sdc_agent.drills.faults import ScaleWeightGradElement
 from sdc_agent.drills.tp import TPDrillModel, tp_plan
 from sdc_agent.parallel import FSDP2Adapter, TensorParallelAdapter, adapter_for, learn_layout
 from sdc_agent.topology import TopologyError, validate_placement
+from tests.unit import test_fsdp_adapter
 
-
-@pytest.fixture
-def one_rank(tmp_path):
-    """A one-rank gloo process group."""
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+one_rank = test_fsdp_adapter.one_rank
+"""A one-rank gloo process group (the FSDP2 adapter tests' fixture)."""
 
 
 def tp_model(names: tuple[str, ...]) -> nn.Module:

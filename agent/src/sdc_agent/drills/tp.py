@@ -28,7 +28,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torch.utils.checkpoint import checkpoint
+
+from .sharded import ShardedDrillModel
 
 TP_KINDS = ("tp", "fsdp+tp")
 """The tensor-parallel layouts the drill builds: HSDP x TP and FSDP2 x TP."""
@@ -56,34 +57,20 @@ class TPBlock(nn.Module):
         return x + self.drop(self.down(self.act(self.up(self.norm(x)))))
 
 
-class TPDrillModel(nn.Module):
-    """``embed`` Linear, ``blocks.0`` .. ``blocks.{n-1}`` (:class:`TPBlock`), ``norm``, ``head``
-    Linear; inputs [batch, sequence, d_in], logits [batch, sequence, classes]."""
+class TPDrillModel(ShardedDrillModel):
+    """The sharded drill model with :class:`TPBlock` blocks and a ``norm`` before the ``head``
+    (``embed``, ``blocks.0`` .. ``blocks.{n-1}``, ``head``, ``norm``); inputs [batch, sequence,
+    d_in] (or [batch, d_in]), logits [batch, sequence, classes]."""
 
-    def __init__(
-        self,
-        d_in: int = 16,
-        hidden: int = 32,
-        classes: int = 4,
-        blocks: int = 2,
-        activation_checkpointing: bool = False,
-    ) -> None:
-        """``activation_checkpointing``: recompute each block in backward (non-reentrant)."""
-        super().__init__()
-        self.embed = nn.Linear(d_in, hidden)
-        self.blocks = nn.ModuleList(TPBlock(hidden) for _ in range(blocks))
+    block_type = TPBlock
+
+    def __init__(self, d_in: int = 16, hidden: int = 32, **options: Any) -> None:
+        """As :class:`~.sharded.ShardedDrillModel`, plus the final ``norm``."""
+        super().__init__(d_in, hidden, **options)
         self.norm = nn.LayerNorm(hidden)
-        self.head = nn.Linear(hidden, classes)
-        self.activation_checkpointing = activation_checkpointing
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits."""
-        x = self.embed(x)
-        for block in self.blocks:
-            if self.activation_checkpointing:
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The head on the normalised last block's output."""
         return self.head(self.norm(x))
 
 

@@ -31,7 +31,11 @@ what differs is why:
   wrong value on one rank reaches its TP partners only through a collective, AFTER that rank's
   own result diverged; so the pairs whose local results diverge first name the GPU, not its
   group (:func:`~sdc_agent.checks.replay.attribution.earliest_local_mismatches`), and the
-  ring's attribution (culprits, confirmations on a third group, verdicts) runs on them.
+  ring's attribution (culprits, confirmations on a third group, verdicts) runs on them. With
+  ``grad_accum`` > 1 the audited micro-batch's own gradient is isolated per parameter
+  (:mod:`sdc_agent.checks.replay.accumulation`) and its local results are not recorded, so the
+  replays compare per-parameter local gradients, as FSDP2's do: a divergence is named on every
+  rank whose slices it reached (a wrong value a collective carried names the TP partners too).
 * Check 3: each slice compared across its replicas at the same (shard, tp) coordinate
   (``("replicate", "shard", "tp")``: a strict majority of >= 3 replicas names the rank); under
   ``("dp", "tp")`` every slice has one copy and check 3 is off, as under full sharding.
@@ -49,7 +53,6 @@ from torch import nn
 
 from ..checks.gradients.stats import GradStatsState
 from ..checks.gradients.taps import ShardedGradientTaps
-from ..checks.replay.replayer import ComputeLoss, Replayer
 from ..coverage import LayoutFacts
 from ..fingerprint import fingerprints
 from .fsdp import FSDP2Adapter
@@ -133,21 +136,3 @@ class TensorParallelAdapter(FSDP2Adapter):
                 events.append(fingerprints([tensor])[0].to(state.local_fingerprints.device))
 
         return probe
-
-    def make_replayer(
-        self,
-        compute_loss: ComputeLoss,
-        stats: GradStatsState,
-        *,
-        grad_accum: int = 1,
-        scaler: torch.amp.GradScaler | None = None,
-    ) -> Replayer:
-        """FSDP2's collective replays (every TP group replays its peer group's micro-batch).
-        With ``grad_accum`` > 1 the audited micro-batch's own gradient is isolated per
-        parameter (:mod:`sdc_agent.checks.replay.accumulation`) and its forward is not recorded:
-        the replays then compare the per-parameter local gradients, and a divergence is named
-        per rank whose slices differ (a wrong value a collective carried to the TP partners
-        names them too)."""
-        if grad_accum > 1:
-            stats.records_events = False
-        return super().make_replayer(compute_loss, stats, grad_accum=grad_accum, scaler=scaler)

@@ -128,7 +128,9 @@ class CollectiveReplayer(Replayer):
             record = GradStatsState(
                 process_group=None,
                 param_index=step_state.param_index,
-                records_events=step_state.records_events,
+                # With accumulation the audited step's own gradient is isolated per parameter
+                # (accumulation.py) and its local results are not recorded: compare the same.
+                records_events=step_state.records_events and self.grad_accum == 1,
             )
             record.arm(capture_fingerprints=deterministic, device=adapter.param_device)
             try:
