@@ -76,6 +76,7 @@ JOBS: dict[str, tuple[str, dict]] = {
     ),
     "tp_replayer": drill("tp", [out_scale("blocks.1.up", rank=1)]),
     "tp_accum2_colwise": drill("tp", [out_scale("blocks.1.up")], schedule={"grad_accum": 2}),
+    "tp_clipped": drill("tp", [], steps=8, schedule={"max_grad_norm": 0.05, "check_every": 5}),
     "tp_nan_one_step": drill(
         "tp",
         [
@@ -307,3 +308,13 @@ def test_with_gradient_accumulation_a_tp_fault_is_named_on_its_group_in_its_node
         "hyperpod-i-00000000000000001"
     }
     assert all(u == list(range(10)) for u in updates(results, "tp_accum2_colwise"))
+
+
+def test_clipping_gradients_that_live_on_two_meshes_trains_without_alarm(results):
+    # Given Schedule.max_grad_norm under HSDP x TP: the blocks' gradients live on the
+    # ("replicate", "shard", "tp") mesh, the embedding's and head's on its data-parallel part
+    per_rank = ok(results, "tp_clipped")
+    # Then nothing fires, every step is applied, and the replicas stay bit-identical (the
+    # weight check after step 5 passed, audits at 0 and 5 too)
+    assert all(r["alarm"] is None and r["updates"] == list(range(8)) for r in per_rank)
+    assert all(r["last_audit_pass"] == 5 and r["last_weight_check_pass"] == 5 for r in per_rank)

@@ -33,10 +33,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
 
 from .stats import GradStatsState, ReducedTap
 
@@ -184,6 +186,41 @@ class FlagExchange:
         return self._table
 
 
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_`` of ``params`` to ``max_norm``; returns the total norm, the same on
+    every rank (collective under FSDP2: every rank reaches it at the same point).
+
+    FSDP2: the norm of the sharded gradients is a DTensor, reduced over its mesh here. Under
+    tensor parallelism the parameters of modules left out of the TP plan live on a sub-mesh
+    without the tp dimension, and ``clip_grad_norm_`` cannot stack norms of several meshes: each
+    mesh's gradients' norm is reduced over its own mesh (a module replicated across a TP group
+    counts once), the norms combined, and the gradients scaled by that total."""
+    grads = [p.grad for p in params if p.grad is not None]
+    meshes: list[Any] = []
+    for g in grads:
+        if isinstance(g, DTensor) and not any(g.device_mesh == m for m in meshes):
+            meshes.append(g.device_mesh)
+    if len(meshes) <= 1:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    norms = []
+    for mesh in meshes:
+        part = torch.nn.utils.get_total_norm(
+            [g for g in grads if isinstance(g, DTensor) and g.device_mesh == mesh]
+        )
+        norms.append(part.full_tensor() if isinstance(part, DTensor) else part)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    # Scaled mesh by mesh (one foreach call cannot mix meshes), each by the same coefficient.
+    with implicit_replication():  # the plain total scales each mesh's DTensor gradients
+        for mesh in meshes:
+            torch.nn.utils.clip_grads_with_norm_(
+                [p for p in params if isinstance(p.grad, DTensor) and p.grad.device_mesh == mesh],
+                max_norm,
+                total,
+            )
+    return total
+
+
 class GradientCheck:
     """Check 1 for one guarded model: the taps' state, this step's flags, and the exchange
     in flight until it is settled.
@@ -258,11 +295,7 @@ class GradientCheck:
         local_flags = state.local_flags
         reduced = torch.stack(state.reduced_sums)
         if max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm).detach()
-            if isinstance(norm, DTensor):
-                # FSDP2: the norm of the sharded gradients, reduced over the shards here
-                # (collective; every rank reaches it at the same point).
-                norm = norm.full_tensor()
+            norm = clip_gradients(self.params, max_grad_norm)
             reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
         parts = [*local_flags, reduced]
         if sensor_flag is not None:  # SENSORS: one more int64 in the same per-step reduction
