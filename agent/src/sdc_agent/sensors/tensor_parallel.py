@@ -26,14 +26,24 @@ otherwise) runs ``F.linear`` on the DTensors unchecked.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-if TYPE_CHECKING:
-    from .linear import ProtectedLinear
+
+class LocalLinear(Protocol):
+    """What :func:`local_linear` needs of a protected linear layer (:class:`~.linear.ProtectedLinear`)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def local_forward(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The protected, checked ``F.linear`` on local tensors."""
+        ...
 
 
 class _BiasShare(torch.autograd.Function):
@@ -55,7 +65,7 @@ def _is_shard(placement: object, dim: int, ndim: int) -> bool:
     return isinstance(placement, Shard) and placement.dim % ndim == dim % ndim
 
 
-def local_linear(layer: ProtectedLinear, x: torch.Tensor) -> torch.Tensor:
+def local_linear(layer: LocalLinear, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, layer.weight, layer.bias)`` for a DTensor weight over one mesh dimension,
     its GEMMs computed and checked on this rank's slices (see the module docstring)."""
     weight, bias = layer.weight, layer.bias
