@@ -16,6 +16,12 @@ from sdc_agent.drill import DrillModel, make_batch, make_fault, make_loss
 from sdc_agent.sensors import ResidualAdd, SensorConfig, protect
 
 
+def x1000_from(layer: str, step: int, *, rank: int, gemm: str = "forward") -> dict[str, Any]:
+    """A fault spec: x1000 on one element of a protected GEMM's fp32 result on ``rank``, every
+    step from ``step`` on (a GPU that computes wrong and stays wrong)."""
+    return x1_1_once(layer, gemm, rank=rank, factor=1000.0, step=step, persistent=True)
+
+
 def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     """A digest of the weights and the optimizer's state (momentum buffers): equal digests, the
     same training state, bit for bit."""

@@ -2,9 +2,11 @@
 
 One launch runs every scenario (process start-up dominates on 2 cores). The drill model's three
 linear layers (net.0, net.4, net.6) are protected, with the sensors' default thresholds (armed
-from the first check, agreed by the ranks after 20 sensor steps); rank R=3 (node 1) is the faulty one, and its candidates
+from the first check, agreed by the ranks after 20 sensor steps) and the default burn-in (every
+sensor on each of the first 20 steps); rank R=3 (node 1) is the faulty one, and its candidates
 are confirmed by rank 5 (node 2), its third GPU with peer_offset=2. Audits run every 50 steps
-(100 in the rotation scenario), so every fault below lands between audits.
+(100 in the rotation scenario, 1000 in the persistent x1000 ones), so every fault below lands
+between audits.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 from sdc_agent.drill import launch
 from tests.agent.outcomes import the_alarm
-from tests.agent.sensor_scenarios import x1_1_once
+from tests.agent.sensor_scenarios import x1_1_once, x1000_from
 
 # One launch for every scenario: on a busy 2-core machine it can outlast the default 300 s.
 pytestmark = pytest.mark.timeout(1200)
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.timeout(1200)
 R = 3
 RUN = "tests.agent.sensor_scenarios:sensed_run"
 CLEAN_STEPS = 300
+DEFAULT_BUDGET = 0.01  # Schedule's default sensor_budget
 
 
 def gemm_fault(layer: str = "net.4", **kw: Any) -> dict[str, Any]:
@@ -44,7 +47,7 @@ JOBS: dict[str, tuple[str, dict]] = {
     ),
     # The drill model's layers are 32 wide and see 8 rows: a check reads as many elements as
     # its GEMM multiplies, so the cost model (sensors/plan.py) rotates over 184 steps at the
-    # default 1%; 25% gives an 11-step rotation.
+    # default 1%; 25% gives an 11-step rotation, after the 20-step burn-in.
     "persistent_rotating": (
         RUN,
         {
@@ -60,6 +63,21 @@ JOBS: dict[str, tuple[str, dict]] = {
     ),
     "clean_fp32": (RUN, {"steps": CLEAN_STEPS}),
     "clean_bf16": (RUN, {"steps": CLEAN_STEPS, "autocast_bf16": True}),
+    # A GPU that turns bad and stays bad (x1000 on one element of net.4's forward GEMM on R),
+    # audits every 1,000 steps, the default budget: from step 5, from the job's first step,
+    # and from step 30 (after the burn-in: the rotation's bursts must find it).
+    **{
+        f"x1000_from_{start}": (
+            RUN,
+            {
+                "steps": 400,
+                "audit_every": 1000,
+                "budget": DEFAULT_BUDGET,
+                "faults": [x1000_from("net.4", start, rank=R)],
+            },
+        )
+        for start in (5, 0, 30)
+    },
 }
 
 
@@ -163,3 +181,40 @@ def test_fault_free_runs_with_every_gemm_checked_raise_no_alarm_and_replays_stay
     # And every audit (each replaying a micro-batch bit for bit on another node) passed
     assert per_rank[0]["audit_passes"] == CLEAN_STEPS // 50
     assert per_rank[0]["last_audit_pass"] == CLEAN_STEPS - 50
+
+
+@pytest.mark.parametrize("start", [5, 0])
+def test_a_gpu_bad_from_the_start_is_named_in_the_burn_in_and_its_step_not_applied(results, start):
+    # Given x1000 on one element of net.4's forward GEMM on rank R on every step from `start`
+    # (0: the job's first step), audits every 1,000 steps and the default sensor budget
+    name = f"x1000_from_{start}"
+    alarm = the_alarm(results, name)
+    # Then a sensor names R at that very step (within the burn-in, which checks every sensor
+    # on every step), confirmed by the numbers of a third GPU's recomputation
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (start, "compute", [R])
+    assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "persistent"}]
+    [candidate] = alarm["sensor_candidates"]
+    assert (candidate["rank"], candidate["layer"], candidate["gemm"]) == (R, "net.4", "forward")
+    assert candidate["ratio"] > 1e3 * candidate["threshold"]
+    # And the step was not applied: on every rank the weights and optimizer state are
+    # bit for bit those after the previous step (before the first, for a fault from step 0)
+    per_rank = results[name]
+    assert all(r["updates"] == list(range(start)) for r in per_rank)
+    before = str(start - 1)
+    assert all(r["final_digest"] == r["digests"][before] for r in per_rank)
+    assert len({r["final_digest"] for r in per_rank}) == 1
+
+
+def test_a_persistent_fault_after_the_burn_in_is_named_within_one_period_at_the_default_budget(
+    results,
+):
+    # Given the same fault from step 30, after the 20-step burn-in, at the default budget
+    run = results["x1000_from_30"][0]
+    period = run["coverage"]["period"]
+    alarm = the_alarm(results, "x1000_from_30")
+    # Then the rotation's next burst names R: within one period, long before the next audit
+    assert 30 <= alarm["step"] < 30 + period < 1000
+    assert alarm["suspects"] == [R] and [v["kind"] for v in alarm["verdicts"]] == ["persistent"]
+    # And the budget did rotate after the burn-in: one sensor step per period
+    assert run["coverage"]["burn_in"] == 20 and period > 20
+    assert all(r["updates"] == list(range(alarm["step"])) for r in results["x1000_from_30"])

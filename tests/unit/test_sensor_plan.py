@@ -59,6 +59,9 @@ def test_a_check_costs_about_one_over_the_layer_width_of_its_gemm():
         ({"sensor_budget": 0}, "sensor_budget"),
         ({"sensor_budget": math.nan}, "sensor_budget"),
         ({"sensor_budget": True}, "sensor_budget"),
+        ({"sensor_burn_in": -1}, "sensor_burn_in"),
+        ({"sensor_burn_in": 2.5}, "sensor_burn_in"),
+        ({"sensor_burn_in": True}, "sensor_burn_in"),
     ],
 )
 def test_schedule_validates_the_sensor_fields(kwargs, field):
@@ -69,6 +72,7 @@ def test_schedule_validates_the_sensor_fields(kwargs, field):
 def test_schedule_defaults_leave_an_unprotected_model_unchanged_and_budget_one_percent():
     schedule = sdc.Schedule()
     assert schedule.sensors is True and schedule.sensor_budget == 0.01
+    assert schedule.sensor_burn_in == 20  # every sensor every step for the first 20 steps
 
 
 OK = Outcome(loss_bits=1, grad_digest=(2, 3), finite=True)
@@ -311,9 +315,12 @@ def test_the_guards_sensor_coverage_says_what_is_checked_and_at_what_rate():
     protected = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.Linear(256, 64))
     protect(protected)
     disabled = SensorCheck(protected, sdc.Schedule(sensors=False))
-    on = SensorCheck(protected, sdc.Schedule(sensor_budget=0.01))
-    # Then before the protected model has run, the plan waits for the batch's rows
+    on = SensorCheck(protected, sdc.Schedule(sensor_budget=0.01, sensor_burn_in=0))
+    burning = SensorCheck(protected, sdc.Schedule(sensor_budget=0.01))  # the default burn-in
+    # Then before the protected model has run, the plan waits for the batch's rows, but the
+    # burn-in checks every sensor from the first step (it needs no plan)
     assert on.enabled and not on.checks_at(0)
+    assert burning.active(5) == frozenset(range(8))
     waiting = on.describe()
     assert waiting["planned"] is False and waiting["period"] is None
     assert waiting["layers"]["0"] == {"forward": None, "dgrad": None, "wgrad": None}
@@ -334,8 +341,17 @@ def test_the_guards_sensor_coverage_says_what_is_checked_and_at_what_rate():
     assert [on.checks_at(s) for s in range(report["period"])] == [True] + [False] * (
         report["period"] - 1
     )
+    # And with the default burn-in every sensor checks on each of the first 20 steps from
+    # the guard's first one (5 here), then the same bursts
+    period = report["period"]
+    assert all(burning.active(s) == frozenset(range(8)) for s in range(5, 25))
+    after = [burning.checks_at(s) for s in range(25, 25 + 2 * period)]
+    assert sum(after) == 2 and all(after[i] == ((i + 25) % period == 0) for i in range(len(after)))
+    burnt = burning.describe()
+    assert burnt["burn_in"] == 20 and "first 20 steps" in burnt["covers"]
+    assert f"once every {period} steps" in burnt["covers"]
     # And the thresholds section says how they are set and agreed
-    thresholds = report["thresholds"]
+    thresholds = burnt["thresholds"]
     assert thresholds["initial"] == 12.0 and thresholds["in_force"] == [12.0, 12.0]
     assert thresholds["agreed"] is False and "median" in thresholds["how"]
 

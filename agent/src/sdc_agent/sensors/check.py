@@ -22,8 +22,10 @@ the step's exact state. Then, collectively and only on that step:
    reads it again or differs from the third GPU's, else ``transient``: an alarm naming the
    rank, and the step is not applied.
 
-What checks when (:meth:`SensorCheck.active`): the budget's plan (:mod:`.plan`, in bursts).
-The ranks agree on their thresholds once, at the sensor step that ends the observation window
+What checks when (:meth:`SensorCheck.active`): every sensor on every step of the burn-in
+(``Schedule.sensor_burn_in`` steps from the guard's first step), so hardware bad from the start
+is named within them; then the budget's plan (:mod:`.plan`, in bursts). The ranks agree on
+their thresholds once, at the sensor step that ends the observation window
 (``SensorConfig.warmup_checks`` sensor steps), with one all-gather issued by every rank at the
 same point (sensor steps are a pure function of the step).
 """
@@ -73,7 +75,7 @@ BLIND = (
     "called through nn.Softmax/nn.LogSoftmax (F.softmax in a forward, fused attention)",
     "faults below rounding: a 16-bit output's own rounding hides a 10% change of one element "
     "from the row sums of norms, adds and softmax (bit flips in the exponent still show)",
-    "ops not sampled at a step (see each layer's rate), and faults smaller "
+    "ops not sampled at a step after the burn-in (see each layer's rate), and faults smaller "
     "than the threshold in force (the first-check threshold until the ranks agree on theirs)",
 )
 """What the online sensors do not see (``Guard.coverage()`` reports it)."""
@@ -172,9 +174,12 @@ class SensorCheck:
         board = find_board(module) if schedule.sensors and unsupported is None else None
         self.board: SensorBoard | None = board
         self.budget = schedule.sensor_budget
+        self._audit_every = schedule.audit_every
+        self.burn_in = schedule.sensor_burn_in
+        """Steps from the guard's first step on which every sensor checks (``Schedule``)."""
         self.plan: SensorPlan | None = None
         """The plan (in bursts, :mod:`.plan`), made at the first step after a protected layer
-        ran (the cost model needs the batch's rows); until then nothing checks."""
+        ran (the cost model needs the batch's rows); until then only the burn-in checks."""
         self.sensing = False
         """Whether some sensor checks at the current step (every rank alike)."""
         self.unconfirmed = 0
@@ -182,6 +187,8 @@ class SensorCheck:
         self.sensor_steps = 0
         """Training steps on which some sensor checked, since the guard started (every rank
         alike: it decides when the ranks agree on the thresholds)."""
+        self.first_step: int | None = None
+        """The guard's first step (the burn-in counts from it)."""
         self._flags: torch.Tensor | None = None
         self._ratios: torch.Tensor | None = None
 
@@ -209,16 +216,38 @@ class SensorCheck:
                 device_type=self.board.device_type,
                 burst=True,
             )
+            period, audits = self.plan.period, self._audit_every
+            if 0 < audits < period and (a is None or a.dp_rank == 0):
+                logger.warning(
+                    "sdc_agent: at sensor_budget=%s each sensor checks once every %d steps "
+                    "after the %d-step burn-in, less often than the audits (every %d): a "
+                    "persistent fault that starts later may be named by an audit first; a "
+                    "larger budget shortens the period (coverage()['checks']['online_sensors'])",
+                    self.budget,
+                    period,
+                    self.burn_in,
+                    audits,
+                )
         return self.plan
 
+    def in_burn_in(self, step: int) -> bool:
+        """Whether ``step`` is in the burn-in (the first ``Schedule.sensor_burn_in`` steps from
+        the guard's first step, which the first call of this or :meth:`active` records)."""
+        if self.first_step is None:
+            self.first_step = step
+        return 0 <= step - self.first_step < self.burn_in
+
     def active(self, step: int) -> frozenset[int]:
-        """The sensors that check at ``step`` (the same on every rank): the plan's group.
-        Collective at the first call after the protected layers ran (see :meth:`_planned`),
-        which every rank makes at the same step."""
-        plan = self._planned()
-        if self.board is None or plan is None:
+        """The sensors that check at ``step`` (the same on every rank): every one in the burn-in,
+        then the plan's group. Collective at the first call after the protected layers ran
+        (see :meth:`_planned`), which every rank makes at the same step."""
+        if self.board is None:
             return frozenset()
-        return plan.active(step)
+        burn_in = self.in_burn_in(step)
+        plan = self._planned()  # made during the burn-in too, so coverage() reports it
+        if burn_in:
+            return frozenset(range(len(self.board)))
+        return plan.active(step) if plan is not None else frozenset()
 
     def checks_at(self, step: int) -> bool:
         """Whether some sensor checks at ``step`` (the same on every rank): such a step is
@@ -479,6 +508,7 @@ class SensorCheck:
             layers.setdefault(sensor.layer, {})[sensor.gemm] = rate
         config = self.board.config
         in_force = self.board.thresholds()
+        period = plan.period if plan is not None else None
         return {
             "on": True,
             "why": "row checksums of the forward, input-gradient and weight-gradient GEMMs of "
@@ -486,11 +516,23 @@ class SensorCheck:
             "norms (output and input gradient), residual adds (sums) and (log-)softmax (row "
             "sums, output and input gradient); a flag is a candidate, confirmed only when its "
             "ratio stands apart from a third GPU's recomputation of the same inputs",
+            "covers": (
+                f"every sensor on every step of the first {self.burn_in} steps (burn-in), then "
+                + (
+                    "every sensor on every step (full coverage)"
+                    if period == 1
+                    else f"every sensor once every {period} steps within the budget "
+                    "(sensor_budget=math.inf: every step)"
+                    if period is not None
+                    else "the budget's rotation, planned at the first step a protected layer ran"
+                )
+            ),
             "planned": plan is not None,
             "budget": self.budget,
+            "burn_in": self.burn_in,
             "rows": self.board.rows,
             "device": self.board.device_type,
-            "period": plan.period if plan is not None else None,
+            "period": period,
             "estimated_cost": plan.mean_cost if plan is not None else None,
             "warmup_checks": config.warmup_checks,
             "thresholds": {
