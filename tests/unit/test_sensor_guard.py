@@ -1,5 +1,6 @@
 """The sensors in a guard on one rank: the start-up warning for an unprotected model, the
-burn-in, and what the sensors cost in collectives per step (a one-rank gloo group)."""
+burn-in, and what the sensors cost in collectives per step (a one-rank gloo group whose
+collectives ``calls`` records, tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -18,27 +18,10 @@ PARAMS = 16 * 32 + 32 + 32 * 4 + 4
 """The model's parameters: DDP's one gradient bucket (not a collective of ours)."""
 
 
-@pytest.fixture
-def calls(tmp_path, monkeypatch):
-    """A one-rank gloo group, with every all_reduce / all_gather recorded as (name, numel)."""
+@pytest.fixture(autouse=True)
+def node(monkeypatch):
+    """The one rank's node name (the guard's rank map reads it)."""
     monkeypatch.setenv("NODE_NAME", "hyperpod-i-0000000000000000a")
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    seen: list[tuple[str, int]] = []
-    real_reduce, real_gather = dist.all_reduce, dist.all_gather
-
-    def all_reduce(tensor, *args, **kwargs):
-        seen.append(("all_reduce", tensor.numel()))
-        return real_reduce(tensor, *args, **kwargs)
-
-    def all_gather(out, tensor, *args, **kwargs):
-        seen.append(("all_gather", tensor.numel()))
-        return real_gather(out, tensor, *args, **kwargs)
-
-    monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    monkeypatch.setattr(dist, "all_gather", all_gather)
-    yield seen
-    dist.destroy_process_group()
 
 
 def batch(step: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
