@@ -400,3 +400,28 @@ def test_sensors_refused_by_the_parallelism_stay_off_and_say_why():
     protect(model)
     check = SensorCheck(model, sdc.Schedule(), unsupported="DDP only")
     assert not check.enabled and check.describe() == {"on": False, "why": "DDP only", "layers": {}}
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("data", ["randn", "positive", "offset"])
+def test_healthy_first_checks_stay_under_the_first_check_threshold_across_shapes(bf16, data):
+    # Given fresh protected layers of narrow to wide shapes (never checked before: no agreed
+    # threshold yet), and data that does not cancel (all-positive, or offset by 30)
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(4, 32, 8), (32, 4, 8), (64, 256, 32), (256, 64, 256), (256, 512, 128)]
+    for k, n, rows in shapes:
+        torch.manual_seed(k + n)
+        model = nn.Sequential(nn.Linear(k, n), nn.LayerNorm(n), nn.Softmax(dim=-1))
+        board = protect(model)
+        for _ in range(3):
+            x = torch.randn(rows, k, generator=gen)
+            x = x.clamp_min(0) if data == "positive" else x + 30 if data == "offset" else x
+            board.arm(frozenset(range(len(board))))
+            x.requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                y = model(x)
+            (y.float() * torch.randn(y.shape, generator=gen)).sum().backward()
+            flags, ratios = board.take_flags()
+            # Then no sensor flags on its first checks, in fp32 or bf16
+            assert not flags.any(), (k, n, rows, ratios.tolist())
+            assert float(ratios.max()) < board.config.initial_threshold / 2
