@@ -243,6 +243,10 @@ def test_a_ratio_a_healthy_gpu_reproduced_relaxes_its_sensor_alone():
     assert board.relax(1, 1.0) == pytest.approx(6.8)
     assert board.relax(2, math.inf) == 3.0
     assert board.thresholds() == pytest.approx([3.0, 6.8, 3.0]) and board.relaxed == 1
+    # And a healthy tail a third GPU reproduced above the first-check threshold raises it
+    # there too: otherwise every check would replay it again
+    assert board.relax(0, 10.0) == pytest.approx(20.0)
+    assert board.thresholds()[0] > board.config.initial_threshold
 
 
 def test_gemm_faults_refuse_unknown_gemms_and_corrupt_exactly_one_element():

@@ -539,7 +539,7 @@ class SensorCheck:
                 "how": "the same on every rank: initial_threshold from the first check (in "
                 "units of each op's rounding bound); after warmup_checks sensor steps, margin x "
                 "the ranks' median of their largest healthy ratio, within [min_threshold, "
-                "initial]; a ratio a healthy GPU reproduced relaxes its sensor to "
+                "initial]; a ratio a healthy GPU reproduced raises its sensor's threshold to "
                 f"{SEPARATION:g} x that ratio",
                 "initial": config.initial_threshold,
                 "margin": config.margin,
