@@ -87,7 +87,7 @@ class _Collect(logging.Handler):
 def soak(*, model: str, dtype: str, steps: int, every: int) -> dict[str, Any]:
     """Run on every rank: train ``steps`` fault-free steps; report this rank's figures."""
     import sdc_agent as sdc
-    from sdc_agent.drill import DrillModel, make_batch, make_loss
+    from sdc_agent.drills.job import DrillModel, make_batch, make_loss
 
     bf16 = dtype == "bf16"
     torch.manual_seed(0)
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    from sdc_agent.drill import launch
+    from sdc_agent.drills.launch import launch
 
     started = time.perf_counter()
     kwargs = {"model": args.model, "dtype": args.dtype, "steps": args.steps, "every": args.every}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sdc_agent.gradients import FlagExchange
+from sdc_agent.checks.gradients.exchange import FlagExchange
 
 
 def test_a_clean_step_costs_one_reduction_of_four_integers(calls):

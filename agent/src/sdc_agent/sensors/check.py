@@ -44,23 +44,16 @@ import torch.distributed as dist
 from torch import nn
 
 from ..alarm import Alarm, SensorCandidate, Verdict, VerdictKind
-from ..attribution import (
-    FAILED_ROW,
-    ROW_WIDTH,
-    Outcome,
-    confirmation_jobs,
-    is_failed,
-    third_gpu,
-)
-from ..gradients import FlagTable
+from ..checks.gradients.exchange import FlagTable
+from ..checks.replay.attribution import FAILED_ROW, ROW_WIDTH, Outcome, is_failed, third_gpu
 from ..schedule import Schedule
 from .board import SEPARATION, SensorBoard
 from .linear import find_board
 from .plan import SensorPlan, plan_sensors
 
 if TYPE_CHECKING:
-    from ..audit import RingAudit
-    from ..parallel import DDPAdapter
+    from ..checks.replay.audit import RingAudit
+    from ..parallel.adapter import ParallelAdapter
     from ..reporting import Reporter
 
 logger = logging.getLogger("sdc_agent")
@@ -160,7 +153,7 @@ class SensorCheck:
         schedule: Schedule,
         *,
         unsupported: str | None = None,
-        adapter: DDPAdapter | None = None,
+        adapter: ParallelAdapter | None = None,
     ) -> None:
         """Find ``module``'s sensor board; the plan under ``Schedule.sensor_budget`` follows at
         the first step.
@@ -324,13 +317,13 @@ class SensorCheck:
             self.board.disarm()
 
     # ------------------------------------------------------------------ candidates (collective)
-    def candidates(self, table: FlagTable, adapter: DDPAdapter) -> list[SensorCandidate]:
+    def candidates(self, table: FlagTable, adapter: ParallelAdapter) -> list[SensorCandidate]:
         """Which sensors fired on which flagged rank, with that rank's own ratio and the
         threshold in force (collective: one all-gather, so every rank reports the same)."""
         return self._gather_candidates(table, adapter)[0]
 
     def _gather_candidates(
-        self, table: FlagTable, adapter: DDPAdapter
+        self, table: FlagTable, adapter: ParallelAdapter
     ) -> tuple[list[SensorCandidate], dict[int, list[tuple[int, float, float]]]]:
         """:meth:`candidates`, and per flagged DP rank its (sensor, ratio, threshold) readings
         (ratio +Inf for a NaN/Inf checksum)."""
@@ -376,13 +369,10 @@ class SensorCheck:
         self.board.confirm_all()
         zeros = [0] * len(self.board)
         try:
-            if _replays_collectively(audit):
-                # Collective; a failure on any rank comes back as FAILED_ROW on every rank.
-                row = audit._replay_row(step, target_dp, deterministic, whole_step=True)
-                ratios = self.board.take_flags()[1]
-                return [*row, *(zeros if is_failed(row) else _ratio_bits(ratios))]
-            outcome = audit.replay(step, target_dp, deterministic=deterministic, whole_step=True)
-            return [*outcome.to_row(), *_ratio_bits(self.board.take_flags()[1])]
+            # Collective under lockstep replays; a replay that fails comes back as FAILED_ROW.
+            row = audit.replay_row(step, target_dp, deterministic, whole_step=True)
+            ratios = self.board.take_flags()[1]
+            return [*row, *(zeros if is_failed(row) else _ratio_bits(ratios))]
         except Exception:
             logger.exception(
                 "sdc_agent: the sensor confirmation replay of rank %d's batch of step %d failed",
@@ -407,21 +397,14 @@ class SensorCheck:
         targets = table.sensor_flagged
         rows = torch.zeros((len(targets), 2, ROW_WIDTH + len(self.board)), dtype=torch.int64)
         # Without a third node for each target (the same answer on every rank) nothing is replayed.
-        jobs = confirmation_jobs(targets, a.world, audit.peer_offset, a.dp_rank)
-        if audit.can_confirm and _replays_collectively(audit):
-            # FSDP2: a forward needs every rank's shards, so every rank replays each target's
-            # batch at once (one round per target) and only the third GPU and the target keep
-            # their row; each rank's sensors read its own computation of that batch.
-            for slot, target_dp in enumerate(targets):
-                row = torch.tensor(self._replay_row(audit, table.step, target_dp, deterministic))
-                for job_slot, column, _ in jobs:
-                    if job_slot == slot:
-                        rows[slot, column] = row
-        else:
-            for slot, column, target_dp in jobs if audit.can_confirm else []:
-                rows[slot, column] = torch.tensor(
-                    self._replay_row(audit, table.step, target_dp, deterministic)
-                )
+        if audit.can_confirm:
+            # The audit's confirmation placement (under FSDP2 in rounds, every rank replaying each
+            # target's batch at once); each rank's sensors read its own computation of that batch.
+            audit.fill_confirmations(
+                targets,
+                rows,
+                lambda target_dp: self._replay_row(audit, table.step, target_dp, deterministic),
+            )
         rows = rows.to(a.collective_device)
         dist.all_reduce(rows, op=dist.ReduceOp.SUM, group=a.dp_group)  # one writer per slot
         rows = rows.cpu()
@@ -553,13 +536,6 @@ class SensorCheck:
             "kinds": dict(self.board.layers),
             "blind": list(BLIND),
         }
-
-
-def _replays_collectively(audit: RingAudit) -> bool:
-    """Whether ``audit`` replays as FSDP2 must: every rank at once (sdc_agent.replay_fsdp)."""
-    from ..replay_fsdp import CollectiveRingAudit  # FSDP2 only; imports torch.distributed.tensor
-
-    return isinstance(audit, CollectiveRingAudit)
 
 
 def _ratio_bits(ratios: torch.Tensor) -> list[int]:
