@@ -207,7 +207,7 @@ class Guard:
         """The step being run (fault drills read it); None before the first step."""
         self.reporter.publish_rank_map()
         if self.reporter.publishes:
-            if self.schedule.sensors and not self.sensors_planned:
+            if self.schedule.sensors and not self.sensors_planned and not self.sensors.unsupported:
                 # Schedule(sensors=True) is the default, but only protected layers have
                 # sensors: say so plainly, with the line that turns them on.
                 logger.warning(
