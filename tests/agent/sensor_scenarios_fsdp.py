@@ -25,13 +25,12 @@ def sensed_sharded_run(
     faults: list[dict[str, Any]] = (),
     audit_every: int = 50,
     budget: float = math.inf,
-    warmup: int = 5,
     mixed_precision: bool = False,
 ) -> dict[str, Any]:
     """Protect the sharded drill model's layers, then shard it (``fully_shard`` per block, then
     the root; HSDP: 3 replicas x 2 shards; ``tp`` / ``fsdp+tp``: the tensor-parallel drill
-    model, column- and row-parallel in TP groups of 2, then sharded) and train it guarded (``budget``: the sensors'; by
-    default every GEMM and norm is checked on every step).
+    model, column- and row-parallel in TP groups of 2, then sharded) and train it guarded
+    (``budget``: the sensors'; by default every GEMM and norm is checked on every step).
 
     Reports the alarm, the updates, the sensor counts, what the protected layer's autograd
     function saw (whether its weight was a DTensor, as FSDP2 keeps it at rest) and whether the
@@ -39,7 +38,7 @@ def sensed_sharded_run(
     torch.manual_seed(0)
     tensor_parallel = parallel in TP_KINDS
     module = TPDrillModel() if tensor_parallel else ShardedDrillModel()
-    board = protect(module, config=SensorConfig(warmup_checks=warmup))
+    board = protect(module, config=SensorConfig())  # the defaults, as a user gets them
     fc = module.blocks[1].up if tensor_parallel else module.blocks[1].fc
     seen: list[str] = []
 
@@ -80,6 +79,7 @@ def sensed_sharded_run(
         "updates": updates,
         "fired": sum(f.fired for f in injected),
         "unconfirmed": guard.sensors.unconfirmed,
+        "published_unconfirmed": publisher.unconfirmed,
         "alarms_published": len(publisher.alarms),
         "coverage": guard.coverage()["checks"]["online_sensors"],
         "checks_run": sum(board.checks),
