@@ -133,6 +133,6 @@ class TensorParallelAdapter(FSDP2Adapter):
             if tensor is not None and state.local_fingerprints is not None:
                 # A DTensor's fingerprint is its local slice's: a row-parallel layer's partial
                 # output before the all-reduce, a column-parallel layer's local columns.
-                events.append(fingerprints([tensor])[0].to(state.local_fingerprints.device))
+                state.add_local_event(fingerprints([tensor])[0].to(state.local_fingerprints.device))
 
         return probe

@@ -76,6 +76,10 @@ class ShardedGradientTaps:
         step's flags (the synchronising backward does, as DDP's comm hook does) but check each
         micro-batch's gradient into a flag that backward carries on."""
         self._row_by_name = {name: row for row, name in enumerate(names)}
+        modules = {name.rpartition(".")[0] for name in names}
+        module_index = {module: i for i, module in enumerate(sorted(modules))}
+        self._module_of_row = [module_index[name.rpartition(".")[0]] for name in names]
+        """Per row: its module's index (a module's gradients are one run of local events)."""
         self._unsharded: dict[int, nn.Parameter] = {}
         self._unsharded_by_name: dict[str, nn.Parameter] = {}
         self._waiting: dict[str, list[Callable[[nn.Parameter], None]]] = {}
@@ -125,8 +129,8 @@ class ShardedGradientTaps:
             if state.capture_fingerprints and state.local_fingerprints is not None:
                 fingerprint = fingerprints([grad])[0].to(state.local_fingerprints.device)
                 state.local_fingerprints[row] = fingerprint
-                if state.local_events is not None:
-                    state.local_events.append(fingerprint)  # in the order autograd ran
+                # in the order autograd ran, a module's parameters in row order
+                state.add_local_event(fingerprint, group=self._module_of_row[row], order=row)
             flags = state.local_flags
             # One flag per step, raised in place by every tap (one fused pass per
             # parameter, no temporaries, nothing read back: see sdc_agent.checks.gradients.finiteness). It is
