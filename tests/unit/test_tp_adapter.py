@@ -179,3 +179,22 @@ def test_a_12_rank_hsdp_x_tp_mesh_lays_out_replicas_slices_and_tp_groups(one_ran
     validate_placement(nodes, 4, layout.tp_groups)
     with pytest.raises(TopologyError, match=r"three\s+different nodes"):
         validate_placement(nodes, 2, layout.tp_groups)
+
+
+def test_a_modules_parameter_gradients_are_recorded_in_row_order_whatever_autograd_chose():
+    # Given a step that records its local results, a forward output and then one module's two
+    # gradients (rows 4 and 5), accumulated bias first in one computation and weight first in
+    # the other (a protected layer's own backward against F.linear's)
+    from sdc_agent.checks.gradients.stats import GradStatsState
+
+    def record(order: list[int]) -> list[list[int]]:
+        state = GradStatsState(process_group=None, param_index={}, records_events=True)
+        state.arm(capture_fingerprints=True, device=torch.device("cpu"))
+        state.add_local_event(torch.tensor([1, 1]))  # a module's output
+        for row in order:
+            state.add_local_event(torch.tensor([row, row]), group=7, order=row)
+        state.add_local_event(torch.tensor([9, 9]), group=8, order=9)  # the next module's
+        return state.local_table().tolist()
+
+    # Then both record the same table: the run of one module's gradients in row order
+    assert record([5, 4]) == record([4, 5]) == [[1, 1], [4, 4], [5, 5], [9, 9]]

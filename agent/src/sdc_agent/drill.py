@@ -185,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         print("  (FSDP2 full sharding: no weight redundancy, so check 3 is off; expected no alarm)")
     print(f"({time.monotonic() - started:.1f} s)")
     expected_ok = results[0]["alarm"] is None if unseen else named == [args.rank]
+    if args.fault == "nan" and args.parallel in ("tp", "fsdp+tp"):
+        # A NaN crosses the TP all-reduce within the step: check 1 names every rank of the
+        # faulty rank's TP group (its node) whose local gradient it reached.
+        first = args.rank - args.rank % args.ranks_per_node
+        node = set(range(first, first + args.ranks_per_node))
+        expected_ok = args.rank in named and set(named) <= node
     return 0 if expected_ok else 1
 
 
