@@ -132,14 +132,20 @@ class DDPAdapter:
         *,
         grad_accum: int = 1,
         scaler: Any | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """Check 2's replays: on the bare module, alone (DDP ignores a backward it did not
-        prepare); ``grad_accum`` and ``scaler`` say how training back-propagated each
-        micro-batch's loss."""
+        prepare); ``grad_accum``, ``scaler`` and ``divide_loss`` say how training
+        back-propagated each micro-batch's loss."""
         from .replay import Replayer
 
         return Replayer(
-            self.module, self.params, compute_loss, grad_accum=grad_accum, scaler=scaler
+            self.module,
+            self.params,
+            compute_loss,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
         )
 
     def make_audit(

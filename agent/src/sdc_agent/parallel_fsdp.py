@@ -341,14 +341,21 @@ class FSDP2Adapter:
         *,
         grad_accum: int = 1,
         scaler: Any | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """Check 2's replays: collective, through the sharded module, with sync off; with a
         ``scaler`` each replayed micro-batch's loss is scaled by the step's scale, as in
-        training, so an overflow reproduces (see the module docstring)."""
+        training, so an overflow reproduces (see the module docstring); ``divide_loss`` as
+        the guard's."""
         from .replay_fsdp import CollectiveReplayer
 
         return CollectiveReplayer(
-            self, compute_loss, gradients.hook_state, grad_accum=grad_accum, scaler=scaler
+            self,
+            compute_loss,
+            gradients.hook_state,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
         )
 
     def make_audit(

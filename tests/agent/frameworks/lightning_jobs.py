@@ -1,0 +1,198 @@
+"""PyTorch Lightning jobs: Trainer.fit with SDCGuardCallback, under its DDP strategy and its
+FSDP2 ModelParallelStrategy (HSDP: replicas across the 3 nodes, shards within one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import sdc_agent as sdc
+from tests.agent.frameworks.common import (
+    MLP,
+    SCHEDULE,
+    CountingPublisher,
+    UpdateRecord,
+    alarm_dict,
+    classification_loss,
+    fault,
+    micro_batch,
+    quiet_environment,
+    weight_flip,
+)
+
+ACCUMULATION = 2
+STEPS_PER_EPOCH = 5
+
+
+def lightning_module(parallel: str) -> Any:
+    import lightning.pytorch as L
+
+    class Classifier(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = MLP()
+
+        def configure_model(self) -> None:
+            if parallel != "hsdp":
+                return
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (3, 2), mesh_dim_names=("replicate", "shard"))
+            for layer in self.model.net:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self, mesh=mesh)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return classification_loss(self.model, batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    return Classifier()
+
+
+class RankBatches(torch.utils.data.Dataset):
+    """This rank's micro-batches of one epoch (the same every epoch): item i is micro-batch i."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return STEPS_PER_EPOCH * ACCUMULATION
+
+    def __getitem__(self, index: int) -> tuple:
+        return micro_batch(index, self.rank)
+
+
+def rebuild_batch(step: int, rank: int) -> list[tuple]:
+    """What rank's dataloader yielded at optimizer step ``step`` (epochs repeat the data)."""
+    first = (step % STEPS_PER_EPOCH) * ACCUMULATION
+    return [micro_batch(first + i, rank) for i in range(ACCUMULATION)]
+
+
+def train(
+    *,
+    steps: int,
+    parallel: str = "ddp",
+    faults: tuple[str, ...] = (),
+    ckpt_every: int = 0,
+    run_dir: str | None = None,
+    resume: bool = False,
+    publisher: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Trainer.fit for ``steps`` optimizer steps under SDCGuardCallback; ``faults`` as in the
+    Accelerate jobs; ``ckpt_every``: ModelCheckpoint(every_n_train_steps=...) into ``run_dir``;
+    ``resume``: fit from the newest checkpoint first (refused when an alarm covers it), then
+    from the one clean_checkpoint chooses."""
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    from sdc_agent.integrations import AlarmStop
+    from sdc_agent.integrations.lightning import SDCGuardCallback, clean_checkpoint
+
+    quiet_environment()
+    rank = dist.get_rank()
+    counts = CountingPublisher()
+    sink: Any = counts
+    if publisher is not None:
+        from sdc_agent.publish import CloudWatchPublisher
+
+        sink = CloudWatchPublisher(**publisher)
+    on_alarm_calls: list[int] = []
+    guard_cb = SDCGuardCallback(
+        rebuild_batch=rebuild_batch,
+        schedule=sdc.Schedule(**SCHEDULE),
+        publisher=sink,
+        alarm_dir=run_dir,
+        on_alarm=lambda alarm: on_alarm_calls.append(alarm.step),
+    )
+    observed: dict[str, Any] = {}
+
+    class Observe(L.Callback):
+        """Attaches the faults and the update record once the guard exists."""
+
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            guard = guard_cb.guard
+            if "forward" in faults:
+                fault(pl_module.model.net[2]).attach(guard)
+            if "weight" in faults:
+                target = pl_module.model.net[0].weight
+                name = next(n for n, p in guard.module.named_parameters() if p is target)
+                weight_flip(name).attach(guard)
+            observed["record"] = UpdateRecord(trainer.optimizers[0], guard.params).counting(
+                lambda: trainer.global_step
+            )
+            observed["start"] = trainer.global_step
+
+    callbacks: list[Any] = [guard_cb, Observe()]
+    if ckpt_every:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=run_dir, every_n_train_steps=ckpt_every, save_top_k=-1, save_last=False
+            )
+        )
+
+    trainers: list[L.Trainer] = []
+
+    def fit(ckpt_path: str | None) -> None:
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=2,
+            num_nodes=3,
+            strategy=DDPStrategy()
+            if parallel == "ddp"
+            else ModelParallelStrategy(data_parallel_size=6, tensor_parallel_size=1),
+            max_steps=steps,
+            accumulate_grad_batches=ACCUMULATION,
+            callbacks=callbacks,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=bool(ckpt_every),
+            use_distributed_sampler=False,
+            num_sanity_val_steps=0,
+        )
+        trainers.append(trainer)
+        loader = torch.utils.data.DataLoader(RankBatches(rank), batch_size=None)
+        trainer.fit(lightning_module(parallel), loader, ckpt_path=ckpt_path)
+
+    refused = stopped = None
+    try:
+        ckpt_path = None
+        if resume:
+            newest = max(Path(run_dir).glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+            try:
+                fit(str(newest))
+            except sdc.UnsafeResumeError as err:
+                refused = f"{newest.name}: {err}"
+            chosen = clean_checkpoint(run_dir, run_dir)
+            ckpt_path = None if chosen is None else str(chosen)
+        fit(ckpt_path)
+    except AlarmStop as err:
+        stopped = err.alarm
+    record = observed["record"]
+    return {
+        "rank": rank,
+        "alarm": alarm_dict(stopped or guard_cb.alarm),
+        "on_alarm_calls": on_alarm_calls,
+        "refused": refused,
+        "start": observed["start"],
+        "global_step": trainers[-1].global_step,
+        "saved": sorted(p.name for p in Path(run_dir).glob("*.ckpt")) if run_dir else [],
+        "tags": {
+            p.name: torch.load(p, weights_only=False).get("sdc")
+            for p in sorted(Path(run_dir).glob("*.ckpt"))
+        }
+        if run_dir and rank == 0
+        else {},
+        "delivered": sink.flush(30.0),
+        **record.summary(),
+        **counts.counts(),
+    }
