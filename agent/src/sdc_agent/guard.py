@@ -69,7 +69,8 @@ class Guard:
     computed wrong.
 
     ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
-    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP);
+    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP;
+    torchtitan's ``("dp_replicate", "fsdp")`` names too);
     the guard learns the mesh from the parameters. ``compute_loss(model, batch)`` must return the
     loss; it is called with the DDP wrapper in training and with the bare module in replays (with
     FSDP2: the FSDP module in both, replays running on every rank at once).
