@@ -20,7 +20,10 @@ from tests.agent.frameworks.common import (
     fault,
     micro_batch,
     quiet_environment,
+    run_docs_example,
+    sink_for,
     step_micro_batches,
+    use_cloudwatch,
     weight_flip,
 )
 
@@ -56,21 +59,19 @@ def train(
     ckpt_every: int = 0,
     run_dir: str | None = None,
     resume_from: int | None = None,
-    publisher: dict[str, Any] | None = None,
+    publish: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train the MLP with Accelerate under the guard (``faults``: "forward" x1000 on net.2 of
     rank R from step 7, "weight" a bit flip on rank 0 after step 6); ``resume_from``: load the
-    checkpoint of that step from ``run_dir`` first. Reports what this rank applied and saved."""
+    checkpoint of that step from ``run_dir`` first (refused when an alarm covers it: then the
+    one sdc.clean_resume_step chooses); ``publish``: CloudWatch (moto) instead of counting.
+    Reports what this rank applied and saved."""
     from sdc_agent.integrations.accelerate import AcceleratorGuard
 
     quiet_environment()
     accelerator, model, optimizer = prepared(parallel)
     counts = CountingPublisher()
-    sink: Any = counts
-    if publisher is not None:
-        from sdc_agent.publish import CloudWatchPublisher
-
-        sink = CloudWatchPublisher(**publisher)
+    sink = sink_for(publish, counts)
     guard = AcceleratorGuard(
         accelerator,
         model,
@@ -135,3 +136,33 @@ def saved_steps(run_dir: str) -> list[int]:
 def adamw_steps(optimizer: torch.optim.Optimizer) -> list[int]:
     """AdamW's own update count of each parameter (its ``step`` state)."""
     return sorted({int(s["step"]) for s in optimizer.state.values()})
+
+
+def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[str, Any]:
+    """docs/integrations.md's Accelerate example, as written, on ``steps`` steps of data."""
+    from accelerate import Accelerator
+
+    quiet_environment()
+    use_cloudwatch(**publish)
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = MLP()
+    namespace = run_docs_example(
+        "accelerate",
+        {
+            "accelerator": Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION),
+            "model": model,
+            "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2),
+            "loader": [micro_batch(i, rank) for i in range(steps * ACCUMULATION)],
+            "compute_loss": classification_loss,
+            "rebuild_batch": lambda step, r: step_micro_batches(step, r, ACCUMULATION),
+            "CKPT_DIR": run_dir,
+        },
+    )
+    guard = namespace["guard"]
+    return {
+        "alarm": alarm_dict(namespace["alarm"]),
+        "steps_applied": guard.next_step,
+        "last_audit_pass": guard.guard.last_audit_pass,
+        "delivered": guard.guard.flush(30.0),
+    }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -129,10 +130,6 @@ class UpdateRecord:
         }
 
 
-def publisher_counts() -> CountingPublisher:
-    return CountingPublisher()
-
-
 class CountingPublisher:
     """Counts what the guard publishes from DP rank 0 (the CloudWatch publisher's interface)."""
 
@@ -164,3 +161,50 @@ class CountingPublisher:
 
 def alarm_dict(alarm: sdc.Alarm | None) -> dict[str, Any] | None:
     return alarm.to_dict() if alarm is not None else None
+
+
+# ---------------------------------------------------------------------------- publishing
+def use_cloudwatch(endpoint: str, spool_root: str, job: str) -> None:
+    """Point this rank's CloudWatchPublisher() at the test's moto server, as the environment
+    of a HyperPod pod would point it at CloudWatch (cluster "integrations", job ``job``)."""
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        SDC_CLUSTER_NAME="integrations",
+        SDC_JOB_NAME=job,
+        SDC_SPOOL_DIR=os.path.join(spool_root, job, f"rank{dist.get_rank()}"),
+    )
+
+
+def sink_for(publish: dict[str, str] | None, counts: CountingPublisher) -> Any:
+    """The publisher of a job: CloudWatch (moto) when ``publish`` names the server, else the
+    counting stand-in."""
+    if publish is None:
+        return counts
+    from sdc_agent.publish import CloudWatchPublisher
+
+    use_cloudwatch(**publish)
+    return CloudWatchPublisher()
+
+
+# ---------------------------------------------------------------------------- docs examples
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "integrations.md"
+
+
+def docs_example(name: str) -> str:
+    """The Python block that follows ``<!-- example: NAME`` in docs/integrations.md."""
+    text = DOCS.read_text()
+    marker = f"<!-- example: {name}"
+    start = text.index(marker)
+    block = text.index("```python\n", start) + len("```python\n")
+    return text[block : text.index("\n```", block)]
+
+
+def run_docs_example(name: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    """Run docs/integrations.md's example ``name`` with ``namespace`` as what the reader's
+    script defined before it; returns the namespace after it ran."""
+    code = compile(docs_example(name), f"docs/integrations.md#{name}", "exec")
+    exec(code, namespace)
+    return namespace

@@ -20,6 +20,9 @@ from tests.agent.frameworks.common import (
     fault,
     micro_batch,
     quiet_environment,
+    run_docs_example,
+    sink_for,
+    use_cloudwatch,
     weight_flip,
 )
 
@@ -70,6 +73,22 @@ class RankBatches(torch.utils.data.Dataset):
         return micro_batch(index, self.rank)
 
 
+def trainer_kwargs(steps: int) -> dict[str, Any]:
+    """The Trainer's arguments for this machine: 3 nodes x 2 CPU processes, quiet."""
+    return {
+        "accelerator": "cpu",
+        "devices": 2,
+        "num_nodes": 3,
+        "max_steps": steps,
+        "accumulate_grad_batches": ACCUMULATION,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "use_distributed_sampler": False,
+        "num_sanity_val_steps": 0,
+    }
+
+
 def rebuild_batch(step: int, rank: int) -> list[tuple]:
     """What rank's dataloader yielded at optimizer step ``step`` (epochs repeat the data)."""
     first = (step % STEPS_PER_EPOCH) * ACCUMULATION
@@ -84,12 +103,12 @@ def train(
     ckpt_every: int = 0,
     run_dir: str | None = None,
     resume: bool = False,
-    publisher: dict[str, Any] | None = None,
+    publish: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Trainer.fit for ``steps`` optimizer steps under SDCGuardCallback; ``faults`` as in the
     Accelerate jobs; ``ckpt_every``: ModelCheckpoint(every_n_train_steps=...) into ``run_dir``;
     ``resume``: fit from the newest checkpoint first (refused when an alarm covers it), then
-    from the one clean_checkpoint chooses."""
+    from the one clean_checkpoint chooses; ``publish``: CloudWatch (moto) instead of counting."""
     import lightning.pytorch as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
@@ -100,11 +119,7 @@ def train(
     quiet_environment()
     rank = dist.get_rank()
     counts = CountingPublisher()
-    sink: Any = counts
-    if publisher is not None:
-        from sdc_agent.publish import CloudWatchPublisher
-
-        sink = CloudWatchPublisher(**publisher)
+    sink = sink_for(publish, counts)
     on_alarm_calls: list[int] = []
     guard_cb = SDCGuardCallback(
         rebuild_batch=rebuild_batch,
@@ -143,21 +158,12 @@ def train(
 
     def fit(ckpt_path: str | None) -> None:
         trainer = L.Trainer(
-            accelerator="cpu",
-            devices=2,
-            num_nodes=3,
             strategy=DDPStrategy()
             if parallel == "ddp"
             else ModelParallelStrategy(data_parallel_size=6, tensor_parallel_size=1),
-            max_steps=steps,
-            accumulate_grad_batches=ACCUMULATION,
             callbacks=callbacks,
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             enable_checkpointing=bool(ckpt_every),
-            use_distributed_sampler=False,
-            num_sanity_val_steps=0,
+            **trainer_kwargs(steps),
         )
         trainers.append(trainer)
         loader = torch.utils.data.DataLoader(RankBatches(rank), batch_size=None)
@@ -195,4 +201,28 @@ def train(
         "delivered": sink.flush(30.0),
         **record.summary(),
         **counts.counts(),
+    }
+
+
+def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[str, Any]:
+    """docs/integrations.md's Lightning example, as written, for ``steps`` steps."""
+    quiet_environment()
+    use_cloudwatch(**publish)
+    rank = dist.get_rank()
+    namespace = run_docs_example(
+        "lightning",
+        {
+            "rebuild_batch": rebuild_batch,
+            "CKPT_DIR": run_dir,
+            "trainer_kwargs": trainer_kwargs(steps),
+            "model": lightning_module("ddp"),
+            "loader": torch.utils.data.DataLoader(RankBatches(rank), batch_size=None),
+        },
+    )
+    guard = namespace["guard"]
+    return {
+        "alarm": alarm_dict(guard.alarm),
+        "global_step": namespace["trainer"].global_step,
+        "last_audit_pass": guard.guard.last_audit_pass,
+        "delivered": guard.guard.flush(30.0),
     }

@@ -21,6 +21,9 @@ from tests.agent.frameworks.common import (
     alarm_dict,
     fault,
     quiet_environment,
+    run_docs_example,
+    sink_for,
+    use_cloudwatch,
     weight_flip,
 )
 
@@ -120,30 +123,15 @@ def rebuild_batch(step: int, rank: int) -> list[tuple]:
     return [micro_batch(step * ACCUMULATION + i, rank) for i in range(ACCUMULATION)]
 
 
-def train(
-    *,
-    steps: int,
-    faults: tuple[str, ...] = (),
-    ckpt_every: int = 0,
-    run_dir: str | None = None,
-    resume: bool = False,
-    publisher: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """torchtitan's parts under TitanGuard; ``faults`` as in the other jobs; ``ckpt_every``:
-    the CheckpointManager's interval into ``run_dir``; ``resume``: from the newest checkpoint
-    first (refused when an alarm covers it), then from the one TitanGuard.resume chooses."""
+def parts(ckpt_every: int, run_dir: str | None) -> tuple[Any, Any, Any, Any]:
+    """(model, optimizers, lr_schedulers, checkpointer) as torchtitan's Trainer builds them."""
     from torchtitan.components.checkpointer import CheckpointManager
-    from torchtitan.components.loss import CrossEntropyLoss
     from torchtitan.components.optimizer import (
         LRSchedulersContainer,
         OptimizersContainer,
         ParamGroupConfig,
     )
 
-    from sdc_agent.integrations.torchtitan import TitanGuard
-
-    quiet_environment()
-    rank = dist.get_rank()
     model = sharded_llama3()
     optimizers = OptimizersContainer.Config(
         param_groups=[
@@ -167,12 +155,31 @@ def train(
             sd_adapter=None,
             base_folder=run_dir,
         )
-    counts = CountingPublisher()
-    sink: Any = counts
-    if publisher is not None:
-        from sdc_agent.publish import CloudWatchPublisher
+    return model, optimizers, lr_schedulers, checkpointer
 
-        sink = CloudWatchPublisher(**publisher)
+
+def train(
+    *,
+    steps: int,
+    faults: tuple[str, ...] = (),
+    ckpt_every: int = 0,
+    run_dir: str | None = None,
+    resume: bool = False,
+    publish: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """torchtitan's parts under TitanGuard; ``faults`` as in the other jobs; ``ckpt_every``:
+    the CheckpointManager's interval into ``run_dir``; ``resume``: from the newest checkpoint
+    first (refused when an alarm covers it), then from the one TitanGuard.resume chooses;
+    ``publish``: CloudWatch (moto) instead of counting."""
+    from torchtitan.components.loss import CrossEntropyLoss
+
+    from sdc_agent.integrations.torchtitan import TitanGuard
+
+    quiet_environment()
+    rank = dist.get_rank()
+    model, optimizers, lr_schedulers, checkpointer = parts(ckpt_every, run_dir)
+    counts = CountingPublisher()
+    sink = sink_for(publish, counts)
     titan = TitanGuard(
         [model],
         optimizers,
@@ -217,4 +224,35 @@ def train(
         ),
         **record.summary(),
         **counts.counts(),
+    }
+
+
+def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[str, Any]:
+    """docs/integrations.md's torchtitan example, as written, for ``steps`` steps."""
+    from torchtitan.components.loss import CrossEntropyLoss
+
+    quiet_environment()
+    use_cloudwatch(**publish)
+    model, optimizers, lr_schedulers, checkpointer = parts(5, run_dir)
+    namespace = run_docs_example(
+        "torchtitan",
+        {
+            "model": model,
+            "optimizers": optimizers,
+            "lr_schedulers": lr_schedulers,
+            "loss_fn": CrossEntropyLoss.Config().build(),
+            "checkpointer": checkpointer,
+            "rebuild_batch": rebuild_batch,
+            "rank": dist.get_rank(),
+            "STEPS": steps,
+            "CKPT_DIR": run_dir,
+        },
+    )
+    guard = namespace["guard"].guard
+    return {
+        "alarm": alarm_dict(namespace["alarm"]),
+        "start": namespace["start"],
+        "saved": sorted(p.name for p in Path(run_dir, "checkpoint").glob("step-*")),
+        "last_audit_pass": guard.last_audit_pass,
+        "delivered": guard.flush(30.0),
     }

@@ -17,6 +17,9 @@ from tests.agent.frameworks.common import (
     alarm_dict,
     fault,
     quiet_environment,
+    run_docs_example,
+    sink_for,
+    use_cloudwatch,
     weight_flip,
 )
 
@@ -84,12 +87,13 @@ def train(
     faults: tuple[str, ...] = (),
     save_steps: int = 0,
     resume: bool = False,
-    publisher: dict[str, Any] | None = None,
+    publish: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Trainer.train for ``steps`` steps under GuardedTrainer; ``faults``: "forward" x1000 on
     layer 0's MLP output of rank R from step 7, "weight" a bit flip on rank 0 after step 6;
     ``save_steps``: checkpoints in ``run_dir``; ``resume``: from the newest checkpoint first
-    (refused when an alarm covers it), then from the one clean_checkpoint chooses."""
+    (refused when an alarm covers it), then from the one clean_checkpoint chooses; ``publish``:
+    CloudWatch (moto) instead of counting."""
     from transformers import TrainerCallback
 
     from sdc_agent.integrations import AlarmStop, read_tags
@@ -98,11 +102,7 @@ def train(
     quiet_environment()
     rank = dist.get_rank()
     counts = CountingPublisher()
-    sink: Any = counts
-    if publisher is not None:
-        from sdc_agent.publish import CloudWatchPublisher
-
-        sink = CloudWatchPublisher(**publisher)
+    sink = sink_for(publish, counts)
     on_alarm_calls: list[int] = []
     observed: dict[str, Any] = {}
 
@@ -164,4 +164,21 @@ def train(
         "delivered": sink.flush(30.0),
         **observed["record"].summary(),
         **counts.counts(),
+    }
+
+
+def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[str, Any]:
+    """docs/integrations.md's Trainer example, as written, for ``steps`` steps."""
+    quiet_environment()
+    use_cloudwatch(**publish)
+    namespace = run_docs_example(
+        "transformers",
+        {"model": llama(), "args": arguments(run_dir, steps, 0), "dataset": TokenDataset()},
+    )
+    trainer = namespace["trainer"]
+    return {
+        "alarm": alarm_dict(trainer.sdc_alarm),
+        "global_step": trainer.state.global_step,
+        "last_audit_pass": trainer.sdc_guard.last_audit_pass,
+        "delivered": trainer.sdc_guard.flush(30.0),
     }

@@ -268,8 +268,10 @@ def clean_checkpoint(directory: str | os.PathLike, alarm_dir: str | os.PathLike)
 
     A checkpoint of ``global_step`` N holds the weights after guard step N - 1."""
     by_step: dict[int, Path] = {}
-    for path in Path(directory).iterdir():
+    for path in Path(directory).iterdir() if Path(directory).is_dir() else ():
         if (found := _STEP.search(path.name)) and path.name != "last.ckpt":
             by_step[int(found.group(1)) - 1] = path
+    if not by_step:
+        return None  # a first start: nothing saved yet (the alarm log may not exist either)
     step = clean_resume_step(sorted(by_step), alarm_dir)
     return None if step is None else by_step[step]

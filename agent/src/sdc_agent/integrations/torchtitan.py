@@ -200,12 +200,12 @@ class TitanGuard:
         decision: list[Any] = [None]
         if dist.get_rank() == 0:
             titan_steps = _checkpoint_steps(checkpointer.folder)
-            alarm_dir = self.alarm_dir
-            clean = (
-                clean_resume_step([s - 1 for s in titan_steps], alarm_dir)
-                if alarm_dir is not None
-                else (titan_steps[-1] - 1 if titan_steps else None)
-            )
+            if not titan_steps:
+                clean = None  # a first start: nothing saved yet
+            elif self.alarm_dir is None:
+                clean = titan_steps[-1] - 1  # no alarm log: the newest, as torchtitan would
+            else:
+                clean = clean_resume_step([s - 1 for s in titan_steps], self.alarm_dir)
             decision[0] = None if clean is None else clean + 1
         dist.broadcast_object_list(decision, src=0)
         titan_step = decision[0]

@@ -376,8 +376,10 @@ def clean_checkpoint(output_dir: str | os.PathLike, alarm_dir: str | os.PathLike
     ``alarm_dir`` covers, for ``trainer.train(resume_from_checkpoint=...)``; None: start
     from the initial weights. ``checkpoint-N`` holds the weights after guard step N - 1."""
     by_step: dict[int, Path] = {}
-    for path in Path(output_dir).iterdir():
+    for path in Path(output_dir).iterdir() if Path(output_dir).is_dir() else ():
         if path.is_dir() and (found := _CHECKPOINT.match(path.name)):
             by_step[int(found.group(1)) - 1] = path
+    if not by_step:
+        return None  # a first start: nothing saved yet (the alarm log may not exist either)
     step = clean_resume_step(sorted(by_step), alarm_dir)
     return None if step is None else str(by_step[step])
