@@ -8,6 +8,7 @@ rows its FSDP2 ModelParallelStrategy with ``fully_shard`` on a (3 replicas x 2 s
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -144,3 +145,17 @@ def test_the_docs_example_runs_as_written(results):
     per_rank = ok(results, "example")
     assert all(r["alarm"] is None and r["global_step"] == 12 for r in per_rank)
     assert all(r["last_audit_pass"] == 0 and r["delivered"] for r in per_rank)
+
+
+def test_by_default_every_rank_exits_3_with_its_termination_message(tmp_path):
+    # Given the callback's default on_alarm (sdc.exit_on_alarm) and the persistent fault
+    log = tmp_path / "termination"
+    job = (JOB, {"steps": 14, "faults": ["forward"], "termination_log": str(log)})
+    # When the audit of step 10 fires, then every process exits 3 without returning a result
+    with pytest.raises(RuntimeError, match="exited with code 3 and no result"):
+        launch([job], world=6, ranks_per_node=2, timeout_s=600)
+    # And each rank wrote the termination message Kubernetes shows for the pod
+    for rank in range(6):
+        message = json.loads((tmp_path / f"termination.rank{rank}").read_text())
+        assert message["exit_code"] == 3 and message["check"] == "compute"
+        assert (message["step"], message["suspects"]) == (10, [R])

@@ -3,6 +3,7 @@ FSDP2 ModelParallelStrategy (HSDP: replicas across the 3 nodes, shards within on
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +105,14 @@ def train(
     run_dir: str | None = None,
     resume: bool = False,
     publish: dict[str, str] | None = None,
+    termination_log: str | None = None,
 ) -> dict[str, Any]:
     """Trainer.fit for ``steps`` optimizer steps under SDCGuardCallback; ``faults`` as in the
     Accelerate jobs; ``ckpt_every``: ModelCheckpoint(every_n_train_steps=...) into ``run_dir``;
     ``resume``: fit from the newest checkpoint first (refused when an alarm covers it), then
-    from the one clean_checkpoint chooses; ``publish``: CloudWatch (moto) instead of counting."""
+    from the one clean_checkpoint chooses; ``publish``: CloudWatch (moto) instead of counting;
+    ``termination_log``: keep the callback's default on_alarm (sdc.exit_on_alarm: this process
+    exits with code 3, writing its termination message to ``termination_log``.rankN)."""
     import lightning.pytorch as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
@@ -121,12 +125,16 @@ def train(
     counts = CountingPublisher()
     sink = sink_for(publish, counts)
     on_alarm_calls: list[int] = []
+    on_alarm: dict[str, Any] = {"on_alarm": lambda alarm: on_alarm_calls.append(alarm.step)}
+    if termination_log is not None:
+        os.environ["SDC_TERMINATION_LOG"] = f"{termination_log}.rank{rank}"
+        on_alarm = {}  # the default: sdc.exit_on_alarm
     guard_cb = SDCGuardCallback(
         rebuild_batch=rebuild_batch,
         schedule=sdc.Schedule(**SCHEDULE),
         publisher=sink,
         alarm_dir=run_dir,
-        on_alarm=lambda alarm: on_alarm_calls.append(alarm.step),
+        **on_alarm,
     )
     observed: dict[str, Any] = {}
 

@@ -276,7 +276,7 @@ class GuardedTrainer(Trainer):
             self.model_wrapped,
             getattr(optimizer, "optimizer", optimizer),  # the torch optimizer inside Accelerate's
             compute_loss=self._sdc_replay_loss,
-            rebuild_batch=self._sdc_rebuild or self._sdc_rebuild_batch,
+            rebuild_batch=self._sdc_rebuild_batch,
             schedule=self._sdc_schedule,
             publisher=self._sdc_publisher,
             scaler=self.accelerator.scaler,
@@ -313,13 +313,19 @@ class GuardedTrainer(Trainer):
             collator = self._get_collator_with_removed_columns(collator, description="training")
         return dataset, collator
 
-    def _sdc_rebuild_batch(self, step: int, rank: int) -> list[_Micro]:
-        """``rank``'s collated micro-batches at ``step``, each with its ``num_items_in_batch``."""
-        dataset, collator = self._sdc_dataset()
-        micros = [
-            _Micro(collator([dataset[i] for i in indices]))
-            for indices in self._sdc_sampler.indices(step, rank)
-        ]
+    def _sdc_rebuild_batch(self, step: int, rank: int) -> Any:
+        """``rank``'s collated micro-batches at ``step`` (from :class:`RankBatchSampler`, or
+        your ``rebuild_batch``), each with the ``num_items_in_batch`` training used."""
+        if self._sdc_rebuild is not None:
+            rebuilt = self._sdc_rebuild(step, rank)
+            batches = rebuilt if self.args.gradient_accumulation_steps > 1 else [rebuilt]
+            micros = [_Micro(batch) for batch in batches]
+        else:
+            dataset, collator = self._sdc_dataset()
+            micros = [
+                _Micro(collator([dataset[i] for i in indices]))
+                for indices in self._sdc_sampler.indices(step, rank)
+            ]
         num_items = self._sdc_num_items.get(step)
         per_device = not self.args.average_tokens_across_devices or self.args.world_size <= 1
         if per_device and num_items is not None:
@@ -327,7 +333,7 @@ class GuardedTrainer(Trainer):
             num_items = self._get_num_items_in_batch(micros, self.args.device)
         for micro in micros:
             micro.num_items = num_items
-        return micros
+        return micros if self.args.gradient_accumulation_steps > 1 else micros[0]
 
     def _sdc_replay_loss(self, module: torch.nn.Module, batch: Any) -> torch.Tensor:
         """The loss ``training_step`` back-propagates, recomputed on ``module`` (the bare
