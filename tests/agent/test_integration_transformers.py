@@ -1,134 +1,56 @@
 """sdc-guard in the Hugging Face Trainer (GuardedTrainer): 3 nodes x 2 ranks, gloo, CPU.
 
-One launch runs every scenario; each test asserts its own. A Llama built from a config (no
-download), synthetic tokens, ``gradient_accumulation_steps=2``, ``save_steps=5``, the Trainer's
-own DDP through Accelerate. Rank R=3 (node 1) is replayed by rank 1 (node 0).
+One launch runs every row (tests/agent/frameworks/expectations.py says what each shows); each
+test asserts its own. A Llama built from a config (no download), synthetic tokens,
+``gradient_accumulation_steps=2``, ``save_steps=5``, the Trainer's own DDP through Accelerate.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.agent.frameworks.cloudwatch import moto_endpoint, published  # noqa: F401
-from tests.agent.frameworks.common import R, launch
-from tests.agent.outcomes import ok, the_alarm
+from tests.agent.frameworks import expectations as expect
+from tests.agent.frameworks.cloudwatch import moto_endpoint  # noqa: F401  (fixture)
+from tests.agent.frameworks.transformers_jobs import WEIGHT
 from tests.agent.test_publish_cloudwatch import aws_env  # noqa: F401  (autouse)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-JOB = "tests.agent.frameworks.transformers_jobs:train"
-EXAMPLE = "tests.agent.frameworks.transformers_jobs:docs_example"
+JOBS = "tests.agent.frameworks.transformers_jobs"
 
 
 @pytest.fixture(scope="module")
-def results(moto_endpoint, tmp_path_factory) -> dict[str, list[dict[str, Any]]]:  # noqa: F811
-    root = tmp_path_factory.mktemp("transformers")
-    run, spool = str(root / "run"), str(root / "spool")
-    publish = {"endpoint": moto_endpoint, "spool_root": spool, "job": "transformers-faulty"}
-    jobs = {
-        "faulty": (
-            JOB,
-            {
-                "steps": 14,
-                "faults": ["forward"],
-                "save_steps": 5,
-                "run_dir": run,
-                "publish": publish,
-            },
-        ),
-        "resume": (JOB, {"steps": 14, "save_steps": 5, "run_dir": run, "resume": True}),
-        "weights": (
-            JOB,
-            {"steps": 14, "faults": ["weight"], "save_steps": 5, "run_dir": str(root / "w")},
-        ),
-        "clean": (JOB, {"steps": 50, "run_dir": str(root / "clean")}),
-        "example": (
-            EXAMPLE,
-            {
-                "steps": 12,
-                "run_dir": str(root / "example"),
-                "publish": {**publish, "job": "transformers-example"},
-            },
-        ),
-    }
-    per_job = launch(list(jobs.values()), world=6, ranks_per_node=2, timeout_s=1100)
-    return dict(zip(jobs, per_job, strict=True))
-
-
-def assert_stopped_before(per_rank: list[dict[str, Any]], step: int) -> None:
-    """Every rank's optimizer applied steps 0..step-1 exactly (its own record and AdamW's
-    counters), the Trainer's ``global_step`` says so, and the weights are what the update of
-    step - 1 left."""
-    assert len(per_rank) == 6
-    for r in per_rank:
-        assert r["updates"] == list(range(step)), r["updates"]
-        assert r["adamw_steps"] == [step] and r["global_step"] == step
-        assert r["weights_as_last_update_left"]
+def results(moto_endpoint, tmp_path_factory) -> expect.Results:  # noqa: F811
+    return expect.launch_rows(JOBS, tmp_path_factory.mktemp("transformers"), moto_endpoint)
 
 
 def test_a_persistent_fault_is_named_at_the_next_audit_and_the_step_is_not_applied(results):
-    # Given x1000 on one output element of layer 0's MLP on rank R from step 7; audits every 5
-    alarm = the_alarm(results, "faulty")
-    # Then the audit of step 10 names R, wrong as target and as replayer
-    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (10, "compute", [R])
-    assert alarm["mismatched_pairs"] == [[R, 1], [5, R]] and alarm["culprits"] == [R]
-    # And on_alarm ran on every rank, then train() stopped before optimizer.step() of step 10
+    expect.named_at_the_next_audit(results, "faulty")
+    # on_alarm ran on every rank, then AlarmStop left train() before optimizer.step()
     assert all(r["on_alarm_calls"] == [10] for r in results["faulty"])
-    assert_stopped_before(results["faulty"], 10)
 
 
 def test_the_alarm_is_published_once_to_cloudwatch(results, moto_endpoint):  # noqa: F811
-    alarm = the_alarm(results, "faulty")
-    assert all(r["delivered"] for r in results["faulty"])
-    sent = published(moto_endpoint, "transformers-faulty")
-    (report,) = sent["reports"]
-    report.pop("time")
-    assert report == {**alarm, "cluster": "integrations", "job": "transformers-faulty"}
-    assert sent["metric"]("sdc_replay_mismatch") == (2.0, 1.0)
+    expect.published_once(results, moto_endpoint, "transformers-faulty")
 
 
-def test_checkpoints_before_the_alarm_are_tagged_and_none_after(results):
-    (rank0,) = [r for r in results["faulty"] if r["rank"] == 0]
-    # Given save_steps=5: checkpoint-5 and checkpoint-10 hold the weights after steps 4 and 9
-    assert rank0["saved"] == ["checkpoint-10", "checkpoint-5"]
-    assert rank0["tags"]["checkpoint-5"]["step"] == 4
-    assert rank0["tags"]["checkpoint-10"]["step"] == 9
-    assert all(t["weights_verified"] for t in rank0["tags"].values())
+def test_checkpoint_folders_before_the_alarm_carry_the_guard_tags(results):
+    expect.checkpoints_before_the_alarm(results)
+    assert all(sorted(r["tags"]) == ["4", "9"] for r in results["faulty"])
 
 
 def test_a_weight_flip_blocks_the_checkpoint(results):
-    # Given one bit of rank 0's up_proj weight of layer 0 flipped after step 6's update
-    alarm = the_alarm(results, "weights")
-    # Then the check before checkpoint-10 names rank 0, and checkpoint-10 is never written
-    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (9, "weights", [0])
-    assert alarm["divergent_tensors"] == ["model.layers.0.mlp.up_proj.weight"]
-    assert all(r["saved"] == ["checkpoint-5"] for r in results["weights"])
+    expect.weight_flip_blocks_the_checkpoint(results, WEIGHT)
     assert all(r["on_alarm_calls"] == [9] for r in results["weights"])
 
 
-def test_a_covered_checkpoint_is_refused_and_the_clean_one_resumes(results):
-    for r in ok(results, "resume"):
-        # Given checkpoint-10 (guard step 9), inside the alarm's window [5, 10]
-        # Then trainer.train refuses it on every rank before any step
-        assert r["refused"].startswith("checkpoint-10: ")
-        assert "refusing to resume from the checkpoint of step 9" in r["refused"]
-        # And clean_checkpoint chose checkpoint-5; training passed step 10 with no alarm
-        assert r["start"] == 5 and r["alarm"] is None
-        assert r["updates"] == list(range(5, 14)) and r["global_step"] == 14
+def test_train_refuses_the_covered_checkpoint_and_the_clean_one_resumes(results):
+    expect.covered_checkpoint_refused(results, "checkpoint-10: ")
 
 
 def test_fifty_fault_free_steps_raise_no_alarm(results):
-    per_rank = ok(results, "clean")
-    assert all(r["alarm"] is None and r["updates"] == list(range(50)) for r in per_rank)
-    (rank0,) = [r for r in per_rank if r["rank"] == 0]
-    assert rank0["audit_passes"] == 10
-    assert rank0["weight_check_passes"] == 11
-    assert rank0["alarms_published"] == 0
+    expect.fault_free(results)
 
 
 def test_the_docs_example_runs_as_written(results):
-    per_rank = ok(results, "example")
-    assert all(r["alarm"] is None and r["global_step"] == 12 for r in per_rank)
-    assert all(r["last_audit_pass"] == 0 and r["delivered"] for r in per_rank)
+    expect.example_ran(results)

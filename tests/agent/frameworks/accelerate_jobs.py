@@ -10,21 +10,22 @@ import torch
 import torch.distributed as dist
 
 import sdc_agent as sdc
+from sdc_agent.integrations import read_tags
 from tests.agent.frameworks.common import (
     MLP,
     SCHEDULE,
     CountingPublisher,
     UpdateRecord,
     alarm_dict,
+    attach,
     classification_loss,
-    fault,
     micro_batch,
     quiet_environment,
+    report,
     run_docs_example,
     sink_for,
     step_micro_batches,
     use_cloudwatch,
-    weight_flip,
 )
 
 ACCUMULATION = 2
@@ -58,20 +59,20 @@ def train(
     faults: tuple[str, ...] = (),
     ckpt_every: int = 0,
     run_dir: str | None = None,
-    resume_from: int | None = None,
+    resume: bool = False,
     publish: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Train the MLP with Accelerate under the guard (``faults``: "forward" x1000 on net.2 of
-    rank R from step 7, "weight" a bit flip on rank 0 after step 6); ``resume_from``: load the
-    checkpoint of that step from ``run_dir`` first (refused when an alarm covers it: then the
-    one sdc.clean_resume_step chooses); ``publish``: CloudWatch (moto) instead of counting.
-    Reports what this rank applied and saved."""
+    """Train the MLP with Accelerate under the guard up to step ``steps``; ``faults``: "forward"
+    x1000 on net.2 of rank R from step 7, "weight" a bit flip on rank 0 after step 6;
+    ``ckpt_every``: save_state into ``run_dir/step-N``; ``resume``: load the newest checkpoint
+    first (refused when an alarm covers it: then the one sdc.clean_resume_step chooses);
+    ``publish``: CloudWatch (moto) instead of counting."""
     from sdc_agent.integrations.accelerate import AcceleratorGuard
 
     quiet_environment()
     accelerator, model, optimizer = prepared(parallel)
-    counts = CountingPublisher()
-    sink = sink_for(publish, counts)
+    counting = CountingPublisher()
+    sink = sink_for(publish, counting)
     guard = AcceleratorGuard(
         accelerator,
         model,
@@ -82,60 +83,50 @@ def train(
         publisher=sink,
         alarm_dir=run_dir,
     )
-    if "forward" in faults:
-        fault("net.2").attach(guard.guard)
-    if "weight" in faults:
-        weight_flip("net.0.weight").attach(guard.guard)
+    attach(guard.guard, faults, forward="net.2", weight="net.0.weight")
     record = UpdateRecord(guard.guard.optimizer, guard.guard.params).counting(
         lambda: guard.next_step
     )
     refused = None
-    if resume_from is not None:
+    if resume:
+        newest = f"step-{saved_steps(run_dir)[-1]}"
         try:
-            guard.load_state(Path(run_dir, f"step-{resume_from}"))
+            guard.load_state(Path(run_dir, newest))
         except sdc.UnsafeResumeError as err:
-            refused = str(err)
-            resume_from = sdc.clean_resume_step(saved_steps(run_dir), run_dir)
-            guard.load_state(Path(run_dir, f"step-{resume_from}"))
+            refused = f"{newest}: {err}"
+            clean = sdc.clean_resume_step(saved_steps(run_dir), run_dir)
+            guard.load_state(Path(run_dir, f"step-{clean}"))
     start = guard.next_step
     rank = dist.get_rank()
-    saves: list[list[Any]] = []
     alarm = None
-    for index in range(start * ACCUMULATION, (start + steps) * ACCUMULATION):
+    for index in range(start * ACCUMULATION, steps * ACCUMULATION):
         with guard.accumulate(model):
             guard.backward(classification_loss(model, micro_batch(index, rank)))
             alarm = guard.optimizer_step()
+        if not alarm and guard.checkpoint_due and run_dir is not None:
+            alarm = guard.save_state(Path(run_dir, f"step-{guard.next_step - 1}"))
         if alarm:
             break
-        if guard.checkpoint_due and run_dir is not None:
-            step = guard.next_step - 1
-            if alarm := guard.save_state(Path(run_dir, f"step-{step}")):
-                break
-            saves.append([step, guard.checkpoint_tags()])
     else:
         alarm = guard.finish()
-    delivered = sink.flush(30.0)
-    return {
-        "rank": rank,
-        "alarm": alarm_dict(alarm),
-        "start": start,
-        "refused": refused,
-        "saves": saves,
-        "delivered": delivered,
-        "adamw_steps": adamw_steps(guard.guard.optimizer),
-        **record.summary(),
-        **counts.counts(),
-    }
+    saved = saved_steps(run_dir) if run_dir else []
+    return report(
+        alarm=alarm,
+        record=record,
+        optimizers=[guard.guard.optimizer],
+        framework_step=guard.next_step,
+        counting=counting,
+        sink=sink,
+        refused=refused,
+        start=start,
+        saved=saved,
+        tags={step: read_tags(Path(run_dir, f"step-{step}")) for step in saved},
+    )
 
 
 def saved_steps(run_dir: str) -> list[int]:
     """The steps of the checkpoints in ``run_dir`` (directories ``step-N``)."""
     return sorted(int(p.name.split("-")[1]) for p in Path(run_dir).glob("step-*"))
-
-
-def adamw_steps(optimizer: torch.optim.Optimizer) -> list[int]:
-    """AdamW's own update count of each parameter (its ``step`` state)."""
-    return sorted({int(s["step"]) for s in optimizer.state.values()})
 
 
 def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[str, Any]:

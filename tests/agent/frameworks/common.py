@@ -24,6 +24,7 @@ import sdc_agent as sdc
 
 # The one line to change when the launcher moves (it runs `module:function` jobs on every rank).
 from sdc_agent.drill import launch  # noqa: F401  (re-exported for the test modules)
+from tests.agent.scenarios import CountingPublisher
 
 R = 3
 """The faulty rank: node 1, replayed by rank 1 (node 0), confirmed by rank 5 (node 2)."""
@@ -92,6 +93,15 @@ def weight_flip(param: str, *, step: int = 6) -> sdc.faults.Fault:
     return sdc.faults.FlipWeightBit(param, index=3, bit=12, rank=0, step=step)
 
 
+def attach(guard: sdc.Guard, faults: Iterable[str], *, forward: Any, weight: str) -> None:
+    """Attach the named faults: "forward" (:func:`fault` on the layer ``forward``), "weight"
+    (:func:`weight_flip` of the parameter ``weight``, named as the guard names it)."""
+    if "forward" in faults:
+        fault(forward).attach(guard)
+    if "weight" in faults:
+        weight_flip(weight).attach(guard)
+
+
 def digest(tensors: Iterable[torch.Tensor]) -> str:
     """A digest of this rank's local tensors (shards under FSDP2), bit for bit."""
     h = hashlib.sha256()
@@ -130,33 +140,13 @@ class UpdateRecord:
         }
 
 
-class CountingPublisher:
-    """Counts what the guard publishes from DP rank 0 (the CloudWatch publisher's interface)."""
-
-    def __init__(self) -> None:
-        self.audit_passes = 0
-        self.weight_check_passes = 0
-        self.alarms: list[dict[str, Any]] = []
-
-    def publish_rank_map(self, ranks: dict) -> None:
-        pass
-
-    def publish_alarm(self, alarm: sdc.Alarm) -> None:
-        self.alarms.append(alarm.to_dict())
-
-    def publish_liveness(self, step: int, audit_passes: int, weight_check_passes: int) -> None:
-        self.audit_passes += audit_passes
-        self.weight_check_passes += weight_check_passes
-
-    def flush(self, timeout: float | None = None) -> bool:
-        return True
-
-    def counts(self) -> dict[str, Any]:
-        return {
-            "audit_passes": self.audit_passes,
-            "weight_check_passes": self.weight_check_passes,
-            "alarms_published": len(self.alarms),
-        }
+def counts(publisher: CountingPublisher) -> dict[str, Any]:
+    """What the guard published from this rank (only DP rank 0 publishes)."""
+    return {
+        "audit_passes": publisher.audit_passes,
+        "weight_check_passes": publisher.weight_check_passes,
+        "alarms_published": len(publisher.alarms),
+    }
 
 
 def alarm_dict(alarm: sdc.Alarm | None) -> dict[str, Any] | None:
@@ -178,11 +168,11 @@ def use_cloudwatch(endpoint: str, spool_root: str, job: str) -> None:
     )
 
 
-def sink_for(publish: dict[str, str] | None, counts: CountingPublisher) -> Any:
+def sink_for(publish: dict[str, str] | None, counting: CountingPublisher) -> Any:
     """The publisher of a job: CloudWatch (moto) when ``publish`` names the server, else the
     counting stand-in."""
     if publish is None:
-        return counts
+        return counting
     from sdc_agent.publish import CloudWatchPublisher
 
     use_cloudwatch(**publish)
@@ -208,3 +198,30 @@ def run_docs_example(name: str, namespace: dict[str, Any]) -> dict[str, Any]:
     code = compile(docs_example(name), f"docs/integrations.md#{name}", "exec")
     exec(code, namespace)
     return namespace
+
+
+def report(
+    *,
+    alarm: sdc.Alarm | None,
+    record: UpdateRecord,
+    optimizers: Iterable[torch.optim.Optimizer],
+    framework_step: int | None,
+    counting: CountingPublisher,
+    sink: Any,
+    **extra: Any,
+) -> dict[str, Any]:
+    """What every framework's training job returns, so that one set of expectations reads
+    them all: the alarm, what this rank's optimizer applied (its own record, AdamW's per
+    parameter counters, the framework's step counter), whether the weights are still what the
+    last update left, whether the publisher delivered, what it counted."""
+    state = [s for optimizer in optimizers for s in optimizer.state.values()]
+    return {
+        "rank": dist.get_rank(),
+        "alarm": alarm_dict(alarm),
+        "framework_step": framework_step,
+        "adamw_steps": sorted({int(s["step"]) for s in state if "step" in s}),
+        "delivered": sink.flush(30.0),
+        **record.summary(),
+        **counts(counting),
+        **extra,
+    }

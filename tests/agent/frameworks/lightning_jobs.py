@@ -17,14 +17,14 @@ from tests.agent.frameworks.common import (
     CountingPublisher,
     UpdateRecord,
     alarm_dict,
+    attach,
     classification_loss,
-    fault,
     micro_batch,
     quiet_environment,
+    report,
     run_docs_example,
     sink_for,
     use_cloudwatch,
-    weight_flip,
 )
 
 ACCUMULATION = 2
@@ -122,8 +122,8 @@ def train(
 
     quiet_environment()
     rank = dist.get_rank()
-    counts = CountingPublisher()
-    sink = sink_for(publish, counts)
+    counting = CountingPublisher()
+    sink = sink_for(publish, counting)
     on_alarm_calls: list[int] = []
     on_alarm: dict[str, Any] = {"on_alarm": lambda alarm: on_alarm_calls.append(alarm.step)}
     if termination_log is not None:
@@ -143,12 +143,10 @@ def train(
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             guard = guard_cb.guard
-            if "forward" in faults:
-                fault(pl_module.model.net[2]).attach(guard)
-            if "weight" in faults:
-                target = pl_module.model.net[0].weight
-                name = next(n for n, p in guard.module.named_parameters() if p is target)
-                weight_flip(name).attach(guard)
+            target = pl_module.model.net[0].weight
+            name = next(n for n, p in guard.module.named_parameters() if p is target)
+            attach(guard, faults, forward=pl_module.model.net[2], weight=name)
+            observed["optimizer"] = trainer.optimizers[0]
             observed["record"] = UpdateRecord(trainer.optimizers[0], guard.params).counting(
                 lambda: trainer.global_step
             )
@@ -191,24 +189,33 @@ def train(
         fit(ckpt_path)
     except AlarmStop as err:
         stopped = err.alarm
-    record = observed["record"]
+    trainer = trainers[-1]
+    by_step = checkpoint_files(run_dir)
+    tags = {}
+    if by_step and dist.get_rank() == 0:
+        tags = {s: torch.load(p, weights_only=False).get("sdc") for s, p in by_step.items()}
+    return report(
+        alarm=stopped or guard_cb.alarm,
+        record=observed["record"],
+        optimizers=[observed["optimizer"]],
+        framework_step=trainer.global_step,
+        counting=counting,
+        sink=sink,
+        on_alarm_calls=on_alarm_calls,
+        refused=refused,
+        start=observed["start"],
+        saved=sorted(by_step),
+        tags=tags,
+    )
+
+
+def checkpoint_files(run_dir: str | None) -> dict[int, Path]:
+    """ModelCheckpoint's files by guard step (``step={global_step}``: guard step + 1)."""
+    if run_dir is None or not Path(run_dir).is_dir():
+        return {}
     return {
-        "rank": rank,
-        "alarm": alarm_dict(stopped or guard_cb.alarm),
-        "on_alarm_calls": on_alarm_calls,
-        "refused": refused,
-        "start": observed["start"],
-        "global_step": trainers[-1].global_step,
-        "saved": sorted(p.name for p in Path(run_dir).glob("*.ckpt")) if run_dir else [],
-        "tags": {
-            p.name: torch.load(p, weights_only=False).get("sdc")
-            for p in sorted(Path(run_dir).glob("*.ckpt"))
-        }
-        if run_dir and rank == 0
-        else {},
-        "delivered": sink.flush(30.0),
-        **record.summary(),
-        **counts.counts(),
+        int(p.name.split("step=")[1].split(".")[0].split("-")[0]) - 1: p
+        for p in Path(run_dir).glob("*step=*.ckpt")
     }
 
 
@@ -230,7 +237,7 @@ def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[s
     guard = namespace["guard"]
     return {
         "alarm": alarm_dict(guard.alarm),
-        "global_step": namespace["trainer"].global_step,
+        "steps_applied": namespace["trainer"].global_step,
         "last_audit_pass": guard.guard.last_audit_pass,
         "delivered": guard.guard.flush(30.0),
     }

@@ -19,12 +19,12 @@ from tests.agent.frameworks.common import (
     CountingPublisher,
     UpdateRecord,
     alarm_dict,
-    fault,
+    attach,
     quiet_environment,
+    report,
     run_docs_example,
     sink_for,
     use_cloudwatch,
-    weight_flip,
 )
 
 ACCUMULATION = 2
@@ -178,8 +178,8 @@ def train(
     quiet_environment()
     rank = dist.get_rank()
     model, optimizers, lr_schedulers, checkpointer = parts(ckpt_every, run_dir)
-    counts = CountingPublisher()
-    sink = sink_for(publish, counts)
+    counting = CountingPublisher()
+    sink = sink_for(publish, counting)
     titan = TitanGuard(
         [model],
         optimizers,
@@ -193,10 +193,8 @@ def train(
         alarm_dir=run_dir,
     )
     guard = titan.guard
-    if "forward" in faults:
-        fault(model.layers["0"].feed_forward.w2).attach(guard)
-    if "weight" in faults:
-        weight_flip("layers.0.feed_forward.w1.weight").attach(guard)
+    ffn = model.layers["0"].feed_forward
+    attach(guard, faults, forward=ffn.w2, weight="layers.0.feed_forward.w1.weight")
     record = UpdateRecord(optimizers, guard.params).counting(lambda: guard.current_step)
     refused = None
     start = 0
@@ -210,21 +208,25 @@ def train(
         start = titan.resume()
     loaded_tags = titan.tags.tags
     alarm = titan.train((rebuild_batch(s, rank) for s in range(start, steps)), start_step=start)
-    saved = sorted(p.name for p in Path(run_dir, "checkpoint").glob("step-*")) if run_dir else []
-    return {
-        "rank": rank,
-        "alarm": alarm_dict(alarm),
-        "refused": refused,
-        "start": start,
-        "loaded_tags": loaded_tags,
-        "saved": saved,
-        "delivered": sink.flush(30.0),
-        "adamw_steps": sorted(
-            {int(s["step"]) for o in optimizers.optimizers for s in o.state.values()}
-        ),
-        **record.summary(),
-        **counts.counts(),
-    }
+    return report(
+        alarm=alarm,
+        record=record,
+        optimizers=optimizers.optimizers,
+        framework_step=lr_schedulers.schedulers[0].last_epoch,  # steps its scheduler took
+        counting=counting,
+        sink=sink,
+        refused=refused,
+        start=start,
+        loaded_tags=loaded_tags,
+        saved=checkpoint_steps(run_dir),
+    )
+
+
+def checkpoint_steps(run_dir: str | None) -> list[int]:
+    """The guard steps of torchtitan's checkpoints (``step-N``: guard step N - 1)."""
+    if run_dir is None:
+        return []
+    return sorted(int(p.name[5:]) - 1 for p in Path(run_dir, "checkpoint").glob("step-*"))
 
 
 def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[str, Any]:
@@ -252,7 +254,8 @@ def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[s
     return {
         "alarm": alarm_dict(namespace["alarm"]),
         "start": namespace["start"],
-        "saved": sorted(p.name for p in Path(run_dir, "checkpoint").glob("step-*")),
+        "steps_applied": lr_schedulers.schedulers[0].last_epoch,
+        "saved": checkpoint_steps(run_dir),
         "last_audit_pass": guard.last_audit_pass,
         "delivered": guard.flush(30.0),
     }

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 import sdc_agent as sdc
 from tests.agent.frameworks.common import (
@@ -15,18 +14,20 @@ from tests.agent.frameworks.common import (
     CountingPublisher,
     UpdateRecord,
     alarm_dict,
-    fault,
+    attach,
     quiet_environment,
+    report,
     run_docs_example,
     sink_for,
     use_cloudwatch,
-    weight_flip,
 )
 
 ACCUMULATION = 2
 BATCH = 2
 SEQ = 16
 VOCAB = 128
+WEIGHT = "model.layers.0.mlp.up_proj.weight"
+"""The parameter the weight fault flips a bit of (layer 0's MLP up projection)."""
 
 
 class TokenDataset(torch.utils.data.Dataset):
@@ -85,13 +86,13 @@ def train(
     steps: int,
     run_dir: str,
     faults: tuple[str, ...] = (),
-    save_steps: int = 0,
+    ckpt_every: int = 0,
     resume: bool = False,
     publish: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Trainer.train for ``steps`` steps under GuardedTrainer; ``faults``: "forward" x1000 on
     layer 0's MLP output of rank R from step 7, "weight" a bit flip on rank 0 after step 6;
-    ``save_steps``: checkpoints in ``run_dir``; ``resume``: from the newest checkpoint first
+    ``ckpt_every``: ``save_steps`` (checkpoints in ``run_dir``); ``resume``: from the newest checkpoint first
     (refused when an alarm covers it), then from the one clean_checkpoint chooses; ``publish``:
     CloudWatch (moto) instead of counting."""
     from transformers import TrainerCallback
@@ -100,16 +101,15 @@ def train(
     from sdc_agent.integrations.transformers import GuardedTrainer, clean_checkpoint
 
     quiet_environment()
-    rank = dist.get_rank()
-    counts = CountingPublisher()
-    sink = sink_for(publish, counts)
+    counting = CountingPublisher()
+    sink = sink_for(publish, counting)
     on_alarm_calls: list[int] = []
     observed: dict[str, Any] = {}
 
     def trainer_for() -> GuardedTrainer:
         trainer = GuardedTrainer(
             model=llama(),
-            args=arguments(run_dir, steps, save_steps),
+            args=arguments(run_dir, steps, ckpt_every),
             train_dataset=TokenDataset(),
             schedule=sdc.Schedule(**SCHEDULE),
             publisher=sink,
@@ -122,11 +122,8 @@ def train(
 
             def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 guard = trainer.sdc_guard
-                model = guard.module
-                if "forward" in faults:
-                    fault(model.model.layers[0].mlp.down_proj).attach(guard)
-                if "weight" in faults:
-                    weight_flip("model.layers.0.mlp.up_proj.weight").attach(guard)
+                layer = guard.module.model.layers[0].mlp
+                attach(guard, faults, forward=layer.down_proj, weight=WEIGHT)
                 observed["record"] = UpdateRecord(guard.optimizer, guard.params).counting(
                     lambda: trainer.state.global_step
                 )
@@ -150,21 +147,20 @@ def train(
     except AlarmStop as err:
         stopped = err.alarm
     trainer = observed["trainer"]
-    saved = sorted(p.name for p in Path(run_dir).glob("checkpoint-*"))
-    return {
-        "rank": rank,
-        "alarm": alarm_dict(stopped or trainer.sdc_alarm),
-        "on_alarm_calls": on_alarm_calls,
-        "refused": refused,
-        "start": observed.get("start"),
-        "global_step": trainer.state.global_step,
-        "saved": saved,
-        "tags": {name: read_tags(Path(run_dir, name)) for name in saved},
-        "adamw_steps": sorted({int(s["step"]) for s in trainer.sdc_guard.optimizer.state.values()}),
-        "delivered": sink.flush(30.0),
-        **observed["record"].summary(),
-        **counts.counts(),
-    }
+    saved = sorted(int(p.name[11:]) - 1 for p in Path(run_dir).glob("checkpoint-*"))
+    return report(
+        alarm=stopped or trainer.sdc_alarm,
+        record=observed["record"],
+        optimizers=[trainer.sdc_guard.optimizer],
+        framework_step=trainer.state.global_step,
+        counting=counting,
+        sink=sink,
+        on_alarm_calls=on_alarm_calls,
+        refused=refused,
+        start=observed.get("start"),
+        saved=saved,
+        tags={s: read_tags(Path(run_dir, f"checkpoint-{s + 1}")) for s in saved},
+    )
 
 
 def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[str, Any]:
@@ -178,7 +174,7 @@ def docs_example(*, steps: int, run_dir: str, publish: dict[str, str]) -> dict[s
     trainer = namespace["trainer"]
     return {
         "alarm": alarm_dict(trainer.sdc_alarm),
-        "global_step": trainer.state.global_step,
+        "steps_applied": trainer.state.global_step,
         "last_audit_pass": trainer.sdc_guard.last_audit_pass,
         "delivered": trainer.sdc_guard.flush(30.0),
     }
