@@ -14,7 +14,7 @@ CDK_CLI := node_modules/.bin/cdk
 # Python: the venv with the pipeline, the agent and the test tools. No npm here: unit, agent and
 # Lambda tests, the demo and Python synth (aws-cdk-lib needs Node.js, not the npm registry) run
 # without the CDK CLI.
-$(STAMP): requirements.txt requirements-dev.txt agent/pyproject.toml lambdas/pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt agent/pyproject.toml agent/contract/pyproject.toml lambdas/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sdc_agent.faults import _flip_bit_
+from sdc_agent.drills.faults import _flip_bit_
 from sdc_agent.sensors import ResidualAdd, SensorBoard, protect
 from sdc_agent.sensors.plan import plan_sensors
 

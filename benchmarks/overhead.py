@@ -76,6 +76,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import sdc_agent as sdc
+
+# --against runs this script on other agents, from before the drills moved into
+# sdc_agent.drills too: sdc_agent.drill has the launcher in every version.
 from sdc_agent.drill import launch
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
@@ -113,7 +116,7 @@ BASELINES = {
 }
 """Variants measured against their own unguarded loop (the default baseline is "plain")."""
 SHARDED = {"fsdp": "fsdp", "plain_fsdp": "fsdp", "hsdp": "hsdp", "plain_hsdp": "hsdp"}
-"""The variants whose model is sharded with FSDP2, and how (``sdc_agent.drill_fsdp.shard``)."""
+"""The variants whose model is sharded with FSDP2, and how (``sdc_agent.drills.sharded.shard``)."""
 DEFAULT_VARIANTS = ["checks", "weights10", "audit100", "det_audit100", "det_audit10", "accum4"]
 """What a run without ``--variants`` measures (the DDP set; the sharded ones are opt-in)."""
 ACCUM = 4
@@ -163,7 +166,10 @@ def _model(name: str, width: int, depth: int, shards: int) -> nn.Module:
     parallel = SHARDED.get(name)
     if parallel is None:
         return nn.parallel.DistributedDataParallel(module)
-    from sdc_agent.drill_fsdp import shard
+    try:
+        from sdc_agent.drills.sharded import shard
+    except ImportError:  # an agent from before the drills moved (--against)
+        from sdc_agent.drill_fsdp import shard  # type: ignore[no-redef]
 
     hidden = [m for m in module.net if isinstance(m, nn.Linear)][1:-1]
     return shard(module, parallel, shards=shards, blocks=hidden)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sdc_agent as sdc
-from sdc_agent.drill import DrillModel, make_batch, make_fault, make_loss
+from sdc_agent.drills.job import DrillModel, make_batch, make_fault, make_loss
 from sdc_agent.sensors import ResidualAdd, SensorConfig, protect
 
 

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 import sdc_agent as sdc
-from sdc_agent.drill import make_batch, make_fault, make_loss
-from sdc_agent.drill_fsdp import ShardedDrillModel, shard
+from sdc_agent.drills.job import make_batch, make_fault, make_loss
+from sdc_agent.drills.sharded import ShardedDrillModel, shard
 from sdc_agent.sensors import SensorConfig, protect
 from tests.agent.sensor_scenarios import SensorCountingPublisher
 

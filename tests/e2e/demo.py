@@ -29,10 +29,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 
 if TYPE_CHECKING:
-    from tests.e2e.harness.pipeline import Invocation, LocalPipeline
+    from tests.e2e.harness.pipeline import LocalPipeline
+    from tests.e2e.harness.runtime import Invocation
 
 FAULTY_RANK = 3
 FAULT_STEP = 7
@@ -90,7 +91,7 @@ def _train(
     }
     # Forked from one server that imported torch once: the restart's launch then costs little.
     (results,) = launch(
-        [("sdc_agent.drill:train_drill", job)],
+        [("sdc_agent.drills.job:train_drill", job)],
         world=6,
         ranks_per_node=2,
         start_method="forkserver",
@@ -211,7 +212,8 @@ def run(argv: list[str] | None = None) -> int:
     # which every training process imports again, and the harness brings aws_cdk and its
     # Node.js runtime along: seconds of CPU per process, twice six processes.
     from tests.e2e.harness.deployed import deployed
-    from tests.e2e.harness.pipeline import LocalPipeline, process_environment
+    from tests.e2e.harness.pipeline import LocalPipeline
+    from tests.e2e.harness.runtime import process_environment
     from tests.e2e.scenario import local_cluster, pending_for
 
     tl = Timeline()
@@ -443,7 +445,7 @@ def _restart_job(
         "resume": True,
     }
     (results,) = launch(
-        [("sdc_agent.drill:train_drill", job)],
+        [("sdc_agent.drills.job:train_drill", job)],
         world=6,
         ranks_per_node=2,
         node_names=nodes,

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sdc_agent.gradients import FlagExchange
+from sdc_agent.checks.gradients.exchange import FlagExchange
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from sdc_agent.faults import _flip_bit_
+from sdc_agent.drills.faults import _flip_bit_
 from sdc_agent.sensors import (
     ProtectedLayerNorm,
     ProtectedLogSoftmax,

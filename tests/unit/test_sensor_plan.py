@@ -11,7 +11,7 @@ from torch import nn
 import sdc_agent as sdc
 from sdc_agent import faults
 from sdc_agent.alarm import Alarm, SensorCandidate
-from sdc_agent.attribution import Outcome
+from sdc_agent.checks.replay.attribution import Outcome
 from sdc_agent.publish.events import liveness_metric_data
 from sdc_agent.publish.liveness import LivenessBatch
 from sdc_agent.sensors import ProtectedLinear, protect

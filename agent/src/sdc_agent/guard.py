@@ -5,15 +5,15 @@ ORDER of the collectives: every rank must issue the same collectives in the same
 job hangs (or, worse, pairs up the wrong tensors). The checks (architecture: docs/architecture.md,
 "The agent"):
 
-1. Non-finite gradients, every step (:mod:`sdc_agent.gradients`): the comm hook flags each bucket
-   of the local gradient before the all-reduce and sums the reduced one after it; one small
+1. Non-finite gradients, every step (:mod:`sdc_agent.checks.gradients`): the comm hook flags each
+   bucket of the local gradient before the all-reduce and sums the reduced one after it; one small
    asynchronous all-reduce of three flags says whether any rank's local or reduced (clipped)
    gradient is NaN/Inf, and only then a gather names the ranks. Either fails the step. A rank
    waits for the reduction only when its own flags are bad, on audit and checkpoint steps, and at
    the next step's check or the end of the loop.
-2. Ring replay audit, on audit steps (:mod:`sdc_agent.audit`): every rank recomputes another
-   rank's micro-batch on the bare module and the results are compared bit for bit.
-3. Weight fingerprints (:mod:`sdc_agent.divergence`), after the update every ``check_every``
+2. Ring replay audit, on audit steps (:mod:`sdc_agent.checks.replay`): every rank recomputes
+   another rank's micro-batch on the bare module and the results are compared bit for bit.
+3. Weight fingerprints (:mod:`sdc_agent.checks.weights`), after the update every ``check_every``
    steps and before checkpoints. Before a checkpoint the comparison is awaited at once; a periodic
    one is launched after the update and judged at the next agreement point (the next step's
    check, whose step is then not applied on a failure), naming the step whose weights were
@@ -23,10 +23,12 @@ A step that fails check 1 or 2 is not applied: its gradients are dropped and the
 not step, so the exact state is still there for the confirmation replays. Every decision is made
 from gathered data with the same code on every rank, so every rank returns the same Alarm and no
 rank is left waiting in a collective the others skipped. Alarms are built, logged and published
-in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter, picked from the
-model: :class:`sdc_agent.parallel.DDPAdapter` for DDP, :class:`sdc_agent.parallel_fsdp.FSDP2Adapter`
-for FSDP2 (``fully_shard``: full sharding or HSDP), which also builds check 2's replayer and audit
-and check 3's comparison for its wrapper.
+in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter
+(:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model:
+:class:`~sdc_agent.parallel.ddp.DDPAdapter` for DDP, :class:`~sdc_agent.parallel.fsdp.FSDP2Adapter`
+for FSDP2 (``fully_shard``: full sharding or HSDP). Each check asks it what it compares: where
+check 1's taps go, check 2's replay unit and whether replays run in lockstep, and which ranks
+hold copies of the weights check 3 compares.
 """
 
 from __future__ import annotations
@@ -45,13 +47,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
-from .audit import RebuildBatch
+from .checks.gradients.exchange import FlagExchange, GradientCheck
+from .checks.replay.audit import RebuildBatch, ring_audit_type
+from .checks.replay.environment import StepEnvironment
+from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
+from .checks.weights.check import weight_check
 from .coverage import describe
-from .gradients import FlagExchange, GradientCheck
-from .parallel_fsdp import adapter_for
+from .parallel import ParallelAdapter, adapter_for
 from .publisher import NullPublisher, Publisher
 from .recording import open_alarm_log
-from .replay import ComputeLoss, StepEnvironment, micro_batch_loss, scaled_for_backward
 from .reporting import Reporter
 from .schedule import Schedule
 from .sensors.check import SensorCheck
@@ -104,7 +108,7 @@ class Guard:
         overflow: the scaler skips the step and lowers the scale, with no alarm. Under FSDP2
         ``scaler.step`` is a collective (``unscale_`` reduces ``found_inf`` over the mesh), so
         every rank then waits for each step's flags and decides with the others
-        (:mod:`sdc_agent.parallel_fsdp`).
+        (:mod:`sdc_agent.parallel.fsdp`).
 
         ``alarm_dir``: record every alarm returned in this directory (the checkpoint directory,
         on shared storage; the same value on every rank) and refuse to resume from a checkpoint
@@ -118,9 +122,9 @@ class Guard:
         Face Trainer and torchtitan normalise each micro-batch's loss by the whole step's token
         count, so dividing again would change the gradient).
         """
-        self.parallel = adapter_for(model, dp_group)
-        """The parallelism-specific parts (the training model, the bare module, the hook, and
-        the wrapper's replayer, audit and weight comparison)."""
+        self.parallel: ParallelAdapter = adapter_for(model, dp_group)
+        """The parallelism-specific parts (the training model, the bare module, where check 1's
+        taps go, check 2's replay unit, the replicas check 3 compares)."""
         if not isinstance(divide_loss, bool):
             raise TypeError(f"Guard divide_loss must be True or False, got {divide_loss!r}")
         self.divide_loss = divide_loss
@@ -183,12 +187,14 @@ class Guard:
         self.reporter.record_alarm = self.alarm_log.record
         self.allow_unsafe_resume = allow_unsafe_resume
         self.gradients = GradientCheck(self.params, a.dp_group, self.world)
-        """Check 1: the comm hook's statistics and the per-step flag exchange."""
-        a.register_gradient_hook(self.gradients.hook_state, self.gradients.hook)
-        self.audit = a.make_audit(
+        """Check 1: the gradient taps' statistics and the per-step flag exchange."""
+        a.install_gradient_taps(self.gradients.hook_state)
+        # The audit for the adapter's replay unit (each rank alone, or every rank in lockstep).
+        self.audit = ring_audit_type(a)(
+            a,
             a.make_replayer(
                 compute_loss,
-                self.gradients,
+                self.gradients.hook_state,
                 grad_accum=self.schedule.grad_accum,
                 scaler=self.scaler,
                 divide_loss=divide_loss,
@@ -200,7 +206,7 @@ class Guard:
             overflow_is_expected=self.scaler is not None,
         )
         """Check 2: the ring replay audit and the confirmation replays."""
-        self.weights = a.make_weight_check(self.reporter)
+        self.weights = weight_check(a.weight_replicas(), self.reporter)
         """Check 3: weight fingerprint comparisons."""
         # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
         # there, as check 2's do).
@@ -649,6 +655,7 @@ class GuardedStep:
         self._environment: StepEnvironment | None = None
         self._ended = False  # end() ran since begin(): a second end() has nothing to undo
         self._weights_checked = False
+        self._weights_launched = False  # after_update launched this step's periodic comparison
         self._entered = 0  # micro-batches entered so far
         self._current: int | None = None  # the micro-batch being run
         self._backwards = 0
@@ -822,6 +829,7 @@ class GuardedStep:
             return self.alarm
         if self.weight_check_due:
             g.launch_weight_check(self.step)  # judged at the next agreement point
+            self._weights_launched = True
         return None
 
     def verify_weights(self) -> Alarm | None:
@@ -839,7 +847,7 @@ class GuardedStep:
         if (alarm := g.settle()) is not None:
             self.alarm = alarm
             return alarm
-        if self.weight_check_due and g.last_weight_check_pass == self.step:
+        if self._weights_launched and g.last_weight_check_pass == self.step:
             return None  # the periodic comparison after_update launched at this step passed
         self.alarm = g.check_weights(self.step)
         return self.alarm

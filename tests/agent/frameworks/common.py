@@ -23,7 +23,7 @@ from torch import nn
 import sdc_agent as sdc
 
 # The one line to change when the launcher moves (it runs `module:function` jobs on every rank).
-from sdc_agent.drill import launch  # noqa: F401  (re-exported for the test modules)
+from sdc_agent.drills.launch import launch  # noqa: F401  (re-exported for the test modules)
 from tests.agent.scenarios import CountingPublisher
 
 R = 3

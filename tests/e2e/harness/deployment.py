@@ -38,7 +38,7 @@ from infra.app import example_context
 from infra.config import KEYS
 
 from . import moto_cloudformation
-from .account import ACCOUNT, REGION, reset_embedded_aws
+from .account import ACCOUNT, REGION, embedded_aws_environment, reset_embedded_aws
 
 REPO = Path(__file__).resolve().parents[3]
 WORK_DIR = REPO / ".deploy-local"
@@ -89,19 +89,8 @@ class EmbeddedAws:
 
     @property
     def environment(self) -> dict[str, str]:
-        """What a process needs to talk to this AWS: the endpoint, fake credentials, region.
-
-        ``MOTO_PORT``: moto's Step Functions executor calls Lambda at localhost:$MOTO_PORT.
-        """
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_SESSION_TOKEN": "testing",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            "MOTO_PORT": str(self.port),
-        }
+        """What a process needs to talk to this AWS (``embedded_aws_environment``)."""
+        return embedded_aws_environment(self.endpoint, self.port)
 
     def client(self, service: str) -> Any:
         """A boto3 client for this AWS (its own session: boto3's default one is not shared)."""

@@ -32,16 +32,16 @@ import torch.distributed as dist
 from torch import nn
 
 from ..alarm import Alarm, SensorCandidate, Verdict, VerdictKind
-from ..attribution import FAILED_ROW, Outcome, confirmation_jobs, is_failed, third_gpu
-from ..gradients import FlagTable
+from ..checks.gradients.exchange import FlagTable
+from ..checks.replay.attribution import FAILED_ROW, Outcome, is_failed, third_gpu
 from ..schedule import Schedule
 from .board import SensorBoard
 from .linear import find_board
 from .plan import SensorPlan, plan_sensors
 
 if TYPE_CHECKING:
-    from ..audit import RingAudit
-    from ..parallel import DDPAdapter
+    from ..checks.replay.audit import RingAudit
+    from ..parallel.adapter import ParallelAdapter
     from ..reporting import Reporter
 
 logger = logging.getLogger("sdc_agent")
@@ -89,7 +89,7 @@ class SensorCheck:
         schedule: Schedule,
         *,
         unsupported: str | None = None,
-        adapter: DDPAdapter | None = None,
+        adapter: ParallelAdapter | None = None,
     ) -> None:
         """Find ``module``'s sensor board; the plan under ``Schedule.sensor_budget`` follows at
         the first step.
@@ -172,7 +172,7 @@ class SensorCheck:
             self.board.disarm()
 
     # ------------------------------------------------------------------ candidates (collective)
-    def candidates(self, table: FlagTable, adapter: DDPAdapter) -> list[SensorCandidate]:
+    def candidates(self, table: FlagTable, adapter: ParallelAdapter) -> list[SensorCandidate]:
         """Which sensors fired on which flagged rank, with that rank's own ratio and threshold
         (collective: one all-gather, so every rank reports the same candidates)."""
         assert self.board is not None and self._flags is not None and self._ratios is not None
@@ -210,14 +210,10 @@ class SensorCheck:
         assert self.board is not None
         self.board.confirm_all()
         try:
-            if _replays_collectively(audit):
-                # Collective; a failure on any rank comes back as FAILED_ROW on every rank.
-                row = audit._replay_row(step, target_dp, deterministic, whole_step=True)
-                fired = bool(self.board.take_flags()[0].any()) and not is_failed(row)
-                return [*row, int(fired)]
-            outcome = audit.replay(step, target_dp, deterministic=deterministic, whole_step=True)
-            fired = bool(self.board.take_flags()[0].any())
-            return [*outcome.to_row(), int(fired)]
+            # Collective under lockstep replays; a replay that fails comes back as FAILED_ROW.
+            row = audit.replay_row(step, target_dp, deterministic, whole_step=True)
+            fired = bool(self.board.take_flags()[0].any()) and not is_failed(row)
+            return [*row, int(fired)]
         except Exception:
             logger.exception(
                 "sdc_agent: the sensor confirmation replay of rank %d's batch of step %d failed",
@@ -239,21 +235,14 @@ class SensorCheck:
         targets = table.sensor_flagged
         rows = torch.zeros((len(targets), 2, ROW), dtype=torch.int64)
         # Without a third node for each target (the same answer on every rank) nothing is replayed.
-        jobs = confirmation_jobs(targets, a.world, audit.peer_offset, a.dp_rank)
-        if audit.can_confirm and _replays_collectively(audit):
-            # FSDP2: a forward needs every rank's shards, so every rank replays each target's
-            # batch at once (one round per target) and only the third GPU and the target keep
-            # their row; each rank's sensors read its own computation of that batch.
-            for slot, target_dp in enumerate(targets):
-                row = torch.tensor(self._replay_row(audit, table.step, target_dp, deterministic))
-                for job_slot, column, _ in jobs:
-                    if job_slot == slot:
-                        rows[slot, column] = row
-        else:
-            for slot, column, target_dp in jobs if audit.can_confirm else []:
-                rows[slot, column] = torch.tensor(
-                    self._replay_row(audit, table.step, target_dp, deterministic)
-                )
+        if audit.can_confirm:
+            # The audit's confirmation placement (under FSDP2 in rounds, every rank replaying each
+            # target's batch at once); each rank's sensors read its own computation of that batch.
+            audit.fill_confirmations(
+                targets,
+                rows,
+                lambda target_dp: self._replay_row(audit, table.step, target_dp, deterministic),
+            )
         rows = rows.to(a.collective_device)
         dist.all_reduce(rows, op=dist.ReduceOp.SUM, group=a.dp_group)  # one writer per slot
         verdicts: list[Verdict] = []
@@ -335,13 +324,6 @@ class SensorCheck:
             "kinds": dict(self.board.layers),
             "blind": list(BLIND),
         }
-
-
-def _replays_collectively(audit: RingAudit) -> bool:
-    """Whether ``audit`` replays as FSDP2 must: every rank at once (sdc_agent.replay_fsdp)."""
-    from ..replay_fsdp import CollectiveRingAudit  # FSDP2 only; imports torch.distributed.tensor
-
-    return isinstance(audit, CollectiveRingAudit)
 
 
 def _publish_unconfirmed(publisher: Any, step: int, count: int) -> None:

@@ -35,9 +35,7 @@ from torch import nn
 
 from .abft import dgrad_ratio, forward_ratio, wgrad_ratio
 from .board import Gemm, LayerShape, SensorBoard, SensorConfig
-
-GemmTap = Callable[[Gemm, torch.Tensor], None]
-"""``tap(gemm, result32)``: sees (and may change in place) a GEMM's fp32 result before its check."""
+from .tap import GemmTap
 
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 

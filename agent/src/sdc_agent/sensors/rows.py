@@ -25,7 +25,7 @@ import math
 import torch
 
 from .board import Gemm, SensorBoard
-from .linear import GemmTap
+from .tap import GemmTap
 
 FP32_UNIT_ROUNDOFF = 2.0**-24
 """``u`` of fp32: every check sums in fp32 and the kernels compute in it."""
