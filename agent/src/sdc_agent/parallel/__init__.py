@@ -6,7 +6,8 @@ the adapter from the model:
 
 * :mod:`.ddp`: :class:`DDPAdapter`, a ``DistributedDataParallel`` model;
 * :mod:`.fsdp`: :class:`FSDP2Adapter`, a model sharded with FSDP2's ``fully_shard``: full
-  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh), learned from the parameters;
+  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh, or torchtitan's and
+  Accelerate's names for it), learned from the parameters;
 * :mod:`.tp`: :class:`TensorParallelAdapter`, tensor parallelism (``ColwiseParallel``,
   ``RowwiseParallel``, ``SequenceParallel``) composed with FSDP2 or HSDP on a ``("dp", "tp")``
   or ``("replicate", "shard", "tp")`` mesh.

@@ -5,8 +5,9 @@ the checks and the guard's wiring do not know which wrapper they run on. What di
 
 * The mesh is learned from the parameters themselves (DTensor ``device_mesh`` / ``placements``,
   :mod:`.mesh`): a 1-D mesh with ``Shard`` placements is full sharding; a 2-D mesh named
-  ``("replicate", "shard")`` with ``(Replicate(), Shard)`` placements is HSDP (replicas across
-  nodes, shards within a node). A mesh with a tensor-parallel dimension is
+  ``("replicate", "shard")`` (or torchtitan's and Accelerate's names for the same two
+  dimensions, :data:`HSDP_DIM_NAME_PAIRS`) with ``(Replicate(), Shard)`` placements is HSDP
+  (replicas across nodes, shards within a node). A mesh with a tensor-parallel dimension is
   :class:`~.tp.TensorParallelAdapter`'s; anything else (a mesh that does not cover every rank,
   meshes that are not one mesh's dimensions, context or expert parallel) is refused with a clear
   error: the checks' reasoning (every rank trains on its own micro-batch; replicas of a shard
@@ -60,12 +61,25 @@ from ..checks.replay.replayer import ComputeLoss, Replayer
 from ..coverage import LayoutFacts
 from ..topology import collective_device, group_ranks
 from .adapter import ParallelAdapter, WeightReplicas
-from .mesh import REPLICATE, ShardedLayout, ShardingLayoutError, learn_layout
+from .mesh import (
+    HSDP_DIM_NAME_PAIRS,
+    HSDP_DIM_NAMES,
+    REPLICATE,
+    ShardedLayout,
+    ShardingLayoutError,
+    learn_layout,
+)
+
+__all__ = [
+    "HSDP_DIM_NAMES",
+    "HSDP_DIM_NAME_PAIRS",
+    "FSDP2Adapter",
+    "ShardedLayout",
+    "ShardingLayoutError",
+    "is_fsdp2",
+]
 
 logger = logging.getLogger("sdc_agent")
-
-HSDP_DIM_NAMES = ("replicate", "shard")
-"""The mesh dimension names an HSDP mesh must carry, in this order."""
 
 
 def is_fsdp2(model: nn.Module) -> bool:
@@ -271,11 +285,20 @@ class FSDP2Adapter(ParallelAdapter):
         *,
         grad_accum: int = 1,
         scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """Check 2's replays: collective, through the sharded module, with sync off; with a
         ``scaler`` each replayed micro-batch's loss is scaled by the step's scale, as in
-        training, so an overflow reproduces (see the module docstring)."""
-        return CollectiveReplayer(self, compute_loss, stats, grad_accum=grad_accum, scaler=scaler)
+        training, so an overflow reproduces (see the module docstring); ``divide_loss`` as
+        the guard's."""
+        return CollectiveReplayer(
+            self,
+            compute_loss,
+            stats,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
+        )
 
     def weight_replicas(self) -> WeightReplicas:
         """Check 3 compares each local shard across its replicas (HSDP's replicate group); under

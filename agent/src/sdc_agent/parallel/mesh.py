@@ -12,18 +12,18 @@ mesh a role, which is what the checks need to know (:class:`ShardedLayout`):
   ``Shard`` or ``Replicate`` per parameter): the ranks of one TP group compute ONE micro-batch
   together, each on its slice of the weights.
 
-The supported meshes, by dimension names (torchtitan's): a 1-D mesh of any name (full sharding),
+The supported meshes, by dimension names: a 1-D mesh of any name (full sharding),
 ``("replicate", "shard")`` (HSDP), ``("dp", "tp")`` (FSDP2 x TP) and
-``("replicate", "shard", "tp")`` (HSDP x TP); ``dp_replicate`` / ``dp_shard`` are accepted for
-``replicate`` / ``shard``. A parameter may live on a sub-mesh of the model's mesh (a module left
-out of the tensor-parallel plan is sharded by ``fully_shard`` on ``mesh["dp"]`` only): its
-placement on the dimensions it lacks is ``Replicate``. Context parallel (a ``cp`` dimension, or
-FSDP2 sharding over a flattened ``dp_shard_cp``) and expert parallel (an ``ep`` dimension; MoE
-experts on a mesh of their own) are refused with an error that says what was found: the checks'
-per-dimension reasoning would need answers for them that no adapter gives yet
-(docs/architecture.md, "Tensor parallelism", says how they would map). The pipeline dimension
-never appears on a parameter (each stage's parameters live on the other dimensions' mesh):
-the pipeline's adapter composes it.
+``("replicate", "shard", "tp")`` (HSDP x TP); torchtitan's and Accelerate's names are accepted
+for the same roles (``dp_replicate`` for ``replicate``; ``fsdp``, ``dp_shard`` and
+``dp_shard_cp`` for ``shard``: :data:`HSDP_DIM_NAME_PAIRS`). A parameter may live on a sub-mesh
+of the model's mesh (a module left out of the tensor-parallel plan is sharded by ``fully_shard``
+on ``mesh["dp"]`` only): its placement on the dimensions it lacks is ``Replicate``. Context
+parallel (a ``cp`` dimension) and expert parallel (an ``ep`` dimension; MoE experts on a mesh of
+their own) are refused with an error that says what was found: the checks' per-dimension
+reasoning would need answers for them that no adapter gives yet (docs/architecture.md, "Tensor
+parallelism", says how they would map). The pipeline dimension never appears on a parameter
+(each stage's parameters live on the other dimensions' mesh): the pipeline's adapter composes it.
 """
 
 from __future__ import annotations
@@ -48,20 +48,29 @@ SHARD = "shard"
 TP = "tp"
 """The tensor-parallel dimension: the ranks along it compute one micro-batch together."""
 
+HSDP_DIM_NAMES = ("replicate", "shard")
+"""The mesh dimension names an HSDP mesh carries, in this order (PyTorch's documentation's)."""
+HSDP_DIM_NAME_PAIRS = (HSDP_DIM_NAMES, ("dp_replicate", "fsdp"), ("dp_replicate", "dp_shard_cp"))
+"""Every (replicate, shard) naming read as HSDP: PyTorch's, torchtitan's (``ParallelDims``) and
+Accelerate's (``ParallelismConfig``). Other names (``("dp", "tp")`` over FSDP2's placements)
+are refused: fully_shard over a mesh meant for other parallelism is more likely a mistake than
+HSDP."""
+
 DIM_ROLES: dict[str, str] = {
-    "replicate": REPLICATE,
-    "dp_replicate": REPLICATE,
-    "shard": SHARD,
+    **{replicate: REPLICATE for replicate, _ in HSDP_DIM_NAME_PAIRS},
+    **{shard: SHARD for _, shard in HSDP_DIM_NAME_PAIRS},
     "dp_shard": SHARD,
     "dp": SHARD,
     "tp": TP,
 }
-"""The role of each mesh dimension name the guard accepts (torchtitan's names included)."""
+"""The role of each mesh dimension name the guard accepts (torchtitan's and Accelerate's names
+included). Accelerate's ``dp_shard_cp`` flattens FSDP2's shards with context parallelism: the
+parameters cannot tell whether that has more than one rank (Accelerate's integration refuses
+context parallelism itself)."""
 
 REFUSED_DIMS: dict[str, str] = {
     "cp": "context parallel",
     "dp_cp": "context parallel",
-    "dp_shard_cp": "context parallel",
     "ep": "expert parallel (MoE)",
     "etp": "expert parallel (MoE)",
     "dp_shard_in_ep": "expert parallel (MoE)",
