@@ -94,8 +94,9 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sharded
     if mesh.size() != dist.get_world_size():
         raise ShardingLayoutError(
             f"sdc_agent.Guard: the FSDP2 mesh has {mesh.size()} ranks but the job has "
-            f"{dist.get_world_size()}; a mesh that is one dimension of a larger one (tensor or "
-            "pipeline parallel) is not supported: every rank must be a data-parallel rank"
+            f"{dist.get_world_size()}; every rank must hold a slice of the model on it: with "
+            "tensor parallelism, the parameters of the TP plan's layers live on the whole mesh "
+            "(parallelize_module on mesh['tp'], then fully_shard on the data-parallel dimensions)"
         )
     return mesh, layout
 

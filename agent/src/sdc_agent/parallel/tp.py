@@ -43,7 +43,6 @@ what differs is why:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -56,8 +55,6 @@ from ..checks.gradients.taps import ShardedGradientTaps
 from ..coverage import LayoutFacts
 from ..fingerprint import fingerprints
 from .fsdp import FSDP2Adapter
-
-logger = logging.getLogger("sdc_agent")
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
@@ -92,8 +89,8 @@ class TensorParallelAdapter(FSDP2Adapter):
         return self._group_seed[rank]
 
     def coverage_facts(self) -> LayoutFacts:
-        """FSDP2's facts, with each slice named by its (shard, tp) coordinate, the mesh and the
-        TP groups."""
+        """FSDP2's facts (the mesh included), with each slice named by its (shard, tp)
+        coordinate, and the TP groups."""
         facts = super().coverage_facts()
         layout = self.layout
         if not layout.weight_redundancy:
@@ -105,7 +102,6 @@ class TensorParallelAdapter(FSDP2Adapter):
             facts["weights_why"] = (
                 f"each (shard, tp) slice compared across its {layout.replicas} replicas"
             )
-        facts["mesh"] = layout.dims()
         facts["compute_groups"] = [list(g) for g in layout.tp_groups]
         return facts
 
