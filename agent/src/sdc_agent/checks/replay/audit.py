@@ -337,7 +337,7 @@ class RingAudit:
             verdicts.append(
                 Verdict(
                     pair=(a.global_rank(target), a.global_rank(replayer)),
-                    third=a.global_rank(third_gpu(target, a.world, offset)),
+                    third=self.third_rank(target),
                     suspect=a.global_rank(suspect) if suspect is not None else None,
                     kind=kind,
                 )
@@ -351,6 +351,11 @@ class RingAudit:
             culprits=[a.global_rank(r) for r in culprits],
             verdicts=verdicts,
         )
+
+    def third_rank(self, target_dp: int) -> int:
+        """The global rank of the GPU that settles a dispute over DP rank ``target_dp``'s batch."""
+        a = self.adapter
+        return a.global_rank(third_gpu(target_dp, a.world, self.peer_offset))
 
     # ------------------------------------------------------------------ check 1's confirmation
     def judge_nonfinite(self, table: FlagTable, *, deterministic: bool) -> Alarm | None:
@@ -430,7 +435,7 @@ class RingAudit:
                     else ("unclear", "target")
                 )
                 suspect = a.global_rank(target) if who else None
-                third_rank = a.global_rank(third_gpu(target, a.world, self.peer_offset))
+                third_rank = self.third_rank(target)
                 pair = (a.global_rank(target), a.global_rank(target))
                 verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
                 if suspect is not None:
