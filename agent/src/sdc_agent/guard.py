@@ -50,6 +50,8 @@ from .alarm import Alarm, RankInfo
 from .checks.gradients.exchange import FlagExchange, GradientCheck
 from .checks.replay.audit import RebuildBatch, ring_audit_type
 from .checks.replay.environment import StepEnvironment
+from .checks.replay.pipeline import PipelineReplayer
+from .checks.replay.pipeline_audit import PipelineRingAudit
 from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
 from .checks.weights.check import weight_check
 from .coverage import describe
@@ -89,7 +91,7 @@ class Guard:
         model: DistributedDataParallel | nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
-        compute_loss: ComputeLoss,
+        compute_loss: ComputeLoss | None = None,
         rebuild_batch: RebuildBatch,
         schedule: Schedule | None = None,
         dp_group: dist.ProcessGroup | None = None,
@@ -97,6 +99,7 @@ class Guard:
         scaler: torch.amp.GradScaler | None = None,
         alarm_dir: str | os.PathLike | None = None,
         allow_unsafe_resume: bool = False,
+        pipeline: Any = None,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hook.
 
@@ -112,11 +115,27 @@ class Guard:
         on shared storage; the same value on every rank) and refuse to resume from a checkpoint
         a recorded alarm covers (:meth:`check_resume`, docs/recovery.md); an unwritable directory
         raises OSError here. ``allow_unsafe_resume``: resume anyway, logged (forensics only).
+
+        ``pipeline``: the ``torch.distributed.pipelining`` schedule (``ScheduleGPipe``,
+        ``Schedule1F1B``) that drives ``model``, this rank's pipeline stage, sharded with FSDP2
+        over the data-parallel dimension. The step is then the schedule's ``step``
+        (:meth:`GuardedStep.run_pipeline`), the loss its ``loss_fn`` (leave ``compute_loss``
+        out), and ``rebuild_batch(step, rank)`` returns what global ``rank`` fed the pipeline:
+        the first stage's inputs, the last stage's targets (:mod:`sdc_agent.parallel.pp`).
         """
-        self.parallel: ParallelAdapter = adapter_for(model, dp_group)
+        self.parallel: ParallelAdapter = adapter_for(model, dp_group, pipeline)
         """The parallelism-specific parts (the training model, the bare module, where check 1's
         taps go, check 2's replay unit, the replicas check 3 compares)."""
-        if not callable(compute_loss) or not callable(rebuild_batch):
+        self.pipelined = pipeline is not None
+        """A pipeline schedule drives the model: each step runs its ``step``."""
+        schedule = schedule or Schedule()
+        if self.pipelined:
+            _check_pipeline_options(pipeline, compute_loss, scaler, schedule)
+        elif not callable(compute_loss):
+            raise TypeError(
+                "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
+            )
+        if not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
             )
@@ -140,7 +159,7 @@ class Guard:
         self.module: nn.Module = a.module
         self.optimizer = optimizer
         self.compute_loss = compute_loss
-        self.schedule = schedule or Schedule()
+        self.schedule = schedule
         self.dp_group = a.dp_group
         self.rank = a.rank
         self.dp_rank = a.dp_rank
@@ -152,9 +171,11 @@ class Guard:
 
         # Collective: every rank gathers the rank map at construction.
         self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
-        nodes = [self.ranks[g].node_name for g in self.global_ranks]
         try:
-            validate_placement(nodes, self.schedule.peer_offset)
+            # Along each ring of replicas (one per pipeline stage under a pipeline).
+            for column in a.replica_columns():
+                nodes = [self.ranks[g].node_name for g in column]
+                validate_placement(nodes, self.schedule.peer_offset)
             can_confirm = True
         except TopologyError:
             # Audits need the placement; so does a scaler (an overflow is told from a faulty
@@ -175,15 +196,20 @@ class Guard:
         self.gradients = GradientCheck(self.params, a.dp_group, self.world)
         """Check 1: the gradient taps' statistics and the per-step flag exchange."""
         a.install_gradient_taps(self.gradients.hook_state)
-        # The audit for the adapter's replay unit (each rank alone, or every rank in lockstep).
-        self.audit = ring_audit_type(a)(
-            a,
-            a.make_replayer(
-                compute_loss,
-                self.gradients.hook_state,
-                grad_accum=self.schedule.grad_accum,
-                scaler=self.scaler,
-            ),
+        replayer = a.make_replayer(
+            compute_loss,  # type: ignore[arg-type]
+            self.gradients.hook_state,
+            grad_accum=self.schedule.grad_accum,
+            scaler=self.scaler,
+        )
+        # The audit for the adapter's replay unit: each rank alone, every rank in lockstep, or
+        # whole pipeline steps compared stage by stage.
+        audit_type = (
+            PipelineRingAudit if isinstance(replayer, PipelineReplayer) else ring_audit_type(a)
+        )
+        self.audit = audit_type(
+            a,  # type: ignore[arg-type]
+            replayer,  # type: ignore[arg-type]
             rebuild_batch,
             self.reporter,
             peer_offset=self.schedule.peer_offset,
@@ -195,7 +221,17 @@ class Guard:
         """Check 3: weight fingerprint comparisons."""
         # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
         # there, as check 2's do).
-        self.sensors = SensorCheck(self.module, self.schedule, adapter=a)
+        self.sensors = SensorCheck(
+            self.module,
+            self.schedule,
+            adapter=a,
+            unsupported=(
+                "pipeline parallelism: a candidate would be confirmed by replaying one stage, "
+                "which the pipeline cannot do without its other stages"
+                if self.pipelined
+                else None
+            ),
+        )
         """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
         replays. A do-nothing without protected layers."""
         self.sensors_planned = self.sensors.enabled
@@ -322,6 +358,11 @@ class Guard:
         synchronised on the last (:meth:`GuardedStep.micro_batches`). With a ``scaler`` the
         loss is scaled and the update is ``scaler.step(optimizer); scaler.update()``.
 
+        With a ``pipeline`` each item is what this rank feeds the pipeline at that step (the
+        first stage's inputs, the last stage's targets, anything elsewhere; with
+        ``grad_accum`` = N > 1 a sequence of N of them, one per pipeline step), and the update
+        is ``optimizer.step()`` on every rank.
+
         Returns None when every batch was trained on, else the Alarm (the same on every rank);
         the failing step is not applied (by any rank whose gradient was bad; see :meth:`finish`).
         ``save_checkpoint(step, tags)`` is called on every rank when a checkpoint is due and
@@ -334,17 +375,21 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule.check_on_start and (alarm := self.check_weights(start_step)):
             return alarm
-        plain = self.schedule.grad_accum == 1 and self.scaler is None
+        plain = self.schedule.grad_accum == 1 and self.scaler is None and not self.pipelined
         for step, batch in zip(itertools.count(start_step), batches):
             with self.step(step) as guarded:
                 loss: torch.Tensor | None = None
-                if plain:
-                    loss = self.compute_loss(self.parallel.model, batch)
+                if self.pipelined:
+                    # One pipeline step (the schedule's micro-batches), or grad_accum of them.
+                    for feed in batch if self.schedule.grad_accum > 1 else [batch]:
+                        guarded.run_pipeline(feed)
+                elif plain:
+                    loss = self.compute_loss(self.parallel.model, batch)  # type: ignore[misc]
                     loss.backward()
                 else:
                     micros = batch if self.schedule.grad_accum > 1 else [batch]
                     for micro in guarded.micro_batches(micros):
-                        guarded.backward(self.compute_loss(self.parallel.model, micro))
+                        guarded.backward(self.compute_loss(self.parallel.model, micro))  # type: ignore[misc]
                 if alarm := guarded.check_gradients(loss):
                     return alarm
                 if guarded.update_allowed:
@@ -426,7 +471,8 @@ class Guard:
             passes.start_step = step
         # With accumulation the comm hook sees the accumulated gradient; the audited
         # micro-batch's own is fingerprinted by the audit's isolation instead.
-        capture = deterministic and self.schedule.grad_accum == 1
+        # A pipeline step's local gradient starts from none: each audited one captures its own.
+        capture = deterministic and (self.schedule.grad_accum == 1 or self.pipelined)
         self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
         if self.sensors_planned:
             self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
@@ -466,7 +512,7 @@ class Guard:
     def judge_flags(
         self,
         exchange: FlagExchange,
-        loss: torch.Tensor,
+        loss: torch.Tensor | None,
         *,
         deterministic: bool,
         audit: bool = True,
@@ -557,6 +603,29 @@ class Guard:
                     f"CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) set before training, got {value!r}; "
                     "or use Schedule(deterministic_audits=False)"
                 )
+
+
+def _check_pipeline_options(
+    pipeline: Any, compute_loss: ComputeLoss | None, scaler: Any, schedule: Schedule
+) -> None:
+    """Refuse what a pipeline-driven guard cannot honour, before any collective."""
+    if compute_loss is not None:
+        raise TypeError(
+            "sdc_agent.Guard: with a pipeline the loss is the schedule's loss_fn (on the last "
+            "stage); leave compute_loss out"
+        )
+    if scaler is not None:
+        raise ValueError(
+            "sdc_agent.Guard: a GradScaler with a pipeline schedule is not supported (the loss "
+            "is scaled inside the schedule, out of the guard's reach); train in bf16 or fp32"
+        )
+    if schedule.grad_accum > 1 and getattr(pipeline, "scale_grads", False):
+        raise ValueError(
+            f"sdc_agent.Guard: Schedule.grad_accum={schedule.grad_accum} runs that many pipeline "
+            "steps per optimizer step, and a schedule built with scale_grads=True divides the "
+            "accumulated gradient by its micro-batches at every one of them; build it with "
+            "scale_grads=False and scale the loss in loss_fn"
+        )
 
 
 class GuardedStep:
@@ -650,9 +719,25 @@ class GuardedStep:
         )
 
     # ------------------------------------------------------------------ micro-batches
+    def run_pipeline(self, feed: Any) -> list[torch.Tensor]:
+        """Run one step of the guard's pipeline schedule with what this rank feeds it (the
+        first stage's inputs, the last stage's targets); returns the last stage's losses, one
+        per micro-batch of the schedule (empty on the other stages). Call it ``grad_accum``
+        times per step (once without accumulation), then :meth:`check_gradients`."""
+        g = self.guard
+        if not g.pipelined:
+            raise RuntimeError(
+                "sdc_agent: GuardedStep.run_pipeline needs a guard built with pipeline=schedule"
+            )
+        with self.micro_batch(self._entered):
+            losses = g.parallel.run_pipeline_step(feed)  # type: ignore[attr-defined]
+        self._backwards += 1
+        return losses
+
     def micro_batches(self, micros: Iterable[Any]) -> Iterator[Any]:
         """Yield the step's ``grad_accum`` micro-batches in order, each inside
         :meth:`micro_batch`: call :meth:`backward` once for each."""
+        self._refuse_under_pipeline("micro_batches")
         micros = list(micros)
         if len(micros) != self.grad_accum:
             raise ValueError(
@@ -697,6 +782,7 @@ class GuardedStep:
         accumulation), times the scaler's scale when the guard has one. Inside
         :meth:`micro_batch` (or :meth:`micro_batches`); without accumulation it may also be
         called on its own, once."""
+        self._refuse_under_pipeline("backward")
         if self._current is None and (self.grad_accum > 1 or self._backwards):
             raise RuntimeError(
                 "sdc_agent: GuardedStep.backward runs one micro-batch's backward: call it once "
@@ -736,6 +822,11 @@ class GuardedStep:
                 f"check_gradients: step {self.step} back-propagated {self._backwards} of its "
                 f"{self.grad_accum} micro-batches through GuardedStep.backward"
             )
+        if g.pipelined and self._backwards != self.grad_accum:
+            raise RuntimeError(
+                f"check_gradients: step {self.step} ran {self._backwards} of its "
+                f"{self.grad_accum} pipeline steps through GuardedStep.run_pipeline"
+            )
         if self.grad_accum > 1 and not self._backwards:
             raise RuntimeError(
                 f"check_gradients: Schedule.grad_accum is {self.grad_accum}: run each "
@@ -743,7 +834,7 @@ class GuardedStep:
             )
         if self._backwards:
             loss = self._recorded_loss
-        if loss is None:
+        if loss is None and not g.pipelined:  # a pipeline's loss is in its last stage's rows
             raise TypeError("check_gradients needs the step's loss (or use guarded.backward)")
         g.gradients.require_reduction()
         # The previous step's exchanges ran during this step's forward and backward; every rank
@@ -813,6 +904,14 @@ class GuardedStep:
         }
 
     # ------------------------------------------------------------------ internals
+    def _refuse_under_pipeline(self, name: str) -> None:
+        """A pipeline's step is its schedule's: the guard does not run its backward."""
+        if self.guard.pipelined:
+            raise RuntimeError(
+                f"sdc_agent: GuardedStep.{name} runs a micro-batch's backward; with a pipeline "
+                "the schedule runs them: call guarded.run_pipeline(feed)"
+            )
+
     def _drop_step(self) -> None:
         """Do not apply this step: restore RNG and kernels, drop the gradients."""
         self.end()

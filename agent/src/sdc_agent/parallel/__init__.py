@@ -49,25 +49,35 @@ answering the questions above for its dimension, composed with the data-parallel
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 from torch import nn
 
 from .adapter import ParallelAdapter, WeightReplicas
 from .ddp import DDPAdapter
 from .fsdp import FSDP2Adapter, ShardingLayoutError, is_fsdp2
+from .pp import PipelineAdapter
 
 __all__ = [
     "DDPAdapter",
     "FSDP2Adapter",
     "ParallelAdapter",
+    "PipelineAdapter",
     "ShardingLayoutError",
     "WeightReplicas",
     "adapter_for",
 ]
 
 
-def adapter_for(model: nn.Module, dp_group: dist.ProcessGroup | None) -> ParallelAdapter:
-    """The adapter for ``model``: :class:`FSDP2Adapter` for an FSDP2 module, else DDP's."""
+def adapter_for(
+    model: nn.Module, dp_group: dist.ProcessGroup | None, pipeline: Any = None
+) -> ParallelAdapter:
+    """The adapter for ``model``: :class:`PipelineAdapter` when a ``pipeline`` schedule drives
+    it (``model`` is then this rank's stage module), :class:`FSDP2Adapter` for an FSDP2 module,
+    else DDP's."""
+    if pipeline is not None:
+        return PipelineAdapter(model, pipeline, dp_group)
     if is_fsdp2(model):
         return FSDP2Adapter(model, dp_group)
     if any(is_fsdp2(m) for m in model.modules()):
