@@ -71,8 +71,8 @@ _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
 
 
 class Guard:
-    """Adds the three SDC checks to a DDP or FSDP2 training loop and names the GPU that
-    computed wrong.
+    """Adds the three SDC checks to a DDP, FSDP2 or pipeline-parallel training loop and names the
+    GPU that computed wrong.
 
     ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
     ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP);
@@ -84,6 +84,12 @@ class Guard:
     Construction is collective (it gathers the rank map and checks the topology) and registers
     check 1's hooks (DDP's comm hook, or FSDP2's gradient taps), so build the guard on every
     rank, before the first forward pass.
+
+    With ``pipeline=schedule`` (a ``torch.distributed.pipelining`` schedule driving ``model``,
+    this rank's stage, sharded with FSDP2 over the replicas) each step is the schedule's
+    ``step`` and ``rebuild_batch(step, rank)`` returns what global ``rank`` fed it (the first
+    stage's inputs, the last stage's targets); ``Schedule.peer_offset`` then counts replicas
+    (whole pipelines). See :mod:`sdc_agent.parallel.pp`.
     """
 
     def __init__(
@@ -151,10 +157,15 @@ class Guard:
         self.scaler = scaler
         """The fp16 loss scaler, or None (bf16/fp32: a reproducible NaN is an alarm naming nobody)."""
         a = self.parallel
-        self.decides_every_step = scaler is not None and a.unscale_is_collective
+        self.decides_every_step = (scaler is not None and a.unscale_is_collective) or (
+            self.pipelined
+        )
         """Every rank waits for each step's flags and judges a flagged step with the others:
         with a scaler whose ``step`` is a collective (FSDP2), no rank may skip an update that
-        another applies."""
+        another applies; under a pipeline, the stages of the model update together or not at
+        all (a NaN sent back to one stage reaches neither the later stages nor their
+        replicas, which would otherwise apply the step). A pipeline's ranks wait for each other
+        at every step anyway (its sends and receives), so the wait costs little."""
         self.model = model
         self.module: nn.Module = a.module
         self.optimizer = optimizer
@@ -248,7 +259,9 @@ class Guard:
     def coverage(self) -> dict[str, Any]:
         """What this guard checks for this job, JSON-ready (the same on every rank).
 
-        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp`` or ``hsdp``),
+        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp``, ``hsdp``,
+        or ``pp+fsdp`` / ``pp+hsdp`` under a pipeline, which adds ``pipeline``: its stages,
+        schedule, micro-batches and the ranks holding each stage by replica),
         ``sharding`` (replicas, shards, the ranks holding each shard, whether weights have a
         second copy), ``world``, ``ranks``, ``grad_accum``; ``checks`` with
         ``nonfinite_gradients`` (and its ``confirmation``), ``replay_audit`` (``pairs`` of
@@ -267,6 +280,8 @@ class Guard:
             param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
             layout=self.parallel.coverage_facts(),
             sensors_on=bool(sensors["on"]),
+            replica_columns=self.parallel.replica_columns(),
+            pipeline=self.parallel.pipeline_facts() if self.pipelined else None,  # type: ignore[attr-defined]
         )
         report["checks"]["online_sensors"] = sensors
         return report
