@@ -129,15 +129,15 @@ class Guard:
         out), and ``rebuild_batch(step, rank)`` returns what global ``rank`` fed the pipeline:
         the first stage's inputs, the last stage's targets (:mod:`sdc_agent.parallel.pp`).
         """
-        self.parallel: ParallelAdapter = adapter_for(model, dp_group, pipeline)
-        """The parallelism-specific parts (the training model, the bare module, where check 1's
-        taps go, check 2's replay unit, the replicas check 3 compares)."""
         self.pipelined = pipeline is not None
         """A pipeline schedule drives the model: each step runs its ``step``."""
         schedule = schedule or Schedule()
-        if self.pipelined:
+        if self.pipelined:  # before the adapter's collectives: every rank refuses alike
             _check_pipeline_options(pipeline, compute_loss, scaler, schedule)
-        elif not callable(compute_loss):
+        self.parallel: ParallelAdapter = adapter_for(model, dp_group, pipeline)
+        """The parallelism-specific parts (the training model, the bare module, where check 1's
+        taps go, check 2's replay unit, the replicas check 3 compares)."""
+        if not self.pipelined and not callable(compute_loss):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
             )
