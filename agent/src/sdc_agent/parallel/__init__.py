@@ -6,7 +6,10 @@ the adapter from the model:
 
 * :mod:`.ddp`: :class:`DDPAdapter`, a ``DistributedDataParallel`` model;
 * :mod:`.fsdp`: :class:`FSDP2Adapter`, a model sharded with FSDP2's ``fully_shard``: full
-  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh), learned from the parameters.
+  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh), learned from the parameters;
+* :mod:`.pp`: :class:`PipelineAdapter`, when a ``torch.distributed.pipelining`` schedule drives
+  the model (``Guard(..., pipeline=schedule)``): this rank's stage, sharded with FSDP2 over the
+  replicas; how it answers each question below is its module docstring.
 
 What each check asks, and how DDP and FSDP2 answer:
 
@@ -26,7 +29,7 @@ What each check asks, and how DDP and FSDP2 answer:
   replicas along ``replicate``, the shard group to agree on one verdict; full sharding: one
   copy, nothing to compare).
 
-Room for tensor and pipeline parallelism (``tp.py``, ``pp.py``; not built). They are further
+Room for tensor parallelism (``tp.py``; not built; pipelines: :mod:`.pp`). They are further
 dimensions of the same device mesh, learned from the parameters as FSDP2's is, each adapter
 answering the questions above for its dimension, composed with the data-parallel one:
 
