@@ -89,26 +89,6 @@ def mark_non_finite(tensors: Sequence[torch.Tensor], flag: torch.Tensor) -> None
             flag.add_((~torch.isfinite(tensor).all()).to(torch.float32))
 
 
-def mark_non_finite_read_only(tensors: Sequence[torch.Tensor], flag: torch.Tensor) -> None:
-    """:func:`mark_non_finite` for tensors that must not be written to, not even with their own
-    values: activations autograd saved for the backward, or a leaf that requires grad (the fused
-    kernel writes every value back, which bumps the tensor's version and makes autograd refuse
-    it). One ``aminmax`` pass per tensor: NaN propagates to both extremes and an infinity is
-    one of them, so the two are finite exactly when every element is. Nothing is read back to
-    the host."""
-    if flag.numel() != 1 or flag.dtype != torch.float32:
-        raise ValueError(
-            f"flag: expected one float32 element, got {flag.dtype} {tuple(flag.shape)}"
-        )
-    for tensor in tensors:
-        if not tensor.is_floating_point():
-            continue  # integer inputs (token ids) and masks cannot be non-finite
-        if tensor.numel() == 0:
-            continue
-        low, high = torch.aminmax(tensor.detach())
-        flag.add_((~torch.isfinite(torch.stack([low, high]).float())).any().to(torch.float32))
-
-
 def all_finite(tensors: Sequence[torch.Tensor | None]) -> bool:
     """Whether every element of every tensor is finite (None entries are skipped); one sync.
 

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from ...fingerprint import fingerprints
-from ..gradients.finiteness import mark_non_finite_read_only, new_flag
+from ..gradients.finiteness import new_flag
 from ..gradients.stats import GradStatsState
 from ..gradients.taps import ShardedGradientTaps
 from .attribution import find_culprits, find_mismatches, unexplained
@@ -240,25 +240,39 @@ class StageRecord:
     """Per boundary, per micro-batch: the fingerprint table of its tensors."""
     losses: list[int] = field(default_factory=list)
     """The bits of each micro-batch's loss (last stage)."""
-    flags: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Per boundary: raised when a value crossing it was non-finite."""
+    extremes: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    """Per boundary: the [min, max] of each floating tensor that crossed it (finite exactly
+    when every element was); judged once, when the flags are read (:meth:`flag`)."""
 
     def __post_init__(self) -> None:
         for kind in FLAG_KINDS:
             self.parts[kind] = {}
-            self.flags[kind] = new_flag(self.device)
+            self.extremes[kind] = []
 
     def see(self, kind: str, micro_batch: int, tensors: list[torch.Tensor]) -> None:
-        """Tensors crossing boundary ``kind`` for ``micro_batch``: flag a non-finite one, and
-        fingerprint them when fingerprinting (first: a check never changes what it reads)."""
+        """Tensors crossing boundary ``kind`` for ``micro_batch``: keep their extremes, and
+        fingerprint them when fingerprinting.
+
+        Why extremes: these tensors are saved for the backward, or are leaves that require
+        grad, so check 1's fused kernel (which writes every value back, bumping the tensor's
+        version) must not touch them. One ``aminmax`` pass per tensor reads them only: NaN
+        propagates to both extremes and an infinity is one of them."""
         tensors = [_local(t) for t in tensors if t is not None]
-        floating = [t for t in tensors if t.is_floating_point()]
         if self.fingerprinting:
             self.parts[kind][micro_batch] = (
                 fingerprints(tensors) if tensors else torch.zeros((0, 2), dtype=torch.int64)
             )
-        if floating:
-            mark_non_finite_read_only(floating, self.flags[kind])
+        for t in tensors:
+            if t.is_floating_point() and t.numel():
+                self.extremes[kind].append(torch.stack(torch.aminmax(t.detach())).float())
+
+    def flag(self, kind: str) -> torch.Tensor:
+        """One float32 element on the device, nonzero when a value that crossed ``kind`` was
+        non-finite (nothing read back to the host)."""
+        seen = self.extremes[kind]
+        if not seen:
+            return new_flag(self.device)
+        return (~torch.isfinite(torch.cat(seen))).any().reshape(1).to(torch.float32)
 
     def digest(self, kind: str, *extra: torch.Tensor | int) -> Digest:
         """The digest of boundary ``kind`` over the micro-batches, in order (NO_DIGEST when
@@ -270,7 +284,7 @@ class StageRecord:
 
     def outcome(self, gradients: Digest, gradients_finite: bool) -> StageOutcome:
         """The stage's outcome, given its local gradients' digest (host reads: audits only)."""
-        finite = gradients_finite and not any(bool(f) for f in self.flags.values())
+        finite = gradients_finite and not any(bool(self.flag(kind)) for kind in FLAG_KINDS)
         return StageOutcome(
             received=self.digest("received", *self.feed),
             sent=self.digest("sent", *self.losses),
@@ -343,8 +357,8 @@ class PipelineRecorder:
         if self._step_flags is None:
             return
         for record in self.records.values():
-            for kind, flag in record.flags.items():
-                self._step_flags[kind].add_(flag)
+            for kind in FLAG_KINDS:
+                self._step_flags[kind].add_(record.flag(kind))
 
     def flags(self) -> torch.Tensor:
         """The training step's boundary flags, :data:`FLAG_KINDS` in order (check 1 reads them
@@ -371,7 +385,7 @@ class PipelineRecorder:
         if not last.is_last or not losses:
             return
         record = self.records[last.stage_index]
-        mark_non_finite_read_only([loss.detach().float() for loss in losses], record.flags["sent"])
+        record.extremes["sent"] += [loss.detach().reshape(1).float() for loss in losses]
         if record.fingerprinting:
             record.losses = [loss_bits(loss) for loss in losses]
 
