@@ -250,22 +250,14 @@ class _Runner:
                 "check_on_start": False,
                 **schedule,
             }
-            if self.pipeline is not None:
-                self.guard = sdc.Guard(
-                    self.ddp,
-                    self.optimizer,
-                    pipeline=self.pipeline,
-                    rebuild_batch=self.feed,
-                    schedule=sdc.Schedule(**schedule),
-                )
-            else:
-                self.guard = sdc.Guard(
-                    self.ddp,
-                    self.optimizer,
-                    compute_loss=compute_loss,
-                    rebuild_batch=self.rebuild_batch,
-                    schedule=sdc.Schedule(**schedule),
-                )
+            step = (
+                {"pipeline": self.pipeline, "rebuild_batch": self.feed}
+                if self.pipeline is not None
+                else {"compute_loss": compute_loss, "rebuild_batch": self.rebuild_batch}
+            )
+            self.guard = sdc.Guard(
+                self.ddp, self.optimizer, schedule=sdc.Schedule(**schedule), **step
+            )
 
     def feed(self, step: int, rank: int) -> torch.Tensor:
         """What ``rank`` feeds the pipeline at ``step``: its replica's inputs on stage 0, the

@@ -31,7 +31,7 @@ from ...alarm import Alarm, Verdict
 from ...reporting import Reporter
 from .attribution import mismatch_verdict, replay_target, third_gpu
 from .audit import CollectiveRingAudit, RebuildBatch
-from .environment import StepEnvironment, step_seed
+from .environment import StepEnvironment
 from .pipeline import (
     PipelineOutcome,
     PipelineReplayer,
@@ -129,47 +129,16 @@ class PipelineRingAudit(CollectiveRingAudit):
         self, step: int, replica: int, deterministic: bool, whole_step: bool = False
     ) -> list[int]:
         """Every rank replays ``replica``'s pipeline step at once, each rank its stage's part
-        of it (collective); a batch that cannot be rebuilt on some rank makes every rank send
-        a failed row before any forward."""
-        a = self.pipeline
-        target = a.rank_at(replica)
-        micros: list[Any] = []
-        failed = 0
-        try:
-            micros = self._micro_batches(step, target)
-        except Exception:
-            logger.exception(
-                "sdc_agent: rebuilding rank %d's feed of step %d failed on rank %d",
-                target,
-                step,
-                a.rank,
-            )
-            failed = 1
-        flag = torch.tensor([failed], dtype=torch.int64, device=a.collective_device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # nobody starts a pipeline step alone
-        if int(flag.item()):
-            return failed_row(len(a.rows_of_stage))
-        try:
-            positions = range(len(micros)) if whole_step else [self.position]
-            outcomes = []
-            for i in positions:
-                self.current_micro_batch = i if self.grad_accum > 1 else None
-                outcomes.append(
-                    self.pipeline_replayer.replay(
-                        micros[i], seed=step_seed(step, target, base=i), deterministic=deterministic
-                    )
-                )
-            return combine_pipeline_outcomes(outcomes).to_row()
-        except Exception:
-            logger.exception(
-                "sdc_agent: replaying replica %d's pipeline step %d failed on rank %d",
-                replica,
-                step,
-                a.rank,
-            )
-            return failed_row(len(a.rows_of_stage))
-        finally:
-            self.current_micro_batch = None
+        of it: what the replica's rank at its own pipeline coordinate fed (collective)."""
+        return self.lockstep_row(step, self.pipeline.rank_at(replica), deterministic, whole_step)
+
+    def combine(self, outcomes: list[Any]) -> PipelineOutcome:
+        """One outcome for several replayed pipeline steps, stage by stage."""
+        return combine_pipeline_outcomes(outcomes)
+
+    def failed_row(self) -> list[int]:
+        """A failed replay's row, as wide as this job's pipeline rows."""
+        return failed_row(len(self.pipeline.rows_of_stage))
 
     def replay_row(
         self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
