@@ -213,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         campaign = Campaign(args, bf16)
         for _ in range(campaign.board.config.warmup_checks):
             campaign.step()
+        campaign.board.agree_alone()  # the agreed thresholds, as a job's ranks reach them
         result[f"false_flags_{label}"] = (
             sum(campaign.step() for _ in range(args.trials)) / args.trials
         )

@@ -254,6 +254,15 @@ class Guard:
         """The step being run (fault drills read it); None before the first step."""
         self.reporter.publish_rank_map()
         if self.reporter.publishes:
+            if self.schedule.sensors and not self.sensors_planned and not self.sensors.unsupported:
+                # Schedule(sensors=True) is the default, but only protected layers have
+                # sensors: say so plainly, with the line that turns them on.
+                logger.warning(
+                    "sdc_agent: no online sensor checks this model: none of its layers is "
+                    "protected. Add `sdc.protect(model)` before wrapping it in DDP or "
+                    "fully_shard (and before building the Guard); or pass "
+                    "Schedule(sensors=False) to silence this"
+                )
             logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
 
     def coverage(self) -> dict[str, Any]:

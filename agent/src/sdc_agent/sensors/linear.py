@@ -172,7 +172,7 @@ class ProtectedLinear(nn.Linear):
     ) -> None:
         """As ``nn.Linear``; ``board``/``name``: where its sensors are registered."""
         super().__init__(*args, **kw)
-        self._attach(board or SensorBoard(), name)
+        self._attach(board if board is not None else SensorBoard(), name)
 
     def _attach(self, board: SensorBoard, name: str) -> None:
         self.sensor_board = board
