@@ -405,14 +405,20 @@ class PipelineAdapter(ParallelAdapter):
             )
             for c, s in coordinates
         )
+        self._shard_group: dist.ProcessGroup | None = None
+        self._names_of_shard: tuple[tuple[str, ...], ...] | None = None
+        if copies < 2:
+            return  # one copy of each shard: check 3 is off, nothing to agree on
         groups = [
             dist.new_group([rank for rank, row in enumerate(rows) if row[2] == w])
             for w in range(copies)
         ]
         self._shard_group = groups[self.data.layout.replica_index]
-        names = all_gather_text(json.dumps([n for n, _ in self.named_weights]), None)
-        by_rank = [tuple(json.loads(text)) for text in names]
-        self._names_of_shard = tuple(by_rank[column[0]] for column in self._replicas_of_shard)
+        # A stage's names are the same on every replica: gathered over this rank's pipeline
+        # (P texts), not over the job (N).
+        texts = all_gather_text(json.dumps([n for n, _ in self.named_weights]), self.pipeline_group)
+        by_coordinate = [tuple(json.loads(text)) for text in texts]
+        self._names_of_shard = tuple(by_coordinate[c] for c, _ in coordinates)
 
     # ------------------------------------------------------------------ fault drills
     def with_autograd_parameter(self, name: str, use: Callable[[nn.Parameter], None]) -> None:
