@@ -52,7 +52,7 @@ from ..checks.replay.pipeline import (
     PipelineOrigin,
     PipelineRecorder,
     PipelineReplayer,
-    _tensors,
+    tensors_in,
 )
 from ..checks.replay.replayer import ComputeLoss, Replayer
 from ..coverage import LayoutFacts
@@ -258,7 +258,7 @@ class PipelineAdapter(ParallelAdapter):
         reduces the stage's gradient over the data-parallel dimension at the end, as in
         training; False (replays) keeps each rank's local gradient, unreduced, for check 2."""
         inputs, target = self.split_feed(feed)
-        self.recorder.note_feed(_tensors(inputs) + _tensors(target))
+        self.recorder.note_feed(tensors_in(inputs) + tensors_in(target))
         losses: list[torch.Tensor] = []
         with contextlib.nullcontext() if reduce else self._reduction_off():
             if self.stage.is_last:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -210,14 +210,14 @@ def is_failed_row(row: Sequence[int]) -> bool:
 
 
 # ---------------------------------------------------------------------------------- recording
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
     """The tensors in ``value`` (a tensor, or nested tuples/lists/dicts of them), in order."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_in(v)]
     if isinstance(value, dict):
-        return [t for k in sorted(value) for t in _tensors(value[k])]
+        return [t for k in sorted(value) for t in tensors_in(value[k])]
     return []
 
 
@@ -413,7 +413,7 @@ class PipelineRecorder:
                 record.see("received", fwd_chunk_id, [b for b in buffers if b is not None])
             output = forward(fwd_chunk_id, *args, **kwargs)
             outputs, _ = stage.fwd_cache[fwd_chunk_id]
-            record.see("sent", fwd_chunk_id, _tensors(outputs))
+            record.see("sent", fwd_chunk_id, tensors_in(outputs))
             return output
 
         def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
@@ -425,7 +425,7 @@ class PipelineRecorder:
                 record.see("grads_received", bwd_chunk_id, [b for b in buffers if b is not None])
             result = backward(bwd_chunk_id, *args, **kwargs)
             if not stage.is_first and bwd_chunk_id in stage.bwd_cache:
-                record.see("grads_sent", bwd_chunk_id, _tensors(stage.bwd_cache[bwd_chunk_id]))
+                record.see("grads_sent", bwd_chunk_id, tensors_in(stage.bwd_cache[bwd_chunk_id]))
             return result
 
         # Instance attributes shadow the methods the schedules call (self._stage.forward_one_chunk).
@@ -548,10 +548,6 @@ class PipelineReplayer(Replayer):
 
 def _no_loss(module: nn.Module, batch: Any) -> torch.Tensor:
     raise RuntimeError("sdc_agent: a pipeline's loss is its schedule's loss_fn")
-
-
-RebuildFeed = Callable[[int, int], Any]
-"""``rebuild_batch(step, rank)`` under a pipeline: what global ``rank`` fed the pipeline."""
 
 
 def combine_pipeline_outcomes(outcomes: list[PipelineOutcome]) -> PipelineOutcome:
