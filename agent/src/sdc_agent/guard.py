@@ -75,7 +75,8 @@ class Guard:
     GPU that computed wrong.
 
     ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
-    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP);
+    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP;
+    torchtitan's ``("dp_replicate", "fsdp")`` names too);
     the guard learns the mesh from the parameters. ``compute_loss(model, batch)`` must return the
     loss; it is called with the DDP wrapper in training and with the bare module in replays (with
     FSDP2: the FSDP module in both, replays running on every rank at once).
@@ -105,6 +106,7 @@ class Guard:
         scaler: torch.amp.GradScaler | None = None,
         alarm_dir: str | os.PathLike | None = None,
         allow_unsafe_resume: bool = False,
+        divide_loss: bool = True,
         pipeline: Any = None,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hook.
@@ -122,6 +124,13 @@ class Guard:
         a recorded alarm covers (:meth:`check_resume`, docs/recovery.md); an unwritable directory
         raises OSError here. ``allow_unsafe_resume``: resume anyway, logged (forensics only).
 
+        ``divide_loss``: with ``Schedule.grad_accum`` = N > 1, each micro-batch's
+        ``compute_loss`` is divided by N before its backward, in training
+        (:meth:`GuardedStep.backward`) and in replays. False: ``compute_loss`` already returns
+        the micro-batch's share of the step's loss and is back-propagated as is (the Hugging
+        Face Trainer and torchtitan normalise each micro-batch's loss by the whole step's token
+        count, so dividing again would change the gradient).
+
         ``pipeline``: the ``torch.distributed.pipelining`` schedule (``ScheduleGPipe``,
         ``Schedule1F1B``) that drives ``model``, this rank's pipeline stage, sharded with FSDP2
         over the data-parallel dimension. The step is then the schedule's ``step``
@@ -137,6 +146,11 @@ class Guard:
         self.parallel: ParallelAdapter = adapter_for(model, dp_group, pipeline)
         """The parallelism-specific parts (the training model, the bare module, where check 1's
         taps go, check 2's replay unit, the replicas check 3 compares)."""
+        if not isinstance(divide_loss, bool):
+            raise TypeError(f"Guard divide_loss must be True or False, got {divide_loss!r}")
+        self.divide_loss = divide_loss
+        """Whether each micro-batch's loss is divided by ``Schedule.grad_accum`` before its
+        backward (False: ``compute_loss`` returns the share already)."""
         if not self.pipelined and not callable(compute_loss):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
@@ -212,6 +226,7 @@ class Guard:
             self.gradients.hook_state,
             grad_accum=self.schedule.grad_accum,
             scaler=self.scaler,
+            divide_loss=divide_loss,
         )
         # The audit for the adapter's replay unit: each rank alone, every rank in lockstep, or
         # whole pipeline steps compared stage by stage.
@@ -469,6 +484,22 @@ class Guard:
         """
         return self.settle()
 
+    def checkpoint_tags(self, step: int, *, verified: bool) -> dict[str, Any]:
+        """Tags for a checkpoint of the weights after ``step``'s update: ``step``,
+        ``last_audit_pass``, ``last_weight_check_pass``, ``weights_verified`` (``verified``:
+        every replica's weights were compared at that step and agreed) and ``weights_digest``
+        (the agreed fingerprint table's digest when verified, else None).
+        :meth:`GuardedStep.checkpoint_tags` is this for its step; a framework integration calls
+        it for weights no step of this run produced (a checkpoint saved before the first update
+        after a resume, of the weights :meth:`check_weights` compared on start)."""
+        return {
+            "step": step,
+            "last_audit_pass": self.last_audit_pass,
+            "last_weight_check_pass": self.last_weight_check_pass,
+            "weights_digest": self.last_weights_digest if verified else None,
+            "weights_verified": verified,
+        }
+
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Let the publisher deliver what it queued (for the exit path); True when all is sent."""
         return self.reporter.flush(timeout)
@@ -717,6 +748,7 @@ class GuardedStep:
         self._environment: StepEnvironment | None = None
         self._ended = False  # end() ran since begin(): a second end() has nothing to undo
         self._weights_checked = False
+        self._weights_launched = False  # after_update launched this step's periodic comparison
         self._entered = 0  # micro-batches entered so far
         self._current: int | None = None  # the micro-batch being run
         self._backwards = 0
@@ -803,20 +835,30 @@ class GuardedStep:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's ``loss``: ``loss / grad_accum`` (as is without
-        accumulation), times the scaler's scale when the guard has one. Inside
-        :meth:`micro_batch` (or :meth:`micro_batches`); without accumulation it may also be
-        called on its own, once."""
+        accumulation or with ``Guard(divide_loss=False)``), times the scaler's scale when the
+        guard has one. Inside :meth:`micro_batch` (or :meth:`micro_batches`); without
+        accumulation it may also be called on its own, once."""
         self._refuse_under_pipeline("backward")
-        if self._current is None and (self.grad_accum > 1 or self._backwards):
-            raise RuntimeError(
-                "sdc_agent: GuardedStep.backward runs one micro-batch's backward: call it once "
-                "inside each micro-batch of guarded.micro_batches(...)"
-            )
-        recorded = micro_batch_loss(loss, self.grad_accum)
-        position = self.audited_micro_batch if self.audit else self.grad_accum - 1
-        if self._current is None or self._current == position:
-            self._recorded_loss = recorded.detach()  # what the audit compares with the replay
-        scaled_for_backward(recorded, self.guard.scaler).backward()
+        self._expect_backward("backward")
+        share = micro_batch_loss(loss, self.grad_accum if self.guard.divide_loss else 1)
+        self._record_loss(share)
+        scaled_for_backward(share, self.guard.scaler).backward()
+        self._backwards += 1
+
+    def record_backward(self, loss: torch.Tensor) -> None:
+        """Record a micro-batch's backward that a framework ran itself (PyTorch Lightning's
+        closure, the Hugging Face Trainer's ``training_step``, ``accelerator.backward``),
+        instead of :meth:`backward`. Same rules as :meth:`backward`: inside :meth:`micro_batch`,
+        once per micro-batch.
+
+        ``loss``: exactly what the framework back-propagated for this micro-batch, before any
+        loss scaling: ``compute_loss(model, micro) / grad_accum`` (``compute_loss`` itself
+        without accumulation or with ``Guard(divide_loss=False)``), so that a replay, which
+        computes the same, compares bit for bit. ``scaler.scale(loss).backward()`` with the
+        guard's scaler, or ``loss.backward()`` without one, must be what the framework ran."""
+        self._refuse_under_pipeline("record_backward")
+        self._expect_backward("record_backward")
+        self._record_loss(loss)
         self._backwards += 1
 
     def end(self) -> None:
@@ -899,12 +941,32 @@ class GuardedStep:
                 self.alarm = alarm
                 return alarm
             if self.weight_check_due:
-                self._weights_checked = True
-                self.alarm = g.check_weights(self.step)
+                return self.verify_weights()
             return self.alarm
         if self.weight_check_due:
             g.launch_weight_check(self.step)  # judged at the next agreement point
+            self._weights_launched = True
         return None
+
+    def verify_weights(self) -> Alarm | None:
+        """Compare every replica's weights now, after this step's update (collective): for a
+        checkpoint the framework saves at a step where :attr:`checkpoint_due` was False (an
+        epoch end, a best model, a save the user asked for). Settles what is in flight first.
+
+        On success :meth:`checkpoint_tags` then says ``weights_verified``; returns the Alarm
+        otherwise (do not save). Does nothing more once this step's weights were compared (by
+        :meth:`after_update` before a due checkpoint, or an earlier call)."""
+        if self._weights_checked:
+            return self.alarm
+        self._weights_checked = True
+        g = self.guard
+        if (alarm := g.settle()) is not None:
+            self.alarm = alarm
+            return alarm
+        if self._weights_launched and g.last_weight_check_pass == self.step:
+            return None  # the periodic comparison after_update launched at this step passed
+        self.alarm = g.check_weights(self.step)
+        return self.alarm
 
     def checkpoint_tags(self) -> dict[str, Any]:
         """Tags for a checkpoint saved after this step's update.
@@ -919,13 +981,7 @@ class GuardedStep:
         verified = (
             self._weights_checked and self.alarm is None and g.last_weight_check_pass == self.step
         )
-        return {
-            "step": self.step,
-            "last_audit_pass": g.last_audit_pass,
-            "last_weight_check_pass": g.last_weight_check_pass,
-            "weights_digest": g.last_weights_digest if verified else None,
-            "weights_verified": verified,
-        }
+        return g.checkpoint_tags(self.step, verified=verified)
 
     # ------------------------------------------------------------------ internals
     def _refuse_under_pipeline(self, name: str) -> None:
@@ -935,6 +991,20 @@ class GuardedStep:
                 f"sdc_agent: GuardedStep.{name} runs a micro-batch's backward; with a pipeline "
                 "the schedule runs them: call guarded.run_pipeline(feed)"
             )
+
+    def _expect_backward(self, name: str) -> None:
+        """Refuse a second backward outside the micro-batches (``name``: the method called)."""
+        if self._current is None and (self.grad_accum > 1 or self._backwards):
+            raise RuntimeError(
+                f"sdc_agent: GuardedStep.{name} is one micro-batch's backward: call it once "
+                "inside each micro-batch of guarded.micro_batches(...)"
+            )
+
+    def _record_loss(self, share: torch.Tensor) -> None:
+        """Keep the audited micro-batch's loss share: what the audit compares with the replay."""
+        position = self.audited_micro_batch if self.audit else self.grad_accum - 1
+        if self._current is None or self._current == position:
+            self._recorded_loss = share.detach()
 
     def _drop_step(self) -> None:
         """Do not apply this step: restore RNG and kernels, drop the gradients."""

@@ -6,7 +6,8 @@ the adapter from the model:
 
 * :mod:`.ddp`: :class:`DDPAdapter`, a ``DistributedDataParallel`` model;
 * :mod:`.fsdp`: :class:`FSDP2Adapter`, a model sharded with FSDP2's ``fully_shard``: full
-  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh), learned from the parameters;
+  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh, or torchtitan's and
+  Accelerate's names for it), learned from the parameters;
 * :mod:`.pp`: :class:`PipelineAdapter`, when a ``torch.distributed.pipelining`` schedule drives
   the model (``Guard(..., pipeline=schedule)``): this rank's stage, sharded with FSDP2 over the
   replicas; how it answers each question below is its module docstring.

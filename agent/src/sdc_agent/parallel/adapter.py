@@ -140,11 +140,13 @@ class ParallelAdapter(Protocol):
         *,
         grad_accum: int = 1,
         scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """The replay unit: recomputes one rank's micro-batch and reduces this rank's LOCAL
         results (loss bits, per-parameter gradient fingerprints in the rows of ``stats``) to an
-        outcome comparable bit for bit with the audited training step's; ``grad_accum`` and
-        ``scaler`` say how training back-propagated each micro-batch's loss."""
+        outcome comparable bit for bit with the audited training step's; ``grad_accum``,
+        ``scaler`` and ``divide_loss`` say how training back-propagated each micro-batch's
+        loss."""
         ...
 
     # ------------------------------------------------------------------ check 3

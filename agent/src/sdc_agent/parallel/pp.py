@@ -367,11 +367,13 @@ class PipelineAdapter(ParallelAdapter):
         *,
         grad_accum: int = 1,
         scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """Check 2's replays: a whole pipeline step, every rank at once, sync off; the loss is
-        the schedule's (``compute_loss`` and ``scaler`` are not used: the guard refuses both
-        with a pipeline)."""
-        del compute_loss, scaler
+        the schedule's (``compute_loss``, ``scaler`` and ``divide_loss`` are not used: the
+        guard refuses the first two with a pipeline, and the schedule's ``loss_fn`` is what
+        training back-propagates, unchanged, in training and replays alike)."""
+        del compute_loss, scaler, divide_loss
         replayer = PipelineReplayer(self, stats)
         replayer.grad_accum = grad_accum
         return replayer
