@@ -187,6 +187,11 @@ class PipelineAdapter(ParallelAdapter):
         """This rank's replica (its index in its stage's data-parallel mesh)."""
         grid = [[-1] * self.pipeline_ranks for _ in range(self.replicas)]
         for rank, (r, c, _, _) in enumerate(rows):
+            if not (0 <= r < self.replicas and 0 <= c < self.pipeline_ranks):
+                raise ShardingLayoutError(
+                    f"sdc_agent.Guard: rank {rank} is replica {r} at pipeline coordinate {c}, "
+                    f"outside {self.replicas} replicas x {self.pipeline_ranks} stages"
+                )
             if grid[r][c] != -1:
                 raise ShardingLayoutError(
                     f"sdc_agent.Guard: ranks {grid[r][c]} and {rank} both hold pipeline "
@@ -194,12 +199,17 @@ class PipelineAdapter(ParallelAdapter):
                     "stage once"
                 )
             grid[r][c] = rank
+        # Each rank sees only its own pipeline group: agree, so that every rank refuses alike.
         pipeline = set(dist.get_process_group_ranks(self.pipeline_group or dist.group.WORLD))
-        if pipeline != set(grid[replica]):
+        wrong = torch.tensor(
+            [int(pipeline != set(grid[replica]))], dtype=torch.int64, device=self.collective_device
+        )
+        dist.all_reduce(wrong, op=dist.ReduceOp.MAX)
+        if int(wrong.item()):
             raise ShardingLayoutError(
-                "sdc_agent.Guard: the pipeline's ranks are not the ranks holding the other "
-                "stages of this rank's replica; build the pipeline group and the stages' FSDP2 "
-                "mesh from one device mesh (e.g. ('dp', 'pp'))"
+                "sdc_agent.Guard: a pipeline's ranks are not the ranks holding the other "
+                "stages of their replica; build the pipeline group and the stages' FSDP2 mesh "
+                "from one device mesh (e.g. ('dp', 'pp'))"
             )
         self.grid: list[list[int]] = grid
         """``grid[replica][coordinate]``: the global rank holding that stage of that replica."""
