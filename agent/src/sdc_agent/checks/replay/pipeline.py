@@ -60,8 +60,8 @@ Digest = tuple[int, int]
 NO_DIGEST: Digest = (0, 0)
 """The digest of a boundary a stage does not have (the first stage receives no gradient)."""
 
-STAGE_WORDS = 13
-"""Int64 values per stage in the audit's rows: six two-word digests and the finite flag."""
+STAGE_WORDS = 11
+"""Int64 values per stage in the audit's rows: five two-word digests and the finite flag."""
 
 FLAG_KINDS = ("received", "sent", "grads_received", "grads_sent")
 """The boundary flags of one stage, in :meth:`PipelineRecorder.flags`' order."""
@@ -128,8 +128,6 @@ class StageOutcome:
             *self.grads_received,
             *self.grads_sent,
             *self.gradients,
-            0,
-            0,
             int(self.finite),
         ]
 
@@ -142,7 +140,7 @@ class StageOutcome:
             grads_received=(words[4], words[5]),
             grads_sent=(words[6], words[7]),
             gradients=(words[8], words[9]),
-            finite=bool(words[12]),
+            finite=bool(words[10]),
         )
 
 
