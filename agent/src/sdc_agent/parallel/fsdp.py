@@ -110,8 +110,13 @@ def is_fsdp2(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, ShardedLayout]:
-    """The mesh and its layout, from the parameters' DTensor metadata; raises when unsupported."""
+def _layout(
+    params: list[tuple[str, nn.Parameter]], mesh_size: int | None = None
+) -> tuple[DeviceMesh, ShardedLayout]:
+    """The mesh and its layout, from the parameters' DTensor metadata; raises when unsupported.
+
+    ``mesh_size``: the ranks the mesh must cover (None: every rank of the job; a pipeline
+    stage's data-parallel mesh covers the ranks of its stage)."""
     if not params:
         raise ShardingLayoutError("sdc_agent.Guard: the FSDP2 module has no trainable parameters")
     plain = [name for name, p in params if not isinstance(p, DTensor)]
@@ -132,7 +137,14 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sharded
             "guard supports one FSDP2 mesh per model (full sharding or HSDP)"
         )
     mesh = meshes[0]
-    if mesh.size() != dist.get_world_size():
+    if mesh_size is not None:
+        if mesh.size() != mesh_size:
+            raise ShardingLayoutError(
+                f"sdc_agent.Guard: the stage's FSDP2 mesh has {mesh.size()} ranks, expected "
+                f"{mesh_size} (the job's ranks divided by the pipeline's); shard each stage over "
+                "the data-parallel dimension of the job's mesh"
+            )
+    elif mesh.size() != dist.get_world_size():
         raise ShardingLayoutError(
             f"sdc_agent.Guard: the FSDP2 mesh has {mesh.size()} ranks but the job has "
             f"{dist.get_world_size()}; a mesh that is one dimension of a larger one (tensor or "
@@ -184,8 +196,17 @@ class FSDP2Adapter(ParallelAdapter):
     replays_in_lockstep = True
     """A replay's forward all-gathers the other ranks' shards: every rank replays at once."""
 
-    def __init__(self, model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
-        """Check the layout and learn the mesh from the parameters (``dp_group`` must be None)."""
+    def __init__(
+        self,
+        model: nn.Module,
+        dp_group: dist.ProcessGroup | None,
+        *,
+        mesh_size: int | None = None,
+    ) -> None:
+        """Check the layout and learn the mesh from the parameters (``dp_group`` must be None).
+
+        ``mesh_size``: the mesh covers this many ranks, not the whole job (a pipeline stage,
+        sharded over the data-parallel dimension; :mod:`.pp` builds the job's view around it)."""
         if not is_fsdp2(model):
             raise TypeError(f"FSDP2Adapter needs a fully_shard module, got {type(model).__name__}")
         if dp_group is not None:
@@ -194,7 +215,7 @@ class FSDP2Adapter(ParallelAdapter):
                 "data-parallel mesh from the parameters (DTensor device_mesh)"
             )
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.mesh, self.layout = _layout(trainable)
+        self.mesh, self.layout = _layout(trainable, mesh_size)
         self.model: nn.Module = model
         """The model training runs: the root FSDP module (``compute_loss`` gets it)."""
         self.module: nn.Module = model
@@ -267,6 +288,10 @@ class FSDP2Adapter(ParallelAdapter):
     def global_rank(self, dp_rank: int) -> int:
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
+
+    def replica_columns(self) -> tuple[tuple[int, ...], ...]:
+        """One ring over every DP rank: each holds the whole model (or replays it whole)."""
+        return (tuple(self.global_ranks),)
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Install check 1's taps writing into ``stats``: FSDP2 has no comm hook, so they are
