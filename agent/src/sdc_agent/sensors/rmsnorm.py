@@ -7,47 +7,53 @@ input and a probe weight (put back bit for bit afterwards), is the formula above
 ``LlamaRMSNorm`` (and its copies in other models), torchtitan's, T5's. A variant that computes
 something else (Gemma's ``x̂ (1 + w)``, a layer norm without bias) fails the probe and is left
 alone. The module keeps its own forward: :func:`attach` adds a forward pre-hook and a forward hook
-that wrap its input and output in identity autograd functions when a sensor checks, so its values,
-parameters and ``state_dict`` are untouched (``protect()`` keeps outputs bit for bit).
+(and, when a sensor checks, hooks on the backward nodes of that call), so its values, gradients,
+parameters and ``state_dict`` are untouched (``protect()`` keeps them bit for bit).
 
-Forward (:func:`rms_norm_ratio`), per row of D features, with ``r = (mean(x²) + eps)^-1/2``
-recomputed in fp32 from the input::
+Both checks recompute the op element by element in fp32 from the norm's input, weight and (for
+the backward) output gradient, and compare every element with its own rounding bound, as the
+element-wise sensors do (:mod:`.elementwise`): an RMSNorm is O(D) per row like any row invariant,
+and an element's own bound is far sharper than a row sum's when the values are 16-bit.
 
-    y @ 1 = r (x @ w)
+Forward (:func:`rms_norm_ratio`), ``r = (mean(x²) + eps)^-1/2`` recomputed in fp32::
+
+    y_i = w_i x_i r
 
 Unlike a layer norm's mean, ``r`` is well conditioned (a sum of squares), so recomputing it is
-safe: the kernel's ``r̂`` and ours differ by ``δ <= u (sqrt(D) + 8)`` relative (the D-term sum of
-squares as a random walk of roundings, then a division, an addition, a square root, halved by
-the root, plus ``rsqrt``'s own ulps). The row sum then differs by ``δ |r (x @ w)|`` from ``r̂``,
-each element ``y_i = w_i (x_i r̂)`` carries two roundings (``2 u r |x_i w_i|``, a random walk
-``2 u r |x ⊙ w|`` over the row), and the two D-term sums (ours and the observed one) add
-``u (1 + sqrt(D)) r |x ⊙ w|`` each::
+safe: the module's ``r̂`` and ours each differ from the exact ``r`` by ``δ <= u (sqrt(D) + 8)``
+relative (the D-term sum of squares as a random walk of roundings, a division, an addition, the
+square root and ``rsqrt``'s own ulps), and each ``y_i`` carries two more roundings (``x_i r̂``,
+then the weight): ``|y_i - w_i x_i r| <= (2 δ + 4 u) |w_i x_i r|``, i.e.::
 
-    bound_r = u ((sqrt(D) + 8) |r (x @ w)| + (2 + 2 (1 + sqrt(D))) r |x ⊙ w|)
+    bound_i = (u (2 sqrt(D) + 20) + 4 u_16) |w_i x_i r|
 
-plus, when the input, weight or output is a 16-bit dtype, the same terms for its rounding
-(Hugging Face rounds ``x r`` to the input's dtype before multiplying by ``w``: two 16-bit
-roundings per element, and ``r`` itself may be computed in 16 bits): ``2 u_16 (|r (x @ w)| +
-2 r |x ⊙ w|)``. Every term comes from the input and the weight, not from the output checked.
+where the 16-bit term counts two roundings to a 16-bit input, weight or output dtype (Hugging Face
+rounds ``x r`` to the input's dtype, then multiplies by ``w``). A wrong ``r̂`` (a whole row
+scaled) moves every element of its row by its relative error, so it is caught as one wrong
+element is. The modules this finds compute ``r`` in fp32 even for 16-bit inputs (Hugging Face,
+torchtitan and ``nn.RMSNorm`` upcast); one computing it in 16 bits would read healthy ratios of
+up to ``u_16 sqrt(D) / u`` bounds and is not what the probe accepts.
 
 Backward (:func:`rms_norm_dgrad_ratio`): with ``x̂ = x r``, ``g = dy ⊙ w`` and ``m = mean(g ⊙ x̂)``
-the input gradient is ``dx = r (g - x̂ m)``. Its row sum and its row dotted with ``x̂``::
+the input gradient is::
 
-    Σ dx       = r (Σg - m Σx̂)
-    Σ dx ⊙ x̂   = r m (D - Σx̂²) = r³ eps D m
+    dx_i = r (g_i - x̂_i m)
 
-The first catches any wrong element of dx (its whole error moves the sum), the second a wrong
-``m`` (which shifts dx by a multiple of ``x̂``, invisible to the first when ``Σx̂ ≈ 0``). Each
-element errs by a few roundings of ``e_i = r (|g_i| + |x̂_i m|)``; ``r`` by ``δ`` as above (dx is
-of degree 1 in ``r`` through ``g r`` and 3 through ``x̂ m``); ``m`` by a ``D``-term sum. Bounds::
+Its two terms ``a_i = r |g_i|`` and ``b_i = r |x̂_i m|`` can cancel, so the bound is relative to
+each: the first carries ``r``'s error on both sides (``2 δ``) and a few roundings; the second is of
+degree 3 in ``r`` (``6 δ``); and ``m``, a D-term sum that may itself cancel to ~0, errs on both
+sides by ``u sqrt(D)`` of the size of its terms, ``c_i = r |x̂_i| mean(|g ⊙ x̂|)``::
 
-    bound1 = u (2 (1 + sqrt(D)) |e| + 3 (sqrt(D) + 8) r (|Σg| + |m Σx̂|) + 2 r |g ⊙ x̂| |Σx̂| / sqrt(D))
-    bound2 = u (2 (1 + sqrt(D)) |e ⊙ (1 + |x̂|)| + 3 (sqrt(D) + 8) |e| |x̂|)
+    bound_i = u ((2 sqrt(D) + 20) a_i + (6 sqrt(D) + 48) b_i + (2 sqrt(D) + 6) c_i)
+              + u_16 (a_i + c_i + |dx_i|)
 
-plus the 16-bit terms ``2 u_16`` times the same magnitudes when dy, dx or x is 16-bit (the
-contributions are summed in fp32 for the check: one more rounding of each, inside the bound). Healthy
-ratios and detection are measured by tests/unit/test_sensor_llama.py (and
-``docs/performance.md``).
+(the 16-bit term when dy, dx or x is 16-bit: ``g`` rounded to it, as Hugging Face's and
+torchtitan's backward do, which moves ``a`` and ``m``; and dx rounded once; ``|dx_i|`` is the
+reference's, computed from the inputs). The
+module's own input gradient is the sum of its ops' contributions (two in Hugging Face's: the
+product ``x r`` and the square in ``mean(x²)``), added in fp32 for the check. Every term comes
+from the inputs, never from the values checked; healthy ratios and detection are measured by
+tests/unit/test_sensor_functions.py and ``benchmarks/campaign.py`` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -59,7 +65,8 @@ import torch
 from torch import nn
 
 from .board import Gemm, SensorBoard
-from .rows import FP32_UNIT_ROUNDOFF, OpSensor, outside_function_modes, worst_row_ratio
+from .elementwise import elementwise_ratio
+from .rows import FP32_UNIT_ROUNDOFF, OpSensor, outside_function_modes
 
 EPS_NAMES = ("eps", "variance_epsilon", "epsilon")
 """Attributes a module's RMSNorm epsilon is read from, in this order."""
@@ -85,22 +92,28 @@ def _epsilon(eps: float | None, dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps if eps is None else float(eps)
 
 
+def _reference(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """``x`` as fp32 rows, ``r`` per row (R x 1), the weight in fp32 (or ones), ``sqrt(D)``."""
+    features = x.shape[-1]
+    x32 = _rows(x, features)
+    r = torch.rsqrt(x32.square().mean(dim=1, keepdim=True) + _epsilon(eps, x.dtype))
+    w32 = weight.detach().float() if weight is not None else x32.new_ones(features)
+    return x32, r, w32, math.sqrt(features)
+
+
 def rms_norm_ratio(
     y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float | None
 ) -> torch.Tensor:
-    """Forward check: each output row's sum against ``r (x @ w)`` (0-dim fp32; module
+    """Forward check: every ``y_i`` against ``w_i x_i r`` recomputed (0-dim fp32; module
     docstring). ``y`` and ``x`` have the normalised features last."""
-    features = x.shape[-1]
-    x32, y32 = _rows(x, features), _rows(y, features)
-    r = torch.rsqrt(x32.square().mean(dim=1) + _epsilon(eps, x.dtype))
-    xw = x32 * weight.detach().float() if weight is not None else x32
-    expected = r * xw.sum(dim=1)
-    spread = r * torch.linalg.vector_norm(xw, dim=1)
-    root = math.sqrt(features)
-    bound = FP32_UNIT_ROUNDOFF * ((root + 8.0) * expected.abs() + (4.0 + 2.0 * root) * spread)
+    x32, r, w32, root = _reference(x, weight, eps)
+    reference = x32 * r * w32
     dtypes = (x.dtype, y.dtype) + ((weight.dtype,) if weight is not None else ())
-    bound = bound + 2.0 * _coarse_unit(*dtypes) * (expected.abs() + 2.0 * spread)
-    return worst_row_ratio(y32.sum(dim=1), expected, bound)
+    relative = FP32_UNIT_ROUNDOFF * (2.0 * root + 20.0) + 4.0 * _coarse_unit(*dtypes)
+    observed = _rows(y, x.shape[-1])
+    return elementwise_ratio(observed, reference, reference.abs(), relative)
 
 
 def rms_norm_dgrad_ratio(
@@ -110,39 +123,21 @@ def rms_norm_dgrad_ratio(
     weight: torch.Tensor | None,
     eps: float | None,
 ) -> torch.Tensor:
-    """Backward check: the input gradient's row sum and its row dotted with ``x̂`` against the
-    module docstring's identities (0-dim fp32, the larger of the two ratios)."""
-    features = x.shape[-1]
-    x32, dx32, dy32 = _rows(x, features), _rows(dx, features), _rows(dy, features)
-    eps_value = _epsilon(eps, x.dtype)
-    r = torch.rsqrt(x32.square().mean(dim=1, keepdim=True) + eps_value)
+    """Backward check: every ``dx_i`` against ``r (g_i - x̂_i m)`` recomputed (0-dim fp32;
+    module docstring)."""
+    x32, r, w32, root = _reference(x, weight, eps)
     xhat = x32 * r
-    g = dy32 * weight.detach().float() if weight is not None else dy32
+    g = _rows(dy, x.shape[-1]) * w32
     m = (g * xhat).mean(dim=1, keepdim=True)
-    sum_g, sum_xhat = g.sum(dim=1, keepdim=True), xhat.sum(dim=1, keepdim=True)
-    expected1 = r * (sum_g - m * sum_xhat)
-    expected2 = r.pow(3) * eps_value * features * m
-    e = r * (g.abs() + (xhat * m).abs())
-    root = math.sqrt(features)
-    walk, scale = 2.0 * (1.0 + root), 3.0 * (root + 8.0)
-    norm_e = torch.linalg.vector_norm(e, dim=1, keepdim=True)
-    norm_gx = torch.linalg.vector_norm(g * xhat, dim=1, keepdim=True)
-    magnitude1 = (
-        walk * norm_e
-        + scale * r * (sum_g.abs() + (m * sum_xhat).abs())
-        + 2.0 * r * norm_gx * sum_xhat.abs() / root
-    )
-    norm_xhat = torch.linalg.vector_norm(xhat, dim=1, keepdim=True)
-    magnitude2 = (
-        walk * torch.linalg.vector_norm(e * (1.0 + xhat.abs()), dim=1, keepdim=True)
-        + scale * norm_e * norm_xhat
-    )
-    coarse = 2.0 * _coarse_unit(dx.dtype, dy.dtype, x.dtype)
-    bound1 = (FP32_UNIT_ROUNDOFF + coarse) * magnitude1
-    bound2 = (FP32_UNIT_ROUNDOFF + coarse) * magnitude2
-    first = worst_row_ratio(dx32.sum(dim=1), expected1.reshape(-1), bound1.reshape(-1))
-    second = worst_row_ratio((dx32 * xhat).sum(dim=1), expected2.reshape(-1), bound2.reshape(-1))
-    return torch.maximum(first, second)
+    reference = r * (g - xhat * m)
+    # The terms' magnitudes: r g, r x̂ m, and r x̂ mean(|g x̂|), the size of m's rounding (m
+    # itself can cancel to ~0 while its terms do not).
+    a, b = r * g.abs(), r * (xhat * m).abs()
+    c = r * xhat.abs() * (g * xhat).abs().mean(dim=1, keepdim=True)
+    u, coarse = FP32_UNIT_ROUNDOFF, _coarse_unit(dx.dtype, dy.dtype, x.dtype)
+    bound = u * ((2.0 * root + 20.0) * a + (6.0 * root + 48.0) * b + (2.0 * root + 6.0) * c)
+    bound = bound + coarse * (a + c + reference.abs())
+    return elementwise_ratio(_rows(dx, x.shape[-1]), reference, bound, 1.0)
 
 
 # ---------------------------------------------------------------- finding RMSNorm modules
@@ -245,8 +240,9 @@ class RMSNormSensor(OpSensor):
     the output's backward node, and the input gradient by hooks on the norm's own backward nodes
     that read the input (Hugging Face's RMSNorm has two: the product ``x r`` and the square in
     ``mean(x²)``; their contributions sum to ``dx``). So the gradients accumulate into the input
-    exactly as without the sensor, checked or not. A fault drill's ``dgrad`` corrupts the first
-    contribution to arrive, its ``forward`` a copy of the output."""
+    exactly as without the sensor, checked or not. A fault drill's ``dgrad`` corrupts the sum of the
+    contributions (the difference is added to the last one to arrive), its ``forward`` a copy of
+    the output."""
 
     sensor_ops: tuple[Gemm, ...] = ("forward", "dgrad")
 
@@ -316,24 +312,31 @@ class RMSNormSensor(OpSensor):
     def _part_hook(self, call: _Call, index: int, check: bool) -> Any:
         def hook(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> Any:
             part = grad_inputs[index]
-            replaced = None
-            if part is not None and not call.parts and self.gemm_taps:
-                with torch.no_grad():
-                    part = part.clone()
-                    self.tap("dgrad", part)
-                replaced = (*grad_inputs[:index], part, *grad_inputs[index + 1 :])
+            call.waiting -= 1
             if part is not None:
                 call.parts.append(part)
-            call.waiting -= 1
-            if call.waiting == 0 and check and call.dy is not None and call.parts:
-                with torch.no_grad():
-                    dx = call.parts[0].float()
-                    for more in call.parts[1:]:
-                        dx = dx + more.float()
+            if call.waiting or not call.parts:
+                return None
+            # The last part: the norm's whole input gradient is known.
+            replaced = None
+            with torch.no_grad(), outside_function_modes():
+                dx = call.parts[0].float()
+                for more in call.parts[1:]:
+                    dx = dx + more.float()
+                if self.gemm_taps and part is not None:
+                    # A drill corrupts dx as a whole (x1.1 of one element of the sum): the
+                    # difference goes into this last part, so training sees the corrupted sum.
+                    corrupted = dx.to(part.dtype)
+                    self.tap("dgrad", corrupted)
+                    part = part + (corrupted.float() - dx).to(part.dtype)
+                    replaced = (*grad_inputs[:index], part, *grad_inputs[index + 1 :])
+                    dx = corrupted.float()
+                if check and call.dy is not None:
                     ratio = rms_norm_dgrad_ratio(
                         dx.to(call.parts[0].dtype), call.dy, call.x, self.weight(), self.eps
                     )
                     self.record("dgrad", ratio)
+            call.parts.clear()
             return replaced
 
         return hook
