@@ -1,5 +1,6 @@
 """Element-wise ops checked by recomputation: gated activations (SiLU, GELU), the gating
-product and adds.
+product and adds; and the embedding lookup (a copy, compared) and its weight gradient (column
+sums).
 
 An element-wise op has no cheap invariant: each output element depends on its own input element
 only, so no row sum of the output can be predicted without computing every element again. The
@@ -167,9 +168,11 @@ def mul_ratio(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
 
 
 class MulFunction(torch.autograd.Function):
-    """``a * b`` of two same-shaped tensors with the calls autograd's ``MulBackward0`` makes
-    (``grad * b``, ``grad * a``, each in its input's dtype), so that the values are the plain
-    product's bit for bit, with the product and both input gradients tapped and checked."""
+    """``a * b`` (one operand possibly broadcast to the other) with the calls autograd's
+    ``MulBackward0`` makes (``grad * b``, ``grad * a``, each in its input's dtype; the engine
+    sums a broadcast operand's gradient down to its shape, as for the plain product), so that
+    the values are the plain product's bit for bit, with the product and both input gradients
+    tapped and checked."""
 
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, site: Site) -> torch.Tensor:  # type: ignore[override]
@@ -198,6 +201,58 @@ class MulFunction(torch.autograd.Function):
                 if ratios:
                     site.record("dgrad", torch.stack(ratios).max())
         return da, db, None
+
+
+def embedding_wgrad_ratio(
+    dw: torch.Tensor, dy: torch.Tensor, ids: torch.Tensor, padding_idx: int
+) -> torch.Tensor:
+    """Embedding weight-gradient check: the gradient is a scatter-add of the output gradient's
+    rows into the rows of the looked-up tokens, so its column sums equal the output gradient's
+    (over the tokens that are not padding): ``1ᵀ dW = 1ᵀ dY`` (0-dim fp32). Both sides are sums
+    in fp32 of the same terms in other orders: ``2 u (sqrt(V) + sqrt(T))`` times the column's
+    norm bounds them (``V`` rows, ``T`` tokens)."""
+    dy32 = dy.reshape(-1, dy.shape[-1]).float()
+    if padding_idx >= 0:
+        dy32 = dy32 * (ids.reshape(-1, 1) != padding_idx)
+    dw32 = dw.float()
+    expected, observed = dy32.sum(dim=0), dw32.sum(dim=0)
+    growth = 2.0 * FP32_UNIT_ROUNDOFF * (math.sqrt(dw32.shape[0]) + math.sqrt(dy32.shape[0]))
+    bound = growth * torch.linalg.vector_norm(dy32, dim=0) + 2.0 * _output_unit(dw.dtype) * (
+        dy32.abs().sum(dim=0)
+    )
+    return elementwise_ratio(observed, expected, bound, 1.0)
+
+
+class EmbeddingFunction(torch.autograd.Function):
+    """``F.embedding`` with the kernels autograd runs (``embedding``, ``embedding_backward``):
+    the lookup is compared with a second gather (a copy: any difference is a fault), the weight
+    gradient checked by its column sums (:func:`embedding_wgrad_ratio`)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, site: Site
+    ) -> torch.Tensor:
+        y = torch.embedding(weight, ids, padding_idx, False, False)
+        site.tap("forward", y)
+        if site.checks("forward"):
+            again = weight.index_select(0, ids.reshape(-1)).view_as(y)
+            differ = (y != again).any()
+            site.record("forward", torch.where(differ, math.inf, 0.0).float())
+        ctx.site, ctx.padding_idx, ctx.rows = site, padding_idx, weight.shape[0]
+        ctx.check = site.checks("wgrad")
+        ctx.save_for_backward(ids)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        (ids,) = ctx.saved_tensors
+        # The call autograd's EmbeddingBackward0 makes.
+        dw = torch.ops.aten.embedding_backward(grad, ids, ctx.rows, ctx.padding_idx, False, False)
+        with torch.no_grad():
+            ctx.site.tap("wgrad", dw)
+            if ctx.check:
+                ctx.site.record("wgrad", embedding_wgrad_ratio(dw, grad, ids, ctx.padding_idx))
+        return None, dw, None, None
 
 
 class ActivationFunction(torch.autograd.Function):

@@ -19,9 +19,11 @@ function                       sensor kind    check
 ``a + b`` (``Tensor.add``,     add            the sum recomputed element-wise in fp32
 ``torch.add``; two tensors of                 (:func:`.elementwise.add_ratio`)
 one shape)
-``a * b`` (two tensors of one  mul            the product (SwiGLU's gate times up) and
-shape)                                        its input gradients, recomputed
-                                              element-wise (:mod:`.elementwise`)
+``a * b`` (two tensors, one    mul            the product (SwiGLU's gate times up, the
+broadcast to the other)                       rotary ``q * cos``) and its input
+                                              gradients, recomputed element-wise
+``F.embedding``                embedding      the lookup gathered again; the weight
+                                              gradient's column sums
 ``F.scaled_dot_product_``      attention      only with ``protect(attention="checked")``:
 ``attention``                                 the unfused checked path (:mod:`.attention`)
 ``F.cross_entropy``            cross_entropy  log-softmax rows and the loss gradient
@@ -62,7 +64,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import attention, loss
 from .board import Gemm, SensorBoard
-from .elementwise import ActivationFunction, MulFunction, add_ratio
+from .elementwise import ActivationFunction, EmbeddingFunction, MulFunction, add_ratio
 from .recompute import RecomputeComparisons
 from .rows import OpSensor
 
@@ -76,6 +78,7 @@ FUNCTIONS: dict[str, tuple[str, tuple[Gemm, ...]]] = {
     "gelu": ("activation", ("forward", "dgrad")),
     "add": ("add", ("forward",)),
     "mul": ("mul", ("forward", "dgrad")),
+    "embedding": ("embedding", ("forward", "wgrad")),
     "scaled_dot_product_attention": ("attention", ("forward", "dgrad")),
     "cross_entropy": ("cross_entropy", ("forward", "dgrad")),
     "recompute": ("recompute", ("forward",)),
@@ -204,6 +207,7 @@ class FunctionSensors:
             torch.Tensor.__mul__: self._mul,
             torch.mul: self._mul,
             F.cross_entropy: self._cross_entropy,
+            F.embedding: self._embedding,
         }
         if attention_mode == "checked":
             self.handlers[F.scaled_dot_product_attention] = self._attention
@@ -347,16 +351,53 @@ class FunctionSensors:
         if kwargs or len(args) != 2:
             return func(*args, **kwargs)
         a, b = args
-        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-        if not same or not (a.is_floating_point() and b.is_floating_point()) or a.numel() == 0:
-            return func(*args, **kwargs)  # a scale, a mask, a broadcast: not a gating product
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return func(*args, **kwargs)  # a scale by a number
+        floating = a.is_floating_point() and b.is_floating_point()
+        if not floating or min(a.numel(), b.numel()) <= 1 or a.device != b.device:
+            return func(*args, **kwargs)  # a scale by a one-element tensor, an integer mask
+        try:
+            shape = torch.broadcast_shapes(a.shape, b.shape)
+        except RuntimeError:
+            return func(*args, **kwargs)  # torch raises the shape error itself
+        if shape not in (a.shape, b.shape):
+            return func(*args, **kwargs)  # an outer product: not an element-wise gating
         site = self._current("mul")
         if site is None:
             return func(*args, **kwargs)
-        self.ensure_registered(site, lambda: self._elementwise_costs(a, 5, 1, (10, 2)))
+        big = a if shape == a.shape else b
+        self.ensure_registered(site, lambda: self._elementwise_costs(big, 5, 1, (10, 2)))
         if not site.sensing():
             return func(*args, **kwargs)
         return MulFunction.apply(a, b, site)
+
+    def _embedding(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        names = ("input", "weight", "padding_idx", "max_norm", "norm_type")
+        bound = dict(zip(names, args, strict=False)) | kwargs
+        ids, weight = bound.get("input"), bound.get("weight")
+        plain = set(bound) - {"input", "weight", "padding_idx", "max_norm", "norm_type"}
+        extra = {k: bound[k] for k in plain}
+        if (
+            not isinstance(ids, torch.Tensor)
+            or not isinstance(weight, torch.Tensor)
+            or bound.get("max_norm") is not None
+            or any(extra.get(k) for k in ("scale_grad_by_freq", "sparse"))
+            or set(extra) - {"scale_grad_by_freq", "sparse"}
+            or weight.dim() != 2
+        ):
+            return func(*args, **kwargs)
+        site = self._current("embedding")
+        if site is None:
+            return func(*args, **kwargs)
+        self.ensure_registered(site, lambda: self._elementwise_costs(weight[:1], 3, 1, (4, 2)))
+        if not site.sensing():
+            return func(*args, **kwargs)
+        padding = bound.get("padding_idx")
+        if padding is None:
+            padding = -1
+        elif padding < 0:
+            padding += weight.shape[0]
+        return EmbeddingFunction.apply(ids, weight, padding, site)
 
     def _attention(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         site = self._current("scaled_dot_product_attention")
