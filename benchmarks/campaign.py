@@ -4,8 +4,9 @@ Six gloo ranks on the CPU (3 simulated nodes x 2 ranks, ``peer_offset`` 2), a Ll
 config (tests/support/llama.py: RMSNorm, SwiGLU, SDPA attention with rotary embeddings and
 grouped-query attention, the loss computed by the model), ``sdc.protect(model,
 attention="checked")`` before DDP, AdamW. Each trial starts every rank from the same state,
-corrupts ONE element of ONE op's result on ONE rank, once (x1.1, or a flip of one bit in 20-30 of
-an fp32 value, 4-14 of a 16-bit one), in one op family of the training step, and asks:
+corrupts ONE element (uniformly at random) of ONE op's result (a random site of the family, a
+random call of it) on ONE random rank, once (x1.1, or a flip of one random bit in 20-30 of an
+fp32 value, 4-14 of a 16-bit one), and asks:
 
 * effective: did the fault change the weights? The same step is run with the same fault on an
   unguarded twin of the model (same weights, same batch) and its weights after AdamW are compared
@@ -30,11 +31,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import logging
 import math
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 # The Llama comes from the tests' support package (transformers is a development dependency).
@@ -46,42 +47,44 @@ from torch import nn
 
 import sdc_agent as sdc
 from sdc_agent.drill import launch
-from sdc_agent.faults import FlipCallBit, ScaleCallElement, _flip_bit_
+from sdc_agent.faults import _flip_bit_
+from sdc_agent.sensors import SensorConfig
 from sdc_agent.sensors.sites import find_sites
 from tests.support.llama import causal_lm_loss, llama, tokens
 
 WORLD, PER_NODE, PEER_OFFSET = 6, 2, 2
-WARMUP_STEPS = 6
+WARMUP_STEPS = 6  # guarded steps before the trials: the sites found, the sensors warm
 BATCHES = 4  # distinct batches the trials draw from (each has its fault-free reference)
 
-# family: (how the fault is injected, where: a sensor kind / a module / parameters, labels)
-FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "GEMM forward": ("tap", "linear", ("forward",)),
-    "GEMM input gradient": ("tap", "linear", ("dgrad",)),
-    "GEMM weight gradient": ("tap", "linear", ("wgrad",)),
-    "RMSNorm forward": ("tap", "rms_norm", ("forward",)),
-    "RMSNorm input gradient": ("tap", "rms_norm", ("dgrad",)),
-    "SiLU forward": ("tap", "activation", ("forward",)),
-    "SiLU input gradient": ("tap", "activation", ("dgrad",)),
-    "gating product forward": ("tap", "mul", ("forward",)),
-    "gating product gradients": ("tap", "mul", ("dgrad",)),
-    "residual adds": ("tap", "add:residual", ("forward",)),
-    "rotary adds": ("tap", "add:rotary", ("forward",)),
-    "rotary products": ("call", "self_attn", ("mul",)),
-    "attention forward (QKᵀ, softmax, PV)": ("tap", "attention", ("scores", "probs", "forward")),
-    "attention backward": (
-        "tap",
-        "attention",
-        ("dgrad", "dgrad_k", "dgrad_v", "dprobs", "dscores"),
-    ),
-    "loss forward (log-softmax)": ("tap", "cross_entropy", ("forward",)),
-    "loss gradient": ("tap", "cross_entropy", ("dlogp", "dgrad")),
-    "embedding lookup": ("call", "embed_tokens", ("embedding",)),
-    "embedding weight gradient": ("grad", "embed_tokens.weight", ()),
-    "RMSNorm weight gradients": ("grad", "norm_weights", ()),
+# family: (sensor kind[:part] whose result the fault corrupts, the results' tap labels)
+FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "GEMM forward": ("linear", ("forward",)),
+    "GEMM input gradient": ("linear", ("dgrad",)),
+    "GEMM weight gradient": ("linear", ("wgrad",)),
+    "RMSNorm forward": ("rms_norm", ("forward",)),
+    "RMSNorm input gradient": ("rms_norm", ("dgrad",)),
+    "SiLU forward": ("activation", ("forward",)),
+    "SiLU input gradient": ("activation", ("dgrad",)),
+    "gating product forward": ("mul:gating", ("forward",)),
+    "gating product gradients": ("mul:gating", ("dgrad",)),
+    "residual adds": ("add:residual", ("forward",)),
+    "rotary adds": ("add:rotary", ("forward",)),
+    "rotary products": ("mul:rotary", ("forward", "dgrad")),
+    "attention forward (QKᵀ, softmax, PV)": ("attention", ("scores", "probs", "forward")),
+    "attention backward": ("attention", ("dgrad", "dgrad_k", "dgrad_v", "dprobs", "dscores")),
+    "loss forward (log-softmax)": ("cross_entropy", ("forward",)),
+    "loss gradient": ("cross_entropy", ("dlogp", "dgrad")),
+    "embedding lookup": ("embedding", ("forward",)),
+    "embedding weight gradient": ("embedding", ("wgrad",)),
+    "RMSNorm weight gradients": ("rms_norm", ("wgrad",)),
 }
-"""Every op family of the Llama's training step the campaign hits (the optimizer's own
-arithmetic and the data are outside: audits and weight checks cover those)."""
+"""Every computing op family of the Llama's training step; a fault corrupts one element of the
+op's result before the sensor reads it, as a faulty GPU would. Not in the campaign: ops that only
+move data (reshapes, transposes, the concatenation and negation of ``rotate_half``, dtype casts),
+the loss's reduction to a scalar (which no gradient reads), the fused attention kernel (the
+campaign runs ``attention="checked"``; the fused kernel is seen only by recompute comparisons under
+activation checkpointing: tests/agent/test_sensors_llama_ddp.py), and the optimizer's own
+arithmetic (audits and weight checks cover those)."""
 
 
 # ---------------------------------------------------------------- faults, on any rank's model
@@ -103,10 +106,11 @@ def tap_target(model: nn.Module, name: str) -> Any:
 
 
 class Injection:
-    """One trial's fault on one model (installed only on the faulty rank)."""
+    """One trial's fault on one model: a tap on the sensor's result, before its check, as a
+    faulty GPU would corrupt it (installed only on the faulty rank)."""
 
-    def __init__(self, spec: dict[str, Any], model: nn.Module, guard: Any) -> None:
-        self.spec, self.model, self.guard = spec, model, guard
+    def __init__(self, spec: dict[str, Any], model: nn.Module) -> None:
+        self.spec, self.model = spec, model
         self.fired = False
         self._undo: list[Any] = []
 
@@ -114,60 +118,30 @@ class Injection:
         spec = self.spec
         if dist.get_rank() != spec["rank"]:
             return self
-        if spec["mode"] == "tap":
-            target = tap_target(self.model, spec["target"])
-            seen = [0]
+        target = tap_target(self.model, spec["target"])
+        seen = [0]
 
-            def tap(label: str, value: torch.Tensor) -> None:
-                if label != spec["label"] or self.fired:
-                    return
-                seen[0] += 1
-                if seen[0] - 1 != spec["occurrence"]:
-                    return
-                flat = value.view(-1) if value.is_contiguous() else value.reshape(-1)
-                corrupt(flat, spec)
-                if not value.is_contiguous():
-                    value.copy_(flat.view_as(value))
-                self.fired = True
+        def tap(label: str, value: torch.Tensor) -> None:
+            if label != spec["label"] or self.fired:
+                return
+            seen[0] += 1
+            if seen[0] - 1 != spec["occurrence"]:
+                return
+            flat = value.view(-1) if value.is_contiguous() else value.reshape(-1)
+            corrupt(flat, spec)
+            if not value.is_contiguous():
+                value.copy_(flat.view_as(value))
+            self.fired = True
 
-            target.gemm_taps.append(tap)
-            self._undo.append(lambda: target.gemm_taps.remove(tap))
-        elif spec["mode"] == "call":
-            kind = ScaleCallElement if spec["fault"] == "x1.1" else FlipCallBit
-            extra = {"factor": 1.1} if spec["fault"] == "x1.1" else {"bit": spec["bit"]}
-            fault = kind(
-                spec["target"],
-                function=spec["label"],
-                call=spec["occurrence"],
-                index=spec["index"],
-                rank=spec["rank"],
-                step=self.guard.current_step,
-                persistent=False,
-                **extra,
-            ).attach(self.guard)
-            self._undo.append(fault.detach)
-            self._call = fault
-        else:
-            param = self.model.get_parameter(spec["target"])
-
-            def hook(grad: torch.Tensor) -> torch.Tensor | None:
-                if self.fired:
-                    return None
-                out = grad.clone()
-                corrupt(out.view(-1), spec)
-                self.fired = True
-                return out
-
-            handle = param.register_hook(hook)
-            self._undo.append(handle.remove)
+        target.gemm_taps.append(tap)
+        self._undo.append(lambda: target.gemm_taps.remove(tap))
         return self
 
     def remove(self) -> bool:
         """Uninstall; whether the fault fired."""
         for undo in self._undo:
             undo()
-        call = getattr(self, "_call", None)
-        return self.fired or bool(call is not None and call.fired)
+        return self.fired
 
 
 # ---------------------------------------------------------------- the job, on every rank
@@ -219,7 +193,9 @@ def _build(bf16: bool, budget: float, attention: str) -> dict[str, Any]:
     """The guarded model and its unguarded twin, both protected, trained alike to one state."""
     guarded_model, twin = llama(), llama()
     for model in (guarded_model, twin):
-        sdc.protect(model, attention=attention)
+        # A short warm-up (the campaign's few steps) so that every sensor checks from the
+        # first trial on.
+        sdc.protect(model, attention=attention, config=SensorConfig(warmup_checks=WARMUP_STEPS))
     ddp, twin_ddp = (nn.parallel.DistributedDataParallel(m) for m in (guarded_model, twin))
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     twin_optimizer = torch.optim.AdamW(twin_ddp.parameters(), lr=1e-3)
@@ -283,33 +259,27 @@ def _targets(run: dict[str, Any]) -> dict[str, list[tuple[str, str, int]]]:
     _plain_step(run["twin_ddp"], run["twin_optimizer"], tokens(0, dist.get_rank(), seed=1), False)
     for target, count in taps:
         target.gemm_taps.remove(count)
-    for family, (mode, where, labels) in FAMILIES.items():
+    for family, (where, labels) in FAMILIES.items():
+        kind, _, part = where.partition(":")
         sites: list[tuple[str, str, int]] = []
-        if mode == "tap":
-            kind, _, part = where.partition(":")
-            for name, got in kinds.items():
-                if got != kind:
-                    continue
-                rotary = name.endswith("self_attn/add")
-                if (part == "rotary" and not rotary) or (part == "residual" and rotary):
-                    continue
-                sites += [(name, label, counts.get((name, label), 0)) for label in labels]
-        elif mode == "call":
-            modules = [n for n, _ in twin.named_modules() if n.endswith(where)]
-            per_call = {"mul": 4, "embedding": 1}[labels[0]]  # q·cos, rot(q)·sin, k·cos, ...
-            sites += [(n, labels[0], per_call) for n in modules]
-        elif where == "norm_weights":
-            sites += [
-                (n, "", 1) for n, _ in twin.named_parameters() if "norm" in n and "weight" in n
-            ]
-        else:
-            sites.append((where, "", 1))
+        for name, got in kinds.items():
+            if got != kind:
+                continue
+            # Adds and products in the attention's own forward are the rotary embedding's;
+            # the decoder layer's adds are the residuals, the MLP's product the gating.
+            rotary = ".self_attn/" in name
+            if (part == "rotary" and not rotary) or (part in ("residual", "gating") and rotary):
+                continue
+            sites += [(name, label, counts.get((name, label), 0)) for label in labels]
         found[family] = [s for s in sites if s[2] > 0]
     return found
 
 
-def campaign_job(*, trials: int, bf16: bool, attention: str, seed: int) -> dict[str, Any]:
+def campaign_job(
+    *, trials: int, bf16: bool, attention: str, seed: int, families: list[str]
+) -> dict[str, Any]:
     """Run the campaign on this rank (collective: every rank runs the same trials)."""
+    logging.getLogger("sdc_agent").setLevel(logging.ERROR)  # every trial's alarm is logged
     torch.manual_seed(0)
     run = _build(bf16, math.inf, attention)
     guard, batches = run["guard"], run["batches"]
@@ -323,17 +293,14 @@ def campaign_job(*, trials: int, bf16: bool, attention: str, seed: int) -> dict[
         references[b] = _weights(run["twin"])
 
     def draw(family: str) -> dict[str, Any]:
-        mode = FAMILIES[family][0]
         sites = targets[family]
         target, label, calls = sites[int(torch.randint(len(sites), (1,), generator=gen))]
         return {
             "family": family,
-            "mode": mode,
             "target": target,
             "label": label,
             "occurrence": int(torch.randint(calls, (1,), generator=gen)),
             "where": float(torch.rand((), generator=gen)),
-            "index": int(torch.randint(1 << 20, (1,), generator=gen)),
             "fault": "x1.1" if float(torch.rand((), generator=gen)) < 0.5 else "bit",
             "bit": int(torch.randint(20, 31, (1,), generator=gen)),
             "rank": int(torch.randint(WORLD, (1,), generator=gen)),
@@ -342,22 +309,20 @@ def campaign_job(*, trials: int, bf16: bool, attention: str, seed: int) -> dict[
 
     rows = []
     step = WARMUP_STEPS
-    for family in FAMILIES:
+    for family in families:
         for _ in range(trials if targets[family] else 0):
             spec = draw(family)
             batch = tokens(1000 + spec["batch"], dist.get_rank(), seed=1)
             # Effective? The unguarded twin takes the same step with the same fault.
             _restore(run["twin"], run["twin_optimizer"], run["state"])
-            stub = SimpleNamespace(module=run["twin"], current_step=step, current_micro_batch=None)
-            injection = Injection(spec, run["twin"], stub).install()
+            injection = Injection(spec, run["twin"]).install()
             _plain_step(run["twin_ddp"], run["twin_optimizer"], batch, bf16)
             fired_twin = injection.remove()
             effective = not torch.equal(_weights(run["twin"]), references[spec["batch"]])
             # Named? The guarded model takes it under the guard.
             _restore(run["model"], run["optimizer"], run["state"])
             batches[step] = 1000 + spec["batch"]
-            guard.current_step = step  # faults read it when they attach
-            injection = Injection(spec, run["model"], guard).install()
+            injection = Injection(spec, run["model"]).install()
             alarm = _guarded_step(guard, run["ddp"], run["optimizer"], step, batch, bf16)
             fired = injection.remove()
             rows.append(_row(spec, alarm, effective, fired_twin or fired))
@@ -478,12 +443,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=12, help="trials per family and dtype")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the trials")
     parser.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16 or both")
+    parser.add_argument(
+        "--families", default="", help="comma-separated op families (default: every family)"
+    )
     parser.add_argument("--overhead-steps", type=int, default=20, help="steps per timed round")
     parser.add_argument("--overhead-rounds", type=int, default=3, help="timed rounds")
     parser.add_argument("--json", type=Path, help="write the rows and tables here")
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error("--trials must be >= 1")
+    families = [f.strip() for f in args.families.split(",") if f.strip()] or list(FAMILIES)
+    if set(families) - set(FAMILIES):
+        parser.error(f"--families: unknown {sorted(set(families) - set(FAMILIES))}")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if not dtypes or set(dtypes) - {"fp32", "bf16"}:
         parser.error("--dtypes: fp32, bf16 or fp32,bf16")
@@ -495,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bf16": dtype == "bf16",
                 "attention": "checked",
                 "seed": args.seed,
+                "families": families,
             },
         )
         for dtype in dtypes
@@ -512,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         for dtype in dtypes
     ]
     started = time.monotonic()
-    results = launch(jobs, world=WORLD, ranks_per_node=PER_NODE, timeout_s=6 * 3600)
+    results = launch(jobs, world=WORLD, ranks_per_node=PER_NODE, timeout_s=3 * 3600)
     for per_rank in results:
         errors = [r["trace"] for r in per_rank if "error" in r]
         if errors:

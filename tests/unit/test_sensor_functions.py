@@ -23,7 +23,8 @@ from sdc_agent.sensors.rmsnorm import rms_norm_epsilon
 from sdc_agent.sensors.sites import find_sites
 
 THRESHOLD = SensorConfig().min_threshold
-TRIALS = 25
+TRIALS = 20
+HEALTHY = 12
 D = 48
 
 
@@ -121,6 +122,18 @@ class Loss(nn.Module):
         return F.cross_entropy(logits, self.targets[: logits.shape[0]])
 
 
+class Embedding(nn.Module):
+    """A token embedding (ids derived from the input) beside a linear path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.inp = nn.Embedding(50, D), nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x[..., 0].detach().abs() * 1000).long() % 50
+        return self.embed(ids) + self.inp(x)
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], str, str]] = {
     # name: (model, sensor name, kind)
     "rms_norm_torch": (lambda: Norm(nn.RMSNorm(D, eps=1e-6)), "norm", "rms_norm"),
@@ -134,6 +147,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], str, str]] = {
     "residual_add": (Residual, "/add", "add"),
     "attention": (Attention, "/scaled_dot_product_attention", "attention"),
     "cross_entropy": (Loss, "/cross_entropy", "cross_entropy"),
+    "embedding": (Embedding, "embed/embedding", "embedding"),
 }
 
 
@@ -221,12 +235,17 @@ def test_the_checked_attention_is_as_accurate_as_the_fused_kernel_and_reproduces
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
-OPS = [
-    (case, op)
-    for case in CASES
-    for op in ("forward", "dgrad")
-    if not (case == "residual_add" and op == "dgrad")  # an add's backward computes nothing
-]
+def ops_of(case: str) -> tuple[str, ...]:
+    """What a case's sensor checks (an add's backward computes nothing)."""
+    kind = CASES[case][2]
+    return {
+        "add": ("forward",),
+        "rms_norm": ("forward", "dgrad", "wgrad"),
+        "embedding": ("forward", "wgrad"),
+    }.get(kind, ("forward", "dgrad"))
+
+
+OPS = [(case, op) for case in CASES for op in ops_of(case)]
 
 
 def corrupting(
@@ -269,8 +288,8 @@ def test_healthy_ratios_stay_below_the_threshold_and_one_wrong_element_is_caught
     def batch() -> torch.Tensor:
         return torch.randn(4, 16, D, generator=gen) * 2.0
 
-    # Then TRIALS healthy passes read ratios below the board's floor threshold
-    healthy = max(float(sensed(model, batch(), bf16)[index]) for _ in range(TRIALS))
+    # Then HEALTHY healthy passes read ratios below the board's floor threshold
+    healthy = max(float(sensed(model, batch(), bf16)[index]) for _ in range(HEALTHY))
     assert healthy < THRESHOLD
     # And x1.1 of one random element of what it checks, or one bit flip, reads above it
     for fault in ("x1.1", "flip"):
@@ -285,10 +304,14 @@ def test_healthy_ratios_stay_below_the_threshold_and_one_wrong_element_is_caught
 
 
 def expected_share(case: str, op: str, bf16: bool) -> float:
-    """The share of one-element faults a sensor must catch: 95%, but for an RMSNorm's input
-    gradient computed from 16-bit values (2-3 bf16 roundings per element, which a 10% change of
-    an element whose two terms cancel stays within): 85%."""
-    return 0.85 if bf16 and op == "dgrad" and case.startswith("rms_norm") else 0.95
+    """The share of one-element faults a sensor must catch: 95%; but an RMSNorm's gradients
+    computed from a 16-bit input carry bf16 roundings (2-3 per input-gradient element, one per
+    term of a weight-gradient sum) that a 10% change of an element whose terms cancel stays
+    within: 85% for the input gradient, 70% for the weight gradient (measured 75-80%). In the
+    Llama under autocast the norms' inputs are fp32 (the residual stream)."""
+    if bf16 and case.startswith("rms_norm") and op in ("dgrad", "wgrad"):
+        return {"dgrad": 0.85, "wgrad": 0.70}[op]
+    return 0.95
 
 
 def test_the_rms_norm_probe_finds_the_formula_and_nothing_else():

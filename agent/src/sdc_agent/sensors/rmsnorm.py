@@ -49,7 +49,16 @@ sides by ``u sqrt(D)`` of the size of its terms, ``c_i = r |x̂_i| mean(|g ⊙ x
 
 (the 16-bit term when dy, dx or x is 16-bit: ``g`` rounded to it, as Hugging Face's and
 torchtitan's backward do, which moves ``a`` and ``m``; and dx rounded once; ``|dx_i|`` is the
-reference's, computed from the inputs). The
+reference's, computed from the inputs).
+
+Weight gradient (:func:`rms_norm_wgrad_ratio`): ``dw_i = Σ_rows dy_i x̂_i``, a sum over the R rows
+of the batch, recomputed: both sums err as random walks (``2 u (1 + sqrt(R))`` times the norm of
+the terms ``t = dy ⊙ x̂``) and every term carries ``r``'s error (``(2 sqrt(D) + 16) u`` times
+``Σ |t_i|``), plus ``3 u_16 |t|`` when a 16-bit dtype is involved (each term rounded once, at
+random: a random walk). It is read at the weight's
+gradient accumulation (the gradient of this call, summed over the rows by autograd), once per
+backward; a norm module called twice in one forward (its weight's gradient then sums both
+calls) is not checked there. The
 module's own input gradient is the sum of its ops' contributions (two in Hugging Face's: the
 product ``x r`` and the square in ``mean(x²)``), added in fp32 for the check. Every term comes
 from the inputs, never from the values checked; healthy ratios and detection are measured by
@@ -140,6 +149,24 @@ def rms_norm_dgrad_ratio(
     return elementwise_ratio(_rows(dx, x.shape[-1]), reference, bound, 1.0)
 
 
+def rms_norm_wgrad_ratio(
+    dw: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, eps: float | None
+) -> torch.Tensor:
+    """Weight-gradient check: every ``dw_i`` against ``Σ_rows dy_i x_i r`` recomputed (0-dim
+    fp32; module docstring)."""
+    x32, r, _, root = _reference(x, None, eps)
+    terms = _rows(dy, x.shape[-1]) * x32 * r
+    reference = terms.sum(dim=0)
+    rows = terms.shape[0]
+    spread = terms.abs().sum(dim=0)
+    u, coarse = FP32_UNIT_ROUNDOFF, _coarse_unit(dw.dtype, dy.dtype, x.dtype)
+    walk = torch.linalg.vector_norm(terms, dim=0)
+    bound = u * (2.0 * (1.0 + math.sqrt(rows)) * walk + (2.0 * root + 16.0) * spread)
+    # A 16-bit x̂ (Hugging Face rounds x r to the input's dtype) errs in every term at random.
+    bound = bound + 3.0 * coarse * walk
+    return elementwise_ratio(dw.detach().float().reshape(-1), reference, bound, 1.0)
+
+
 # ---------------------------------------------------------------- finding RMSNorm modules
 def rms_norm_epsilon(module: nn.Module) -> tuple[bool, float | None]:
     """Whether ``module`` computes an RMSNorm (module docstring), and its epsilon (None:
@@ -194,10 +221,13 @@ def _probe(module: nn.Module, weight: nn.Parameter, eps: float) -> bool:
 _MAX_NODES = 64  # backward nodes searched from a norm's output for the edges into its input
 
 
-def _edges_into(root: Any, target: torch.autograd.graph.GradientEdge) -> list[tuple[Any, int]]:
+def _edges_into(
+    root: Any, target: torch.autograd.graph.GradientEdge, stop: Any = None
+) -> list[tuple[Any, int]]:
     """The (node, input index) pairs of the backward graph below ``root`` whose gradient flows
-    into ``target`` (the norm's input): the norm's own ops that read its input. The search stops
-    at the input and at parameters, and gives up (returns []) beyond :data:`_MAX_NODES` nodes."""
+    into ``target`` (the norm's input or weight): the norm's own ops that read it. The search
+    does not go below ``target`` nor ``stop`` (the norm's input: what is below it is the rest of
+    the model), stops at parameters, and gives up (returns []) beyond :data:`_MAX_NODES`."""
     found: list[tuple[Any, int]] = []
     seen: set[int] = set()
     todo = [root]
@@ -213,7 +243,7 @@ def _edges_into(root: Any, target: torch.autograd.graph.GradientEdge) -> list[tu
                 continue
             if child is target.node and output_nr == target.output_nr:
                 found.append((node, index))
-            elif child.next_functions:
+            elif child.next_functions and child is not stop:
                 todo.append(child)
     return found
 
@@ -244,19 +274,20 @@ class RMSNormSensor(OpSensor):
     contributions (the difference is added to the last one to arrive), its ``forward`` a copy of
     the output."""
 
-    sensor_ops: tuple[Gemm, ...] = ("forward", "dgrad")
+    sensor_ops: tuple[Gemm, ...] = ("forward", "dgrad", "wgrad")
 
     def __init__(self, module: nn.Module, board: SensorBoard, name: str, eps: float | None) -> None:
         """Register the sensors of ``module`` (an RMSNorm, see :func:`rms_norm_epsilon`)."""
         self.module = module
         self.eps = eps
         features = self.features()
-        # Per row of D: the forward check reads x and y, squares, two dots (~7 D) against the
-        # norm's ~5 D; the backward check ~16 D against the backward's ~10 D.
-        self._attach_sensor(
-            board, name, "rms_norm", [(7 * features, 5 * features), (16 * features, 10 * features)]
-        )
+        # Per row of D: the forward check reads x and y (~7 D) against the norm's ~5 D; the
+        # input-gradient check ~16 D against the backward's ~10 D; the weight gradient's ~5 D
+        # against its ~2 D.
+        costs = [(7 * features, 5 * features), (16 * features, 10 * features)]
+        self._attach_sensor(board, name, "rms_norm", [*costs, (5 * features, 2 * features)])
         self._inputs: list[torch.Tensor | None] = []
+        self._weight_calls: dict[int, list[_Call]] = {}  # per accumulation node, this backward
         for attribute in ("sensor_board", "sensor_base", "layer_name", "gemm_taps", "sensor_ops"):
             setattr(module, attribute, getattr(self, attribute))
         module.register_forward_pre_hook(self._before)
@@ -290,24 +321,61 @@ class RMSNormSensor(OpSensor):
         with torch.no_grad(), outside_function_modes():
             if self.checks("forward"):
                 self.record("forward", rms_norm_ratio(out, x, self.weight(), self.eps))
-        if out.grad_fn is not None and x.requires_grad and (self.gemm_taps or self.checks("dgrad")):
+        backward = self.gemm_taps or self.checks("dgrad") or self.checks("wgrad")
+        if out.grad_fn is not None and backward:
             self._watch_backward(out, x)
         return out if out is not output else None
 
     def _watch_backward(self, out: torch.Tensor, x: torch.Tensor) -> None:
-        """Hook the output's backward node (dy) and the norm's nodes that read x (dx's parts)."""
-        edges = _edges_into(out.grad_fn, torch.autograd.graph.get_gradient_edge(x))
-        if not edges:
-            return
-        call = _Call(x.detach(), len(edges))
-        check = self.checks("dgrad")
+        """Hook the output's backward node (dy), the norm's nodes that read x (dx's parts) and
+        those that read the weight (which arm a one-shot check of the weight's gradient)."""
+        call = _Call(x.detach(), 0)
 
         def took_dy(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
             call.dy = grad_outputs[0]
 
         out.grad_fn.register_prehook(took_dy)
-        for node, index in edges:
-            node.register_hook(self._part_hook(call, index, check))
+        if x.requires_grad:
+            edges = _edges_into(out.grad_fn, torch.autograd.graph.get_gradient_edge(x))
+            call.waiting = len(edges)
+            check = self.checks("dgrad")
+            for node, index in edges:
+                node.register_hook(self._part_hook(call, index, check))
+        weight = self.weight()
+        if weight is not None and weight.requires_grad:
+            target = torch.autograd.graph.get_gradient_edge(weight)
+            below = torch.autograd.graph.get_gradient_edge(x).node if x.requires_grad else None
+            producers = _edges_into(out.grad_fn, target, stop=below)
+            if len(producers) == 1:  # the one product by w: its gradient is this call's dw
+                node, _ = producers[0]
+                node.register_hook(lambda grads, outputs: self._arm_wgrad(call, target.node))
+
+    def _arm_wgrad(self, call: _Call, accumulate: Any) -> None:
+        """In this backward, before the weight's gradient is accumulated: check (and tap) it."""
+        calls = self._weight_calls.setdefault(id(accumulate), [])
+        calls.append(call)
+        if len(calls) > 1:
+            return  # armed already by another call of this norm in this backward
+
+        handle: list[Any] = []
+
+        def check(grad_outputs: tuple[Any, ...]) -> Any:
+            handle[0].remove()
+            mine = self._weight_calls.pop(id(accumulate), [])
+            dw = grad_outputs[0]
+            if dw is None or len(mine) != 1 or mine[0].dy is None:
+                return None  # several calls summed into one gradient: not this check's
+            replaced = None
+            with torch.no_grad(), outside_function_modes():
+                if self.gemm_taps:
+                    dw = dw.clone()
+                    self.tap("wgrad", dw)
+                    replaced = (dw, *grad_outputs[1:])
+                if self.checks("wgrad"):
+                    self.record("wgrad", rms_norm_wgrad_ratio(dw, mine[0].dy, mine[0].x, self.eps))
+            return replaced
+
+        handle.append(accumulate.register_prehook(check))
 
     def _part_hook(self, call: _Call, index: int, check: bool) -> Any:
         def hook(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> Any:
