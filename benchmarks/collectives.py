@@ -44,13 +44,16 @@ import torch
 import torch.distributed as dist
 
 from sdc_agent.alarm import RankInfo
-from sdc_agent.audit import ROW_WIDTH
-from sdc_agent.drill import launch
+from sdc_agent.checks.replay.attribution import ROW_WIDTH
+from sdc_agent.drills.launch import launch
 from sdc_agent.topology import all_gather_text
 
 INT64 = 8
-FLAGS = 2
-"""Check 1's flags per rank: [local gradient non-finite, reduced gradient non-finite]."""
+FLAGS = 3
+"""Check 1's flags per rank: [local gradient non-finite, reduced gradient non-finite, an online
+sensor flagged] (sdc_agent's FlagExchange); the per-step reduction adds one: [..., any rank
+clean]."""
+FLAG_REDUCTION = FLAGS + 1
 FINGERPRINT_WIDTH = 2
 """int64 values per tensor in a fingerprint table (``fingerprints`` returns [T, 2])."""
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -95,12 +98,8 @@ def collectives(disputed: int = 1) -> list[Collective]:
             lambda n, t: DDP_BUCKET_BYTES,
         ),
         Collective(
-            "flags_gather", "per step (before issue 15)", "all_gather", f"N x {FLAGS * INT64} B",
-            lambda n, t: n * FLAGS * INT64,
-        ),
-        Collective(
-            "flags_max", "per step (from issue 15)", "all_reduce", f"{FLAGS * INT64} B",
-            lambda n, t: FLAGS * INT64,
+            "flags_max", "per step", "all_reduce", f"{FLAG_REDUCTION * INT64} B",
+            lambda n, t: FLAG_REDUCTION * INT64,
         ),
         Collective(
             "flags_detail", "only when a flag is set", "all_gather", f"N x {FLAGS * INT64} B",
@@ -372,8 +371,9 @@ def _job_path() -> str:
 def _calls(world: int, tensors: int, disputed: int) -> dict[str, Callable[[], None]]:
     """One closure per collective shape, on tensors made once (as the guard's would be)."""
     rank = dist.get_rank()
-    flags = torch.zeros(FLAGS, dtype=torch.int64)
-    gathered_flags = [torch.empty_like(flags) for _ in range(world)]
+    flags = torch.zeros(FLAG_REDUCTION, dtype=torch.int64)
+    detail = torch.zeros(FLAGS, dtype=torch.int64)
+    gathered_flags = [torch.empty_like(detail) for _ in range(world)]
     rows = torch.zeros((2, ROW_WIDTH), dtype=torch.int64)
     gathered_rows = [torch.empty_like(rows) for _ in range(world)]
     confirm = torch.zeros((disputed, 2, ROW_WIDTH), dtype=torch.int64)
@@ -390,9 +390,8 @@ def _calls(world: int, tensors: int, disputed: int) -> dict[str, Callable[[], No
 
     return {
         "ddp_bucket": lambda: wait(dist.all_reduce(bucket, async_op=True)),
-        "flags_gather": lambda: wait(dist.all_gather(gathered_flags, flags, async_op=True)),
         "flags_max": lambda: wait(dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True)),
-        "flags_detail": lambda: dist.all_gather(gathered_flags, flags),
+        "flags_detail": lambda: dist.all_gather(gathered_flags, detail),
         "audit_gather": lambda: dist.all_gather(gathered_rows, rows),
         "confirm_sum": lambda: dist.all_reduce(confirm, op=dist.ReduceOp.SUM),
         "weights_max": lambda: wait(dist.all_reduce(extremes, op=dist.ReduceOp.MAX, async_op=True)),

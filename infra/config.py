@@ -14,20 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sdc_remediation import autoapprove, contract, modes
+from sdc_contract import autoapprove, environment, metrics, modes, names
 
-METRIC_NAMES: tuple[str, ...] = contract.SDC_ALARM_METRICS
+METRIC_NAMES: tuple[str, ...] = metrics.SDC_ALARM_METRICS
 """The agent's alarm metrics (docs/CONTRACT.md, "Agent -> CloudWatch"): one deployed alarm each."""
 
-LIVENESS_METRIC_NAMES: tuple[str, ...] = contract.SDC_LIVENESS_METRICS
+LIVENESS_METRIC_NAMES: tuple[str, ...] = metrics.SDC_LIVENESS_METRICS
 """Counts the agent publishes per {ClusterName, JobName} while its checks run."""
-
-HEALTH_CHECK_TYPES: frozenset[str] = frozenset(
-    {"InstanceStress", "InstanceConnectivity", "MultiNodeTrainingValidation"}
-)
-"""The DeepHealthChecks values StartClusterHealthCheck accepts."""
-
-REPLACE_MODES: frozenset[str] = frozenset({"api", "label"})
 
 LOG_RETENTION_DAYS: tuple[int, ...] = (
     1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -39,7 +32,6 @@ LOG_RETENTION_DAYS: tuple[int, ...] = (
 _HYPERPOD_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # SageMaker ClusterName
 _HYPERPOD_ARN = re.compile(r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-z0-9]{12}$")
 _EKS_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")  # EKS CreateCluster name
-_K8S_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1123 label
 _NAMESPACE = re.compile(r"^[^:][^:]{0,254}$")  # CloudWatch namespace: no colon, 1..255 chars
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
@@ -68,7 +60,7 @@ class SdcConfig:
     """HyperPod cluster ARN; scopes the SageMaker IAM statements to that cluster. HyperPod ARNs
     end in a generated id, not the name, so without it they cover `cluster/*` of this account
     and region (`hyperPodClusterArn`)."""
-    namespace: str = "SDC"
+    namespace: str = metrics.DEFAULT_NAMESPACE
     """CloudWatch namespace the agent publishes to (`namespace`)."""
     alarm_period_seconds: int = 10
     """Alarm period; 10 or 30 (high resolution) or a multiple of 60 (`alarmPeriod`)."""
@@ -76,17 +68,17 @@ class SdcConfig:
         default_factory=lambda: dict.fromkeys(METRIC_NAMES, 1.0)
     )
     """Alarm fires when a period's Sum reaches this, per metric (`alarmThresholds`)."""
-    approval_timeout_seconds: int = 86400
+    approval_timeout_seconds: int = environment.DEFAULT_APPROVAL_TIMEOUT_SECONDS
     """How long the workflow waits for a human decision before giving up (`approvalTimeout`)."""
-    health_checks: tuple[str, ...] = ("InstanceStress",)
+    health_checks: tuple[str, ...] = names.DEFAULT_HEALTH_CHECKS
     """Deep health checks to run on a suspect (`healthChecks`)."""
-    health_check_timeout_seconds: int = 9000
+    health_check_timeout_seconds: int = environment.DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS
     """Give up waiting for the deep health check after this long (`healthCheckTimeout`)."""
     health_check_poll_seconds: int = 300
     """Interval between health-check polls (`healthCheckPollInterval`)."""
-    max_nodes_per_hour: int = 2
+    max_nodes_per_hour: int = environment.DEFAULT_MAX_NODES_PER_HOUR
     """Blast-radius guard: admissions per hour before the circuit opens (`maxNodesPerHour`)."""
-    max_fraction: float = 0.05
+    max_fraction: float = environment.DEFAULT_MAX_FRACTION
     """Blast-radius guard: fraction of the cluster in remediation at once (`maxFraction`)."""
     replace_mode: str = "api"
     """`api` (BatchReplaceClusterNodes) or `label` (node-health-status label) (`replaceMode`)."""
@@ -130,7 +122,7 @@ class SdcConfig:
 
     def __post_init__(self) -> None:
         _check(
-            bool(_K8S_NAMESPACE.match(self.training_namespace)),
+            names.is_label_name(self.training_namespace),
             "trainingNamespace",
             f"{self.training_namespace!r} is not a Kubernetes namespace name (a DNS-1123 label: "
             "lower-case letters, digits and '-', at most 63)",
@@ -184,11 +176,12 @@ class SdcConfig:
             f"{self.approval_timeout_seconds} s is outside 1 minute .. 365 days",
         )
         _check(bool(self.health_checks), "healthChecks", "needs at least one check")
-        bad_checks = set(self.health_checks) - HEALTH_CHECK_TYPES
+        bad_checks = set(self.health_checks) - set(names.HEALTH_CHECK_TYPES)
         _check(
             not bad_checks,
             "healthChecks",
-            f"unknown check(s) {sorted(bad_checks)}; expected some of {sorted(HEALTH_CHECK_TYPES)}",
+            f"unknown check(s) {sorted(bad_checks)}; expected some of "
+            f"{sorted(names.HEALTH_CHECK_TYPES)}",
         )
         _check(
             self.health_check_timeout_seconds >= 60,
@@ -203,9 +196,9 @@ class SdcConfig:
         _check(self.max_nodes_per_hour >= 1, "maxNodesPerHour", "must be at least 1")
         _check(0 < self.max_fraction <= 1, "maxFraction", f"{self.max_fraction} is outside (0, 1]")
         _check(
-            self.replace_mode in REPLACE_MODES,
+            self.replace_mode in names.REPLACE_MODES,
             "replaceMode",
-            f"{self.replace_mode!r}; expected one of {sorted(REPLACE_MODES)}",
+            f"{self.replace_mode!r}; expected one of {sorted(names.REPLACE_MODES)}",
         )
         for email in self.notification_emails:
             _check(
@@ -271,13 +264,13 @@ class SdcConfig:
     @property
     def report_log_group(self) -> str:
         """Log group where the agent writes its reports (docs/CONTRACT.md)."""
-        return f"/sdc/{self.hyperpod_cluster_name}"
+        return metrics.report_log_group(self.hyperpod_cluster_name)
 
     @property
     def approval_ttl_seconds(self) -> int:
         """Approval records outlive the task token by a day, so a late CLI call finds the
         record and says "expired" instead of "not found"."""
-        return self.approval_timeout_seconds + 86400
+        return self.approval_timeout_seconds + environment.APPROVAL_TTL_MARGIN_SECONDS
 
     @property
     def check_modes_json(self) -> str:

@@ -25,7 +25,23 @@ def add_checks(app: cdk.App) -> None:
 
 def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
     """Acknowledge finding `rule_id` (e.g. "AwsSolutions-IAM5[Resource::*]") on `scope` and
-    everything below it."""
+    everything below it.
+
+    Several grants may need the same finding on one role (`*` for X-Ray, and for
+    cloudwatch:GetMetricData): CDK keeps only the last reason given per scope and id, so each
+    acknowledgment carries the earlier reasons too and the report shows every one.
+    """
+    earlier = [
+        given
+        for entry in scope.node.metadata
+        if entry.type == cdk.Validations.ACKNOWLEDGED_RULES_METADATA_KEY
+        for key, given in dict(entry.data or {}).items()
+        if key == rule_id or key.endswith(f"::{rule_id}")
+    ]
+    if earlier and reason in earlier[-1]:
+        return
+    if earlier:
+        reason = f"{earlier[-1]}; {reason}"
     cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule_id, reason=reason))
 
 

@@ -1,6 +1,8 @@
 """The sdc-guard stack: composes the constructs, wires them, declares the outputs.
 
-Nothing here builds a resource by itself; each concern lives in `infra/constructs/`.
+Nothing here builds a resource or writes a policy statement by itself; each concern lives in
+`infra/constructs/`, and the construct that owns a resource grants on it (`ledger.grant_admit`).
+`_grant` is the one table of who may do what.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from constructs import Construct
 from infra.config import SdcConfig
 from infra.constructs.agent_access import AgentPolicy
 from infra.constructs.alarms import LivenessAlarm, PipelineAlarms, SdcAlarms
-from infra.constructs.approval import Approvals, OperatorPolicy
+from infra.constructs.approval import Approvals, ApprovalUrl, OperatorPolicy
 from infra.constructs.canary import Canary
 from infra.constructs.dashboard import Dashboard
 from infra.constructs.eks_access import EksAccess
 from infra.constructs.functions import SWEEP_RATE, Functions, log_retention
+from infra.constructs.hyperpod import HyperPodCluster
 from infra.constructs.ledger import Ledger
 from infra.constructs.notifications import Notifications
+from infra.constructs.reports import ReportLogGroup
 from infra.constructs.rule import AlarmRule
 from infra.constructs.sweeper import SweeperSchedule
-from infra.constructs.workflow import Workflow
+from infra.constructs.workflow import Workflow, state_machine_arn
 
 # Margin on top of the health-check and approval windows before the execution itself times out:
 # retries, waits and the record steps; generous so it never cuts a legitimate run short.
@@ -43,16 +47,15 @@ class SdcGuardStack(cdk.Stack):
         super().__init__(scope, construct_id, **kwargs)
         self.config = config
         state_machine_name = config.resource_prefix
-        # Known before the state machine exists, so the functions can name it in messages
-        # without a dependency cycle (the state machine depends on the functions).
-        state_machine_arn = self.format_arn(
-            service="states",
-            resource="stateMachine",
-            resource_name=state_machine_name,
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
 
-        self.ledger = Ledger(self, "Ledger")
+        # What the functions act on and do not create: the clusters, the agent's report group.
+        self.hyperpod = HyperPodCluster(
+            self, "HyperPodCluster", cluster_arn=config.hyperpod_cluster_arn
+        )
+        self.eks_access = EksAccess(self, "EksAccess", cluster_name=config.eks_cluster_name)
+        self.reports = ReportLogGroup(self, "Reports", log_group_name=config.report_log_group)
+
+        self.ledger = Ledger(self, "Ledger", cluster_name=config.hyperpod_cluster_name)
         self.approvals = Approvals(self, "Approvals")
         self.notifications = Notifications(
             self,
@@ -67,8 +70,12 @@ class SdcGuardStack(cdk.Stack):
             ledger=self.ledger.table,
             approvals=self.approvals.table,
             topic=self.notifications.topic,
-            topic_key=self.notifications.key,
-            state_machine_arn=state_machine_arn,
+            # Known before the state machine exists, so the functions can name it in messages
+            # without a dependency cycle (the state machine depends on the functions).
+            state_machine_arn=state_machine_arn(self, state_machine_name),
+        )
+        self.approval_url = ApprovalUrl(
+            self, "ApproveFunctionUrl", function=self.functions.function("approve")
         )
         self.workflow = Workflow(
             self,
@@ -87,7 +94,7 @@ class SdcGuardStack(cdk.Stack):
         self.sweeper = SweeperSchedule(
             self,
             "Sweeper",
-            function=self.functions.services["sweeper"].function,
+            function=self.functions.function("sweeper"),
             rate=SWEEP_RATE,
         )
 
@@ -97,7 +104,7 @@ class SdcGuardStack(cdk.Stack):
                 self,
                 "Canary",
                 config=config,
-                function=self.functions.services["canary"].function,
+                function=self.functions.function("canary"),
                 topic=self.notifications.topic,
             )
             if config.canary_enabled
@@ -145,20 +152,79 @@ class SdcGuardStack(cdk.Stack):
             dead_letter_queue=self.rule.dead_letter_queue,
             record_log_group=self.functions.steps["record"].log_group,
         )
-        self.eks_access = EksAccess(
-            self,
-            "EksAccess",
-            cluster_name=config.eks_cluster_name,
-            roles=self.functions.kubernetes_roles,
-        )
-        self.operator_policy = OperatorPolicy(
-            self,
-            "Operators",
-            approve_function=self.functions.services["approve"].function,
-            ledger=self.ledger.table,
-        )
+        self.operator_policy = OperatorPolicy(self, "Operators")
         self.agent_policy = AgentPolicy(self, "Agent", config=config)
+        self._grant()
         self._outputs()
+
+    def _grant(self) -> None:
+        """Who may do what: each line is one grant of the construct that owns the resource,
+        which says exactly which actions on which resource (docs/architecture.md, "The
+        stack"). Nothing is granted anywhere else, except each function's own log group and
+        network (infra/constructs/functions.py) and the service roles CDK makes for the
+        schedules, the rule and the state machine."""
+        fn = self.functions.function
+        ledger, approvals, hyperpod = self.ledger, self.approvals, self.hyperpod
+        workflow, reports, sdc = self.workflow, self.reports, self.sdc_alarms
+        notify = self.notifications.grant_publish
+
+        sdc.grant_read_metrics(fn("localize"))
+        reports.grant_read(fn("localize"))
+        hyperpod.grant_describe_nodes(fn("localize"))
+
+        ledger.grant_admit(fn("admit"))
+        hyperpod.grant_count_nodes(fn("admit"))
+
+        hyperpod.grant_start_health_check(fn("start_health_check"))
+        hyperpod.grant_poll_health_check(fn("poll_health_check"))
+
+        approvals.grant_request(fn("request_approval"))
+        ledger.grant_read(fn("request_approval"))
+        notify(fn("request_approval"))
+        if self.config.auto_approve.enabled:
+            # Opt-in auto-approval: the policy reads every check's outcomes (precision) and
+            # resumes the workflow itself. Without the policy, approve alone sends results.
+            ledger.grant_read_outcomes(fn("request_approval"))
+            workflow.grant_auto_approve(fn("request_approval"))
+
+        hyperpod.grant_replace(fn("replace"))
+
+        ledger.grant_record(fn("record"))
+        notify(fn("record"))
+
+        # The approve function is the only principal that reads task tokens and sends task
+        # results (operators reach it through its AWS_IAM function URL).
+        approvals.grant_decide(fn("approve"))
+        workflow.grant_send_decision(fn("approve"))
+        ledger.grant_release(fn("approve"))
+
+        ledger.grant_sweep(fn("sweeper"))
+        workflow.grant_describe_executions(fn("sweeper"))
+        notify(fn("sweeper"))
+
+        for step in self.functions.kubernetes_steps:
+            self.eks_access.grant_kubernetes(step, fn(step))
+
+        if self.canary is not None:
+            # The canary function writes its runs, its report and its datum; the steps it
+            # passes write its progress; nothing of it reaches a node.
+            ledger.grant_canary_runs(fn("canary"))
+            reports.grant_write_canary_report(fn("canary"))
+            sdc.grant_put_metric_data(fn("canary"), sid="CanaryDatum")
+            self.canary.grant_where_it_stopped(fn("canary"))
+            workflow.grant_list_executions(fn("canary"))
+            notify(fn("canary"))
+            for step in ("localize", "admit", "record"):
+                ledger.grant_canary_progress(fn(step))
+            self.canary.grant_complete(fn("record"))
+            # The canary's approval is settled by the approve function, invoked directly.
+            self.approval_url.grant_settle_canary(fn("request_approval"))
+
+        # The people who decide, and the training pods (managed policies the user attaches).
+        self.approval_url.grant_invoke_url(self.operator_policy.policy)
+        ledger.grant_history(self.operator_policy.policy)
+        sdc.grant_put_metric_data(self.agent_policy.policy)
+        reports.grant_write_job_reports(self.agent_policy.policy)
 
     def _outputs(self) -> None:
         approvals = self.approvals.table.table_name
@@ -187,7 +253,7 @@ class SdcGuardStack(cdk.Stack):
                 "Attach to the training pods' role so the agent can publish",
             ),
             "ApprovalUrl": (
-                self.functions.approval_url.url,
+                self.approval_url.url,
                 "The approve function's AWS_IAM URL (SDC_APPROVAL_URL for the CLI)",
             ),
             "ApproveCommand": (
@@ -195,7 +261,7 @@ class SdcGuardStack(cdk.Stack):
                     "",
                     [
                         "sdc-remediation --approval-url ",
-                        self.functions.approval_url.url,
+                        self.approval_url.url,
                         " --ledger-table ",
                         ledger,
                         " approve APPROVAL_ID",
@@ -215,7 +281,7 @@ class SdcGuardStack(cdk.Stack):
                     "",
                     [
                         "aws lambda invoke --function-name ",
-                        self.functions.services["canary"].function.function_name,
+                        self.functions.function("canary").function_name,
                         """ --cli-binary-format raw-in-base64-out --payload '{"action": "start"}' """,
                         "/dev/stdout",
                     ],

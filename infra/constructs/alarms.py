@@ -1,17 +1,20 @@
-"""CloudWatch alarms: the SDC alarms that start the workflow, the optional liveness alarm, and
-alarms on the pipeline itself (so a broken pipeline is not silent)."""
+"""CloudWatch alarms: the SDC alarms that start the workflow (and who may put or read the SDC
+metrics they watch), the optional liveness alarm, and alarms on the pipeline itself (so a broken
+pipeline is not silent)."""
 
 from __future__ import annotations
 
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import LIVENESS_METRIC_NAMES, METRIC_NAMES, SdcConfig
+from infra.grants import allow
 
 
 class SdcAlarms(Construct):
@@ -20,11 +23,13 @@ class SdcAlarms(Construct):
     The agent publishes only when a check fails, so no data means healthy (notBreaching). One
     datapoint at or above the threshold is enough: each datapoint is already a confirmed finding.
     These alarms have no actions; the EventBridge rule turns their ALARM transitions into
-    workflow executions.
+    workflow executions. The SDC namespace is this construct's: it grants who may put data into
+    it (the agent, the canary) and who may read it (localize).
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, config: SdcConfig) -> None:
         super().__init__(scope, construct_id)
+        self.namespace = config.namespace
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         for metric_name in METRIC_NAMES:
             metric = cloudwatch.Metric(
@@ -49,6 +54,37 @@ class SdcAlarms(Construct):
                 datapoints_to_alarm=1,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             )
+
+    def grant_put_metric_data(
+        self, grantee: iam.IGrantable, *, sid: str = "PublishSdcMetrics"
+    ) -> iam.PolicyStatement:
+        """Put data into the SDC namespace, and no other (the agent's findings and liveness;
+        the canary's synthetic finding)."""
+        return allow(
+            grantee,
+            sid=sid,
+            actions=["cloudwatch:PutMetricData"],
+            # PutMetricData has no resource-level permissions; the namespace condition is what
+            # scopes it.
+            resources=["*"],
+            conditions={"StringEquals": {"cloudwatch:namespace": self.namespace}},
+            wildcard_reason=(
+                "cloudwatch:PutMetricData has no resource-level permissions; the "
+                f"cloudwatch:namespace condition limits it to the {self.namespace} namespace"
+            ),
+        )
+
+    def grant_read_metrics(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """List and read the per-node series behind an alarm (localize)."""
+        return allow(
+            grantee,
+            sid="ReadSdcMetrics",
+            actions=["cloudwatch:ListMetrics", "cloudwatch:GetMetricData"],
+            resources=["*"],
+            wildcard_reason=(
+                "CloudWatch ListMetrics/GetMetricData have no resource-level permissions (read only)"
+            ),
+        )
 
 
 class LivenessAlarm(Construct):

@@ -1,5 +1,6 @@
-"""Human approval: the approvals table, the task that waits for a decision, and the managed
-policy operators need to decide with `sdc-remediation approve|reject`.
+"""Human approval: the approvals table, the task that waits for a decision, the approve
+function's URL, and the managed policy operators need to decide with
+`sdc-remediation approve|reject`; every grant on the table and on the URL.
 
 The task token never leaves AWS: request_approval stores it in the approvals table under an
 opaque approval id and notifies with that id only; the CLI reads the token back and calls
@@ -15,6 +16,9 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
+
+import sdc_contract as contract
+from infra.grants import allow
 
 TTL_ATTRIBUTE = "expires_at"
 
@@ -51,6 +55,25 @@ class Approvals(Construct):
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
 
+    def grant_request(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Store a task token under a new approval id and read it back (request_approval)."""
+        return allow(
+            grantee,
+            sid="Approvals",
+            actions=["dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+            resources=[self.table.table_arn],
+        )
+
+    def grant_decide(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Read a token, claim its approval once, list the pending ones (approve alone: the
+        only role that may read task tokens)."""
+        return allow(
+            grantee,
+            sid="DecideApprovals",
+            actions=["dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Scan"],
+            resources=[self.table.table_arn],
+        )
+
 
 def request_approval_task(
     scope: Construct, function: lambda_.IFunction, *, timeout: cdk.Duration
@@ -76,51 +99,74 @@ def request_approval_task(
     )
 
 
+class ApprovalUrl(Construct):
+    """The approve function's AWS_IAM function URL: the one way operators reach a decision.
+
+    Lambda authenticates the SigV4 signature and hands the function the caller's ARN, which the
+    function records as the approver. The URL is added to the function itself (so its logical id
+    is the function's), and every grant to invoke the function is made here.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, function: lambda_.Function) -> None:
+        super().__init__(scope, construct_id)
+        self.function = function
+        self.function_url = function.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
+
+    @property
+    def url(self) -> str:
+        """The URL operators call (the stack's `ApprovalUrl` output, `SDC_APPROVAL_URL`)."""
+        return self.function_url.url
+
+    def grant_invoke_url(self, grantee: iam.IGrantable) -> list[iam.PolicyStatement]:
+        """Call the URL, and invoke the function only through it (operators)."""
+        function_arns = [self.function.function_arn]  # the URL is on the unqualified function
+        url = allow(
+            grantee,
+            sid="CallTheApproveFunctionUrl",
+            actions=["lambda:InvokeFunctionUrl"],
+            resources=function_arns,
+            conditions={"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}},
+        )
+        invoke = allow(
+            # Function URLs created since October 2025 also need lambda:InvokeFunction; only
+            # through the URL, or an operator could invoke the function directly with an event
+            # naming any caller.
+            grantee,
+            sid="InvokeOnlyThroughTheUrl",
+            actions=["lambda:InvokeFunction"],
+            resources=function_arns,
+            conditions={"Bool": {"lambda:InvokedViaFunctionUrl": "true"}},
+        )
+        return [url, invoke]
+
+    def grant_settle_canary(self, function: lambda_.Function) -> iam.PolicyStatement:
+        """Invoke the approve function directly to settle a canary's approval, and know its name
+        (`APPROVE_FUNCTION`): request_approval, only when the canary is on. The function's code
+        approves canary approvals alone that way, so approve stays the only role that sends task
+        results unless autoApprove is on."""
+        function.add_environment(contract.APPROVE_FUNCTION, self.function.function_name)
+        return allow(
+            function,
+            sid="InvokeApproveForCanary",
+            actions=["lambda:InvokeFunction"],
+            resources=[self.function.function_arn],
+        )
+
+
 class OperatorPolicy(Construct):
     """Managed policy for the people who approve: attach it to their role or group.
 
-    Covers `sdc-remediation pending|approve|reject|release` (through the approve function's
-    AWS_IAM URL: the function records the authenticated caller and alone sends task results)
-    and `history` (reads the ledger). It grants no Step Functions action and no access to the
-    approvals table: an operator can neither read a task token nor resume the workflow without
-    the function's deadline and single-use claim.
+    The stack grants it `sdc-remediation pending|approve|reject|release` (through the approve
+    function's AWS_IAM URL: the function records the authenticated caller and alone sends task
+    results) and `history` (reads the ledger). It gets no Step Functions action and no access to
+    the approvals table: an operator can neither read a task token nor resume the workflow
+    without the function's deadline and single-use claim.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        approve_function: lambda_.IFunction,
-        ledger: dynamodb.ITable,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
-        function_arns = [approve_function.function_arn]  # the URL is on the unqualified function
         self.policy = iam.ManagedPolicy(
             self,
             "Policy",
             description="sdc-guard operators: list, approve or reject pending node replacements",
-            statements=[
-                iam.PolicyStatement(
-                    sid="CallTheApproveFunctionUrl",
-                    actions=["lambda:InvokeFunctionUrl"],
-                    resources=function_arns,
-                    conditions={"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}},
-                ),
-                iam.PolicyStatement(
-                    # Function URLs created since October 2025 also need lambda:InvokeFunction;
-                    # only through the URL, or an operator could invoke the function directly
-                    # with an event naming any caller.
-                    sid="InvokeOnlyThroughTheUrl",
-                    actions=["lambda:InvokeFunction"],
-                    resources=function_arns,
-                    conditions={"Bool": {"lambda:InvokedViaFunctionUrl": "true"}},
-                ),
-                iam.PolicyStatement(
-                    sid="ReadLedger",
-                    # `history` without --node scans the (small) ledger.
-                    actions=["dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan"],
-                    resources=[ledger.table_arn],
-                ),
-            ],
         )

@@ -1,5 +1,6 @@
-"""The live canary (lambdas/sdc_remediation/canary.py): its schedule, the SDC alarm its datum
-fires, and the alarm that says when a canary did not complete, and where it stopped."""
+"""The live canary (lambdas/sdc_remediation/logic/canary/): its schedule, the SDC alarm its datum
+fires, the alarm that says when a canary did not complete, and where it stopped; the grants on
+those alarms."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from aws_cdk import aws_scheduler_targets as targets
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+import sdc_contract as contract
 from infra import nag
 from infra.config import SdcConfig
-from sdc_remediation import contract
+from infra.grants import allow
 
 START = {"action": "start"}
 """What the schedule sends the canary function (an alarm action's event carries `alarmData`)."""
@@ -121,3 +123,37 @@ class Canary(Construct):
         )
         self.not_completed.add_alarm_action(actions.SnsAction(topic))
         self.not_completed.add_alarm_action(actions.LambdaAction(function))
+        # By name, not the alarm's Arn attribute: the alarm's Lambda action depends on the
+        # canary function, whose role's policy would then depend on the alarm (a cycle).
+        self.sdc_alarm_arn = cdk.Stack.of(self).format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=canary_alarm_name(config),
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+
+    def grant_where_it_stopped(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Read the canary's SDC alarm, to say where a run stopped (the canary function)."""
+        return allow(
+            grantee,
+            sid="WhereTheCanaryStopped",
+            actions=["cloudwatch:DescribeAlarms"],
+            resources=[self.sdc_alarm_arn],
+        )
+
+    def grant_complete(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Put `canary_completed`, the datum the not-completed alarm waits for (record, when a
+        canary run closes), in the functions' own namespace only."""
+        return allow(
+            grantee,
+            sid="CanaryCompleted",
+            actions=["cloudwatch:PutMetricData"],
+            resources=["*"],
+            conditions={
+                "StringEquals": {"cloudwatch:namespace": contract.POWERTOOLS_METRICS_NAMESPACE}
+            },
+            wildcard_reason=(
+                "cloudwatch:PutMetricData has no resource-level permissions; the "
+                "cloudwatch:namespace condition limits it to one namespace"
+            ),
+        )

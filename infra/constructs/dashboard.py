@@ -176,7 +176,7 @@ class Dashboard(Construct):
                 title="Outcomes per check x verdict (precision: `sdc-remediation stats`)",
                 metrics=[
                     # The record step counts each outcome by check and verdict
-                    # (sdc_remediation.recording.OUTCOME_METRICS): one row per metric, check
+                    # (sdc_remediation.logic.recording.OUTCOME_METRICS): one row per metric, check
                     # and verdict, summed over the dashboard's time range.
                     search(
                         # Powertools adds its `service` dimension to every metric.

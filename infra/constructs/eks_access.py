@@ -15,11 +15,12 @@ API_AND_CONFIG_MAP).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
+import aws_cdk as cdk
 from aws_cdk import aws_eks as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
+
+from infra.grants import allow
 
 READER_GROUP = "sdc-reader"
 CORDON_GROUP = "sdc-cordoner"
@@ -39,34 +40,47 @@ KUBERNETES_GROUP = CORDON_GROUP
 
 
 class EksAccess(Construct):
-    """One STANDARD access entry per role, in the group of its step (`STEP_GROUPS`).
+    """The EKS cluster the functions talk to (not created here): one STANDARD access entry per
+    granted role, in the group of its step (`STEP_GROUPS`), and eks:DescribeCluster on it.
 
-    `roles` is keyed by a stable name (the step folder): the construct id derives from it, so
+    Entries are keyed by a stable name (the step folder): the construct id derives from it, so
     adding or removing a step never replaces another step's entry (EKS allows one entry per
     principal, and CloudFormation would create the replacement before deleting the old one).
     A step without a group here is a wiring error, refused at synthesis.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        cluster_name: str,
-        roles: Mapping[str, iam.IRole],
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, cluster_name: str) -> None:
         super().__init__(scope, construct_id)
-        unknown = sorted(set(roles) - set(STEP_GROUPS))
-        if unknown:
-            raise ValueError(f"no Kubernetes group for step(s) {unknown}; add them to STEP_GROUPS")
-        self.entries = {
-            name: eks.CfnAccessEntry(
-                self,
-                name,
-                cluster_name=cluster_name,
-                principal_arn=role.role_arn,
-                kubernetes_groups=[STEP_GROUPS[name]],
-                type="STANDARD",
-            )
-            for name, role in roles.items()
-        }
+        self.cluster_name = cluster_name
+        self.arn = cdk.Stack.of(self).format_arn(
+            service="eks", resource="cluster", resource_name=cluster_name
+        )
+        self.entries: dict[str, eks.CfnAccessEntry] = {}
+
+    def grant_kubernetes(self, step: str, grantee: iam.IGrantable) -> eks.CfnAccessEntry:
+        """Let `grantee` (a role, or a function through its role) call the cluster's Kubernetes
+        API as `step`: find the endpoint (eks:DescribeCluster on this cluster) and authenticate
+        into `step`'s group, whose RBAC and admission policy say what it may read or change.
+        Raises ValueError for a step without a group, or a second grant for one step."""
+        if step not in STEP_GROUPS:
+            raise ValueError(f"no Kubernetes group for step(s) {[step]}; add them to STEP_GROUPS")
+        if step in self.entries:
+            raise ValueError(f"step {step!r} already has an access entry")
+        role_arn = getattr(grantee.grant_principal, "role_arn", None)
+        if role_arn is None:  # jsii interfaces allow no isinstance check
+            raise TypeError(f"an access entry needs a role; step {step!r} has no role")
+        allow(
+            grantee,
+            sid="DescribeEksCluster",
+            actions=["eks:DescribeCluster"],
+            resources=[self.arn],
+        )
+        self.entries[step] = eks.CfnAccessEntry(
+            self,
+            step,
+            cluster_name=self.cluster_name,
+            principal_arn=role_arn,
+            kubernetes_groups=[STEP_GROUPS[step]],
+            type="STANDARD",
+        )
+        return self.entries[step]

@@ -1,9 +1,11 @@
-"""The workflow's Lambda functions: one base construct with the shared defaults, and the nine
-steps of docs/CONTRACT.md with exactly the permissions each one needs.
+"""The Lambda functions: one base construct with the shared defaults, the nine steps of
+docs/CONTRACT.md and the functions outside the workflow.
 
 Every function gets its own role (no AWS managed policies), its own log group (retention set,
 write access only to it), JSON logs, X-Ray tracing, the Powertools settings and the contract's
 environment. Code is the `lambdas/` folder; dependencies come from one locally bundled layer.
+This module builds functions only: what a function may do with another construct's resources
+is granted by that construct (`ledger.grant_admit(fn)`, ...), wired by the stack.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+import sdc_contract as contract
 from infra import bundling, nag
 from infra.config import LOG_RETENTION_DAYS, SdcConfig
-from sdc_remediation import contract
+from infra.grants import allow
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14  # the newest: cdk-nag L1 asks for it
 ARCHITECTURE = lambda_.Architecture.ARM_64  # Graviton: cheaper per ms; every wheel we need exists
@@ -127,22 +129,30 @@ class StepFunction(Construct):
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
         self.log_group.grant_write(self.role)
+        # Active tracing (below) adds these two X-Ray actions to the role.
+        nag.acknowledge(
+            self.role,
+            nag.ANY_RESOURCE,
+            "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) have no resource-level permissions",
+        )
         if vpc is not None:
             # What AWSLambdaVPCAccessExecutionRole grants, inline: the ENI calls have no
             # resource-level permissions for Describe*, and the others act on ENIs Lambda names.
-            self.role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="LambdaVpcNetworkInterfaces",
-                    actions=[
-                        "ec2:CreateNetworkInterface",
-                        "ec2:DescribeNetworkInterfaces",
-                        "ec2:DescribeSubnets",
-                        "ec2:DeleteNetworkInterface",
-                        "ec2:AssignPrivateIpAddresses",
-                        "ec2:UnassignPrivateIpAddresses",
-                    ],
-                    resources=["*"],
-                )
+            allow(
+                self.role,
+                sid="LambdaVpcNetworkInterfaces",
+                actions=[
+                    "ec2:CreateNetworkInterface",
+                    "ec2:DescribeNetworkInterfaces",
+                    "ec2:DescribeSubnets",
+                    "ec2:DeleteNetworkInterface",
+                    "ec2:AssignPrivateIpAddresses",
+                    "ec2:UnassignPrivateIpAddresses",
+                ],
+                resources=["*"],
+                wildcard_reason=(
+                    "the Lambda VPC network-interface calls have no resource-level permissions for Describe*"
+                ),
             )
         self.function = lambda_.Function(
             self,
@@ -170,7 +180,8 @@ class StepFunction(Construct):
 
 
 class Functions(Construct):
-    """The nine step functions (`self.steps[folder]`) and their permissions."""
+    """The step functions (`self.steps[folder]`) and the others (`self.services[folder]`), each
+    with its role, log group and environment; no grant on another construct's resources."""
 
     def __init__(
         self,
@@ -181,9 +192,10 @@ class Functions(Construct):
         ledger: dynamodb.ITable,
         approvals: dynamodb.ITable,
         topic: sns.ITopic,
-        topic_key: kms.IKey,
         state_machine_arn: str,
     ) -> None:
+        """`ledger`, `approvals`, `topic` and `state_machine_arn` are named in the environment
+        (`environment`); nothing is granted on them here."""
         super().__init__(scope, construct_id)
         self.layer = lambda_.LayerVersion(
             self,
@@ -210,6 +222,7 @@ class Functions(Construct):
             for folder, spec in STEPS.items()
             if spec.kubernetes or (folder == "replace" and config.replace_mode == "label")
         ]
+        """The steps that talk to the EKS API (in the VPC if configured; an access entry each)."""
         self.steps: dict[str, StepFunction] = {}
         """The workflow's step functions, by contract folder."""
         self.services: dict[str, StepFunction] = {}
@@ -232,322 +245,14 @@ class Functions(Construct):
                 security_groups=security_groups if in_vpc else (),
             )
 
-        self._grant(
-            config,
-            ledger=ledger,
-            approvals=approvals,
-            topic=topic,
-            topic_key=topic_key,
-            state_machine_arn=state_machine_arn,
-        )
-        # Operators call the approve function only through this URL: Lambda authenticates the
-        # SigV4 signature and hands the function the caller's ARN.
-        self.approval_url = self.services["approve"].function.add_function_url(
-            auth_type=lambda_.FunctionUrlAuthType.AWS_IAM
-        )
-
-    def _grant(
-        self,
-        config: SdcConfig,
-        *,
-        ledger: dynamodb.ITable,
-        approvals: dynamodb.ITable,
-        topic: sns.ITopic,
-        topic_key: kms.IKey,
-        state_machine_arn: str,
-    ) -> None:
-        """Each step's statements, on exact ARNs; each remaining wildcard acknowledged with its reason."""
-        stack = cdk.Stack.of(self)
-        hyperpod_arn = config.hyperpod_cluster_arn or stack.format_arn(
-            service="sagemaker", resource="cluster", resource_name="*"
-        )
-        eks_arn = stack.format_arn(
-            service="eks", resource="cluster", resource_name=config.eks_cluster_name
-        )
-        report_logs_arn = stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=f"{config.report_log_group}:*",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
-        # Explicit ARNs instead of table.grant()/topic.grant_publish(): those add `index/*` and
-        # `kms:GenerateDataKey*` wildcards; these are the exact resources and actions used.
-        # (TransactWriteItems is authorized per item as PutItem/UpdateItem/ConditionCheckItem.)
-        ledger_arns = [ledger.table_arn]
-        ledger_rw = (
-            "dynamodb:GetItem",
-            "dynamodb:PutItem",
-            "dynamodb:UpdateItem",
-            "dynamodb:Query",
-            "dynamodb:ConditionCheckItem",
-        )
-        ledger_read = ("dynamodb:GetItem", "dynamodb:Query")
-
-        def allow(folder: str, sid: str, actions: Sequence[str], resources: Sequence[str]) -> None:
-            self._function(folder).role.add_to_policy(
-                iam.PolicyStatement(sid=sid, actions=list(actions), resources=list(resources))
+    def function(self, folder: str) -> lambda_.Function:
+        """A step's or a service's function (a KeyError names an unknown or disabled folder)."""
+        step = self.steps.get(folder) or self.services.get(folder)
+        if step is None:
+            raise KeyError(
+                f"no function {folder!r}; have {sorted({**self.steps, **self.services})}"
             )
-
-        def allow_hyperpod(folder: str, sid: str, actions: Sequence[str]) -> None:
-            allow(folder, sid, actions, [hyperpod_arn])
-            if config.hyperpod_cluster_arn is None:
-                nag.acknowledge(
-                    self.steps[folder].role,
-                    nag.wildcard_resource_finding(self, hyperpod_arn),
-                    "HyperPod cluster ARNs end in a generated id, not the name; this account and "
-                    "region only. Set the hyperPodClusterArn context key to scope it to the one cluster",
-                )
-
-        def allow_notify(folder: str) -> None:
-            allow(folder, "Notify", ["sns:Publish"], [topic.topic_arn])
-            allow(
-                folder,
-                "EncryptNotifications",
-                ["kms:GenerateDataKey", "kms:Decrypt"],
-                [topic_key.key_arn],
-            )
-
-        allow(
-            "localize",
-            "ReadSdcMetrics",
-            ["cloudwatch:ListMetrics", "cloudwatch:GetMetricData"],
-            ["*"],
-        )
-        allow(
-            "localize",
-            "ReadAgentReports",
-            ["logs:FilterLogEvents", "logs:GetLogEvents"],
-            [report_logs_arn],
-        )
-        nag.acknowledge(
-            self.steps["localize"].role,
-            nag.wildcard_resource_finding(self, report_logs_arn),
-            "Read-only on the agent's report log group; the agent names one stream per training job at run time",
-        )
-        allow_hyperpod(
-            "localize",
-            "DescribeHyperPodNodes",
-            ["sagemaker:DescribeClusterNode", "sagemaker:ListClusterNodes"],
-        )
-
-        allow("admit", "Ledger", ledger_rw, ledger_arns)
-        allow_hyperpod("admit", "CountClusterNodes", ["sagemaker:ListClusterNodes"])
-
-        allow_hyperpod(
-            "start_health_check",
-            "StartDeepHealthCheck",
-            ["sagemaker:StartClusterHealthCheck", "sagemaker:DescribeClusterNode"],
-        )
-        allow_hyperpod(
-            "poll_health_check", "PollDeepHealthCheck", ["sagemaker:DescribeClusterNode"]
-        )
-
-        allow(
-            "request_approval",
-            "Approvals",
-            ["dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
-            [approvals.table_arn],
-        )
-        allow("request_approval", "ReadLedger", ledger_read, ledger_arns)
-        allow_notify("request_approval")
-        if config.auto_approve.enabled:
-            # Opt-in auto-approval: the policy reads every check's outcomes (precision) and
-            # resumes the workflow itself. Without the policy, approve alone sends results.
-            allow("request_approval", "ReadOutcomes", ["dynamodb:Scan"], ledger_arns)
-            allow(
-                "request_approval",
-                "AutoApprove",
-                ["states:SendTaskSuccess"],
-                [state_machine_arn],
-            )
-
-        allow_hyperpod(
-            "replace",
-            "ReplaceNode",
-            ["sagemaker:BatchReplaceClusterNodes", "sagemaker:DescribeClusterNode"],
-        )
-
-        allow("record", "Ledger", ledger_rw, ledger_arns)
-        allow_notify("record")
-        if config.canary_enabled:
-            self._grant_canary(config, ledger=ledger, state_machine_arn=state_machine_arn)
-            allow_notify("canary")
-
-        # The approve function is the only principal that reads task tokens and sends task
-        # results (operators reach it through its AWS_IAM function URL).
-        allow(
-            "approve",
-            "DecideApprovals",
-            ["dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Scan"],
-            [approvals.table_arn],
-        )
-        allow("approve", "SendDecision", ["states:SendTaskSuccess"], [state_machine_arn])
-        allow("approve", "ReleaseNodes", ledger_rw, ledger_arns)
-
-        allow("sweeper", "Ledger", (*ledger_rw, "dynamodb:Scan"), ledger_arns)
-        executions_arn = stack.format_arn(
-            service="states",
-            resource="execution",
-            resource_name=f"{config.resource_prefix}:*",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
-        allow(
-            "sweeper", "DescribeWorkflowExecutions", ["states:DescribeExecution"], [executions_arn]
-        )
-        nag.acknowledge(
-            self.services["sweeper"].role,
-            nag.wildcard_resource_finding(self, executions_arn),
-            "DescribeExecution (read only) on the executions of this stack's state machine; "
-            "execution names are made at run time",
-        )
-        allow_notify("sweeper")
-
-        for folder in self.kubernetes_steps:
-            allow(folder, "DescribeEksCluster", ["eks:DescribeCluster"], [eks_arn])
-
-        for folder, step in {**self.steps, **self.services}.items():
-            reasons = [
-                "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) have no resource-level permissions"
-            ]
-            if folder == "localize":
-                reasons.append(
-                    "CloudWatch ListMetrics/GetMetricData have no resource-level permissions (read only)"
-                )
-            if folder in ("canary", "record") and config.canary_enabled:
-                reasons.append(
-                    "cloudwatch:PutMetricData has no resource-level permissions; the "
-                    "cloudwatch:namespace condition limits it to one namespace"
-                )
-            if step.in_vpc:
-                reasons.append(
-                    "the Lambda VPC network-interface calls have no resource-level permissions for Describe*"
-                )
-            nag.acknowledge(step.role, nag.ANY_RESOURCE, "; ".join(reasons))
-
-    def _grant_canary(
-        self, config: SdcConfig, *, ledger: dynamodb.ITable, state_machine_arn: str
-    ) -> None:
-        """The canary's statements: its function writes runs, its report and its datum; the
-        steps it passes write its progress; nothing of it reaches a node."""
-        stack = cdk.Stack.of(self)
-        cluster = config.hyperpod_cluster_name
-        # The canary's items only (pk CANARY#<cluster>), never a node's STATE or the guard.
-        canary_items = {
-            "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [f"CANARY#{cluster}"]}
-        }
-        report_group = stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=config.report_log_group,
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
-        canary_alarm = stack.format_arn(
-            service="cloudwatch",
-            resource="alarm",
-            resource_name=f"{config.resource_prefix}-{contract.CANARY_ALARM_SUFFIX}",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
-
-        def allow(folder: str, statement: iam.PolicyStatement) -> None:
-            self._function(folder).role.add_to_policy(statement)
-
-        allow(
-            "canary",
-            iam.PolicyStatement(
-                sid="CanaryRuns",
-                actions=[
-                    "dynamodb:PutItem",
-                    "dynamodb:GetItem",
-                    "dynamodb:UpdateItem",
-                    "dynamodb:Query",
-                ],
-                resources=[ledger.table_arn],
-                conditions=canary_items,
-            ),
-        )
-        allow(
-            "canary",
-            iam.PolicyStatement(
-                sid="CanaryReport",
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[
-                    report_group,
-                    f"{report_group}:log-stream:{contract.CANARY_JOB}",
-                ],
-            ),
-        )
-        allow(
-            "canary",
-            iam.PolicyStatement(
-                sid="CanaryDatum",
-                actions=["cloudwatch:PutMetricData"],
-                resources=["*"],
-                conditions={"StringEquals": {"cloudwatch:namespace": config.namespace}},
-            ),
-        )
-        allow(
-            "canary",
-            iam.PolicyStatement(
-                sid="WhereTheCanaryStopped",
-                actions=["cloudwatch:DescribeAlarms"],
-                resources=[canary_alarm],
-            ),
-        )
-        allow(
-            "canary",
-            iam.PolicyStatement(
-                sid="CanaryExecutions",
-                actions=["states:ListExecutions"],
-                resources=[state_machine_arn],
-            ),
-        )
-        # The steps a canary passes write its progress on its run.
-        for folder in ("localize", "admit", "record"):
-            allow(
-                folder,
-                iam.PolicyStatement(
-                    sid="CanaryProgress",
-                    actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
-                    resources=[ledger.table_arn],
-                    conditions=canary_items,
-                ),
-            )
-        allow(
-            "record",
-            iam.PolicyStatement(
-                sid="CanaryCompleted",
-                actions=["cloudwatch:PutMetricData"],
-                resources=["*"],
-                conditions={
-                    "StringEquals": {"cloudwatch:namespace": contract.POWERTOOLS_METRICS_NAMESPACE}
-                },
-            ),
-        )
-        # The canary's approval is settled by the approve function, which request_approval
-        # invokes directly (that function only; its code approves canary approvals alone), so
-        # approve stays the only role that sends task results unless autoApprove is on.
-        approve = self.services["approve"].function
-        allow(
-            "request_approval",
-            iam.PolicyStatement(
-                sid="InvokeApproveForCanary",
-                actions=["lambda:InvokeFunction"],
-                resources=[approve.function_arn],
-            ),
-        )
-        self.steps["request_approval"].function.add_environment(
-            contract.APPROVE_FUNCTION, approve.function_name
-        )
-
-    def _function(self, folder: str) -> StepFunction:
-        """A step's or a service's function."""
-        return self.steps[folder] if folder in self.steps else self.services[folder]
-
-    @property
-    def kubernetes_roles(self) -> dict[str, iam.IRole]:
-        """Roles (by step folder) that need an EKS access entry (each in its step's group,
-        infra/constructs/eks_access.py)."""
-        return {folder: self.steps[folder].role for folder in self.kubernetes_steps}
+        return step.function
 
     @staticmethod
     def environment(

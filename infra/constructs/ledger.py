@@ -1,22 +1,39 @@
-"""The remediation ledger: one DynamoDB table keyed by instance id (docs/CONTRACT.md)."""
+"""The remediation ledger: one DynamoDB table keyed by instance id (docs/CONTRACT.md), and every
+grant on it."""
 
 from __future__ import annotations
 
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
 from constructs import Construct
+
+from infra.grants import allow
+
+# TransactWriteItems (the guard's transaction) is authorized per item as PutItem/UpdateItem/
+# ConditionCheckItem, so it needs no action of its own.
+READ_WRITE: tuple[str, ...] = (
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:Query",
+    "dynamodb:ConditionCheckItem",
+)
+READ: tuple[str, ...] = ("dynamodb:GetItem", "dynamodb:Query")
 
 
 class Ledger(Construct):
-    """Every node's current remediation (`sk="STATE"`) and each transition (`sk="EVENT#..."`).
+    """Every node's current remediation (`sk="STATE"`) and each transition (`sk="EVENT#..."`);
+    the canary's runs under `pk="CANARY#<cluster>"`.
 
     Retained on stack deletion: it is the repeat-offender history of the fleet's GPUs. No
     secondary index: the guard counts from its own item (an index is eventually consistent), and
     the sweeper and `history` scan the small table.
     """
 
-    def __init__(self, scope: Construct, construct_id: str) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, cluster_name: str) -> None:
         super().__init__(scope, construct_id)
+        self.cluster_name = cluster_name
         self.table = dynamodb.Table(
             self,
             "Table",
@@ -28,4 +45,73 @@ class Ledger(Construct):
                 point_in_time_recovery_enabled=True
             ),
             removal_policy=cdk.RemovalPolicy.RETAIN,
+        )
+
+    # ---- the remediation items -----------------------------------------------------------------
+    def grant_admit(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Dedupe per node and run the blast-radius guard's transaction (admit)."""
+        return self._allow(grantee, "Ledger", READ_WRITE)
+
+    def grant_record(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Record transitions and close remediations (record)."""
+        return self._allow(grantee, "Ledger", READ_WRITE)
+
+    def grant_release(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Release a node from the guard on an approver's decision (approve)."""
+        return self._allow(grantee, "ReleaseNodes", READ_WRITE)
+
+    def grant_sweep(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Find open remediations (a scan of the small table) and close them (the sweeper)."""
+        return self._allow(grantee, "Ledger", (*READ_WRITE, "dynamodb:Scan"))
+
+    def grant_read(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Read one node's remediation and its events (request_approval's evidence)."""
+        return self._allow(grantee, "ReadLedger", READ)
+
+    def grant_read_outcomes(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Scan every check's outcomes (the precision auto-approval decides on)."""
+        return self._allow(grantee, "ReadOutcomes", ("dynamodb:Scan",))
+
+    def grant_history(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """`sdc-remediation history` (operators): without --node it scans the small table."""
+        return self._allow(grantee, "ReadLedger", (*READ, "dynamodb:Scan"))
+
+    # ---- the canary's items only ---------------------------------------------------------------
+    def grant_canary_runs(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Start, read and list canary runs: the `CANARY#<cluster>` items only, never a node's
+        STATE or the guard (the canary function)."""
+        return self._allow(
+            grantee,
+            "CanaryRuns",
+            ("dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"),
+            canary_only=True,
+        )
+
+    def grant_canary_progress(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Write a canary run's progress: the `CANARY#<cluster>` items only (the steps a canary
+        passes)."""
+        return self._allow(
+            grantee,
+            "CanaryProgress",
+            ("dynamodb:GetItem", "dynamodb:UpdateItem"),
+            canary_only=True,
+        )
+
+    def _allow(
+        self,
+        grantee: iam.IGrantable,
+        sid: str,
+        actions: tuple[str, ...],
+        *,
+        canary_only: bool = False,
+    ) -> iam.PolicyStatement:
+        canary_items = {
+            "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [f"CANARY#{self.cluster_name}"]}
+        }
+        return allow(
+            grantee,
+            sid=sid,
+            actions=actions,
+            resources=[self.table.table_arn],
+            conditions=canary_items if canary_only else None,
         )

@@ -1,4 +1,5 @@
-"""The notification topic: encrypted SNS with the configured email subscriptions."""
+"""The notification topic: encrypted SNS with the configured email subscriptions, and the grant
+to publish on it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
+
+from infra.grants import allow
 
 
 class Notifications(Construct):
@@ -84,3 +87,22 @@ class Notifications(Construct):
         )
         for email in emails:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
+
+    def grant_publish(self, grantee: iam.IGrantable) -> list[iam.PolicyStatement]:
+        """Publish to the topic, and use its key for that: the two actions SNS needs of an
+        encrypted topic's publisher, on this topic and this key only (CDK's
+        `topic.grant_publish` would add `kms:GenerateDataKey*`)."""
+        return [
+            allow(
+                grantee,
+                sid="Notify",
+                actions=["sns:Publish"],
+                resources=[self.topic.topic_arn],
+            ),
+            allow(
+                grantee,
+                sid="EncryptNotifications",
+                actions=["kms:GenerateDataKey", "kms:Decrypt"],
+                resources=[self.key.key_arn],
+            ),
+        ]

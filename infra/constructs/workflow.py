@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -33,6 +34,7 @@ from constructs import Construct
 
 from infra import nag
 from infra.constructs.approval import request_approval_task
+from infra.grants import allow
 
 # ---- the error contract (lambdas/sdc_remediation/errors.py) -------------------------------------
 TRANSIENT_ERRORS: tuple[str, ...] = (
@@ -83,10 +85,25 @@ ERROR_PATH = "$.error"
 """Where a Catch puts {Error, Cause}; the record step reads it."""
 
 
+def state_machine_arn(scope: Construct, state_machine_name: str) -> str:
+    """The ARN the state machine named `state_machine_name` will have, known before it exists.
+
+    The functions name it in their environment and their grants, and the state machine depends
+    on the functions: its `Ref` there would be a dependency cycle.
+    """
+    return cdk.Stack.of(scope).format_arn(
+        service="states",
+        resource="stateMachine",
+        resource_name=state_machine_name,
+        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
 class Workflow(Construct):
-    """The state machine and its log group.
+    """The state machine and its log group, and every grant on the state machine.
 
     `functions` maps the docs/CONTRACT.md folder names to the functions that implement them.
+    The grants name the state machine by its ARN (`state_machine_arn`), never by reference.
     """
 
     def __init__(
@@ -104,6 +121,13 @@ class Workflow(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self._functions = functions
+        self.arn = state_machine_arn(self, state_machine_name)
+        self.executions_arn = cdk.Stack.of(self).format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{state_machine_name}:*",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
         self._shadow_health_check = shadow_health_check
 
         definition = self._definition(
@@ -150,6 +174,44 @@ class Workflow(Construct):
                 "lambda:InvokeFunction on this step's function and its versions/aliases (`:*`), as "
                 "LambdaInvoke grants; no other function",
             )
+
+    # ---- grants ------------------------------------------------------------------------------
+    def grant_send_decision(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Resume an execution waiting for approval with a person's decision (approve: the only
+        role that sends task results unless autoApprove is on)."""
+        return allow(
+            grantee, sid="SendDecision", actions=["states:SendTaskSuccess"], resources=[self.arn]
+        )
+
+    def grant_auto_approve(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Resume an execution with the auto-approval policy's decision (request_approval, only
+        with `autoApprove` on)."""
+        return allow(
+            grantee, sid="AutoApprove", actions=["states:SendTaskSuccess"], resources=[self.arn]
+        )
+
+    def grant_list_executions(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """List this state machine's executions, nothing of their content (the canary, to find
+        the execution its run started)."""
+        return allow(
+            grantee,
+            sid="CanaryExecutions",
+            actions=["states:ListExecutions"],
+            resources=[self.arn],
+        )
+
+    def grant_describe_executions(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Read whether an execution still runs (the sweeper)."""
+        return allow(
+            grantee,
+            sid="DescribeWorkflowExecutions",
+            actions=["states:DescribeExecution"],
+            resources=[self.executions_arn],
+            wildcard_reason=(
+                "DescribeExecution (read only) on the executions of this stack's state machine; "
+                "execution names are made at run time"
+            ),
+        )
 
     # ---- building blocks -----------------------------------------------------------------------
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from sdc_remediation import operator_api
 from sdc_remediation.config import settings
+from sdc_remediation.logic import operator_api
 from sdc_remediation.observability import logger, tracer
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from sdc_remediation import canary
 from sdc_remediation.config import settings
+from sdc_remediation.logic import canary
 from sdc_remediation.observability import logger, metrics, tracer
 
 

@@ -15,22 +15,31 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import re
 from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
-from . import contract
-from .autoapprove import AutoApprovePolicy, parse_policy
+import sdc_contract as contract
+from sdc_contract.autoapprove import AutoApprovePolicy, parse_policy
+from sdc_contract.environment import (
+    APPROVAL_TTL_MARGIN_SECONDS,
+    DEFAULT_APPROVAL_TIMEOUT_SECONDS,
+    DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS,
+    DEFAULT_LOOKBACK_SECONDS,
+    DEFAULT_MAX_FRACTION,
+    DEFAULT_MAX_NODES_PER_HOUR,
+)
+from sdc_contract.metrics import DEFAULT_NAMESPACE, report_log_group
+from sdc_contract.modes import Mode, mode_for, parse_modes
+from sdc_contract.names import (
+    DEFAULT_HEALTH_CHECKS,
+    HEALTH_CHECK_TYPES,
+    REPLACE_MODES,
+    is_label_name,
+)
+
 from .errors import ConfigurationError
-from .modes import Mode, mode_for, parse_modes
 
-HEALTH_CHECK_TYPES = ("InstanceStress", "InstanceConnectivity", "MultiNodeTrainingValidation")
-"""DeepHealthCheckType values in the SageMaker service model (botocore 1.44)."""
-
-APPROVAL_TTL_MARGIN_SECONDS = 86400
-"""How much longer than the approval timeout an approval record lives (infra/config.py)."""
-_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no", ""}
 
@@ -107,7 +116,7 @@ class Settings:
     @property
     def k8s_api_endpoint(self) -> str | None:
         """K8S_API_ENDPOINT: overrides the endpoint eks:DescribeCluster returns (optional)."""
-        value = self._optional("K8S_API_ENDPOINT")
+        value = self._optional(contract.K8S_API_ENDPOINT)
         if value is not None and not value.startswith("https://"):
             raise ConfigurationError(f"K8S_API_ENDPOINT must be an https:// URL, got {value!r}")
         return value
@@ -115,24 +124,26 @@ class Settings:
     @property
     def k8s_api_ca_data(self) -> str | None:
         """K8S_API_CA_DATA: base64 PEM CA bundle overriding eks:DescribeCluster's (optional)."""
-        return self._optional("K8S_API_CA_DATA")
+        return self._optional(contract.K8S_API_CA_DATA)
 
     # -- localize -----------------------------------------------------------------------------
 
     @property
     def metric_namespace(self) -> str:
         """METRIC_NAMESPACE: the agent's CloudWatch namespace (default SDC)."""
-        return self._optional(contract.METRIC_NAMESPACE) or "SDC"
+        return self._optional(contract.METRIC_NAMESPACE) or DEFAULT_NAMESPACE
 
     @property
     def report_log_group(self) -> str:
         """REPORT_LOG_GROUP: where the agent writes reports (default /sdc/<HyperPod cluster>)."""
-        return self._optional(contract.REPORT_LOG_GROUP) or f"/sdc/{self.hyperpod_cluster_name}"
+        return self._optional(contract.REPORT_LOG_GROUP) or report_log_group(
+            self.hyperpod_cluster_name
+        )
 
     @property
     def lookback_seconds(self) -> int:
         """LOOKBACK_SECONDS: how far before the alarm to look for series and reports (600)."""
-        return self._int(contract.LOOKBACK_SECONDS, 600, minimum=10)
+        return self._int(contract.LOOKBACK_SECONDS, DEFAULT_LOOKBACK_SECONDS, minimum=10)
 
     @property
     def alarm_account_id(self) -> str:
@@ -155,7 +166,7 @@ class Settings:
         """TRAINING_NAMESPACE: the Kubernetes namespace of the guarded training jobs' pods; a
         report's pod is looked up there only (default ``default``)."""
         value = self._optional(contract.TRAINING_NAMESPACE) or "default"
-        if not (len(value) <= 63 and _NAMESPACE.match(value)):
+        if not is_label_name(value):
             raise ConfigurationError(
                 f"TRAINING_NAMESPACE must be a Kubernetes namespace name, got {value!r}"
             )
@@ -205,7 +216,8 @@ class Settings:
     def approval_ttl_seconds(self) -> int:
         """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
         timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""
-        return self._int(contract.APPROVAL_TTL_SECONDS, 2 * APPROVAL_TTL_MARGIN_SECONDS, minimum=60)
+        default = DEFAULT_APPROVAL_TIMEOUT_SECONDS + APPROVAL_TTL_MARGIN_SECONDS
+        return self._int(contract.APPROVAL_TTL_SECONDS, default, minimum=60)
 
     @property
     def approval_timeout_seconds(self) -> int:
@@ -216,7 +228,9 @@ class Settings:
         the TTL minus the one day infra adds to it.
         """
         if self._optional(contract.APPROVAL_TIMEOUT_SECONDS) is not None:
-            timeout = self._int(contract.APPROVAL_TIMEOUT_SECONDS, 86400, minimum=60)
+            timeout = self._int(
+                contract.APPROVAL_TIMEOUT_SECONDS, DEFAULT_APPROVAL_TIMEOUT_SECONDS, minimum=60
+            )
             if timeout > self.approval_ttl_seconds:
                 raise ConfigurationError(
                     f"APPROVAL_TIMEOUT_SECONDS ({timeout}) must not exceed APPROVAL_TTL_SECONDS "
@@ -236,14 +250,14 @@ class Settings:
     @property
     def max_nodes_per_hour(self) -> int:
         """MAX_NODES_PER_HOUR: admissions allowed per rolling hour (default 2)."""
-        return self._int(contract.MAX_NODES_PER_HOUR, 2, minimum=1)
+        return self._int(contract.MAX_NODES_PER_HOUR, DEFAULT_MAX_NODES_PER_HOUR, minimum=1)
 
     @property
     def max_fraction(self) -> float:
         """MAX_FRACTION: largest share of the cluster's nodes open at once (default 0.05)."""
         raw = self._optional(contract.MAX_FRACTION)
         if raw is None:
-            return 0.05
+            return DEFAULT_MAX_FRACTION
         try:
             value = float(raw)
         except ValueError:
@@ -257,7 +271,7 @@ class Settings:
     @property
     def health_checks(self) -> list[str]:
         """HEALTH_CHECKS: comma list of DeepHealthCheckType (default InstanceStress)."""
-        raw = self._optional(contract.HEALTH_CHECKS) or "InstanceStress"
+        raw = self._optional(contract.HEALTH_CHECKS) or ",".join(DEFAULT_HEALTH_CHECKS)
         checks = [c.strip() for c in raw.split(",") if c.strip()]
         unknown = [c for c in checks if c not in HEALTH_CHECK_TYPES]
         if unknown or not checks or len(checks) > 3:
@@ -269,33 +283,36 @@ class Settings:
     @property
     def health_check_timeout_seconds(self) -> int:
         """HEALTH_CHECK_TIMEOUT_SECONDS: give up polling after this long (default 9000)."""
-        return self._int(contract.HEALTH_CHECK_TIMEOUT_SECONDS, 9000, minimum=60)
+        return self._int(
+            contract.HEALTH_CHECK_TIMEOUT_SECONDS, DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS, minimum=60
+        )
 
     @property
     def replace_mode(self) -> Literal["api", "label"]:
         """REPLACE_MODE: `api` (BatchReplaceClusterNodes) or `label` (HyperPod's node label)."""
         value = (self._optional(contract.REPLACE_MODE) or "api").lower()
-        if value not in ("api", "label"):
+        if value not in REPLACE_MODES:
             raise ConfigurationError(f"REPLACE_MODE must be 'api' or 'label', got {value!r}")
         return value  # type: ignore[return-value]
 
     @property
     def check_modes(self) -> dict[str, Mode]:
         """CHECK_MODES: JSON object mapping ``<check>/<verdict>``, ``<check>/*`` or ``*`` to
-        ``enforce`` or ``shadow`` (default: everything enforced); see ``modes``."""
+        ``enforce`` or ``shadow`` (default: everything enforced); see ``sdc_contract.modes``."""
         try:
             return parse_modes(self._optional(contract.CHECK_MODES) or "")
         except ValueError as exc:
             raise ConfigurationError(f"CHECK_MODES: {exc}") from None
 
     def mode_for(self, check: str, verdict: str) -> Mode:
-        """Whether alarms of this check and verdict are enforced or only shadowed."""
+        """Whether alarms of this check and verdict are enforced or only shadowed (a verdict
+        outside the contract's list is looked up as ``unknown``)."""
         return mode_for(self.check_modes, check, verdict)
 
     @property
     def auto_approve(self) -> AutoApprovePolicy:
         """AUTO_APPROVE: JSON ``{onHealthCheckFailed, minPrecision, minEvents}``, the opt-in
-        auto-approval policy (default: off; see ``autoapprove``)."""
+        auto-approval policy (default: off; see ``sdc_contract.autoapprove``)."""
         try:
             return parse_policy(self._optional(contract.AUTO_APPROVE) or "")
         except ValueError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 
-from .contract import POWERTOOLS_METRICS_NAMESPACE, POWERTOOLS_SERVICE_NAME
+from sdc_contract.metrics import POWERTOOLS_METRICS_NAMESPACE, POWERTOOLS_SERVICE_NAME
 
 logger = Logger(service=POWERTOOLS_SERVICE_NAME)
 tracer = Tracer(service=POWERTOOLS_SERVICE_NAME)

@@ -6,8 +6,8 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from sdc_remediation import steps
 from sdc_remediation.config import settings
+from sdc_remediation.logic import steps
 from sdc_remediation.models import ItemState, parse_step
 from sdc_remediation.observability import logger, tracer
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 import sdc_agent as sdc
-from sdc_agent.drill import make_fault
+from sdc_agent.drills.job import make_fault
 from sdc_agent.sensors import SensorConfig
 from tests.agent.sensor_scenarios import SensorCountingPublisher
 from tests.support.llama import causal_lm_loss, llama, tokens

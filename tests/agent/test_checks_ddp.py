@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import the_alarm
 from tests.agent.scenarios import SCHEDULE, R
 
-DRILL = "sdc_agent.drill:train_drill"
+DRILL = "sdc_agent.drills.job:train_drill"
 SCEN = "tests.agent.scenarios"
 
 
@@ -159,8 +159,12 @@ def results() -> dict[str, list[dict[str, Any]]]:
     return dict(zip(names, per_job, strict=True))
 
 
-def updates(results: dict, name: str) -> list[int]:
-    return results[name][0]["updates"]
+def assert_not_applied(results: dict, name: str, step: int) -> None:
+    """No rank applied ``step`` (the alarmed one) or any later step: every rank's optimizer
+    stepped for steps 0 .. step-1 exactly, read from each rank's own record."""
+    by_rank = {r["rank"]: r["updates"] for r in results[name]}
+    assert len(by_rank) == 6
+    assert all(u == list(range(step)) for u in by_rank.values()), by_rank
 
 
 def test_nan_on_a_non_audit_step_is_named_that_step_and_confirmed_transient(results):
@@ -171,7 +175,7 @@ def test_nan_on_a_non_audit_step_is_named_that_step_and_confirmed_transient(resu
     assert (alarm["step"], alarm["check"], alarm["nonfinite"]) == (7, "compute", [R])
     assert alarm["suspects"] == [R]
     assert alarm["suspect_window"] == [6, 7]
-    assert updates(results, "nan_one_step") == list(range(7))
+    assert_not_applied(results, "nan_one_step", 7)
     # And the confirmation (third GPU + R replay R's batch) says transient
     assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "transient"}]
     assert alarm["metric"] == {"name": "sdc_nonfinite_grad", "value": 1}
@@ -188,7 +192,7 @@ def test_persistent_forward_fault_is_named_at_the_next_audit(results):
     assert alarm["culprits"] == [R] and alarm["suspects"] == [R]
     assert alarm["suspect_window"] == [5, 10] and alarm["last_audit_pass"] == 5
     assert alarm["metric"] == {"name": "sdc_replay_mismatch", "value": 2}
-    assert updates(results, "persistent_x1000") == list(range(10))
+    assert_not_applied(results, "persistent_x1000", 10)
 
 
 def test_fault_on_one_audit_step_only_is_confirmed_transient(results):
@@ -201,6 +205,8 @@ def test_fault_on_one_audit_step_only_is_confirmed_transient(results):
     assert alarm["verdicts"] == [{"pair": [R, 1], "third": 5, "suspect": R, "kind": "transient"}]
     assert alarm["suspects"] == [R]
     assert alarm["suspect_window"] == [5, 10]
+    # And no rank applied step 10
+    assert_not_applied(results, "one_audit_step_x1000", 10)
 
 
 def test_fault_on_the_replayer_names_the_replayer_not_the_target(results):
@@ -210,6 +216,8 @@ def test_fault_on_the_replayer_names_the_replayer_not_the_target(results):
     assert alarm["mismatched_pairs"] == [[1, 5], [R, 1]]
     assert alarm["culprits"] == [1] and alarm["suspects"] == [1]
     assert alarm["step"] == 10
+    # And no rank applied step 10
+    assert_not_applied(results, "replayer_faulty", 10)
 
 
 @pytest.mark.parametrize("name", ["x10000", "noise_10pct", "bf16_bit_flip", "column_x1_1"])
@@ -220,6 +228,8 @@ def test_other_forward_corruptions_are_named_at_the_audit(results, name):
     assert (alarm["step"], alarm["check"], alarm["suspects"]) == (10, "compute", [R])
     assert alarm["culprits"] == [R]
     assert alarm["suspect_window"] == [5, 10]
+    # And no rank applied step 10
+    assert_not_applied(results, name, 10)
 
 
 @pytest.mark.parametrize("name", ["input_grad_x1000", "weight_grad_x1000"])
@@ -229,6 +239,8 @@ def test_backward_only_corruption_is_named_from_gradient_fingerprints(results, n
     # Then deterministic audits still name R, from the per-parameter gradient fingerprints
     assert (alarm["step"], alarm["check"], alarm["suspects"]) == (10, "compute", [R])
     assert alarm["mismatched_pairs"] == [[R, 1], [5, R]]
+    # And no rank applied step 10
+    assert_not_applied(results, name, 10)
 
 
 def test_faults_on_two_replay_rings_name_both_ranks(results):
@@ -237,6 +249,8 @@ def test_faults_on_two_replay_rings_name_both_ranks(results):
     # Then both are culprits
     assert alarm["culprits"] == [0, 1] and alarm["suspects"] == [0, 1]
     assert sorted(alarm["ranks"]) == ["0", "1"]
+    # And no rank applied step 10
+    assert_not_applied(results, "two_rings", 10)
 
 
 def test_weight_bit_flip_blocks_the_checkpoint(results):

@@ -42,6 +42,11 @@ def tags(ckpt: Path, step: int) -> dict:
     return torch.load(ckpt / f"step{step:08d}.pt", weights_only=True)["sdc"]
 
 
+def weights(ckpt: Path, step: int) -> dict[str, torch.Tensor]:
+    """The model's tensors in the checkpoint of ``step``."""
+    return torch.load(ckpt / f"step{step:08d}.pt", weights_only=True)["model"]
+
+
 @pytest.mark.slow
 def test_train_ddp_resumes_from_the_checkpoint_before_the_window_after_an_sdc_stop(tmp_path):
     ckpt = tmp_path / "ckpt"
@@ -59,8 +64,10 @@ def test_train_ddp_resumes_from_the_checkpoint_before_the_window_after_an_sdc_st
     ], stopped.stderr[-3000:]
     # (the checkpoint of step 29 holds corrupted updates, yet its weight check passed: the
     # all-reduce put the fault into every replica)
-    assert tags(ckpt, 29)["weights_verified"] is True
-    assert tags(ckpt, 29)["last_audit_pass"] == 20
+    corrupted = tags(ckpt, 29)
+    assert corrupted["weights_verified"] is True
+    assert corrupted["last_audit_pass"] == 20
+    corrupted_weights = weights(ckpt, 29)
 
     # When the same job is submitted again, without the fault, with --resume auto
     restarted = torchrun(f"{DRILL} --ckpt-dir {ckpt} --resume auto", tmp_path)
@@ -73,9 +80,17 @@ def test_train_ddp_resumes_from_the_checkpoint_before_the_window_after_an_sdc_st
         "'compute alarm of step 30 (suspect window [20, 30]"
     ) in restarted.stderr
     assert "ALARM" not in restarted.stderr.replace("alarm-step", "")
-    # And its own checkpoints come from the clean weights: its audit of step 20 passed again,
-    # and the newest checkpoint, past the alarm's step, is the one a later restart would load
-    assert tags(ckpt, 29)["last_audit_pass"] == 20
+    # And its checkpoint of step 29 replaced the corrupted one with other weights: a different
+    # agreed digest and different tensors, verified by its own weight check
+    rewritten = tags(ckpt, 29)
+    assert rewritten["weights_verified"] is True
+    assert rewritten["weights_digest"] != corrupted["weights_digest"]
+    assert any(
+        not torch.equal(tensor, corrupted_weights[name])
+        for name, tensor in weights(ckpt, 29).items()
+    )
+    # And the newest checkpoint, past the alarm's step (its audit of step 30 passed), is the one
+    # a later restart would load
     assert tags(ckpt, 39)["last_audit_pass"] == 30
     assert (ckpt / "step00000039.pt").exists()
     assert sorted(p.name for p in ckpt.glob("alarm-*")) == [

@@ -29,10 +29,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 
 if TYPE_CHECKING:
-    from tests.e2e.harness.pipeline import Invocation, LocalPipeline
+    from tests.e2e.harness.pipeline import LocalPipeline
+    from tests.e2e.harness.runtime import Invocation
 
 FAULTY_RANK = 3
 FAULT_STEP = 7
@@ -90,7 +91,7 @@ def _train(
     }
     # Forked from one server that imported torch once: the restart's launch then costs little.
     (results,) = launch(
-        [("sdc_agent.drill:train_drill", job)],
+        [("sdc_agent.drills.job:train_drill", job)],
         world=6,
         ranks_per_node=2,
         start_method="forkserver",
@@ -98,7 +99,22 @@ def _train(
     errors = [r for r in results if "error" in r]
     if errors:
         raise RuntimeError(errors[0]["trace"])
-    return results[0]
+    return {**results[0], "updates_by_rank": {r["rank"]: r["updates"] for r in results}}
+
+
+def _applied(tl: Timeline, step: int, result: dict[str, Any]) -> str:
+    """What each rank's own record (the optimizer steps it ran) says of the alarmed ``step``:
+    stated as verified, or a failure of the demo when some rank applied it."""
+    updates = result["updates_by_rank"]
+    applied = sorted(rank for rank, steps in updates.items() if step in steps)
+    if applied:
+        tl.fail(f"ranks {applied} applied step {step}, which alarmed")
+        return f"step {step} was APPLIED by ranks {applied}"
+    last = max((max(steps) for steps in updates.values() if steps), default=None)
+    return (
+        f"step {step} was not applied: no rank's optimizer stepped for it (the {len(updates)} "
+        f"ranks' last update: step {last})"
+    )
 
 
 def _wall(call: Invocation) -> str:
@@ -196,7 +212,8 @@ def run(argv: list[str] | None = None) -> int:
     # which every training process imports again, and the harness brings aws_cdk and its
     # Node.js runtime along: seconds of CPU per process, twice six processes.
     from tests.e2e.harness.deployed import deployed
-    from tests.e2e.harness.pipeline import LocalPipeline, process_environment
+    from tests.e2e.harness.pipeline import LocalPipeline
+    from tests.e2e.harness.runtime import process_environment
     from tests.e2e.scenario import local_cluster, pending_for
 
     tl = Timeline()
@@ -267,7 +284,7 @@ def run(argv: list[str] | None = None) -> int:
         tl.say(
             f"agent ALARM at step {alarm['step']}: check '{alarm['check']}' ({alarm['metric']['name']}="
             f"{alarm['metric']['value']}), pairs {alarm['mismatched_pairs']}, culprits {alarm['culprits']}; "
-            f"{names}; window {alarm['suspect_window']}; the step was not applied "
+            f"{names}; window {alarm['suspect_window']}; {_applied(tl, alarm['step'], result)} "
             f"({time.monotonic() - started:.1f} s of training)"
         )
         tl.say(f"  report + metrics published to CloudWatch (delivered={result['delivered']})")
@@ -428,7 +445,7 @@ def _restart_job(
         "resume": True,
     }
     (results,) = launch(
-        [("sdc_agent.drill:train_drill", job)],
+        [("sdc_agent.drills.job:train_drill", job)],
         world=6,
         ranks_per_node=2,
         node_names=nodes,

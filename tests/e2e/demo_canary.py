@@ -15,9 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sdc_remediation import contract, outcomes
+import sdc_contract as contract
+from sdc_remediation.logic import outcomes
 from tests.e2e.harness.canary import LocalCanary
-from tests.e2e.harness.pipeline import Invocation, LocalPipeline
+from tests.e2e.harness.pipeline import LocalPipeline
+from tests.e2e.harness.runtime import Invocation
 from tests.e2e.scenario import local_cluster, operator
 
 CANARY_FOLDERS_SHOWN = (

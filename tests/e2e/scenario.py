@@ -8,7 +8,8 @@ from typing import Any
 from click.testing import CliRunner
 
 import sdc_agent as sdc
-from tests.e2e.harness.pipeline import Cluster, LocalPipeline
+from tests.e2e.harness.account import Cluster
+from tests.e2e.harness.pipeline import LocalPipeline
 
 
 def local_cluster(nodes: int = 6, *, job: str = "llama-pretrain") -> Cluster:

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from sdc_remediation.approval_client import ApprovalService
-from tests.e2e.harness.pipeline import REGION, LocalPipeline
+from sdc_remediation.clients.approval_url import ApprovalService
+from tests.e2e.harness.account import REGION
+from tests.e2e.harness.pipeline import LocalPipeline
 from tests.e2e.scenario import culprit_alarm, local_cluster, operator, pending_for, raise_alarm
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from sdc_remediation import canary as canary_mod
-from sdc_remediation import contract, outcomes
+import sdc_contract as contract
+from sdc_remediation.logic import canary as canary_mod
+from sdc_remediation.logic import outcomes
 from tests.e2e.harness.canary import LocalCanary
 from tests.e2e.harness.pipeline import LocalPipeline
 from tests.e2e.scenario import ended_states, local_cluster

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.harness.pipeline import shared_runtime_env
+from tests.e2e.harness.runtime import shared_runtime_env
 
 
 def test_functions_that_agree_share_their_powertools_settings_only():

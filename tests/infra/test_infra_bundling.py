@@ -68,3 +68,42 @@ def test_bundling_failure_shows_pip_output(monkeypatch: pytest.MonkeyPatch, tmp_
     # When bundling / Then synth stops with pip's own explanation
     with pytest.raises(RuntimeError, match="No matching distribution found for nope"):
         bundling.PipLayerBundling(["nope"], "manylinux2014_aarch64").try_bundle(str(tmp_path))
+
+
+def test_the_code_asset_carries_the_contract_beside_the_domain_package(default_synth: Any) -> None:
+    # Given the staged function code asset
+    staged = [p for p in default_synth.outdir.glob("asset.*") if (p / "sdc_remediation").is_dir()]
+    assert len(staged) == 1
+    # Then the contract package sits beside the domain package, as the source has it
+    source = bundling.CONTRACT_DIR
+    for path in source.glob("*.py"):
+        assert (staged[0] / "sdc_contract" / path.name).read_bytes() == path.read_bytes()
+    assert not list(staged[0].glob("sdc_contract/*.egg-info"))
+
+
+def test_the_staged_code_is_named_after_its_content(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given a handlers folder and a contract package
+    lambdas, contract = tmp_path / "lambdas", tmp_path / "contract" / "sdc_contract"
+    (lambdas / "step").mkdir(parents=True)
+    (lambdas / "step" / "handler.py").write_text("x = 1\n")
+    (lambdas / "tests").mkdir()
+    (lambdas / "tests" / "test_x.py").write_text("")
+    contract.mkdir(parents=True)
+    (contract / "__init__.py").write_text("NAME = 'a'\n")
+    monkeypatch.setattr(bundling, "LAMBDAS_DIR", lambdas)
+    monkeypatch.setattr(bundling, "CONTRACT_DIR", contract)
+    staging = tmp_path / "staging"
+
+    # When it is staged twice, then again after the contract changed
+    first = bundling.stage_handlers_code(staging)
+    again = bundling.stage_handlers_code(staging)
+    (contract / "__init__.py").write_text("NAME = 'b'\n")
+    changed = bundling.stage_handlers_code(staging)
+
+    # Then the same content is one directory, new content another, and tests stay out
+    assert first == again != changed
+    assert (changed / "sdc_contract" / "__init__.py").read_text() == "NAME = 'b'\n"
+    assert (first / "step" / "handler.py").is_file()
+    assert not (first / "tests").exists()

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+import sdc_contract as contract
 from infra.app import synthesize_template
 from infra.config import ConfigError, load_config
-from sdc_remediation import contract
 from tests.infra.infra_synth import Synth
 from tests.infra.infra_template import as_list, flatten, function_ids, resources, role_statements
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
+import sdc_contract as contract
 from infra.config import METRIC_NAMES
 from infra.constructs.functions import SERVICES, STEPS
-from sdc_remediation import contract
 from tests.infra.infra_template import (
     as_list,
     definition,

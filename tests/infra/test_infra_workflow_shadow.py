@@ -13,9 +13,10 @@ import pytest
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sns.models import sns_backends
 
-from sdc_remediation import aws, outcomes, recording, steps
+from sdc_remediation import aws
 from sdc_remediation.config import Settings
-from sdc_remediation.ledger import Ledger
+from sdc_remediation.dal.ledger import Ledger
+from sdc_remediation.logic import outcomes, recording, steps
 from sdc_remediation.models import ItemState, parse_step
 from tests.infra.infra_synth import Synth, synthesize
 from tests.infra.test_infra_workflow import ALARM, EVENT, SUSPECT, decide, happy_steps

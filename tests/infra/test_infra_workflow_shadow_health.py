@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from sdc_remediation.ledger import Ledger
+from sdc_remediation.dal.ledger import Ledger
 from tests.infra.infra_synth import Synth, synthesize
 from tests.infra.test_infra_workflow import EVENT, SUSPECT
 from tests.infra.test_infra_workflow_shadow import LEDGER, _messages, _moto_account, _real_steps

@@ -3,8 +3,9 @@
 The definition comes from the template exactly as CloudFormation would receive it; only its
 references are resolved (function ARNs, partition) by `infra.template`, the helper the
 end-to-end harness uses too. Each Lambda invoke is dispatched to a Python
-callable; an exception raised there becomes a Lambda function error whose `errorType` is the
-exception's class name, as the Python runtime reports it, so Retry/Catch see the same names.
+callable (tests/support/moto_lambda.py, as the end-to-end runtime's are); an exception raised
+there becomes a Lambda function error whose `errorType` is the exception's class name, as the
+Python runtime reports it, so Retry/Catch see the same names.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-from unittest import mock
 
 import boto3
 from moto import mock_aws
-from moto.awslambda_simple.models import LambdaSimpleBackend
 
 from infra.template import function_logical_ids, state_machine_definition
+from tests.support.moto_lambda import function_error, route_invokes
 
 REGION = "us-east-1"
 Handler = Callable[[dict[str, Any]], Any]
@@ -67,14 +67,7 @@ def workflow(
     run = Run()
     handlers = {"record": lambda payload: {"recorded": True}, **handlers}
 
-    def invoke(
-        self: LambdaSimpleBackend,
-        function_name: str,
-        qualifier: Any,
-        body: Any,
-        headers: Any,
-        response_headers: dict[str, str],
-    ) -> bytes:
+    def invoke(function_name: str, body: Any, response_headers: dict[str, str]) -> bytes:
         folder = function_name.rsplit(":", 1)[-1]
         payload = json.loads(body) if body else {}
         with run.lock:
@@ -87,13 +80,10 @@ def workflow(
                 raise UnhandledStepError(f"step {folder} was not expected in this scenario")
             return json.dumps(handler(payload)).encode()
         except Exception as error:
-            response_headers["x-amz-function-error"] = "Unhandled"
-            return json.dumps(
-                {"errorType": type(error).__name__, "errorMessage": str(error)}
-            ).encode()
+            return function_error(response_headers, type(error).__name__, str(error))
 
     config = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
-    with mock_aws(config=config), mock.patch.object(LambdaSimpleBackend, "invoke", invoke):
+    with mock_aws(config=config), route_invokes(invoke):
         iam = boto3.client("iam", region_name=REGION)
         role = iam.create_role(RoleName="sdc-test", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
         lambda_client = boto3.client("lambda", region_name=REGION)

@@ -18,9 +18,11 @@ from botocore.stub import Stubber
 from click.testing import CliRunner
 from remediation_factories import APPROVALS, LEDGER, item_state
 
-from sdc_remediation import approval_client, aws, clock, ledger
+from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
-from sdc_remediation.dynamo import from_item
+from sdc_remediation.clients import approval_url
+from sdc_remediation.dal import ledger
+from sdc_remediation.dal.dynamo import from_item
 
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAeSecretTaskToken" * 3
 URL = "https://abcdefghij0123456789.lambda-url.us-east-1.on.aws/"
@@ -39,12 +41,12 @@ def function_url(monkeypatch, invoke) -> list[dict[str, Any]]:
         assert (region, service) == ("us-east-1", "lambda")
         # The caller's own key: AWS authenticates it as the principal it belongs to
         assert key == aws.session().get_credentials().access_key
-        event = approval_client.function_url_event(request, ONCALL)
+        event = approval_url.function_url_event(request, ONCALL)
         events.append(event)
         response = invoke("approve", event)
         return response["statusCode"], response["body"].encode()
 
-    monkeypatch.setattr(approval_client, "_send", serve)
+    monkeypatch.setattr(approval_url, "_send", serve)
     return events
 
 
@@ -118,7 +120,7 @@ def test_a_body_naming_another_approver_still_records_the_authenticated_one(
 ):
     # Given a pending approval, and a request crafted to claim someone else approved
     item = _request(invoke, cloud)
-    service = approval_client.ApprovalService(URL)
+    service = approval_url.ApprovalService(URL)
 
     # When it reaches the function
     with Stubber(aws.client("stepfunctions")) as sfn:

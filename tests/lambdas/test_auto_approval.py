@@ -14,7 +14,7 @@ from botocore.stub import ANY, Stubber
 from remediation_factories import APPROVALS, CLUSTER, item_state
 
 from sdc_remediation import aws, clock
-from sdc_remediation.dynamo import from_item, to_item
+from sdc_remediation.dal.dynamo import from_item, to_item
 
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAeSecretTaskToken" * 3
 HEALTH = {"started_at": "2026-11-29T10:00:00.000Z", "checks": ["InstanceStress"], "detail": ""}

@@ -10,9 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from remediation_factories import CLUSTER, alarm_event, put_node_metric, put_report, rank, report
 
-from sdc_remediation import canary, contract
+import sdc_contract as contract
 from sdc_remediation.config import Settings
+from sdc_remediation.dal.canary_runs import RunStore
 from sdc_remediation.errors import UntrustedReport
+from sdc_remediation.logic import canary
+from sdc_remediation.models.canary import Run
 
 GROUP = f"/sdc/{CLUSTER}"
 CANARY_ALARM = f"sdc-{contract.CANARY_ALARM_SUFFIX}"  # the test environment's prefix is "sdc-"
@@ -30,7 +33,7 @@ def canary_alarm_event(time: datetime) -> dict:
 
 
 def run_steps(run_id: str) -> list[str]:
-    run = canary.RunStore(Settings().ledger_table, CLUSTER).get(run_id)
+    run = RunStore(Settings().ledger_table, CLUSTER).get(run_id)
     assert run is not None
     return run.reached
 
@@ -123,7 +126,7 @@ def test_the_check_names_the_step_where_the_run_stopped(cloud, invoke):
     # Then it names the step, writes it on the run and tells the topic
     assert stop["stopped_at"] == "alarm"
     assert stop["run"] == started["run"]
-    run = canary.RunStore(Settings().ledger_table, CLUSTER).get(started["run"])
+    run = RunStore(Settings().ledger_table, CLUSTER).get(started["run"])
     assert run is not None and run.stopped_at == "alarm"
     (message,) = cloud.sns_messages()
     assert message["subject"].endswith("canary stopped at alarm")
@@ -140,9 +143,9 @@ def test_the_check_without_any_new_run_names_the_schedule(cloud, invoke):
     assert "schedule" in stop["summary"]
 
 
-def _run(*steps: str, completed: bool = False, error: str | None = None) -> canary.Run:
+def _run(*steps: str, completed: bool = False, error: str | None = None) -> Run:
     at = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
-    return canary.Run(
+    return Run(
         run_id="c-1",
         started_at=at,
         steps=[{"step": s, "at": at} for s in steps],

@@ -14,11 +14,14 @@ import pytest
 from botocore.stub import ANY, Stubber
 from remediation_factories import APPROVALS, item_state
 
-from sdc_remediation import aws, canary, contract
-from sdc_remediation.approvals import approval_id_for
+import sdc_contract as contract
+from sdc_remediation import aws
 from sdc_remediation.config import Settings
-from sdc_remediation.dynamo import from_item
+from sdc_remediation.dal.approvals import approval_id_for
+from sdc_remediation.dal.canary_runs import RunStore
+from sdc_remediation.dal.dynamo import from_item
 from sdc_remediation.errors import ConfigurationError, InvalidStepInput
+from sdc_remediation.logic import canary
 
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAeCanaryTaskToken" * 3
 APPROVE_FUNCTION = "sdc-guard-approve"
@@ -117,9 +120,7 @@ def test_approve_refuses_a_canary_approval_whose_run_is_closed(cloud, invoke, ap
     # Given a canary approval whose run already closed
     run = canary.start_run(Settings())
     approval_id = _request_canary_approval(invoke, run.run_id)
-    canary.RunStore(Settings().ledger_table, Settings().hyperpod_cluster_name).reach(
-        run.run_id, "closed"
-    )
+    RunStore(Settings().ledger_table, Settings().hyperpod_cluster_name).reach(run.run_id, "closed")
     before = _record(approval_id)
     # When the direct event names it / Then it is refused, nothing sent, nothing changed
     refused = pytest.raises(canary.CanaryApprovalRefused, match="not an open canary run")
@@ -156,9 +157,7 @@ def test_a_failed_send_is_written_on_the_canary_run(cloud, invoke, approve_funct
         with pytest.raises(ConfigurationError, match="SendTaskSuccess was denied"):
             invoke("approve", canary.settle_event(approval_id))
     # And the run records why, so the canary alarm's message names the approval step and it
-    stored = canary.RunStore(Settings().ledger_table, Settings().hyperpod_cluster_name).get(
-        run.run_id
-    )
+    stored = RunStore(Settings().ledger_table, Settings().hyperpod_cluster_name).get(run.run_id)
     assert stored is not None and "could not settle canary approval" in (stored.error or "")
     stop = canary.stopped_at(stored, alarm_fired=True, execution_started=True)
     assert "could not settle canary approval" in stop.sentence()

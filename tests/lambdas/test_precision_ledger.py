@@ -12,10 +12,11 @@ import pytest
 from click.testing import CliRunner
 from remediation_factories import CLUSTER, JOB, LEDGER, item_state
 
-from sdc_remediation import aws, clock, outcomes
+from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
-from sdc_remediation.dynamo import to_item
-from sdc_remediation.ledger import Ledger
+from sdc_remediation.dal.dynamo import to_item
+from sdc_remediation.dal.ledger import Ledger
+from sdc_remediation.logic import outcomes
 
 ALICE = "arn:aws:iam::123456789012:user/alice"
 HEALTH = {"started_at": "2026-11-29T10:00:00.000Z", "checks": ["InstanceStress"], "detail": ""}

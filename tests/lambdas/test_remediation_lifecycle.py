@@ -9,9 +9,10 @@ from typing import Any
 from click.testing import CliRunner
 from remediation_factories import CLUSTER, LEDGER, item_state
 
-from sdc_remediation import aws, ledger
+from sdc_remediation import aws
 from sdc_remediation.cli import main
-from sdc_remediation.dynamo import from_item, to_item
+from sdc_remediation.dal import ledger
+from sdc_remediation.dal.dynamo import from_item, to_item
 
 MOTO_CALLER = "arn:aws:sts::123456789012:user/moto"
 FAILURE = {"Error": "States.TaskFailed", "Cause": "the Lambda timed out"}

@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from remediation_factories import CLUSTER, LEDGER, item_state
 
-from sdc_remediation import aws, clock, ledger
-from sdc_remediation.dynamo import from_item, to_item
+from sdc_remediation import aws, clock
+from sdc_remediation.dal import ledger
+from sdc_remediation.dal.dynamo import from_item, to_item
 from sdc_remediation.errors import InvalidStepInput
 
 

@@ -13,7 +13,7 @@ from remediation_factories import APPROVALS, LEDGER, item_state
 from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
 from sdc_remediation.config import Settings
-from sdc_remediation.dynamo import from_item
+from sdc_remediation.dal.dynamo import from_item
 from sdc_remediation.errors import ConfigurationError
 
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAeSecretTaskToken" * 3

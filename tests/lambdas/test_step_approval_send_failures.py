@@ -15,7 +15,7 @@ from remediation_factories import APPROVALS, LEDGER, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.cli import main
-from sdc_remediation.dynamo import from_item
+from sdc_remediation.dal.dynamo import from_item
 
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAeSecretTaskToken" * 3
 MOTO_CALLER = "arn:aws:sts::123456789012:user/moto"

@@ -8,7 +8,8 @@ import urllib.parse
 import pytest
 from remediation_factories import EKS_CLUSTER, item_state
 
-from sdc_remediation import aws, kube
+from sdc_remediation import aws
+from sdc_remediation.clients import kube
 from sdc_remediation.config import Settings
 from sdc_remediation.errors import (
     ClusterApiUnavailable,

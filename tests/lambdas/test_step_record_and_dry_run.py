@@ -9,7 +9,7 @@ from botocore.stub import Stubber
 from remediation_factories import CLUSTER, LEDGER, alarm_state, item_state
 
 from sdc_remediation import aws
-from sdc_remediation.dynamo import from_item, to_item
+from sdc_remediation.dal.dynamo import from_item, to_item
 from sdc_remediation.errors import InvalidStepInput
 
 

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from remediation_factories import CLUSTER, LEDGER, item_state
 
-from sdc_remediation import aws, ledger
-from sdc_remediation.dynamo import from_item, to_item
+from sdc_remediation import aws
+from sdc_remediation.dal import ledger
+from sdc_remediation.dal.dynamo import from_item, to_item
 
 FAILURE = {"Error": "ClusterApiUnavailable", "Cause": '{"errorMessage": "API down"}'}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sdc_remediation.admission import AdmitRequest, GuardSnapshot, decide
+from sdc_remediation.logic.admission import AdmitRequest, GuardSnapshot, decide
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from infra.config import ConfigError, load_config
-from sdc_remediation.autoapprove import AutoApprovePolicy, Precision, evaluate, parse_policy
+from sdc_contract.autoapprove import AutoApprovePolicy, parse_policy
+from sdc_remediation.logic.autoapprove import Precision, evaluate
 
 REQUIRED = {"hyperPodClusterName": "hp", "eksClusterName": "eks"}
 

@@ -93,7 +93,8 @@ def test_every_variable_infra_sets_is_one_the_functions_read():
     # Given the contract module's list (infra sets exactly these: tests/infra)
     import inspect
 
-    from sdc_remediation import config, contract
+    import sdc_contract as contract
+    from sdc_remediation import config
 
     source = inspect.getsource(config)
     # Then the settings read each of them by the contract's name, and spell none of them again

@@ -13,13 +13,13 @@ import pytest
 from botocore.credentials import Credentials
 
 from sdc_remediation import errors
-from sdc_remediation.cordon import cordon_body
-from sdc_remediation.health import classify
-from sdc_remediation.kube import eks_token
-from sdc_remediation.ledger import max_open
-from sdc_remediation.localize import verdict_for
+from sdc_remediation.clients.kube import eks_token
+from sdc_remediation.dal.ledger import max_open
+from sdc_remediation.logic.cordon import cordon_body
+from sdc_remediation.logic.health import classify
+from sdc_remediation.logic.localize import verdict_for
+from sdc_remediation.logic.notify import approval_message, suggested_action
 from sdc_remediation.models import Report
-from sdc_remediation.notify import approval_message, suggested_action
 
 CONTRACT = Path(__file__).resolve().parents[2] / "docs" / "CONTRACT.md"
 DHC = "sagemaker.amazonaws.com/deep-health-check-status"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from infra.config import ConfigError, load_config
+from sdc_contract.modes import mode_for, parse_modes
 from sdc_remediation.config import Settings
 from sdc_remediation.errors import ConfigurationError
-from sdc_remediation.modes import mode_for, parse_modes
 
 REQUIRED = {"hyperPodClusterName": "hp", "eksClusterName": "eks"}
 

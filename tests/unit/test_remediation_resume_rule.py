@@ -1,8 +1,8 @@
 """The pipeline states the agent's resume rule, the same one: where a job may resume after an alarm
 (docs/recovery.md), in the approval message, the transition notifications and the ledger.
 
-The Lambdas cannot import the agent (it imports torch), so lambdas/sdc_remediation/recovery.py is
-a byte-for-byte copy of agent/src/sdc_agent/recovery.py; these tests keep them one rule.
+The Lambdas cannot import the agent (it imports torch); both import the rule from the contract
+(sdc_contract.resume), and these tests keep it one rule.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from sdc_remediation import notify
-from sdc_remediation import recovery as shipped
+from sdc_contract import resume as shipped
+from sdc_remediation.logic import notify
 from sdc_remediation.models import RecordInput, Suspect
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_RULE = REPO / "agent" / "src" / "sdc_agent" / "recovery.py"
-SHIPPED_RULE = REPO / "lambdas" / "sdc_remediation" / "recovery.py"
 INSTANCE = "i-0123456789abcdef0"
 
 
@@ -111,12 +110,14 @@ CASES = [
 ]
 
 
-def test_the_shipped_rule_is_the_agents_file_byte_for_byte():
-    # Given the agent's recovery module and the copy the Lambda package ships
-    # Then they are the same file: one rule (copy the agent's over the Lambda's when it changes)
-    assert SHIPPED_RULE.read_bytes() == AGENT_RULE.read_bytes(), (
-        f"cp {AGENT_RULE.relative_to(REPO)} {SHIPPED_RULE.relative_to(REPO)}"
-    )
+def test_the_agent_and_the_pipeline_share_one_rule_not_a_copy():
+    # Given the agent's recovery module (loaded without torch) and what the pipeline calls
+    agent = _agent_recovery()
+    # Then the agent's rule is the contract's function itself, and no copy of it ships anywhere
+    assert agent.resume_rule is shipped.resume_rule
+    assert agent.ResumeRule is shipped.ResumeRule
+    copies = [p for p in (REPO / "lambdas").rglob("*.py") if p.name in ("recovery.py", "resume.py")]
+    assert copies == []
 
 
 @pytest.mark.parametrize(("fields", "report_extra"), CASES)

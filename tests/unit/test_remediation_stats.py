@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from sdc_remediation.stats import parse_duration, wilson_interval
+from sdc_remediation.logic.stats import parse_duration, wilson_interval
 
 
 def test_wilson_interval_matches_known_values():

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from sdc_agent.checks.replay.replayer import Replayer, outcome_of
 from sdc_agent.fingerprint import fingerprints
-from sdc_agent.replay import Replayer, outcome_of
 
 
 class NegativeZeroGrad(nn.Module):
@@ -74,12 +74,21 @@ class Scaled(nn.Module):
 def test_a_replay_calls_huge_finite_gradients_finite_as_check_1_does():
     # Given a micro-batch whose gradient is huge but finite (its squared norm overflows float32)
     model = Scaled()
+    batch = torch.full((4,), 1e30)
+    compute_loss(model, batch).backward()
+    grad = model.w.grad
+    assert torch.isfinite(grad).all() and not torch.isfinite(grad.square().sum())
+    model.w.grad = None  # the step's gradients start as None, as in training
     replayer = Replayer(model, [model.w], compute_loss)
     # When it is replayed
-    replayed = replayer.replay(torch.full((4,), 1e30), seed=0, deterministic=True)
+    replayed = replayer.replay(batch, seed=0, deterministic=True)
     # Then the outcome is finite: no false mismatch against the finite training step
-    assert torch.isfinite(model.w.grad).all() if model.w.grad is not None else True
     assert replayed.finite
+    # And its digest is that of the huge gradient (the replay computed it, then restored None)
+    assert (
+        replayed.grad_digest == outcome_of(torch.zeros(()), fingerprints([grad]), True).grad_digest
+    )
+    assert model.w.grad is None
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

@@ -1,18 +1,21 @@
-"""The alarm: what the guard decided, identical on every rank, and its JSON report."""
+"""The alarm: what the guard decided, identical on every rank, and its JSON report.
+
+The report's schema, its check names and verdict kinds and the metric names are the contract's
+(``sdc_contract``), which the remediation pipeline reads them by.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-SCHEMA = "sdc.alarm/v1"
+from sdc_contract import metrics
+from sdc_contract.report import ALARM_SCHEMA, Check, VerdictKind
 
-CheckName = Literal["compute", "reduced_gradient", "weights"]
-VerdictKind = Literal[
-    "persistent", "transient", "replayer_wrong", "unclear", "unattributable", "reproducible"
-]
-"""How a confirmation settled a dispute. ``reproducible``: a non-finite gradient that a third
-GPU (on another node) reproduces from the same micro-batch: numerics or data, not a GPU."""
+SCHEMA = ALARM_SCHEMA
+
+CheckName = Check
+"""Which check fired (``sdc_contract.report.Check``)."""
 
 
 @dataclass(frozen=True)
@@ -128,10 +131,10 @@ class Alarm:
     def metric_name(self) -> str:
         """Which of the three SDC metrics this alarm increments."""
         if self.check == "weights":
-            return "sdc_divergent_tensors"
+            return metrics.DIVERGENT_TENSORS_METRIC
         if self.check == "reduced_gradient" or self.nonfinite:
-            return "sdc_nonfinite_grad"
-        return "sdc_replay_mismatch"
+            return metrics.NONFINITE_GRAD_METRIC
+        return metrics.REPLAY_MISMATCH_METRIC
 
     def to_dict(self) -> dict[str, Any]:
         """The ``sdc.alarm/v1`` report: JSON-serialisable, keys in a stable order."""

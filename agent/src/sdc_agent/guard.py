@@ -5,15 +5,15 @@ ORDER of the collectives: every rank must issue the same collectives in the same
 job hangs (or, worse, pairs up the wrong tensors). The checks (architecture: docs/architecture.md,
 "The agent"):
 
-1. Non-finite gradients, every step (:mod:`sdc_agent.gradients`): the comm hook flags each bucket
-   of the local gradient before the all-reduce and sums the reduced one after it; one small
+1. Non-finite gradients, every step (:mod:`sdc_agent.checks.gradients`): the comm hook flags each
+   bucket of the local gradient before the all-reduce and sums the reduced one after it; one small
    asynchronous all-reduce of three flags says whether any rank's local or reduced (clipped)
    gradient is NaN/Inf, and only then a gather names the ranks. Either fails the step. A rank
    waits for the reduction only when its own flags are bad, on audit and checkpoint steps, and at
    the next step's check or the end of the loop.
-2. Ring replay audit, on audit steps (:mod:`sdc_agent.audit`): every rank recomputes another
-   rank's micro-batch on the bare module and the results are compared bit for bit.
-3. Weight fingerprints (:mod:`sdc_agent.divergence`), after the update every ``check_every``
+2. Ring replay audit, on audit steps (:mod:`sdc_agent.checks.replay`): every rank recomputes
+   another rank's micro-batch on the bare module and the results are compared bit for bit.
+3. Weight fingerprints (:mod:`sdc_agent.checks.weights`), after the update every ``check_every``
    steps and before checkpoints. Before a checkpoint the comparison is awaited at once; a periodic
    one is launched after the update and judged at the next agreement point (the next step's
    check, whose step is then not applied on a failure), naming the step whose weights were
@@ -23,10 +23,12 @@ A step that fails check 1 or 2 is not applied: its gradients are dropped and the
 not step, so the exact state is still there for the confirmation replays. Every decision is made
 from gathered data with the same code on every rank, so every rank returns the same Alarm and no
 rank is left waiting in a collective the others skipped. Alarms are built, logged and published
-in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter, picked from the
-model: :class:`sdc_agent.parallel.DDPAdapter` for DDP, :class:`sdc_agent.parallel_fsdp.FSDP2Adapter`
-for FSDP2 (``fully_shard``: full sharding or HSDP), which also builds check 2's replayer and audit
-and check 3's comparison for its wrapper.
+in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter
+(:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model:
+:class:`~sdc_agent.parallel.ddp.DDPAdapter` for DDP, :class:`~sdc_agent.parallel.fsdp.FSDP2Adapter`
+for FSDP2 (``fully_shard``: full sharding or HSDP). Each check asks it what it compares: where
+check 1's taps go, check 2's replay unit and whether replays run in lockstep, and which ranks
+hold copies of the weights check 3 compares.
 """
 
 from __future__ import annotations
@@ -45,13 +47,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
-from .audit import RebuildBatch
+from .checks.gradients.exchange import FlagExchange, GradientCheck
+from .checks.replay.audit import RebuildBatch, ring_audit_type
+from .checks.replay.environment import StepEnvironment
+from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
+from .checks.weights.check import weight_check
 from .coverage import describe
-from .gradients import FlagExchange, GradientCheck
-from .parallel_fsdp import adapter_for
+from .parallel import ParallelAdapter, adapter_for
 from .publisher import NullPublisher, Publisher
 from .recording import open_alarm_log
-from .replay import ComputeLoss, StepEnvironment, micro_batch_loss, scaled_for_backward
 from .reporting import Reporter
 from .schedule import Schedule
 from .sensors.check import SensorCheck
@@ -102,16 +106,16 @@ class Guard:
         overflow: the scaler skips the step and lowers the scale, with no alarm. Under FSDP2
         ``scaler.step`` is a collective (``unscale_`` reduces ``found_inf`` over the mesh), so
         every rank then waits for each step's flags and decides with the others
-        (:mod:`sdc_agent.parallel_fsdp`).
+        (:mod:`sdc_agent.parallel.fsdp`).
 
         ``alarm_dir``: record every alarm returned in this directory (the checkpoint directory,
         on shared storage; the same value on every rank) and refuse to resume from a checkpoint
         a recorded alarm covers (:meth:`check_resume`, docs/recovery.md); an unwritable directory
         raises OSError here. ``allow_unsafe_resume``: resume anyway, logged (forensics only).
         """
-        self.parallel = adapter_for(model, dp_group)
-        """The parallelism-specific parts (the training model, the bare module, the hook, and
-        the wrapper's replayer, audit and weight comparison)."""
+        self.parallel: ParallelAdapter = adapter_for(model, dp_group)
+        """The parallelism-specific parts (the training model, the bare module, where check 1's
+        taps go, check 2's replay unit, the replicas check 3 compares)."""
         if not callable(compute_loss) or not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
@@ -169,12 +173,14 @@ class Guard:
         self.reporter.record_alarm = self.alarm_log.record
         self.allow_unsafe_resume = allow_unsafe_resume
         self.gradients = GradientCheck(self.params, a.dp_group, self.world)
-        """Check 1: the comm hook's statistics and the per-step flag exchange."""
-        a.register_gradient_hook(self.gradients.hook_state, self.gradients.hook)
-        self.audit = a.make_audit(
+        """Check 1: the gradient taps' statistics and the per-step flag exchange."""
+        a.install_gradient_taps(self.gradients.hook_state)
+        # The audit for the adapter's replay unit (each rank alone, or every rank in lockstep).
+        self.audit = ring_audit_type(a)(
+            a,
             a.make_replayer(
                 compute_loss,
-                self.gradients,
+                self.gradients.hook_state,
                 grad_accum=self.schedule.grad_accum,
                 scaler=self.scaler,
             ),
@@ -185,7 +191,7 @@ class Guard:
             overflow_is_expected=self.scaler is not None,
         )
         """Check 2: the ring replay audit and the confirmation replays."""
-        self.weights = a.make_weight_check(self.reporter)
+        self.weights = weight_check(a.weight_replicas(), self.reporter)
         """Check 3: weight fingerprint comparisons."""
         # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
         # there, as check 2's do).
@@ -201,6 +207,15 @@ class Guard:
         """The step being run (fault drills read it); None before the first step."""
         self.reporter.publish_rank_map()
         if self.reporter.publishes:
+            if self.schedule.sensors and not self.sensors_planned and not self.sensors.unsupported:
+                # Schedule(sensors=True) is the default, but only protected layers have
+                # sensors: say so plainly, with the line that turns them on.
+                logger.warning(
+                    "sdc_agent: no online sensor checks this model: none of its layers is "
+                    "protected. Add `sdc.protect(model)` before wrapping it in DDP or "
+                    "fully_shard (and before building the Guard); or pass "
+                    "Schedule(sensors=False) to silence this"
+                )
             logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
 
     def coverage(self) -> dict[str, Any]:

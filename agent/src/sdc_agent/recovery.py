@@ -1,24 +1,10 @@
-"""Where a job may resume after an SDC alarm: the rule, and the alarm log next to the checkpoints.
+"""The alarm log next to the checkpoints, and which checkpoint a job may resume from.
 
-A persistent fault that started at step 250 and was caught by the audit at step 300 has put every
-update in between into every replica (the all-reduce spreads it; the replicas still agree), so
-every checkpoint saved in between passes its weight check and is still corrupted. The job must
-resume from a checkpoint saved before the fault could have started. The rule, per check, is in
-:func:`resume_rule` and explained in docs/recovery.md.
-
-Conventions: a checkpoint "at step s" holds the weights after step s's update (the guard calls
-``save_checkpoint(s, tags)`` after that update), and a run resumed from it starts at step s + 1
-(``guard.train(..., start_step=s + 1)``).
-
-This module imports nothing but the standard library and nothing of its own package, so the
-remediation pipeline, which cannot import torch, states the same rule from the same source: it
-loads this file by path (or ships a copy of it) and calls :func:`resume_rule` on the
-``sdc.alarm/v1`` report it already holds::
-
-    spec = importlib.util.spec_from_file_location("sdc_recovery", path_to_this_file)
-    rule = sys.modules["sdc_recovery"] = importlib.util.module_from_spec(spec)  # dataclasses
-    spec.loader.exec_module(rule)                                                # need it there
-    rule.resume_rule(report).sentence   # "resume from the newest checkpoint at or before step N"
+The rule itself (which steps one alarm makes suspect) is the contract's
+(``sdc_contract.resume``: :func:`resume_rule`, :func:`covers`), shared with the remediation
+pipeline; this module applies it to the alarms a guard recorded in ``alarm_dir`` (one file per
+alarm, schema ``sdc.alarm-record/v1``) and re-exports it, so ``sdc_agent.recovery`` keeps every
+name it had. docs/recovery.md explains both.
 """
 
 from __future__ import annotations
@@ -31,122 +17,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
+
+from sdc_contract.report import ALARM_RECORD_SCHEMA
+from sdc_contract.resume import AlarmLogError, ResumeRule, alarm_field, covers, resume_rule
 
 logger = logging.getLogger("sdc_agent")
 
-RECORD_SCHEMA = "sdc.alarm-record/v1"
+RECORD_SCHEMA = ALARM_RECORD_SCHEMA
 """Schema of one file of the alarm log: ``{"schema", "recorded_at", "writer_rank", "alarm",
-"resume"}`` where ``alarm`` is the ``sdc.alarm/v1`` report and ``resume`` this module's rule."""
+"resume"}`` where ``alarm`` is the ``sdc.alarm/v1`` report and ``resume`` the rule's answer."""
 RECORD_PREFIX = "alarm-"
 RECORD_SUFFIX = ".json"
 
 
-class AlarmLogError(ValueError):
-    """The alarm log cannot be read (missing directory, or a file that is not a valid record)."""
-
-
 class UnsafeResumeError(RuntimeError):
     """A resume from a checkpoint that a recorded alarm's suspect window covers was refused."""
-
-
-# ---------------------------------------------------------------------------------- the rule
-class ResumeRule(NamedTuple):
-    """What one alarm allows: resume from a checkpoint at or before ``max_step``.
-
-    ``max_step`` is None when no checkpoint can be shown clean (restart from the initial weights).
-    ``sentence`` is the instruction to give a person, ``reason`` why it is that step.
-    """
-
-    max_step: int | None
-    sentence: str
-    reason: str
-
-
-def resume_rule(alarm: Mapping[str, Any]) -> ResumeRule:
-    """The newest checkpoint step one ``sdc.alarm/v1`` report leaves clean, and why.
-
-    With suspect window ``[first, last]`` (``last`` = the alarm's step), the step ``first`` is
-    the one the check that fired last verified, so the state after its update is clean, and every
-    checkpoint saved after it, up to the alarm's step, is suspect. Per check:
-
-    - ``compute``, the audit's mismatch: ``first`` is ``last_audit_pass``; there every rank's
-      gradient of step ``first`` was reproduced bit for bit on another GPU and then applied.
-      Clean: at or before ``last_audit_pass``.
-    - ``compute`` with ``nonfinite`` ranks, and ``reduced_gradient``: check 1 verifies only that
-      gradients were finite; a fault that ends in a NaN may have computed wrong finite values
-      before. Clean: at or before the last audit pass (for ``reduced_gradient``, which names no
-      rank and may also be a corruption after the all-reduce, the older of the last audit pass
-      and the last weight check pass); without audits, finiteness is all that was verified, and
-      the window's ``first`` - 1 is used.
-    - ``weights``: ``first`` is ``last_weight_check_pass``; there every replica held
-      bit-identical weights after step ``first``'s update (before a checkpoint, that is the check
-      the checkpoint was saved under). Clean: at or before it.
-
-    When the check that fired never passed in that run, ``first`` is the run's first step, which
-    nothing verified: clean is at or before ``first`` - 1, the checkpoint the run resumed from.
-    An alarm with neither a window nor a pass rules out nothing before its step (None).
-    """
-    check, step = _field(alarm, "check", str), _field(alarm, "step", int)
-    first = _window_first(alarm)
-    audit = _optional_int(alarm, "last_audit_pass")
-    weights = _optional_int(alarm, "last_weight_check_pass")
-    if check == "weights":
-        evidence = weights
-        why = "every replica's weights were bit-identical after step {n}'s update"
-    elif check == "compute" and not alarm.get("nonfinite"):
-        evidence = audit
-        why = "the ring replay audit reproduced every rank's gradient of step {n} bit for bit"
-    elif check in ("compute", "reduced_gradient"):
-        passes = [audit] if check == "compute" else [audit, weights]
-        known = [p for p in passes if p is not None]
-        evidence = min(known) if known else None
-        why = (
-            "a non-finite gradient proves only that the fault ended in a NaN; step {n} is the "
-            "last whose computation a check verified (a finite gradient is not a correct one)"
-        )
-    else:
-        raise AlarmLogError(f"unknown check {check!r} in alarm of step {step}")
-
-    if evidence is not None:
-        bound = evidence if first is None else min(evidence, first)
-    elif first is not None:
-        bound = first - 1
-        why = (
-            "no check of this kind passed in that run, so its window starts at the run's first "
-            "step {first}, which nothing verified; step {n} is the checkpoint the run started from"
-        )
-    else:
-        return ResumeRule(
-            None,
-            "resume from no checkpoint of this job: restart from the initial weights",
-            f"the {check} alarm of step {step} has no suspect window and no passing check, so "
-            "nothing before it can be ruled out",
-        )
-    bound = min(bound, step - 1)  # the alarm's own step never passed its check
-    if bound < 0:
-        return ResumeRule(
-            None,
-            "resume from no checkpoint of this job: restart from the initial weights",
-            f"the {check} alarm of step {step} leaves no step before its window verified",
-        )
-    return ResumeRule(
-        bound,
-        f"resume from the newest checkpoint at or before step {bound}",
-        why.format(n=bound, first=first),
-    )
-
-
-def covers(alarm: Mapping[str, Any], checkpoint_step: int) -> bool:
-    """Whether ``alarm`` makes the checkpoint saved after ``checkpoint_step``'s update suspect.
-
-    Covered: the steps after :func:`resume_rule`'s ``max_step`` up to the alarm's step. A
-    checkpoint after the alarm's step can only come from a run that resumed from a clean one
-    (the guard stops at an alarm and refuses to resume inside a window), so it is not covered.
-    """
-    rule = resume_rule(alarm)
-    lowest_suspect = 0 if rule.max_step is None else rule.max_step + 1
-    return lowest_suspect <= checkpoint_step <= _field(alarm, "step", int)
 
 
 # ---------------------------------------------------------------------------------- decisions
@@ -264,7 +150,7 @@ def resume_refusal(start_step: int, records: Sequence[AlarmRecord]) -> str | Non
 def record_name(alarm: Mapping[str, Any], writer_rank: int) -> str:
     """The file name of an alarm's record: the same alarm always gets the same name, so a
     re-write is idempotent; the writer's rank keeps several data-parallel groups apart."""
-    step, check = _field(alarm, "step", int), _field(alarm, "check", str)
+    step, check = alarm_field(alarm, "step", int), alarm_field(alarm, "check", str)
     return f"{RECORD_PREFIX}step{step:010d}-{check}-rank{writer_rank}{RECORD_SUFFIX}"
 
 
@@ -360,36 +246,6 @@ def _parse_record(path: Path) -> Mapping[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _field(alarm: Mapping[str, Any], name: str, kind: type) -> Any:
-    value = alarm.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise AlarmLogError(f"alarm field {name!r} must be of type {kind.__name__}, got {value!r}")
-    return value
-
-
-def _optional_int(alarm: Mapping[str, Any], name: str) -> int | None:
-    value = alarm.get(name)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise AlarmLogError(f"alarm field {name!r} must be an integer or null, got {value!r}")
-    return value
-
-
-def _window_first(alarm: Mapping[str, Any]) -> int | None:
-    """The window's first step; None when the alarm has no window."""
-    window = alarm.get("suspect_window")
-    if window is None or (isinstance(window, Sequence) and len(window) == 0):
-        return None
-    if (
-        not isinstance(window, Sequence)
-        or isinstance(window, str)
-        or len(window) != 2
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in window)
-        or window[0] > window[1]
-    ):
-        raise AlarmLogError(f"alarm field 'suspect_window' must be [first, last], got {window!r}")
-    return window[0]
-
-
 def _checkpoint_steps(steps: Iterable[int]) -> list[int]:
     out = []
     for step in steps:
@@ -414,3 +270,23 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+__all__ = [
+    "RECORD_SCHEMA",
+    "AlarmLogError",
+    "AlarmRecord",
+    "ResumeDecision",
+    "ResumeRule",
+    "UnsafeResumeError",
+    "clean_resume_step",
+    "covers",
+    "decide_resume",
+    "explain_resume",
+    "probe_writable",
+    "read_alarm_log",
+    "record_name",
+    "resume_refusal",
+    "resume_rule",
+    "write_alarm_record",
+]

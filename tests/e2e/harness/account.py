@@ -4,6 +4,7 @@ cluster with one pod per rank (the in-process pipeline and the deployed rehearsa
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import requests
@@ -12,10 +13,44 @@ if TYPE_CHECKING:
     from tests.support.kube_standin import KubeStandIn
 
     from .hyperpod import HyperPodSimulator
-    from .pipeline import Cluster
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
+
+
+@dataclass
+class Cluster:
+    """The simulated HyperPod cluster: instance ids, and the training job's pods on them."""
+
+    hyperpod_name: str
+    eks_name: str
+    instance_ids: list[str]
+    instance_group: str = "workers"
+    job: str = "llama-pretrain"
+    ranks_per_node: int = 2
+
+    def node_name(self, instance_id: str) -> str:
+        """HyperPod names each Kubernetes node after its instance."""
+        return f"hyperpod-{instance_id}"
+
+    def pod_name(self, rank: int) -> str:
+        """The pod of global ``rank`` (a PyTorchJob names its workers like this)."""
+        return f"{self.job}-worker-{rank}"
+
+
+def embedded_aws_environment(endpoint: str, port: int) -> dict[str, str]:
+    """What a process needs to talk to the embedded AWS at ``endpoint``: the endpoint, fake
+    credentials, region. ``MOTO_PORT``: moto's Step Functions executor calls Lambda at
+    localhost:$MOTO_PORT."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "MOTO_PORT": str(port),
+    }
 
 
 def reset_embedded_aws(endpoint: str, *, timeout: float) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 
 from infra.template import function_logical_ids
 
-from .pipeline import ACCOUNT, REGION, LocalPipeline
+from .account import ACCOUNT, REGION
+from .pipeline import LocalPipeline
 
 START = {"action": "start"}
 NOT_COMPLETED_SUFFIX = "-canary-not-completed"

@@ -38,11 +38,13 @@ from infra.app import example_context
 from infra.config import KEYS
 
 from . import moto_cloudformation
-from .account import ACCOUNT, REGION, reset_embedded_aws
+from .account import ACCOUNT, REGION, embedded_aws_environment, reset_embedded_aws
 
 REPO = Path(__file__).resolve().parents[3]
 WORK_DIR = REPO / ".deploy-local"
 """Gitignored: the cloud assembly the rehearsal deploys and the CLI's logs."""
+CDK_CLI = REPO / "node_modules" / ".bin" / "cdk"
+"""The pinned CDK CLI (package.json), installed by `make cdk-cli`."""
 
 CDK_TIMEOUT_SECONDS = 900.0
 """One CLI command's limit: a first synth builds the Lambda layer with pip (a busy machine)."""
@@ -87,19 +89,8 @@ class EmbeddedAws:
 
     @property
     def environment(self) -> dict[str, str]:
-        """What a process needs to talk to this AWS: the endpoint, fake credentials, region.
-
-        ``MOTO_PORT``: moto's Step Functions executor calls Lambda at localhost:$MOTO_PORT.
-        """
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_SESSION_TOKEN": "testing",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            "MOTO_PORT": str(self.port),
-        }
+        """What a process needs to talk to this AWS (``embedded_aws_environment``)."""
+        return embedded_aws_environment(self.endpoint, self.port)
 
     def client(self, service: str) -> Any:
         """A boto3 client for this AWS (its own session: boto3's default one is not shared)."""
@@ -156,6 +147,11 @@ class CdkCli:
 
     def run(self, *args: str) -> str:
         """Run ``npx cdk <args>`` in the repository root; returns stdout, raises on failure."""
+        if not CDK_CLI.exists():
+            raise CdkCommandFailed(
+                f"the pinned CDK CLI is not installed ({CDK_CLI.relative_to(REPO)} is missing): "
+                "run `make cdk-cli` (npm ci from package-lock.json; needs the npm registry)"
+            )
         env = {
             **os.environ,
             **self.aws.environment,

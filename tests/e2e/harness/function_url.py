@@ -38,7 +38,7 @@ from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from sdc_remediation.approval_client import function_url_event
+from sdc_remediation.clients.approval_url import function_url_event
 
 CLOCK_SKEW = timedelta(minutes=5)
 """How far a request's X-Amz-Date may be from now: AWS refuses older signatures as replays."""

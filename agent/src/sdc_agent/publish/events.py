@@ -12,16 +12,21 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+from sdc_contract.metrics import (
+    AUDIT_PASS_METRIC,
+    CLUSTER_DIMENSION,
+    JOB_DIMENSION,
+    NODE_DIMENSION,
+    UNCONFIRMED_SENSOR_FLAGS_METRIC,
+    WEIGHT_CHECK_PASS_METRIC,
+)
+from sdc_contract.report import RANKMAP_SCHEMA
+
 from ..alarm import Alarm, RankInfo
 
 logger = logging.getLogger(__name__)
 
-RANKMAP_SCHEMA = "sdc.rankmap/v1"
 SPOOL_SCHEMA = "sdc.spool/v1"
-AUDIT_PASS_METRIC = "sdc_audit_pass"
-WEIGHT_CHECK_PASS_METRIC = "sdc_weight_check_pass"
-UNCONFIRMED_SENSOR_FLAGS_METRIC = "sdc_unconfirmed_sensor_flags"
-"""Online sensor candidates that replays did not confirm: not SDC, but a noisy sensor shows."""
 
 # PutMetricData takes at most 1000 metrics per request.
 MAX_METRICS_PER_CALL = 1000
@@ -104,12 +109,12 @@ def alarm_metric_data(alarm: Alarm, cluster: str, job: str) -> list[dict[str, An
         "Unit": "Count",
         "StorageResolution": 1,
     }
-    data = [{**base, "Dimensions": [{"Name": "ClusterName", "Value": cluster}]}]
+    data = [{**base, "Dimensions": [{"Name": CLUSTER_DIMENSION, "Value": cluster}]}]
     for node in named_nodes(alarm):
         dimensions = [
-            {"Name": "ClusterName", "Value": cluster},
-            {"Name": "JobName", "Value": job},
-            {"Name": "NodeName", "Value": node},
+            {"Name": CLUSTER_DIMENSION, "Value": cluster},
+            {"Name": JOB_DIMENSION, "Value": job},
+            {"Name": NODE_DIMENSION, "Value": node},
         ]
         data.append({**base, "Dimensions": dimensions})
     return data
@@ -127,7 +132,10 @@ def liveness_metric_data(
 
     Standard resolution: the batch covers a minute, and a dashboard reads it per minute.
     """
-    dimensions = [{"Name": "ClusterName", "Value": cluster}, {"Name": "JobName", "Value": job}]
+    dimensions = [
+        {"Name": CLUSTER_DIMENSION, "Value": cluster},
+        {"Name": JOB_DIMENSION, "Value": job},
+    ]
     return [
         {
             "MetricName": name,

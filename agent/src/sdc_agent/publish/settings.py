@@ -15,14 +15,14 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-ENV_CLUSTER_NAME = "SDC_CLUSTER_NAME"
-ENV_JOB_NAME = "SDC_JOB_NAME"
-ENV_NAMESPACE = "SDC_METRIC_NAMESPACE"
-ENV_LOG_GROUP = "SDC_LOG_GROUP"
-ENV_SPOOL_DIR = "SDC_SPOOL_DIR"
-ENV_SPOOL_MAX_BYTES = "SDC_SPOOL_MAX_BYTES"
+from sdc_contract.environment import SDC_CLUSTER_NAME as ENV_CLUSTER_NAME
+from sdc_contract.environment import SDC_JOB_NAME as ENV_JOB_NAME
+from sdc_contract.environment import SDC_LOG_GROUP as ENV_LOG_GROUP
+from sdc_contract.environment import SDC_METRIC_NAMESPACE as ENV_NAMESPACE
+from sdc_contract.environment import SDC_SPOOL_DIR as ENV_SPOOL_DIR
+from sdc_contract.environment import SDC_SPOOL_MAX_BYTES as ENV_SPOOL_MAX_BYTES
+from sdc_contract.metrics import DEFAULT_NAMESPACE, report_log_group
 
-DEFAULT_NAMESPACE = "SDC"
 DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
 
 # Kubeflow's training operator names a replica's pod "<job>-<replica type>-<index>".
@@ -93,7 +93,7 @@ class PublishSettings:
 
     def __post_init__(self) -> None:
         _require_text("cluster_name", ENV_CLUSTER_NAME, self.cluster_name, _MAX_DIMENSION_VALUE)
-        if not _LOG_GROUP.match(f"/sdc/{self.cluster_name}"):
+        if not _LOG_GROUP.match(report_log_group(self.cluster_name)):
             raise PublishConfigError(
                 f"cluster_name ({ENV_CLUSTER_NAME}) may only hold letters, digits and . - _ # "
                 f"(it names the log group /sdc/<cluster>), got {self.cluster_name!r}"
@@ -110,7 +110,7 @@ class PublishSettings:
                 f"namespace ({ENV_NAMESPACE}) may not start with 'AWS/', got {self.namespace!r}"
             )
         if not self.log_group:
-            object.__setattr__(self, "log_group", f"/sdc/{self.cluster_name}")
+            object.__setattr__(self, "log_group", report_log_group(self.cluster_name))
         if not _LOG_GROUP.match(self.log_group):
             raise PublishConfigError(
                 f"log_group ({ENV_LOG_GROUP}) must be 1-512 of letters, digits and . - _ / #, "

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from sdc_contract.metrics import CLUSTER_DIMENSION, JOB_DIMENSION
+
 from .events import Delivery
 from .settings import PublishSettings
 
@@ -97,7 +99,7 @@ class SpoolOwner:
             return f"its log stream is {delivery.log_group}/{delivery.log_stream}"
         if delivery.namespace != self.namespace:
             return f"its metric namespace is {delivery.namespace}"
-        ours = {"ClusterName": self.cluster_name, "JobName": self.job_name}
+        ours = {CLUSTER_DIMENSION: self.cluster_name, JOB_DIMENSION: self.job_name}
         for metric in delivery.metrics:
             for dimension in metric.get("Dimensions") or ():
                 name = dimension.get("Name") if isinstance(dimension, dict) else None

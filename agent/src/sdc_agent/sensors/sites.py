@@ -42,11 +42,13 @@ reports the largest ratio. Sites are found when they first run: in the model's f
 and backward, before the guard plans the sensors (at its second step, once it knows the batch's
 rows), and on every rank alike (the same code runs everywhere), so every rank registers the
 same sensors in the same order. A site that first runs after the plan was made (a branch the
-first step did not take) is registered but not planned, and says so once in the log.
+first step did not take) is registered but not in the budget's rotation (it checks in the
+guard's burn-in only), and says so once in the log.
 
 The mode costs a Python call per torch function in a module's forward (about 5 µs each on the
-CPU), so it is entered only when it has work: on a step where some sensor checks, while a fault
-drill taps a site, until the first sensor step (discovery), and always with the checked
+CPU), so it is entered only when it has work: on a step where some sensor checks (every step of
+the guard's burn-in and at full coverage, one in ``period`` at the default budget), while a
+fault drill taps a site, in the model's first forward (discovery), and always with the checked
 attention path (whose values must not depend on whether a sensor checks). Activation
 checkpointing's recompute comparisons (:mod:`.recompute`) ride on the same hooks.
 """
@@ -65,7 +67,7 @@ from torch.overrides import TorchFunctionMode
 from . import attention, loss
 from .board import Gemm, SensorBoard
 from .elementwise import ActivationFunction, EmbeddingFunction, MulFunction, add_ratio
-from .recompute import RecomputeComparisons
+from .recompute import RecomputeComparisons, in_backward
 from .rows import OpSensor
 
 logger = logging.getLogger("sdc_agent")
@@ -190,8 +192,9 @@ class FunctionSensors:
         )
         self.stack: list[str] = []
         """Names of the modules whose forward runs now (innermost last), while tracking."""
-        self.planned = False
-        """Whether a sensor has checked yet: until then every forward is tracked (discovery)."""
+        self.forwards = 0
+        """The model's forwards so far (outside backward passes): the first is tracked whatever
+        checks (discovery), and a site first met after it is late for the plan."""
         self._depth = 0
         self._tracking = False
         self._mode: _SensorMode | None = None
@@ -253,20 +256,19 @@ class FunctionSensors:
         if site.registered:
             return
         site.register(self.board, costs())
-        if self.planned and site.layer_name not in self._late:
+        # The guard plans at its second step, from the sites the first forward and backward met.
+        if self.forwards > 1 and site.layer_name not in self._late:
             self._late.add(site.layer_name)
             logger.warning(
-                "sdc_agent: sensor site %s first ran after the sensors were planned: not checked",
+                "sdc_agent: sensor site %s first ran after the sensor plan was made: checked "
+                "only in the burn-in, not in the budget's rotation",
                 site.layer_name,
             )
 
     # ------------------------------------------------------------------ tracking
     def _wanted(self) -> bool:
         """Whether this forward needs the mode (module docstring)."""
-        if self.board.active_layers:
-            self.planned = True
-            return True
-        if self.attention_mode == "checked" or not self.planned:
+        if self.board.active_layers or self.attention_mode == "checked" or self.forwards <= 1:
             return True
         return any(site.gemm_taps for site in self.sites.values())
 
@@ -274,6 +276,8 @@ class FunctionSensors:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             outermost = self._depth == 0
             if outermost:
+                if not in_backward():
+                    self.forwards += 1
                 self._tracking = self._wanted()
                 if self._tracking:
                     self._mode = _SensorMode(self)

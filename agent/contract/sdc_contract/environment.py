@@ -1,0 +1,140 @@
+"""Environment variable names: what infra sets on the functions and they read, and what the
+agent reads in a training job.
+
+Plain constants: docs/CONTRACT.md ("Lambdas: environment") and docs/agent-install.md ("The
+environment it reads") say what each one means.
+"""
+
+from __future__ import annotations
+
+# --- Lambdas: environment (infra/constructs/functions.py sets them; config.Settings reads them)
+HYPERPOD_CLUSTER_NAME = "HYPERPOD_CLUSTER_NAME"
+EKS_CLUSTER_NAME = "EKS_CLUSTER_NAME"
+METRIC_NAMESPACE = "METRIC_NAMESPACE"
+REPORT_LOG_GROUP = "REPORT_LOG_GROUP"
+LOOKBACK_SECONDS = "LOOKBACK_SECONDS"
+LEDGER_TABLE = "LEDGER_TABLE"
+APPROVALS_TABLE = "APPROVALS_TABLE"
+TOPIC_ARN = "TOPIC_ARN"
+MAX_NODES_PER_HOUR = "MAX_NODES_PER_HOUR"
+MAX_FRACTION = "MAX_FRACTION"
+HEALTH_CHECKS = "HEALTH_CHECKS"
+HEALTH_CHECK_TIMEOUT_SECONDS = "HEALTH_CHECK_TIMEOUT_SECONDS"
+REPLACE_MODE = "REPLACE_MODE"
+APPROVAL_TTL_SECONDS = "APPROVAL_TTL_SECONDS"
+APPROVAL_TIMEOUT_SECONDS = "APPROVAL_TIMEOUT_SECONDS"
+DRY_RUN = "DRY_RUN"
+STATE_MACHINE_ARN = "STATE_MACHINE_ARN"
+ALARM_ACCOUNT_ID = "ALARM_ACCOUNT_ID"
+ALARM_NAME_PREFIX = "ALARM_NAME_PREFIX"
+# Read by the functions, not set by infra (each has a default or is optional; docs/CONTRACT.md).
+TRAINING_NAMESPACE = "TRAINING_NAMESPACE"
+APPROVAL_URL = "APPROVAL_URL"
+CHECK_MODES = "CHECK_MODES"
+AUTO_APPROVE = "AUTO_APPROVE"
+APPROVE_FUNCTION = "APPROVE_FUNCTION"
+"""Set on request_approval only, when the canary is on: the approve function it invokes to settle
+the canary's approval (docs/deploy.md, "The canary")."""
+
+FUNCTION_ENVIRONMENT: tuple[str, ...] = (
+    HYPERPOD_CLUSTER_NAME,
+    EKS_CLUSTER_NAME,
+    METRIC_NAMESPACE,
+    REPORT_LOG_GROUP,
+    LOOKBACK_SECONDS,
+    LEDGER_TABLE,
+    APPROVALS_TABLE,
+    TOPIC_ARN,
+    MAX_NODES_PER_HOUR,
+    MAX_FRACTION,
+    HEALTH_CHECKS,
+    HEALTH_CHECK_TIMEOUT_SECONDS,
+    REPLACE_MODE,
+    APPROVAL_TTL_SECONDS,
+    APPROVAL_TIMEOUT_SECONDS,
+    DRY_RUN,
+    STATE_MACHINE_ARN,
+    ALARM_ACCOUNT_ID,
+    ALARM_NAME_PREFIX,
+    CHECK_MODES,
+    AUTO_APPROVE,
+    TRAINING_NAMESPACE,
+)
+"""What infra sets on every function (besides Powertools' own variables below)."""
+
+# Defaults both sides share: infra's when a context key is absent (infra/config.py), the
+# functions' when a variable is (a function run outside the stack, as in a unit test).
+DEFAULT_LOOKBACK_SECONDS = 600
+DEFAULT_MAX_NODES_PER_HOUR = 2
+DEFAULT_MAX_FRACTION = 0.05
+DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS = 9000
+DEFAULT_APPROVAL_TIMEOUT_SECONDS = 86400
+APPROVAL_TTL_MARGIN_SECONDS = 86400
+"""APPROVAL_TTL_SECONDS is the approval timeout plus this: a late CLI call finds the record
+and says "expired" rather than "not found"."""
+
+# The functions also read these two, which infra never sets: a proxy in front of a private EKS
+# endpoint, or a local stand-in of the Kubernetes API (lambdas/README.md, "Cordon/uncordon").
+K8S_API_ENDPOINT = "K8S_API_ENDPOINT"
+K8S_API_CA_DATA = "K8S_API_CA_DATA"
+
+# --- The agent, in a training job (docs/agent-install.md, "The environment it reads")
+SDC_CLUSTER_NAME = "SDC_CLUSTER_NAME"
+SDC_JOB_NAME = "SDC_JOB_NAME"
+SDC_METRIC_NAMESPACE = "SDC_METRIC_NAMESPACE"
+SDC_LOG_GROUP = "SDC_LOG_GROUP"
+SDC_SPOOL_DIR = "SDC_SPOOL_DIR"
+SDC_SPOOL_MAX_BYTES = "SDC_SPOOL_MAX_BYTES"
+
+AGENT_ENVIRONMENT: tuple[str, ...] = (
+    SDC_CLUSTER_NAME,
+    SDC_JOB_NAME,
+    SDC_METRIC_NAMESPACE,
+    SDC_LOG_GROUP,
+    SDC_SPOOL_DIR,
+    SDC_SPOOL_MAX_BYTES,
+)
+"""What the agent's CloudWatch publisher reads (arguments override each)."""
+
+__all__ = [
+    "AGENT_ENVIRONMENT",
+    "ALARM_ACCOUNT_ID",
+    "ALARM_NAME_PREFIX",
+    "APPROVALS_TABLE",
+    "APPROVAL_TIMEOUT_SECONDS",
+    "APPROVAL_TTL_MARGIN_SECONDS",
+    "APPROVAL_TTL_SECONDS",
+    "APPROVAL_URL",
+    "APPROVE_FUNCTION",
+    "AUTO_APPROVE",
+    "CHECK_MODES",
+    "DEFAULT_APPROVAL_TIMEOUT_SECONDS",
+    "DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS",
+    "DEFAULT_LOOKBACK_SECONDS",
+    "DEFAULT_MAX_FRACTION",
+    "DEFAULT_MAX_NODES_PER_HOUR",
+    "DRY_RUN",
+    "EKS_CLUSTER_NAME",
+    "FUNCTION_ENVIRONMENT",
+    "HEALTH_CHECKS",
+    "HEALTH_CHECK_TIMEOUT_SECONDS",
+    "HYPERPOD_CLUSTER_NAME",
+    "K8S_API_CA_DATA",
+    "K8S_API_ENDPOINT",
+    "LEDGER_TABLE",
+    "LOOKBACK_SECONDS",
+    "MAX_FRACTION",
+    "MAX_NODES_PER_HOUR",
+    "METRIC_NAMESPACE",
+    "REPLACE_MODE",
+    "REPORT_LOG_GROUP",
+    "SDC_CLUSTER_NAME",
+    "SDC_JOB_NAME",
+    "SDC_LOG_GROUP",
+    "SDC_METRIC_NAMESPACE",
+    "SDC_SPOOL_DIR",
+    "SDC_SPOOL_MAX_BYTES",
+    "STATE_MACHINE_ARN",
+    "TOPIC_ARN",
+    "TRAINING_NAMESPACE",
+]

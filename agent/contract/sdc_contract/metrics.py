@@ -1,0 +1,83 @@
+"""CloudWatch names: the agent's metrics and their series, the report log group, and the
+functions' own (Powertools) metrics that infra's dashboard and alarms read.
+
+docs/CONTRACT.md ("Agent -> CloudWatch") says what each one counts.
+"""
+
+from __future__ import annotations
+
+DEFAULT_NAMESPACE = "SDC"
+"""The agent's metric namespace unless configured (context key ``namespace``,
+``SDC_METRIC_NAMESPACE`` in the job, ``METRIC_NAMESPACE`` in the functions)."""
+
+NONFINITE_GRAD_METRIC = "sdc_nonfinite_grad"
+"""Ranks with a non-finite gradient (check ``compute`` with non-finite ranks, and
+``reduced_gradient``)."""
+REPLAY_MISMATCH_METRIC = "sdc_replay_mismatch"
+"""Mismatched replay pairs (check ``compute``)."""
+DIVERGENT_TENSORS_METRIC = "sdc_divergent_tensors"
+"""Tensors whose replicas disagree (check ``weights``)."""
+SDC_ALARM_METRICS: tuple[str, ...] = (
+    NONFINITE_GRAD_METRIC,
+    REPLAY_MISMATCH_METRIC,
+    DIVERGENT_TENSORS_METRIC,
+)
+"""One deployed alarm each; localize reads their per-node series."""
+
+AUDIT_PASS_METRIC = "sdc_audit_pass"
+WEIGHT_CHECK_PASS_METRIC = "sdc_weight_check_pass"
+SDC_LIVENESS_METRICS: tuple[str, ...] = (AUDIT_PASS_METRIC, WEIGHT_CHECK_PASS_METRIC)
+"""Counts the agent publishes per {ClusterName, JobName} while its checks run."""
+UNCONFIRMED_SENSOR_FLAGS_METRIC = "sdc_unconfirmed_sensor_flags"
+"""Online sensor candidates that replays did not confirm: not SDC, but a noisy sensor shows
+(published with the liveness counts)."""
+
+CLUSTER_DIMENSION = "ClusterName"
+JOB_DIMENSION = "JobName"
+NODE_DIMENSION = "NodeName"
+CLUSTER_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION,)
+"""The series the deployed alarms watch."""
+JOB_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION, JOB_DIMENSION)
+"""The liveness series."""
+NODE_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION, JOB_DIMENSION, NODE_DIMENSION)
+"""The per-node series of every node an alarm names, which localize lists."""
+
+POWERTOOLS_SERVICE_NAME = "sdc-remediation"
+"""The functions' Powertools service (logs, metrics' ``service`` dimension)."""
+POWERTOOLS_METRICS_NAMESPACE = "SDCRemediation"
+"""The namespace of the functions' own metrics (EMF)."""
+CHECK_DIMENSION = "Check"
+VERDICT_DIMENSION = "Verdict"
+OUTCOME_DIMENSIONS: tuple[str, ...] = (CLUSTER_DIMENSION, CHECK_DIMENSION, VERDICT_DIMENSION)
+"""The record step's outcome metrics per check x verdict (the dashboard's table); the verdict
+is always one of the contract's (``report.verdict_name``). Powertools adds ``service``."""
+
+
+def report_log_group(cluster: str) -> str:
+    """The log group of a cluster's reports and rank maps, unless configured otherwise."""
+    return f"/sdc/{cluster}"
+
+
+__all__ = [
+    "AUDIT_PASS_METRIC",
+    "CHECK_DIMENSION",
+    "CLUSTER_DIMENSION",
+    "CLUSTER_SERIES",
+    "DEFAULT_NAMESPACE",
+    "DIVERGENT_TENSORS_METRIC",
+    "JOB_DIMENSION",
+    "JOB_SERIES",
+    "NODE_DIMENSION",
+    "NODE_SERIES",
+    "NONFINITE_GRAD_METRIC",
+    "OUTCOME_DIMENSIONS",
+    "POWERTOOLS_METRICS_NAMESPACE",
+    "POWERTOOLS_SERVICE_NAME",
+    "REPLAY_MISMATCH_METRIC",
+    "SDC_ALARM_METRICS",
+    "SDC_LIVENESS_METRICS",
+    "UNCONFIRMED_SENSOR_FLAGS_METRIC",
+    "VERDICT_DIMENSION",
+    "WEIGHT_CHECK_PASS_METRIC",
+    "report_log_group",
+]

@@ -1,0 +1,71 @@
+"""Names and identifiers that more than one part validates: Kubernetes names, HyperPod's node
+names, EC2 instance ids, and the fixed values of the deployment's settings.
+
+infra validates the deployment's settings at synth (``infra/config.py``), the functions validate
+their environment when they read it (``sdc_remediation.config``) and every name a report carries
+before they use it (localize): the same rule in each place, from here.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+"""Node and pod names (Kubernetes' IsDNS1123Subdomain), at most ``MAX_SUBDOMAIN_CHARS``."""
+DNS1123_LABEL = re.compile(rf"^{_DNS1123_LABEL}$")
+"""Namespace names (IsDNS1123Label), at most ``MAX_LABEL_CHARS``."""
+MAX_SUBDOMAIN_CHARS = 253
+MAX_LABEL_CHARS = 63
+
+INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
+"""An EC2 instance id, as HyperPod reports its nodes: ``i-`` and 8 or 17 hex digits."""
+NODE_NAME_PREFIX = "hyperpod-"
+"""HyperPod names an instance's Kubernetes node ``hyperpod-<instance id>``."""
+
+HEALTH_CHECK_TYPES: tuple[str, ...] = (
+    "InstanceStress",
+    "InstanceConnectivity",
+    "MultiNodeTrainingValidation",
+)
+"""The DeepHealthChecks values StartClusterHealthCheck accepts (botocore 1.44's model)."""
+DEFAULT_HEALTH_CHECKS: tuple[str, ...] = ("InstanceStress",)
+REPLACE_MODES: tuple[str, ...] = ("api", "label")
+"""How an approved node is replaced: BatchReplaceClusterNodes, or HyperPod's node label."""
+
+
+def is_subdomain_name(value: str) -> bool:
+    """Whether ``value`` is a valid node or pod name (DNS-1123 subdomain)."""
+    return len(value) <= MAX_SUBDOMAIN_CHARS and bool(DNS1123_SUBDOMAIN.match(value))
+
+
+def is_label_name(value: str) -> bool:
+    """Whether ``value`` is a valid namespace name (DNS-1123 label)."""
+    return len(value) <= MAX_LABEL_CHARS and bool(DNS1123_LABEL.match(value))
+
+
+def is_instance_id(value: str) -> bool:
+    """Whether ``value`` has the shape of an EC2 instance id."""
+    return bool(INSTANCE_ID.match(value))
+
+
+def node_name_of(instance_id: str) -> str:
+    """The Kubernetes node name HyperPod gives ``instance_id``."""
+    return NODE_NAME_PREFIX + instance_id
+
+
+__all__ = [
+    "DEFAULT_HEALTH_CHECKS",
+    "DNS1123_LABEL",
+    "DNS1123_SUBDOMAIN",
+    "HEALTH_CHECK_TYPES",
+    "INSTANCE_ID",
+    "MAX_LABEL_CHARS",
+    "MAX_SUBDOMAIN_CHARS",
+    "NODE_NAME_PREFIX",
+    "REPLACE_MODES",
+    "is_instance_id",
+    "is_label_name",
+    "is_subdomain_name",
+    "node_name_of",
+]

@@ -1,0 +1,275 @@
+"""Check 1, non-finite gradients: the per-step flags and their settling, over every rank.
+
+What each rank's taps saw (the DDP comm hook, :mod:`.comm_hook`; FSDP2's gradient taps,
+:mod:`.taps`; both into a :class:`~.stats.GradStatsState`) is judged here.
+
+The agreement (:class:`FlagExchange`): each rank knows after backward whether its own LOCAL
+gradient and its own REDUCED gradient are finite; whether to apply the step must be decided the
+same way everywhere. A blocking collective per step would make every rank wait for the slowest
+to be scheduled before its optimizer step, and one whose size grows with the number of ranks
+would not scale. So every step issues one asynchronous all-reduce (MAX) of four int64 (any
+local NaN/Inf, any reduced NaN/Inf, any online sensor flag (:mod:`sdc_agent.sensors`), any rank
+clean): its size does not depend on the world size
+and tree algorithms make its latency logarithmic in it. It completes during the next step's
+forward and backward, and a rank waits for it only when it has a reason to:
+
+* its own flags are bad (it must not apply the step, and wants to know whether every rank saw it),
+* the step is an audit step, or a collective check or a checkpoint follows, or the loop ends.
+
+Only when something is set does a second collective, an all-gather of each rank's two flags, say
+WHICH ranks' local gradient was non-finite (:meth:`FlagExchange.table`). Every rank learns from
+the reduction that something is set, and every rank asks for the table at the same agreement
+point, so every rank issues that gather: no rank is left waiting in it.
+
+When every rank flagged something (a NaN anywhere reaches every rank's reduced gradient through
+the sum, so this is the usual case) every rank is waiting at the same step and decides at once.
+When only some ranks did (a corruption after the all-reduce on one rank), those ranks drop their
+gradients and carry on; every rank settles the exchange at the next agreement point and returns
+the same alarm, naming the step at which it happened. No rank ever applies a non-finite gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from .stats import GradStatsState, ReducedTap
+
+
+@dataclass(frozen=True)
+class FlagSummary:
+    """What one step's reduced flags say, without naming anyone (identical on every rank)."""
+
+    step: int
+    any_local: bool
+    """Some rank's local gradient (before the all-reduce) held a NaN/Inf."""
+    any_reduced: bool
+    """Some rank's reduced (clipped) gradient was NaN/Inf."""
+    unanimous: bool
+    """Every rank flagged something, so every rank waits for the verdict at the same step."""
+    any_sensor: bool = False
+    """Some rank's online GEMM sensor flagged a candidate (sdc_agent.sensors)."""
+
+    @property
+    def clean(self) -> bool:
+        """No rank flagged anything: the step may be applied everywhere."""
+        return not self.any_local and not self.any_reduced and not self.any_sensor
+
+
+@dataclass(frozen=True)
+class FlagTable:
+    """Every DP rank's flags for one step."""
+
+    step: int
+    local: tuple[bool, ...]
+    """Per DP rank: its local gradient (before the all-reduce) held a NaN/Inf."""
+    reduced: tuple[bool, ...]
+    """Per DP rank: its reduced (clipped) gradient norm was NaN/Inf."""
+    sensor: tuple[bool, ...] = ()
+    """Per DP rank: an online GEMM sensor flagged a candidate (empty: none did)."""
+
+    @property
+    def nonfinite(self) -> list[int]:
+        """DP ranks whose local gradient was non-finite."""
+        return [dp for dp, bad in enumerate(self.local) if bad]
+
+    @property
+    def sensor_flagged(self) -> list[int]:
+        """DP ranks whose online GEMM sensors flagged a candidate."""
+        return [dp for dp, bad in enumerate(self.sensor) if bad]
+
+    @property
+    def clean(self) -> bool:
+        """No rank flagged anything: the step may be applied everywhere."""
+        return not any(self.local) and not any(self.reduced) and not any(self.sensor)
+
+    @property
+    def unanimous(self) -> bool:
+        """Every rank flagged something, so every rank waited for this table at the same step."""
+        sensor = self.sensor or (False,) * len(self.local)
+        return all(
+            lo or re or se for lo, re, se in zip(self.local, self.reduced, sensor, strict=True)
+        )
+
+
+class FlagExchange:
+    """One step's flags: an asynchronous all-reduce (MAX) of four int64, then, only when
+    something is set, an all-gather of each rank's ``[local_bad, reduced_bad, sensor_flag]``.
+
+    Every rank must create one per step, in the same order as its other collectives.
+    :meth:`summary` waits for the reduction (not a collective of its own; any rank may call it
+    at any time). :meth:`table` is collective when the summary is not clean: every rank must
+    call it at the same point.
+    """
+
+    def __init__(
+        self,
+        step: int,
+        flags: torch.Tensor | Sequence[int],
+        group: dist.ProcessGroup | None,
+        world: int,
+        *,
+        device: torch.device | None = None,
+    ) -> None:
+        """Launch the reduction of this rank's flags ``[local_bad, reduced_bad]`` (and
+        ``sensor_flag``, 0 when left out): an int64 tensor (judged on its device), or the same
+        values already read to the host (the guard's per-step path: the reduction's four
+        integers are then made in one allocation on ``device``, the collective's device, and
+        this rank's flags as a tensor only if the per-rank table is gathered)."""
+        self.step = step
+        self._group = group
+        self._world = world
+        self._device = device
+        self._own: tuple[int, int, int] | None = None
+        self._flags: torch.Tensor | None = None
+        if isinstance(flags, torch.Tensor):
+            if flags.numel() == 2:  # SENSORS: the third flag is the online sensors' (0: none)
+                flags = torch.cat([flags.reshape(2), flags.new_zeros(1)])
+            self._flags = flags
+            clean = (flags.sum() == 0).to(flags.dtype).reshape(1)
+            self._reduced = torch.cat([flags.reshape(3), clean])
+        else:
+            local, reduced, sensor = (*map(int, map(bool, flags)), 0)[:3]
+            self._own = (local, reduced, sensor)
+            clean = int(not (local or reduced or sensor))
+            self._reduced = torch.tensor(
+                [local, reduced, sensor, clean], dtype=torch.int64, device=device
+            )
+        self._work = dist.all_reduce(
+            self._reduced, op=dist.ReduceOp.MAX, group=group, async_op=True
+        )
+        self._summary: FlagSummary | None = None
+        self._table: FlagTable | None = None
+
+    def summary(self) -> FlagSummary:
+        """Wait for the reduction (once) and say whether any rank flagged anything."""
+        if self._summary is None:
+            self._work.wait()
+            any_local, any_reduced, any_sensor, any_clean = self._reduced.tolist()
+            self._summary = FlagSummary(
+                step=self.step,
+                any_local=bool(any_local),
+                any_reduced=bool(any_reduced),
+                unanimous=not any_clean,
+                any_sensor=bool(any_sensor),
+            )
+        return self._summary
+
+    def table(self) -> FlagTable:
+        """Every rank's flags (collective when something is set; see the class docstring)."""
+        if self._table is None:
+            summary = self.summary()
+            if summary.clean:
+                self._table = FlagTable(
+                    step=self.step, local=(False,) * self._world, reduced=(False,) * self._world
+                )
+            else:
+                mine = self._flags
+                if mine is None:
+                    mine = torch.tensor(self._own, dtype=torch.int64, device=self._device)
+                gathered = [torch.empty_like(mine) for _ in range(self._world)]
+                dist.all_gather(gathered, mine, group=self._group)
+                rows = torch.stack(gathered).cpu().tolist()
+                self._table = FlagTable(
+                    step=self.step,
+                    local=tuple(bool(lo) for lo, _, _ in rows),
+                    reduced=tuple(bool(re) for _, re, _ in rows),
+                    sensor=tuple(bool(se) for _, _, se in rows),
+                )
+        return self._table
+
+
+class GradientCheck:
+    """Check 1 for one guarded model: the taps' state, this step's flags, and the exchange
+    in flight until it is settled.
+
+    The parallelism adapter installs its gradient taps writing into :attr:`hook_state`
+    (``ParallelAdapter.install_gradient_taps``); the guard arms the check before each forward
+    pass and calls :meth:`exchange` after backward on every rank.
+    """
+
+    def __init__(
+        self, params: list[torch.nn.Parameter], dp_group: dist.ProcessGroup | None, world: int
+    ) -> None:
+        """``params``: the trainable parameters in the order of the fingerprint tables."""
+        self.params = params
+        self.dp_group = dp_group
+        self.world = world
+        self.hook_state = GradStatsState(
+            process_group=dp_group, param_index={id(p): i for i, p in enumerate(params)}
+        )
+        self.pending: FlagExchange | None = None
+        """The newest step's exchange while some rank has not read it; settled by the guard."""
+
+    def arm(self, *, capture_fingerprints: bool, device: torch.device) -> None:
+        """Reset the hook's per-step statistics before a forward pass."""
+        self.hook_state.arm(capture_fingerprints=capture_fingerprints, device=device)
+
+    def disarm(self) -> None:
+        """Stop capturing fingerprints (the step's backward is over)."""
+        self.hook_state.capture_fingerprints = False
+
+    @property
+    def local_fingerprints(self) -> torch.Tensor | None:
+        """[num_params, 2] int64 fingerprints of this step's local gradients (audit steps)."""
+        return self.hook_state.local_fingerprints
+
+    def add_reduced_tap(self, tap: ReducedTap) -> None:
+        """Let ``tap(bucket, reduced)`` see each reduced bucket (fault drills use it)."""
+        self.hook_state.reduced_taps.append(tap)
+
+    def require_reduction(self) -> None:
+        """Raise when the hook did not run this step (no all-reduce: nothing to judge)."""
+        state = self.hook_state
+        if not state.local_flags or len(state.reduced_sums) != len(state.local_flags):
+            raise RuntimeError(
+                "check_gradients: DDP's all-reduce did not run this step; call it after "
+                "loss.backward() on the DDP model, outside no_sync()"
+            )
+
+    def exchange(
+        self,
+        step: int,
+        *,
+        max_grad_norm: float | None,
+        device: torch.device,
+        sensor_flag: torch.Tensor | None = None,
+    ) -> tuple[FlagExchange, bool]:
+        """Launch ``step``'s flag exchange (collective); returns it and whether this rank's own
+        flags are bad (one host read, as the sync GradScaler makes).
+
+        Clips the reduced gradient to ``max_grad_norm`` when set. ``sensor_flag``: a one-element
+        tensor, nonzero when an online sensor flagged this step (travels in the same
+        reduction). Raises when the hook did not run this step (see :meth:`require_reduction`).
+        """
+        self.require_reduction()
+        state = self.hook_state
+        local_flags = state.local_flags
+        reduced = torch.stack(state.reduced_sums)
+        if max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm).detach()
+            if isinstance(norm, DTensor):
+                # FSDP2: the norm of the sharded gradients, reduced over the shards here
+                # (collective; every rank reaches it at the same point).
+                norm = norm.full_tensor()
+            reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
+        parts = [*local_flags, reduced]
+        if sensor_flag is not None:  # SENSORS: one more int64 in the same per-step reduction
+            parts.append(sensor_flag.reshape(1).to(reduced))
+        # One host read of every value this rank judges (on a GPU, the sync the GradScaler
+        # makes too); the verdicts are then Python, and the reduction's integers are made once.
+        values = torch.cat(parts).tolist()
+        count = len(local_flags)
+        local_bad = any(values[:count])  # each local flag is nonzero when its bucket was bad
+        end = count + reduced.numel()
+        reduced_bad = not all(map(math.isfinite, values[count:end]))
+        sensor_bad = sensor_flag is not None and bool(values[end])
+        exchange = FlagExchange(
+            step, (local_bad, reduced_bad, sensor_bad), self.dp_group, self.world, device=device
+        )
+        return exchange, local_bad or reduced_bad or sensor_bad

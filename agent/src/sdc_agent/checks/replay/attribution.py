@@ -1,0 +1,148 @@
+"""Check 2's attribution: which replay comparisons disagree, and whom a disagreement blames.
+
+Pure logic over DP ranks (0..world-1); no collectives, no tensors. Rank r replays the micro-batch
+of target t = (r + offset) % world, so every rank sits in two comparisons: as the target of
+r - offset and as the replayer of r + offset. A rank in two mismatched comparisons computed wrong
+both times: it is the culprit. A single mismatch is settled by a confirmation: the third GPU
+(target + offset, on a third node) and the target itself replay the target's batch once more.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ...alarm import VerdictKind
+
+ROW_WIDTH = 5
+"""Int64 values per outcome in the collectives: loss bits, two digest words, finite, valid."""
+
+FAILED_ROW = [0, 0, 0, 0, 2]
+"""Sent instead of an outcome when a replay raised: the collective still completes everywhere,
+and nobody is judged on a computation that did not happen."""
+
+
+def is_failed(row: list[int]) -> bool:
+    """Whether ``row`` is :data:`FAILED_ROW` (a replay that raised)."""
+    return row[4] == FAILED_ROW[4]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one computation of one micro-batch produced, reduced to comparable bits."""
+
+    loss_bits: int
+    grad_digest: tuple[int, int]
+    finite: bool
+
+    def matches(self, other: Outcome, *, compare_grads: bool) -> bool:
+        """Bit-for-bit agreement of the loss (and of every gradient, with deterministic kernels)."""
+        if self.finite != other.finite or self.loss_bits != other.loss_bits:
+            return False
+        return not compare_grads or self.grad_digest == other.grad_digest
+
+    def to_row(self) -> list[int]:
+        """The outcome as ROW_WIDTH int64 values (the last one marks the row as filled)."""
+        return [self.loss_bits, *self.grad_digest, int(self.finite), 1]
+
+    @classmethod
+    def from_row(cls, row: list[int]) -> Outcome:
+        """Inverse of :meth:`to_row`."""
+        if len(row) != ROW_WIDTH or row[4] != 1:
+            raise ValueError(f"not a filled outcome row: {row!r}")
+        return cls(loss_bits=row[0], grad_digest=(row[1], row[2]), finite=bool(row[3]))
+
+
+def replay_target(replayer: int, world: int, offset: int) -> int:
+    """The DP rank whose micro-batch ``replayer`` recomputes."""
+    return (replayer + offset) % world
+
+
+def third_gpu(target: int, world: int, offset: int) -> int:
+    """The DP rank that settles a dispute over ``target``'s batch (neither target nor replayer)."""
+    return (target + offset) % world
+
+
+def find_mismatches(
+    own: list[Outcome], replayed: list[Outcome], offset: int, *, compare_grads: bool
+) -> list[tuple[int, int]]:
+    """(target, replayer) pairs whose results differ; ``replayed[r]`` is r's replay of its target."""
+    world = len(own)
+    pairs = []
+    for replayer in range(world):
+        target = replay_target(replayer, world, offset)
+        if not own[target].matches(replayed[replayer], compare_grads=compare_grads):
+            pairs.append((target, replayer))
+    return sorted(pairs)
+
+
+def find_culprits(pairs: list[tuple[int, int]]) -> list[int]:
+    """Ranks in two mismatched comparisons: wrong as target AND as replayer."""
+    counts = Counter(rank for pair in pairs for rank in pair)
+    return sorted(rank for rank, n in counts.items() if n >= 2)
+
+
+def unexplained(pairs: list[tuple[int, int]], culprits: list[int]) -> list[tuple[int, int]]:
+    """Mismatched pairs that no culprit accounts for: each needs a confirmation."""
+    blamed = set(culprits)
+    return [p for p in pairs if not blamed.intersection(p)]
+
+
+def confirmation_jobs(
+    targets: list[int], world: int, offset: int, me: int
+) -> list[tuple[int, int, int]]:
+    """(slot, column, target) replays rank ``me`` runs to confirm ``targets``.
+
+    Slot i holds two replays of ``targets[i]``'s batch: column 0 by the third GPU, column 1 by
+    the target itself (never the target alone: the third is what makes the verdict).
+    """
+    jobs = []
+    for slot, target in enumerate(targets):
+        if third_gpu(target, world, offset) == me:
+            jobs.append((slot, 0, target))
+        if target == me:
+            jobs.append((slot, 1, target))
+    return jobs
+
+
+def mismatch_verdict(
+    original: Outcome,
+    replayed: Outcome,
+    third: Outcome,
+    again: Outcome,
+    *,
+    compare_grads: bool,
+) -> tuple[VerdictKind, str]:
+    """Settle one mismatched pair; returns (kind, who): who is "target", "replayer" or "".
+
+    ``original``: the target's own training computation; ``replayed``: the replayer's;
+    ``third``: the third GPU's replay; ``again``: the target's replay of its own batch.
+    """
+
+    def same(a: Outcome, b: Outcome) -> bool:
+        return a.matches(b, compare_grads=compare_grads)
+
+    if same(third, original):
+        return "replayer_wrong", "replayer"
+    if same(third, replayed):
+        # Two GPUs on two other nodes agree: the target's original result was wrong.
+        return ("transient", "target") if same(again, third) else ("persistent", "target")
+    return "unclear", ""
+
+
+def nonfinite_verdict(
+    third: Outcome, again: Outcome, *, compare_grads: bool
+) -> tuple[VerdictKind, str]:
+    """Settle a non-finite local gradient; who is "target" or "" (nobody).
+
+    A third GPU (on another node) that also gets a non-finite result on the same batch means
+    the batch or the numerics (an fp16 overflow, a poisoned batch), not the GPU, is at fault:
+    ``reproducible``, and nobody is blamed.
+    """
+    if not third.finite:
+        return "reproducible", ""
+    if not again.finite:
+        return "persistent", "target"
+    if again.matches(third, compare_grads=compare_grads):
+        return "transient", "target"
+    return "unclear", "target"

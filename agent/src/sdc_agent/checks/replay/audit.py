@@ -1,0 +1,523 @@
+"""Check 2, the ring replay audit: replays, the audit collective, confirmations, attribution.
+
+On an audit step every rank recomputes another rank's micro-batch (the adapter's replayer,
+:mod:`.replayer`) and the results are compared bit for bit; the pure reasoning over the gathered
+results (who mismatched, who is to blame) is in :mod:`.attribution`. The same replays confirm
+check 1: a rank whose local gradient was non-finite has its micro-batch replayed on a third GPU
+and on itself; the online sensors' candidates are confirmed the same way
+(:meth:`RingAudit.fill_confirmations`).
+
+The replay unit decides how replays are scheduled (:func:`ring_audit_type` asks the adapter): each
+rank replays alone (:class:`RingAudit`, DDP: the bare module needs no other rank), or every rank
+replays at the same time, in lockstep (:class:`CollectiveRingAudit`, FSDP2: a forward needs the
+other ranks' shards), and each confirmation is then a round in which every rank replays the
+disputed micro-batch and only the third GPU and the target keep their result.
+
+Every method that issues a collective says so; the guard calls them on every rank at the same
+points, and a replay that raises is sent as a failed row instead, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...alarm import Alarm, Verdict
+from ...parallel.adapter import ParallelAdapter
+from ...reporting import Reporter
+from ..gradients.exchange import FlagTable
+from .attribution import (
+    FAILED_ROW,
+    ROW_WIDTH,
+    Outcome,
+    confirmation_jobs,
+    find_culprits,
+    find_mismatches,
+    is_failed,
+    mismatch_verdict,
+    nonfinite_verdict,
+    replay_target,
+    third_gpu,
+    unexplained,
+)
+from .environment import StepEnvironment, seed_all, step_seed
+from .replayer import Replayer, combine_outcomes, outcome_of
+
+logger = logging.getLogger("sdc_agent")
+
+RebuildBatch = Callable[[int, int], Any]
+
+
+class RingAudit:
+    """Check 2 for one guard (and the confirmation replays check 1 asks for)."""
+
+    def __init__(
+        self,
+        adapter: ParallelAdapter,
+        replayer: Replayer,
+        rebuild_batch: RebuildBatch,
+        reporter: Reporter,
+        *,
+        peer_offset: int,
+        can_confirm: bool,
+        overflow_is_expected: bool = False,
+    ) -> None:
+        """``can_confirm``: the placement puts a third GPU on a third node (see topology).
+        ``overflow_is_expected``: a GradScaler scales the loss, so a non-finite gradient that
+        another GPU reproduces is an overflow to skip, not an alarm (:meth:`judge_nonfinite`).
+        With accumulation (``replayer.grad_accum`` > 1) ``rebuild_batch(step, rank)`` returns
+        the step's sequence of micro-batches and the audit replays one of them."""
+        self.adapter = adapter
+        self.replayer = replayer
+        self.rebuild_batch = rebuild_batch
+        self.reporter = reporter
+        self.peer_offset = peer_offset
+        self.can_confirm = can_confirm
+        self.overflow_is_expected = overflow_is_expected
+        self.grad_accum = replayer.grad_accum
+        self.isolation = replayer.micro_batch_isolation() if self.grad_accum > 1 else None
+        """Isolates the audited micro-batch's gradient (accumulation only)."""
+        self.position = 0
+        """The micro-batch position the current step's audit replays."""
+        self.isolated_fingerprints: torch.Tensor | None = None
+        """[num_params, 2] fingerprints of the audited micro-batch's own local gradient
+        (accumulation with deterministic audits; None otherwise)."""
+        self.current_micro_batch: int | None = None
+        """The micro-batch position being computed (trained or replayed), else None."""
+        self._isolating = False
+        self._snapshot_pending = False
+        if any(True for _ in adapter.module.buffers()):
+            adapter.module.register_forward_pre_hook(self._before_module_forward)
+
+    # ------------------------------------------------------------------ per step (local)
+    def prepare_step(
+        self,
+        step: int,
+        *,
+        audit: bool,
+        deterministic: bool,
+        position: int = 0,
+        seeded: bool = False,
+    ) -> StepEnvironment:
+        """Before ``step``'s forward pass: on audit steps note how the gradients start, snapshot
+        the buffers as the (audited micro-batch's) forward begins, seed the RNG from (step,
+        rank) and select deterministic kernels. ``position``: the micro-batch the audit
+        replays; ``seeded``: seed a step that is not audited too (a confirmation can then
+        replay it exactly). Returns what :meth:`StepEnvironment.restore` puts back."""
+        self.replayer.forward_buffers = None
+        self.replayer.zero_grads_at_start = None
+        self.isolated_fingerprints = None
+        self.position = position
+        self._snapshot_pending = audit and self.grad_accum == 1
+        if not audit:
+            if not seeded:
+                return StepEnvironment()
+            return StepEnvironment.enter(
+                seed=step_seed(step, self.adapter.rank), deterministic=False
+            )
+        self.replayer.note_gradients_at_start(step)
+        if self.grad_accum > 1:
+            # The audited micro-batch's gradient is isolated from no gradient (accumulation.py),
+            # so its replay starts from None whatever the step started from.
+            self.replayer.zero_grads_at_start = None
+        # The step's computation must be reproducible by another GPU: seed it from
+        # (step, rank) instead of the job's RNG stream, which is put back afterwards.
+        return StepEnvironment.enter(
+            seed=step_seed(step, self.adapter.rank), deterministic=deterministic
+        )
+
+    def begin_micro_batch(
+        self, step: int, index: int, *, audited: bool, seeded: bool, isolate: bool
+    ) -> None:
+        """Before micro-batch ``index``'s forward (accumulation): seed it from (step, rank,
+        index) on seeded steps; for the audited one, snapshot the buffers as its forward starts
+        and, with ``isolate``, set the accumulated gradient aside (:mod:`sdc_agent.checks.replay.accumulation`)."""
+        self.current_micro_batch = index
+        if seeded:
+            seed_all(step_seed(step, self.adapter.rank, base=index))
+        if audited:
+            self._snapshot_pending = True
+            if isolate and self.isolation is not None:
+                self.isolation.begin()
+                self._isolating = True
+
+    def end_micro_batch(self) -> None:
+        """After a micro-batch's backward: add the accumulated gradient back under the audited
+        one's and keep its fingerprints (a no-op for the others)."""
+        self.current_micro_batch = None
+        self._snapshot_pending = False
+        if self._isolating and self.isolation is not None:
+            self._isolating = False
+            self.isolated_fingerprints = self.isolation.end()
+
+    def end_step(self) -> None:
+        """The step's forward passes are over: take no more buffer snapshots."""
+        self._snapshot_pending = False
+        if self._isolating:
+            self.end_micro_batch()
+
+    def _before_module_forward(self, module: torch.nn.Module, args: Any) -> None:
+        """Snapshot buffers as the audited step's forward starts (after DDP's buffer broadcast)."""
+        if self._snapshot_pending:
+            self._snapshot_pending = False
+            self.replayer.snapshot_buffers()
+
+    # ------------------------------------------------------------------ replays
+    def _micro_batches(self, step: int, target: int) -> list[Any]:
+        """``rebuild_batch(step, target)`` as the step's list of micro-batches."""
+        rebuilt = self.rebuild_batch(step, target)
+        if self.grad_accum == 1:
+            return [rebuilt]
+        micros = list(rebuilt)
+        if len(micros) != self.grad_accum:
+            raise ValueError(
+                f"rebuild_batch({step}, {target}) returned {len(micros)} micro-batches; "
+                f"Schedule.grad_accum is {self.grad_accum}"
+            )
+        return micros
+
+    def _replay(self, step: int, target_dp: int, deterministic: bool, whole_step: bool) -> Outcome:
+        """Recompute DP rank ``target_dp``'s audited micro-batch of ``step`` on the bare module
+        (``whole_step``: each of its micro-batches alone, combined)."""
+        target = self.adapter.global_rank(target_dp)
+        return self._replay_micro_batches(
+            step, target, self._micro_batches(step, target), deterministic, whole_step
+        )
+
+    def _replay_micro_batches(
+        self, step: int, target: int, micros: list[Any], deterministic: bool, whole_step: bool
+    ) -> Outcome:
+        """Recompute global rank ``target``'s audited micro-batch of ``step`` from its rebuilt
+        ``micros`` (``whole_step``: each of them alone, combined)."""
+        positions = range(len(micros)) if whole_step else [self.position]
+        outcomes = []
+        try:
+            for i in positions:
+                self.current_micro_batch = i if self.grad_accum > 1 else None
+                outcomes.append(
+                    self.replayer.replay(
+                        micros[i], seed=step_seed(step, target, base=i), deterministic=deterministic
+                    )
+                )
+        finally:
+            self.current_micro_batch = None
+        return combine_outcomes(outcomes)
+
+    def replay_row(
+        self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
+    ) -> list[int]:
+        """Recompute DP rank ``target_dp``'s audited micro-batch of ``step`` (``whole_step``: all
+        of its micro-batches) as a row for a collective; a replay that raises (a bug in
+        ``rebuild_batch`` or ``compute_loss``) is logged and sent as FAILED_ROW, so no rank is
+        left in a collective. Here each rank replays alone; under lockstep replays every rank
+        calls it at the same time (:class:`CollectiveRingAudit`)."""
+        try:
+            return self._replay(step, target_dp, deterministic, whole_step).to_row()
+        except Exception:
+            logger.exception(
+                "sdc_agent: replaying rank %d's batch of step %d failed on rank %d",
+                self.adapter.global_rank(target_dp),
+                step,
+                self.adapter.rank,
+            )
+            return list(FAILED_ROW)
+
+    def fill_confirmations(
+        self, targets: list[int], table: torch.Tensor, replay_row: Callable[[int], list[int]]
+    ) -> None:
+        """Run this rank's share of the confirmation replays of ``targets`` (DP ranks) and write
+        their rows into ``table`` ([len(targets), 2, row width], zeros): column 0 the third
+        GPU's replay of the target's batch, column 1 the target's own, each slot by its one
+        writer, so that summing the tables over the ranks gathers them.
+
+        ``replay_row(target_dp)`` replays one target's batch as a row (:meth:`replay_row`, or
+        the sensors' own with their flags). Here each rank runs only its own jobs; under
+        lockstep replays every rank runs every round (:class:`CollectiveRingAudit`)."""
+        a = self.adapter
+        for slot, column, target_dp in confirmation_jobs(
+            targets, a.world, self.peer_offset, a.dp_rank
+        ):
+            table[slot, column] = torch.tensor(replay_row(target_dp))
+
+    def _confirm(
+        self, step: int, targets: list[int], deterministic: bool, whole_step: bool = False
+    ) -> list[tuple[Outcome, Outcome] | None]:
+        """Replay each target's batch on its third GPU and on itself (collective: one all-reduce).
+
+        ``whole_step``: replay every micro-batch of the step (a non-finite accumulated gradient
+        does not say which micro-batch it came from); else the audited one.
+
+        Returns, per target, (third GPU's outcome, target's own re-replay), or None when either
+        replay raised (then the confirmation cannot judge anyone).
+        """
+        table = torch.zeros((len(targets), 2, ROW_WIDTH), dtype=torch.int64)
+        self.fill_confirmations(
+            targets,
+            table,
+            lambda target_dp: self.replay_row(step, target_dp, deterministic, whole_step),
+        )
+        return self._confirmations_of(table)
+
+    def _confirmations_of(self, table: torch.Tensor) -> list[tuple[Outcome, Outcome] | None]:
+        """Sum the confirmation table every rank filled its own slots of (one writer per slot)
+        and read each target's (third GPU's outcome, target's own), None where either failed."""
+        a = self.adapter
+        table = table.to(a.collective_device)
+        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=a.dp_group)
+        return [
+            None
+            if is_failed(r[0]) or is_failed(r[1])
+            else (Outcome.from_row(r[0]), Outcome.from_row(r[1]))
+            for r in table.cpu().tolist()
+        ]
+
+    # ------------------------------------------------------------------ check 2
+    def audit(
+        self,
+        step: int,
+        loss: torch.Tensor,
+        own_fingerprints: torch.Tensor | None,
+        *,
+        deterministic: bool,
+    ) -> Alarm | None:
+        """Replay the target's batch, gather every rank's results, attribute (collective: one
+        all-gather, then one all-reduce when a mismatch needs confirming).
+
+        Call it on every rank after a clean check 1. Records a pass, or returns the Alarm (not
+        yet logged nor published); a replay that raised skips the audit on every rank, logged.
+        """
+        a, offset = self.adapter, self.peer_offset
+        if self.grad_accum > 1:
+            own_fingerprints = self.isolated_fingerprints if deterministic else None
+        own = outcome_of(loss, own_fingerprints, True)  # audits run only when every flag was clean
+        replayed = self.replay_row(step, replay_target(a.dp_rank, a.world, offset), deterministic)
+        mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=a.collective_device)
+        gathered = [torch.zeros_like(mine) for _ in range(a.world)]
+        dist.all_gather(gathered, mine, group=a.dp_group)
+        rows = torch.stack(gathered).cpu().tolist()
+        failed = [a.global_rank(dp) for dp, r in enumerate(rows) if is_failed(r[1])]
+        if failed:
+            # Not a pass (liveness shows audits stopping) and not an alarm (no GPU is implicated).
+            if self.reporter.publishes:
+                logger.error(
+                    "sdc_agent: the audit of step %d did not run: replays raised on ranks %s "
+                    "(see their logs); the step is applied unaudited",
+                    step,
+                    failed,
+                )
+            return None
+        owns = [Outcome.from_row(r[0]) for r in rows]
+        replays = [Outcome.from_row(r[1]) for r in rows]
+        pairs = find_mismatches(owns, replays, offset, compare_grads=deterministic)
+        if not pairs:
+            self.reporter.passes.last_audit_pass = step
+            self.reporter.record_pass("audit", step)
+            return None
+
+        culprits = find_culprits(pairs)
+        disputed = unexplained(pairs, culprits)
+        results = self._confirm(step, [t for t, _ in disputed], deterministic) if disputed else []
+        verdicts: list[Verdict] = []
+        blamed = list(culprits)
+        for (target, replayer), result in zip(disputed, results, strict=True):
+            kind, who = (
+                mismatch_verdict(
+                    owns[target], replays[replayer], *result, compare_grads=deterministic
+                )
+                if result is not None
+                else ("unattributable", "")
+            )
+            suspect = {"target": target, "replayer": replayer}.get(who)
+            if suspect is not None:
+                blamed.append(suspect)
+            verdicts.append(
+                Verdict(
+                    pair=(a.global_rank(target), a.global_rank(replayer)),
+                    third=a.global_rank(third_gpu(target, a.world, offset)),
+                    suspect=a.global_rank(suspect) if suspect is not None else None,
+                    kind=kind,
+                )
+            )
+        return self.reporter.alarm(
+            step,
+            "compute",
+            last_pass=self.reporter.passes.last_audit_pass,
+            suspects=[a.global_rank(r) for r in blamed],
+            pairs=[(a.global_rank(t), a.global_rank(r)) for t, r in pairs],
+            culprits=[a.global_rank(r) for r in culprits],
+            verdicts=verdicts,
+        )
+
+    # ------------------------------------------------------------------ check 1's confirmation
+    def judge_nonfinite(self, table: FlagTable, *, deterministic: bool) -> Alarm | None:
+        """Check 1's verdict on a table that is not clean, while every rank still holds the
+        step's state (collective like :meth:`flags_alarm` with ``confirm``).
+
+        Returns None for an fp16 overflow: a GradScaler is in use, every rank's ``scaler.step``
+        will skip the step and ``scaler.update`` lower the scale (:meth:`scaler_skips_everywhere`)
+        and every non-finite local gradient reproduced on a third GPU at the same scale.
+        Anything else is the Alarm of :meth:`flags_alarm`.
+        """
+        overflow_possible = (
+            self.overflow_is_expected
+            and self.can_confirm
+            and bool(table.nonfinite)
+            and self.scaler_skips_everywhere(table)
+        )
+        alarm = self.flags_alarm(table, confirm=True, deterministic=deterministic)
+        if (
+            overflow_possible
+            and alarm.verdicts
+            and all(v.kind == "reproducible" for v in alarm.verdicts)
+        ):
+            if self.reporter.publishes:
+                logger.info(
+                    "sdc_agent: step %d overflowed (non-finite gradients on ranks %s reproduced "
+                    "on other GPUs at the same loss scale): not SDC; the GradScaler skips the "
+                    "step and lowers the scale",
+                    table.step,
+                    alarm.nonfinite,
+                )
+            return None
+        return alarm
+
+    def scaler_skips_everywhere(self, table: FlagTable) -> bool:
+        """Whether every rank's ``scaler.step`` will find an inf and skip ``table``'s step:
+        under DDP, when every rank's reduced gradient is non-finite (each rank's scaler sees
+        only its own copy)."""
+        return all(table.reduced)
+
+    def flags_alarm(self, table: FlagTable, *, confirm: bool, deterministic: bool) -> Alarm:
+        """Check 1's alarm for a table that is not clean (not yet logged nor published).
+
+        With ``confirm`` (and a placement that allows it) each rank whose local gradient was
+        non-finite has its batch replayed on its third GPU and on itself (collective: one
+        all-reduce); call it with ``confirm`` only while every rank still holds the step's state.
+        """
+        if table.nonfinite:
+            return self._nonfinite_alarm(
+                table.step,
+                table.nonfinite,
+                confirm=confirm and self.can_confirm,
+                deterministic=deterministic,
+            )
+        return self.reporter.alarm(
+            table.step,
+            "reduced_gradient",
+            last_pass=self.reporter.passes.last_gradient_check_pass,
+            suspects=None,
+        )
+
+    def _nonfinite_alarm(
+        self, step: int, nonfinite: list[int], *, confirm: bool, deterministic: bool
+    ) -> Alarm:
+        """Name the ranks whose local gradient was non-finite, confirmed by replays if asked."""
+        a = self.adapter
+        verdicts: list[Verdict] = []
+        blamed = list(nonfinite)
+        if confirm:
+            results = self._confirm(step, nonfinite, deterministic, whole_step=True)
+            blamed = []
+            for target, result in zip(nonfinite, results, strict=True):
+                # A confirmation that could not run leaves check 1's own evidence standing.
+                kind, who = (
+                    nonfinite_verdict(*result, compare_grads=deterministic)
+                    if result is not None
+                    else ("unclear", "target")
+                )
+                suspect = a.global_rank(target) if who else None
+                third_rank = a.global_rank(third_gpu(target, a.world, self.peer_offset))
+                pair = (a.global_rank(target), a.global_rank(target))
+                verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
+                if suspect is not None:
+                    blamed.append(target)
+        reproduced = [v.pair[0] for v in verdicts if v.kind == "reproducible"]
+        diagnosis = (
+            f"numerics or data, not a GPU: the non-finite gradient of ranks {reproduced} "
+            "reproduced on a third GPU on another node from the same micro-batches"
+            if reproduced
+            else None
+        )
+        return self.reporter.alarm(
+            step,
+            "compute",
+            last_pass=self.reporter.passes.last_gradient_check_pass,
+            suspects=[a.global_rank(r) for r in blamed],
+            nonfinite=[a.global_rank(r) for r in nonfinite],
+            verdicts=verdicts,
+            diagnosis=diagnosis,
+        )
+
+
+class CollectiveRingAudit(RingAudit):
+    """The ring audit with replays in lockstep: every rank runs every replay round at once (a
+    replay's forward needs the other ranks' shards: FSDP2)."""
+
+    def scaler_skips_everywhere(self, table: FlagTable) -> bool:
+        """Whether every rank's ``scaler.step`` will skip ``table``'s step: when SOME rank's
+        shard of the reduced gradient is non-finite. ``GradScaler.unscale_`` max-reduces
+        ``found_inf`` over the mesh's shard dimension, and HSDP's replicas of a shard hold the
+        same reduced values (:mod:`sdc_agent.parallel.fsdp`); the flags here are those shards'
+        (or, with clipping, the global norm's)."""
+        return any(table.reduced)
+
+    def replay_row(
+        self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
+    ) -> list[int]:
+        """Every rank replays one rank's micro-batch(es) (its own target's) at the same time; a
+        batch that cannot be rebuilt on any rank makes every rank send FAILED_ROW before any
+        forward. ``whole_step``: every micro-batch of the step, as RingAudit's."""
+        a = self.adapter
+        target = a.global_rank(target_dp)
+        micros: list[Any] = []
+        failed = 0
+        try:
+            micros = self._micro_batches(step, target)
+        except Exception:
+            logger.exception(
+                "sdc_agent: rebuilding rank %d's batch of step %d failed on rank %d",
+                target,
+                step,
+                a.rank,
+            )
+            failed = 1
+        flag = torch.tensor([failed], dtype=torch.int64, device=a.collective_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=a.dp_group)  # nobody starts alone
+        if int(flag.item()):
+            return list(FAILED_ROW)
+        try:
+            # Every rank replays the same number of micro-batches (grad_accum is the job's), so
+            # FSDP2's all-gathers pair up.
+            outcome = self._replay_micro_batches(step, target, micros, deterministic, whole_step)
+        except Exception:
+            logger.exception(
+                "sdc_agent: replaying rank %d's batch of step %d failed on rank %d",
+                target,
+                step,
+                a.rank,
+            )
+            return list(FAILED_ROW)
+        return outcome.to_row()
+
+    def fill_confirmations(
+        self, targets: list[int], table: torch.Tensor, replay_row: Callable[[int], list[int]]
+    ) -> None:
+        """One round per disputed target: every rank replays the target's batch (collective);
+        the third GPU's row fills column 0 and the target's own column 1."""
+        a = self.adapter
+        jobs = confirmation_jobs(targets, a.world, self.peer_offset, a.dp_rank)
+        for slot, target_dp in enumerate(targets):
+            row = torch.tensor(replay_row(target_dp))
+            for job_slot, column, _ in jobs:
+                if job_slot == slot:
+                    table[slot, column] = row
+
+
+def ring_audit_type(adapter: ParallelAdapter) -> type[RingAudit]:
+    """Check 2's audit for ``adapter``'s replay unit: :class:`CollectiveRingAudit` when a replay
+    needs every rank at once (``adapter.replays_in_lockstep``), else :class:`RingAudit`."""
+    return CollectiveRingAudit if adapter.replays_in_lockstep else RingAudit

@@ -1,0 +1,178 @@
+"""Recompute one micro-batch on the bare module and reduce the result to comparable bits.
+
+A replay runs ``compute_loss(module, batch)`` and its backward on the unwrapped module: DDP's
+autograd hooks ignore a backward they did not prepare, so no collective runs. Before it, the
+parameters' gradients are set aside, the module's buffers set to what they were when the step's
+forward began, and the RNG seeded for the batch's owner; afterwards all three are put back, so the
+training step continues exactly as if no replay had happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...fingerprint import bit_patterns, fingerprints
+from ..gradients.finiteness import all_finite
+from .accumulation import MicroBatchIsolation
+from .attribution import Outcome
+from .environment import RngState, deterministic_kernels, seed_all
+
+ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def loss_bits(loss: torch.Tensor) -> int:
+    """The raw bit pattern of a scalar loss in its own dtype, as a Python int (sign-extended)."""
+    return int(bit_patterns(loss.detach().reshape(-1)[:1].contiguous()).item())
+
+
+def table_words(table: torch.Tensor) -> tuple[int, int]:
+    """Two signed 64-bit words of a hash of a fingerprint table (compact enough to gather)."""
+    raw = table.detach().to("cpu", torch.int64).contiguous().reshape(-1).view(torch.uint8)
+    digest = hashlib.blake2b(bytes(raw.tolist()), digest_size=16).digest()
+    low, high = struct.unpack("<qq", digest)
+    return low, high
+
+
+def outcome_of(loss: torch.Tensor, grad_table: torch.Tensor | None, grads_finite: bool) -> Outcome:
+    """Reduce a computation (loss, gradient fingerprint table) to an :class:`Outcome`."""
+    loss_finite = bool(torch.isfinite(loss.detach()).all())
+    words = table_words(grad_table) if grad_table is not None else (0, 0)
+    return Outcome(
+        loss_bits=loss_bits(loss), grad_digest=words, finite=loss_finite and grads_finite
+    )
+
+
+def combine_outcomes(outcomes: list[Outcome]) -> Outcome:
+    """One outcome for several computations (a step's micro-batches, replayed one by one):
+    finite when all are, and equal to another combination exactly when every part is."""
+    if len(outcomes) == 1:
+        return outcomes[0]
+    parts = [(o.loss_bits, *o.grad_digest, int(o.finite)) for o in outcomes]
+    digest = hashlib.blake2b(struct.pack(f"<{4 * len(parts)}q", *sum(parts, ())), digest_size=24)
+    loss, low, high = struct.unpack("<qqq", digest.digest())
+    return Outcome(loss_bits=loss, grad_digest=(low, high), finite=all(o.finite for o in outcomes))
+
+
+def micro_batch_loss(loss: torch.Tensor, grad_accum: int) -> torch.Tensor:
+    """One micro-batch's share of the step's loss: ``loss / grad_accum`` (``loss`` itself
+    without accumulation: no extra operation, so a plain step is unchanged). Training and
+    replays both call it, so both run the same operation on the same value."""
+    return loss / grad_accum if grad_accum > 1 else loss
+
+
+def scaled_for_backward(loss: torch.Tensor, scaler: Any | None) -> torch.Tensor:
+    """``loss`` times the GradScaler's current scale (``scaler.scale``), or as is without one."""
+    return scaler.scale(loss) if scaler is not None else loss
+
+
+def accumulated_at_start_error(step: int, detail: str = "") -> RuntimeError:
+    """The refusal of an audit step whose gradients start accumulated (``detail``, if any,
+    follows "already accumulated"): one micro-batch's replay cannot reproduce them."""
+    return RuntimeError(
+        f"sdc_agent: audit step {step} starts with gradients already accumulated{detail}: the "
+        "replay audit recomputes one micro-batch per rank and step, so gradient accumulation "
+        "outside the guard (no_sync micro-steps before guard.step) cannot be audited. Zero the "
+        "gradients before each step (optimizer.zero_grad(set_to_none=True)) and accumulate "
+        "inside the step with Schedule(grad_accum=N) and GuardedStep.micro_batches, or disable "
+        "audits with Schedule(audit_every=0)"
+    )
+
+
+class Replayer:
+    """Runs replays of any rank's micro-batch on the bare module of a DDP model."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        params: list[nn.Parameter],
+        compute_loss: ComputeLoss,
+        *,
+        grad_accum: int = 1,
+        scaler: Any | None = None,
+    ) -> None:
+        """``params`` is the ordered list whose gradients are fingerprinted (the guard's table);
+        ``grad_accum`` and ``scaler`` say how training back-propagated each micro-batch's loss
+        (:func:`micro_batch_loss`, :func:`scaled_for_backward`)."""
+        self.module = module
+        self.params = params
+        self.compute_loss = compute_loss
+        self.grad_accum = grad_accum
+        self.scaler = scaler
+        self.forward_buffers: list[torch.Tensor] | None = None
+        """Buffers as they were when this step's training forward began (None: use current)."""
+        self.zero_grads_at_start: list[bool] | None = None
+        """Per parameter: the step began with a zero gradient tensor (``zero_grad(set_to_none=
+        False)``) rather than None. A replay starts the same way: 0 + (-0.0) is +0.0, so the
+        bits of the accumulated gradient depend on it. None: every gradient started as None."""
+
+    def note_gradients_at_start(self, step: int) -> None:
+        """Record how the step's gradients start; refuse gradients accumulated from earlier
+        micro-batches, which a replay of one micro-batch cannot reproduce."""
+        grads = [p.grad for p in self.params]
+        present = [g for g in grads if g is not None]
+        if not present:
+            self.zero_grads_at_start = None
+            return
+        nonzero = int(torch.stack([torch.count_nonzero(g) for g in present]).sum())  # one sync
+        if nonzero:
+            raise accumulated_at_start_error(step, f" ({nonzero} non-zero elements)")
+        self.zero_grads_at_start = [g is not None for g in grads]
+
+    def micro_batch_isolation(self) -> MicroBatchIsolation:
+        """What isolates the audited micro-batch's local gradient in training (accumulation):
+        hooks on the tensors whose gradient a replay fingerprints, here the parameters."""
+        return MicroBatchIsolation(self.params)
+
+    def snapshot_buffers(self) -> None:
+        """Remember the module's buffers as they are now (called just before the training forward)."""
+        self.forward_buffers = [b.detach().clone() for b in self.module.buffers()]
+
+    @contextlib.contextmanager
+    def state_set_aside(self) -> Iterator[None]:
+        """Set the gradients, buffers and RNG aside for a replay and put them back after it.
+
+        Inside, the buffers hold what they held when the step's forward began (when
+        :meth:`snapshot_buffers` ran); on exit the parameters' gradients, the buffers and the RNG
+        are what they were on entry, so training continues as if no replay had happened."""
+        saved_grads = [p.grad for p in self.params]
+        buffers = list(self.module.buffers())
+        saved_buffers = [b.detach().clone() for b in buffers]
+        saved_rng = RngState.capture()
+        try:
+            if self.forward_buffers is not None:
+                with torch.no_grad():
+                    for buf, value in zip(buffers, self.forward_buffers, strict=True):
+                        buf.copy_(value)
+            yield
+        finally:
+            for p, g in zip(self.params, saved_grads, strict=True):
+                p.grad = g
+            with torch.no_grad():
+                for buf, value in zip(buffers, saved_buffers, strict=True):
+                    buf.copy_(value)
+            saved_rng.restore()
+
+    def replay(self, batch: Any, *, seed: int, deterministic: bool) -> Outcome:
+        """Recompute ``batch`` with RNG ``seed``; restore grads, buffers and RNG afterwards.
+
+        With accumulation the outcome is the micro-batch's own: its ``loss / grad_accum`` and
+        the gradient of that alone (from no gradient), as :mod:`.accumulation`
+        isolates it in training."""
+        with self.state_set_aside():
+            zero_start = self.zero_grads_at_start or [False] * len(self.params)
+            for p, zero in zip(self.params, zero_start, strict=True):
+                p.grad = torch.zeros_like(p) if zero else None
+            seed_all(seed)
+            with deterministic_kernels(deterministic):
+                loss = micro_batch_loss(self.compute_loss(self.module, batch), self.grad_accum)
+                scaled_for_backward(loss, self.scaler).backward()
+            grads = [p.grad for p in self.params]
+            table = fingerprints(grads) if deterministic else None
+            return outcome_of(loss, table, all_finite(grads))

@@ -1,0 +1,355 @@
+"""The guard's view of a model sharded with FSDP2 (``fully_shard``): full sharding or HSDP.
+
+The same questions as :class:`~.ddp.DDPAdapter` answers (:class:`~.adapter.ParallelAdapter`), so
+the checks and the guard's wiring do not know which wrapper they run on. What differs, and why:
+
+* The mesh is learned from the parameters themselves (DTensor ``device_mesh`` / ``placements``):
+  a 1-D mesh with ``Shard`` placements is full sharding; a 2-D mesh named
+  ``("replicate", "shard")`` with ``(Replicate(), Shard)`` placements is HSDP (replicas across
+  nodes, shards within a node). Anything else (tensor parallel placements, a mesh that does not
+  cover every rank, a mixture of meshes) is refused with a clear error: the checks' reasoning
+  (every rank trains on its own micro-batch; replicas of a shard hold the same bits) would not hold.
+* Every rank is a data-parallel rank: each trains on its own micro-batch, so the ring replay,
+  check 1's flags and the rank map run over the whole mesh (WORLD), as under DDP.
+* FSDP2 has no comm hook. Check 1's taps are post-accumulate-grad hooks
+  (:mod:`sdc_agent.checks.gradients.taps`): on the unsharded parameters for the local, pre-reduction
+  gradient, and on the sharded parameters for the reduced one.
+* Replays run collectively through the sharded module with gradient sync off
+  (:mod:`sdc_agent.checks.replay.collective`): each rank then holds its own local gradient of the replayed
+  micro-batch, unsharded, and no reduce-scatter mixes it with the others'.
+* Gradient accumulation: :meth:`FSDP2Adapter.no_sync` is ``set_requires_gradient_sync(False)``;
+  the audited micro-batch is isolated on the unsharded parameters
+  (:mod:`sdc_agent.checks.replay.collective`).
+* A GradScaler (fp16) works as under DDP: each micro-batch's loss is scaled in training and in
+  the collective replays, and a non-finite local gradient that the third GPU reproduces at the
+  same scale is an overflow: no alarm, the scaler skips the step and lowers the scale. What
+  differs is who sees the inf. Each rank holds only its shard of the reduced gradient, but in
+  torch 2.13 ``GradScaler.unscale_`` on DTensor gradients max-reduces ``found_inf`` over the
+  mesh's ``Shard`` dimension (DTensor's handler of ``_amp_foreach_non_finite_check_and_unscale_``)
+  and HSDP's replicas hold identical reduced shards, so every rank skips the same steps and
+  lowers the scale alike, as ``ShardedGradScaler`` would. That makes ``unscale_`` (and
+  ``scaler.step``) a collective (:attr:`FSDP2Adapter.unscale_is_collective`): every rank must
+  call it, with its gradients in place, or none. So with a scaler the guard waits for every
+  step's flag reduction on every rank and judges any flagged step on every rank at once (never
+  leaving a step applied by some ranks and dropped by others), and an overflow verdict needs
+  only SOME rank's reduced shard to be non-finite (:meth:`CollectiveRingAudit.scaler_skips_everywhere
+  <sdc_agent.checks.replay.audit.CollectiveRingAudit.scaler_skips_everywhere>`).
+* Check 3 compares each shard across its replicas (:mod:`sdc_agent.checks.weights.sharded`); with full
+  sharding a shard has one copy, so there is nothing to compare: check 3 is off, and the guard
+  says so at start (:attr:`FSDP2Adapter.weight_redundancy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from ..checks.gradients.stats import GradStatsState
+from ..checks.gradients.taps import ShardedGradientTaps
+from ..checks.replay.collective import CollectiveReplayer
+from ..checks.replay.replayer import ComputeLoss, Replayer
+from ..coverage import LayoutFacts
+from ..topology import collective_device, group_ranks
+from .adapter import ParallelAdapter, WeightReplicas
+
+logger = logging.getLogger("sdc_agent")
+
+HSDP_DIM_NAMES = ("replicate", "shard")
+"""The mesh dimension names an HSDP mesh must carry, in this order."""
+
+
+class ShardingLayoutError(ValueError):
+    """The model's parameters are laid out in a way the guard cannot check (the message says
+    which and what is supported)."""
+
+
+@dataclass(frozen=True)
+class ShardedLayout:
+    """What the mesh says about redundancy, learned from the parameters; identical on every rank."""
+
+    kind: str
+    """"fsdp" (1-D mesh, full sharding) or "hsdp" (2-D mesh, replicas x shards)."""
+    replicas: int
+    """Copies of each shard (1 under full sharding)."""
+    shards: int
+    """Shards each parameter is split into."""
+    replica_index: int
+    """This rank's coordinate along the replicate dimension (0 under full sharding)."""
+    shard_index: int
+    """This rank's coordinate along the shard dimension."""
+    replicas_of_shard: tuple[tuple[int, ...], ...]
+    """Per shard index: the global ranks holding a copy of it, by replica index."""
+
+    @property
+    def weight_redundancy(self) -> bool:
+        """Whether some shard has two copies to compare (check 3 can run at all)."""
+        return self.replicas >= 2
+
+    @property
+    def majority_possible(self) -> bool:
+        """Whether a strict majority of replicas can name a minority copy (>= 3 replicas)."""
+        return self.replicas >= 3
+
+
+def is_fsdp2(model: nn.Module) -> bool:
+    """Whether ``model`` was sharded with FSDP2's ``fully_shard``."""
+    return isinstance(model, FSDPModule)
+
+
+def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, ShardedLayout]:
+    """The mesh and its layout, from the parameters' DTensor metadata; raises when unsupported."""
+    if not params:
+        raise ShardingLayoutError("sdc_agent.Guard: the FSDP2 module has no trainable parameters")
+    plain = [name for name, p in params if not isinstance(p, DTensor)]
+    if plain:
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: parameters {plain[:3]} are not sharded (not DTensors); apply "
+            "fully_shard to the root module too, so that every parameter is sharded"
+        )
+    # Compared by value (DeviceMesh equality: device type, ranks, dimension names): FSDP2 may
+    # hold equal meshes as distinct objects.
+    meshes: list[DeviceMesh] = []
+    for _, p in params:
+        if not any(p.device_mesh == seen for seen in meshes):
+            meshes.append(p.device_mesh)
+    if len(meshes) != 1:
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: the parameters live on {len(meshes)} different device meshes; the "
+            "guard supports one FSDP2 mesh per model (full sharding or HSDP)"
+        )
+    mesh = meshes[0]
+    if mesh.size() != dist.get_world_size():
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: the FSDP2 mesh has {mesh.size()} ranks but the job has "
+            f"{dist.get_world_size()}; a mesh that is one dimension of a larger one (tensor or "
+            "pipeline parallel) is not supported: every rank must be a data-parallel rank"
+        )
+    if mesh.ndim == 1:
+        kind, wanted = "fsdp", (Shard,)
+    elif mesh.ndim == 2 and tuple(mesh.mesh_dim_names or ()) == HSDP_DIM_NAMES:
+        kind, wanted = "hsdp", (Replicate, Shard)
+    else:
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: unsupported FSDP2 mesh of {mesh.ndim} dimensions named "
+            f"{mesh.mesh_dim_names}; use a 1-D mesh (full sharding) or a 2-D mesh named "
+            f"{HSDP_DIM_NAMES} (HSDP)"
+        )
+    for name, p in params:
+        kinds = tuple(type(placement) for placement in p.placements)
+        if len(kinds) != len(wanted) or not all(
+            issubclass(k, w) for k, w in zip(kinds, wanted, strict=True)
+        ):
+            raise ShardingLayoutError(
+                f"sdc_agent.Guard: parameter {name} has placements {tuple(p.placements)}, "
+                f"expected {tuple(w.__name__ for w in wanted)} for {kind.upper()}; tensor "
+                "parallel and other placements are not supported"
+            )
+    grid = mesh.mesh.reshape(-1, mesh.mesh.shape[-1]).tolist()  # [replicas][shards]
+    replicas_of_shard = tuple(tuple(row[s] for row in grid) for s in range(len(grid[0])))
+    if kind == "hsdp":
+        replica_index, shard_index = mesh.get_local_rank("replicate"), mesh.get_local_rank("shard")
+    else:
+        replica_index, shard_index = 0, mesh.get_local_rank()
+    layout = ShardedLayout(
+        kind=kind,
+        replicas=len(grid),
+        shards=len(grid[0]),
+        replica_index=replica_index,
+        shard_index=shard_index,
+        replicas_of_shard=replicas_of_shard,
+    )
+    return mesh, layout
+
+
+class FSDP2Adapter(ParallelAdapter):
+    """The guard's view of an FSDP2 (``fully_shard``) model; see the module docstring."""
+
+    unscale_is_collective = True
+    """``GradScaler.unscale_`` on DTensor gradients all-reduces ``found_inf`` over the mesh (see
+    the module docstring): every rank must reach ``scaler.step`` together, or none."""
+    replays_in_lockstep = True
+    """A replay's forward all-gathers the other ranks' shards: every rank replays at once."""
+
+    def __init__(self, model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
+        """Check the layout and learn the mesh from the parameters (``dp_group`` must be None)."""
+        if not is_fsdp2(model):
+            raise TypeError(f"FSDP2Adapter needs a fully_shard module, got {type(model).__name__}")
+        if dp_group is not None:
+            raise ValueError(
+                "sdc_agent.Guard: dp_group must be None for an FSDP2 model; the guard learns the "
+                "data-parallel mesh from the parameters (DTensor device_mesh)"
+            )
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.mesh, self.layout = _layout(trainable)
+        self.model: nn.Module = model
+        """The model training runs: the root FSDP module (``compute_loss`` gets it)."""
+        self.module: nn.Module = model
+        """The module replays run on: the same root module, replayed collectively with gradient
+        sync off (:mod:`sdc_agent.checks.replay.collective`)."""
+        self.dp_group: dist.ProcessGroup | None = None
+        """Every rank of the mesh is a data-parallel rank: WORLD."""
+        self.rank = dist.get_rank()
+        """This process's global rank."""
+        self.dp_rank = dist.get_rank()
+        """This process's data-parallel rank (its global rank: the mesh covers WORLD)."""
+        self.global_ranks = group_ranks(None)
+        """Global rank of each DP rank."""
+        self.world = len(self.global_ranks)
+        """Number of data-parallel ranks (each trains on its own micro-batch)."""
+        self.collective_device = collective_device(None)
+        """Where tensors for the guard's collectives must live."""
+        self.params = [p for _, p in trainable]
+        """The trainable (sharded) parameters, in the order of every fingerprint table."""
+        self.param_names = [n for n, _ in trainable]
+        """Their names, row by row."""
+        self.named_weights: list[tuple[str, nn.Parameter]] = list(model.named_parameters())
+        """Every parameter by name (sharded DTensors: compare their local shards)."""
+        self.param_device = self.params[0].to_local().device
+        """Where the parameters' shards (and so the gradients) live."""
+        self.replicate_group: dist.ProcessGroup | None = (
+            self.mesh.get_group("replicate") if self.layout.kind == "hsdp" else None
+        )
+        """The ranks holding copies of this rank's shard (HSDP; None under full sharding)."""
+        self.shard_group: dist.ProcessGroup = (
+            self.mesh.get_group("shard") if self.layout.kind == "hsdp" else self.mesh.get_group()
+        )
+        """The ranks holding the other shards of this rank's replica."""
+        self.taps: ShardedGradientTaps | None = None
+        """Check 1's hooks, once :meth:`install_gradient_taps` installed them."""
+        self._fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        if self.layout.weight_redundancy is False and self.rank == 0:
+            logger.warning(
+                "sdc_agent: FSDP2 full sharding: each weight shard has a single copy, so check 3 "
+                "(weight fingerprints across replicas) is off; a bit flip in a stored weight is "
+                "caught only when it changes a computation that an audit replays. Use HSDP "
+                "(a ('replicate', 'shard') mesh with >= 3 replicas) for weight redundancy"
+            )
+
+    # ------------------------------------------------------------------ the adapter's answers
+    @property
+    def weight_redundancy(self) -> bool:
+        """Whether check 3 can compare weights at all (HSDP with >= 2 replicas)."""
+        return self.layout.weight_redundancy
+
+    def coverage_facts(self) -> LayoutFacts:
+        """What the layout lets check 3 see, JSON-ready (for a report of the guard's coverage)."""
+        layout = self.layout
+        if not layout.weight_redundancy:
+            why = "full sharding: each weight shard has one copy, nothing to compare it with"
+        elif not layout.majority_possible:
+            why = "2 replicas per shard: a divergence is reported, nobody is named"
+        else:
+            why = f"each shard compared across its {layout.replicas} replicas"
+        return {
+            "parallel": layout.kind,
+            "replicas": layout.replicas,
+            "shards": layout.shards,
+            "weights_compared": layout.weight_redundancy,
+            "weights_named_by_majority": layout.majority_possible,
+            "weights_why": why,
+            "replicas_of_shard": [list(r) for r in layout.replicas_of_shard],
+        }
+
+    def global_rank(self, dp_rank: int) -> int:
+        """The global rank of DP rank ``dp_rank``."""
+        return self.global_ranks[dp_rank]
+
+    def install_gradient_taps(self, stats: GradStatsState) -> None:
+        """Install check 1's taps writing into ``stats``: FSDP2 has no comm hook, so they are
+        post-accumulate-grad hooks (see :mod:`sdc_agent.checks.gradients.taps`)."""
+        if self.taps is not None:
+            raise RuntimeError("sdc_agent.Guard: build one Guard per FSDP2 model")
+        self.taps = ShardedGradientTaps(self.model, self.params, self.param_names, stats)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally: FSDP2's ``set_requires_gradient_sync(False)``; check 1's
+        local taps record no entry of their own (DDP's comm hook does not run inside ``no_sync``
+        either) but check each micro-batch's local gradient into a flag the step carries.
+
+        That is needed under a ``MixedPrecisionPolicy`` whose reduce dtype differs from the
+        parameters': FSDP2 then moves each earlier micro-batch's gradient into a private float32
+        buffer, and the synchronising micro-batch's tap sees its own gradient alone, not the
+        accumulated one as DDP's hook does; a NaN in an earlier micro-batch is still named as
+        this rank's local one. The check is one fused pass per parameter and micro-batch
+        (:mod:`sdc_agent.checks.gradients.finiteness`), so it is made whatever the policy.
+        """
+        self.set_gradient_sync(False)
+        try:
+            with self.gradient_taps().paused():
+                yield
+        finally:
+            self.set_gradient_sync(True)
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """Turn the reduce-scatter (and HSDP's all-reduce) of later backward passes on or off."""
+        self.model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+
+    def discard_unsynced_gradients(self) -> None:
+        """Drop the local gradients a backward with sync off left on the unsharded parameters.
+
+        FSDP2 keeps them for the next synchronising backward to add to; a replay's must not be
+        added to anything. FSDP2 has no public call for this: the accumulated gradient of a
+        reduce dtype other than the parameters' lives on its private ``FSDPParam`` objects.
+        """
+        for leaf in self.gradient_taps().unsharded_parameters():
+            leaf.grad = None
+        for module in self._fsdp_modules:
+            state = module._get_fsdp_state()  # type: ignore[operator]
+            for group in state._fsdp_param_groups:
+                for fsdp_param in group.fsdp_params:
+                    if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
+                        fsdp_param.unsharded_accumulated_grad = None
+
+    def with_autograd_parameter(self, name: str, use: Callable[[nn.Parameter], None]) -> None:
+        """Call ``use`` with the tensor autograd computes ``name``'s local gradient for: FSDP2's
+        unsharded parameter, which exists from the first forward on (fault drills use it)."""
+        self.gradient_taps().when_unsharded(name, use)
+
+    def local_weight(self, name: str) -> torch.Tensor:
+        """This rank's shard of parameter ``name`` (a view: writing to it changes the weights)."""
+        return self.model.get_parameter(name).to_local()
+
+    # ------------------------------------------------------------------ the checks' parts
+    def make_replayer(
+        self,
+        compute_loss: ComputeLoss,
+        stats: GradStatsState,
+        *,
+        grad_accum: int = 1,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> Replayer:
+        """Check 2's replays: collective, through the sharded module, with sync off; with a
+        ``scaler`` each replayed micro-batch's loss is scaled by the step's scale, as in
+        training, so an overflow reproduces (see the module docstring)."""
+        return CollectiveReplayer(self, compute_loss, stats, grad_accum=grad_accum, scaler=scaler)
+
+    def weight_replicas(self) -> WeightReplicas:
+        """Check 3 compares each local shard across its replicas (HSDP's replicate group); under
+        full sharding a shard has one copy (``replicas`` 1: check 3 is off)."""
+        return WeightReplicas(
+            named_weights=self.named_weights,
+            sharded=True,
+            replica_group=self.replicate_group,
+            shard_group=self.shard_group,
+            group=self.dp_group,
+            replicas_of_shard=self.layout.replicas_of_shard,
+            collective_device=self.collective_device,
+        )
+
+    def gradient_taps(self) -> ShardedGradientTaps:
+        """Check 1's hooks on this model (installed when the Guard is built)."""
+        if self.taps is None:
+            raise RuntimeError(
+                "sdc_agent: check 1's taps are not installed (build the Guard first)"
+            )
+        return self.taps

@@ -1,0 +1,135 @@
+"""Terminal tables of the operator CLI (``stats``, ``history NODE``), laid out by ``tabulate``.
+
+Only the CLI imports this module: the Lambda handlers never render tables.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable
+
+from tabulate import tabulate
+
+from ..logic.outcomes import Remediation, classify
+from ..logic.stats import FEW_EVENTS, PRECISION_DEFINITION, CheckStats
+from ..models.canary import STEPS, Run
+
+_STATS_HEADERS = (
+    "check",
+    "verdict",
+    "alarms",
+    "confirmed\nby health\ncheck",
+    "replaced",
+    "rejected",
+    "released",
+    "approval\ntimed out",
+    "shadow",
+    "repeat\noffenders",
+    "precision",
+    "95%\ninterval",
+    "note",
+)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def stats_table(rows: Iterable[CheckStats], *, scope: str) -> str:
+    """The ``stats`` report: one row per check x verdict, then the precision's definition."""
+    body = []
+    for row in rows:
+        if row.decided == 0:
+            note = "no decided remediation yet"
+        elif row.few_events:
+            note = f"few events ({row.decided} decided < {FEW_EVENTS}): do not act on this alone"
+        else:
+            note = f"{row.decided} decided"
+        body.append(
+            (
+                row.check,
+                row.verdict,
+                row.alarms,
+                row.confirmed,
+                row.replaced,
+                row.rejected,
+                row.released,
+                row.timed_out,
+                row.shadow,
+                row.repeat_offenders,
+                _percent(row.precision),
+                "-" if row.low is None else f"{_percent(row.low)}-{_percent(row.high)}",
+                note,
+            )
+        )
+    if not body:
+        return f"No remediations recorded ({scope})."
+    return "\n".join(
+        [
+            f"sdc-guard alarms per check x verdict ({scope})",
+            tabulate(body, headers=_STATS_HEADERS, tablefmt="simple"),
+            "",
+            textwrap.fill(PRECISION_DEFINITION, width=100),
+        ]
+    )
+
+
+def _step(transition: dict[str, object]) -> str:
+    text = str(transition["transition"])
+    if transition.get("approver"):
+        text += f" by {transition['approver']}"
+    if transition.get("reason"):
+        text += f" ({transition['reason']})"
+    return text
+
+
+def remediations_table(remediations: Iterable[Remediation]) -> str:
+    """``history NODE``: one row per remediation of the node with its transitions in order."""
+    body = [
+        (
+            r.first_at,
+            r.remediation_id,
+            f"{r.check}/{r.verdict}",
+            r.job or "-",
+            r.outcome + (" (dry run)" if r.dry_run else ""),
+            classify(r),
+            "\n".join(_step(t) for t in r.transitions),
+        )
+        for r in remediations
+    ]
+    if not body:
+        return "No remediations recorded for this node."
+    return tabulate(
+        body,
+        headers=(
+            "first at",
+            "remediation",
+            "check/verdict",
+            "job",
+            "outcome",
+            "alarm was",
+            "transitions",
+        ),
+        tablefmt="simple_grid",
+    )
+
+
+def canary_table(run: Run | None) -> str:
+    """``canary``: the newest canary run's steps in order, and where it stands."""
+    if run is None:
+        return "No canary run recorded for this cluster (is canarySchedule off?)."
+    reached = {s["step"]: s["at"] for s in run.steps}
+    rows = [(name, reached.get(name, "-"), what) for name, what in STEPS]
+    if "failed" in reached:
+        rows.append(("failed", reached["failed"], run.error or "-"))
+    if run.completed:
+        status = "completed"
+    elif run.stopped_at:
+        status = f"stopped at {run.stopped_at} (the canary alarm fired)"
+    else:
+        status = "in progress (or stopped: the canary alarm names the step once its window ends)"
+    table = tabulate(rows, headers=("step", "reached at", "what it proves"), tablefmt="simple_grid")
+    return f"canary run {run.run_id}, started {run.started_at}: {status}\n{table}"
+
+
+__all__ = ["canary_table", "remediations_table", "stats_table"]

@@ -1,0 +1,81 @@
+"""CloudWatch metrics: the per-node series localize lists and reads, the data the canary puts,
+and whether an alarm changed state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from sdc_contract.metrics import CLUSTER_DIMENSION
+
+from .. import aws
+
+GET_METRIC_DATA_QUERIES = 500
+"""GetMetricData takes at most this many queries per request."""
+
+
+def dimensions_of(metric: dict[str, Any]) -> dict[str, str]:
+    """A ListMetrics metric's dimensions as a name -> value mapping."""
+    return {d["Name"]: d["Value"] for d in metric.get("Dimensions", [])}
+
+
+def list_series(namespace: str, metric_names: Sequence[str], cluster: str) -> list[dict[str, Any]]:
+    """Every series of ``metric_names`` in ``namespace`` with this cluster's ClusterName
+    (ListMetrics; any other dimensions), as ListMetrics returns them."""
+    cw = aws.client("cloudwatch")
+    series: list[dict[str, Any]] = []
+    with aws.aws_errors("cloudwatch:ListMetrics"):
+        for name in metric_names:
+            pages = cw.get_paginator("list_metrics").paginate(
+                Namespace=namespace,
+                MetricName=name,
+                Dimensions=[{"Name": CLUSTER_DIMENSION, "Value": cluster}],
+            )
+            for page in pages:
+                series.extend(page.get("Metrics", []))
+    return series
+
+
+def positive_values(
+    series: Sequence[dict[str, Any]], start: datetime, end: datetime, *, period: int = 60
+) -> Iterator[tuple[dict[str, Any], list[float]]]:
+    """Each series with the values above zero of its per-``period`` Maximum between ``start``
+    and ``end`` (GetMetricData MetricStat, in batches); series without one are left out."""
+    cw = aws.client("cloudwatch")
+    for offset in range(0, len(series), GET_METRIC_DATA_QUERIES):
+        batch = series[offset : offset + GET_METRIC_DATA_QUERIES]
+        queries = [
+            {
+                "Id": f"m{i}",
+                "MetricStat": {"Metric": metric, "Period": period, "Stat": "Maximum"},
+                "ReturnData": True,
+            }
+            for i, metric in enumerate(batch)
+        ]
+        with aws.aws_errors("cloudwatch:GetMetricData"):
+            pages = cw.get_paginator("get_metric_data").paginate(
+                MetricDataQueries=queries, StartTime=start, EndTime=end
+            )
+            for page in pages:
+                for result in page.get("MetricDataResults", []):
+                    values = [v for v in result.get("Values", []) if v > 0]
+                    if values:
+                        yield batch[int(result["Id"][1:])], values
+
+
+def put_metric_data(namespace: str, data: Sequence[dict[str, Any]]) -> None:
+    """PutMetricData of ``data`` (entries as the API takes them) in ``namespace``."""
+    with aws.aws_errors("cloudwatch:PutMetricData"):
+        aws.client("cloudwatch").put_metric_data(Namespace=namespace, MetricData=list(data))
+
+
+def changed_since(alarm_name: str, started: datetime, states: Sequence[str]) -> bool:
+    """Whether ``alarm_name`` is in one of ``states`` and entered it at or after ``started``
+    (DescribeAlarms keeps the state and when it last changed)."""
+    with aws.aws_errors("cloudwatch:DescribeAlarms"):
+        alarms = aws.client("cloudwatch").describe_alarms(AlarmNames=[alarm_name])["MetricAlarms"]
+    return any(a["StateUpdatedTimestamp"] >= started and a["StateValue"] in states for a in alarms)
+
+
+__all__ = ["changed_since", "dimensions_of", "list_series", "positive_values", "put_metric_data"]

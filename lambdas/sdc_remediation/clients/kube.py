@@ -1,0 +1,230 @@
+"""The Kubernetes API of the EKS cluster: bearer token, TLS, and the few calls the workflow makes.
+
+Authentication is the EKS IAM scheme: a presigned STS GetCallerIdentity URL carrying the header
+``x-k8s-aws-id: <cluster>``, base64url-encoded after ``k8s-aws-v1.``. The endpoint and CA come from
+eks:DescribeCluster; ``K8S_API_ENDPOINT`` / ``K8S_API_CA_DATA`` override them (a private endpoint
+proxy, or a local stand-in). TLS is always verified against that CA.
+
+Responses are plain JSON dicts with the API's own field names, and every failure is mapped to a
+typed error here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import tempfile
+import urllib.parse
+from typing import Any
+
+import boto3
+import urllib3
+from botocore.signers import RequestSigner
+
+from sdc_contract.names import is_label_name, is_subdomain_name
+
+from .. import aws
+from ..config import Settings
+from ..errors import (
+    ClusterApiUnavailable,
+    ConfigurationError,
+    InvalidStepInput,
+    NodeNotFound,
+)
+
+TOKEN_PREFIX = "k8s-aws-v1."
+_TOKEN_TTL_SECONDS = 60
+# (connect, read) seconds: a Lambda has minutes, but a stuck API should fail fast and be retried
+# by the workflow rather than eat the function's whole timeout.
+REQUEST_TIMEOUT = (5.0, 15.0)
+
+
+def _segment(kind: str, name: str, valid: bool) -> str:
+    """One URL path segment: validated, then escaped with nothing left safe (no ``/``)."""
+    if not valid:
+        raise InvalidStepInput(f"{kind} name {name!r} is not a valid Kubernetes name")
+    return urllib.parse.quote(name, safe="")
+
+
+def eks_token(cluster_name: str, session: boto3.session.Session | None = None) -> str:
+    """A bearer token for the EKS cluster ``cluster_name`` from the caller's IAM identity."""
+    session = session or aws.session()
+    region = session.region_name or os.environ.get("AWS_REGION") or "us-east-1"
+    sts = session.client("sts", region_name=region)
+    credentials = session.get_credentials()
+    if credentials is None:
+        raise ConfigurationError("no AWS credentials available to sign the EKS token")
+    signer = RequestSigner(
+        sts.meta.service_model.service_id,
+        region,
+        "sts",
+        "v4",
+        credentials,
+        session.events,
+    )
+    params = {
+        "method": "GET",
+        # The EKS authenticator accepts the regional STS endpoint; the URL is signed, never sent.
+        "url": f"https://sts.{region}.amazonaws.com/?Action=GetCallerIdentity&Version=2011-06-15",
+        "body": {},
+        "headers": {"x-k8s-aws-id": cluster_name},
+        "context": {},
+    }
+    url = signer.generate_presigned_url(
+        params, region_name=region, expires_in=_TOKEN_TTL_SECONDS, operation_name=""
+    )
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
+
+
+def _ca_file(ca_data_b64: str) -> str:
+    """Write the base64 PEM bundle to a file once per content (the client wants a path)."""
+    try:
+        pem = base64.b64decode(ca_data_b64, validate=True)
+    except ValueError:
+        raise ConfigurationError("the Kubernetes CA data is not valid base64") from None
+    digest = hashlib.sha256(pem).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"sdc-k8s-ca-{digest}.pem")
+    if not os.path.exists(path):
+        with open(path, "wb") as fh:
+            fh.write(pem)
+    return path
+
+
+def _endpoint_and_ca(settings: Settings) -> tuple[str, str]:
+    """The API endpoint and base64 CA: the overrides where set, else eks:DescribeCluster."""
+    endpoint, ca_data = settings.k8s_api_endpoint, settings.k8s_api_ca_data
+    if endpoint and ca_data:
+        return endpoint, ca_data
+    name = settings.eks_cluster_name
+    eks = aws.client("eks")
+    with aws.aws_errors("eks:DescribeCluster"):
+        try:
+            cluster = eks.describe_cluster(name=name)["cluster"]
+        except eks.exceptions.ResourceNotFoundException:
+            raise ConfigurationError(f"EKS cluster {name!r} (EKS_CLUSTER_NAME) not found") from None
+    endpoint = endpoint or cluster.get("endpoint")
+    ca_data = ca_data or cluster.get("certificateAuthority", {}).get("data")
+    if not endpoint or not ca_data:
+        raise ConfigurationError(f"EKS cluster {name!r} has no endpoint or CA yet")
+    return endpoint, ca_data
+
+
+class KubeApi:
+    """The few Kubernetes calls the workflow makes, with errors mapped to typed ones.
+
+    Plain urllib3 rather than the generated ``kubernetes`` client: three REST calls do not need
+    it, and its wrapper turns a TLS failure into an AttributeError (it decodes a None body), which
+    would hide the one error that must never look transient.
+    """
+
+    def __init__(self, endpoint: str, ca_file: str, token: str) -> None:
+        self._base = endpoint.rstrip("/")
+        self._token = token
+        self._http = urllib3.PoolManager(
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=ca_file,
+            # No urllib3-level retries: the workflow retries ClusterApiUnavailable with backoff,
+            # and a PATCH must not be silently resent.
+            retries=False,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KubeApi:
+        """Connect to the cluster of ``EKS_CLUSTER_NAME`` with a fresh token."""
+        endpoint, ca_data = _endpoint_and_ca(settings)
+        return cls(endpoint, _ca_file(ca_data), eks_token(settings.eks_cluster_name))
+
+    def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        query: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        url = self._base + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/strategic-merge-patch+json"
+            data = json.dumps(body).encode()
+        try:
+            resp = self._http.request(
+                method,
+                url,
+                body=data,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0], read=REQUEST_TIMEOUT[1]),
+            )
+        except urllib3.exceptions.SSLError as exc:
+            raise ConfigurationError(
+                f"{what}: TLS verification of the Kubernetes API failed: {exc}"
+            ) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            reason = getattr(exc, "reason", None)
+            if isinstance(reason, urllib3.exceptions.SSLError):
+                raise ConfigurationError(
+                    f"{what}: TLS verification of the Kubernetes API failed: {reason}"
+                ) from exc
+            raise ClusterApiUnavailable(
+                f"{what}: Kubernetes API unreachable: {reason or exc}"
+            ) from exc
+        status = resp.status
+        if 200 <= status < 300:
+            return json.loads(resp.data or b"{}")
+        if status == 404:
+            raise NodeNotFound(f"{what}: not found in Kubernetes (404)")
+        if status in (401, 403):
+            raise ConfigurationError(
+                f"{what}: Kubernetes denied the request ({status}); check the EKS access entry "
+                "and RBAC of the function's role"
+            )
+        if status >= 500 or status in (409, 429):
+            raise ClusterApiUnavailable(f"{what}: Kubernetes answered {status}")
+        raise InvalidStepInput(
+            f"{what}: Kubernetes rejected the request ({status}): {resp.data[:300]!r}"
+        )
+
+    @staticmethod
+    def _node_path(name: str) -> str:
+        return "/api/v1/nodes/" + _segment("node", name, is_subdomain_name(name))
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        """The node object (raises NodeNotFound on 404, InvalidStepInput on a bad name)."""
+        return self._call(f"get node {name!r}", "GET", self._node_path(name))
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Strategic-merge PATCH of a node (a ``None`` label value removes the label)."""
+        return self._call(f"patch node {name!r}", "PATCH", self._node_path(name), body)
+
+    def node_of_pod(self, pod_name: str, namespace: str = "default") -> str:
+        """The node the pod ``namespace/pod_name`` is scheduled on (NodeNotFound if none).
+
+        Looked up in that namespace only: a pod of the same name in another namespace is
+        somebody else's workload, not the job's.
+        """
+        path = (
+            "/api/v1/namespaces/"
+            + _segment("namespace", namespace, is_label_name(namespace))
+            + "/pods/"
+            + _segment("pod", pod_name, is_subdomain_name(pod_name))
+        )
+        pod = self._call(f"get pod {namespace}/{pod_name}", "GET", path)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            raise NodeNotFound(f"pod {namespace}/{pod_name}: not scheduled on a node")
+        return node
+
+
+def node_labels(node: dict[str, Any]) -> dict[str, str]:
+    """A node object's labels (empty when none)."""
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def node_unschedulable(node: dict[str, Any]) -> bool:
+    """Whether the node is cordoned."""
+    return bool((node.get("spec") or {}).get("unschedulable"))

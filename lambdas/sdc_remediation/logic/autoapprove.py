@@ -1,0 +1,93 @@
+"""Opt-in auto-approval, applied: at RequestApproval, after the blast-radius guard admitted the
+node, it was cordoned and its health check ended, the policy (``sdc_contract.autoapprove``,
+``AUTO_APPROVE``) may approve the replacement without a person. Pure: the caller reads the
+health check's status and the check x verdict's precision (``stats``) and passes them in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sdc_contract.autoapprove import APPROVER_PREFIX, AutoApprovePolicy
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A check x verdict's measured precision (``stats.CheckStats`` carries these)."""
+
+    right: int
+    wrong: int
+    low: float | None
+    high: float | None
+
+    @property
+    def decided(self) -> int:
+        """Remediations the estimate counts."""
+        return self.right + self.wrong
+
+    @property
+    def estimate(self) -> float | None:
+        """right / decided (None without any decided remediation)."""
+        return self.right / self.decided if self.decided else None
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """The policy's answer: approve (with the approver and reason to record) or why not."""
+
+    approve: bool
+    approver: str
+    reason: str
+
+
+def evaluate(
+    policy: AutoApprovePolicy,
+    *,
+    check: str,
+    verdict: str,
+    health_status: str | None,
+    precision: Precision | None,
+) -> AutoDecision:
+    """Apply the policy to one remediation waiting for approval; pure.
+
+    The health-check rule comes first (it is evidence about this very node); the precision
+    rule needs ``min_events`` decided remediations of the same check x verdict, and compares
+    the point estimate with ``min_precision`` (the Wilson interval is part of the reason).
+    """
+    if policy.on_health_check_failed and health_status == "failed":
+        return AutoDecision(
+            True,
+            f"{APPROVER_PREFIX}/health-check-failed",
+            "auto-approved by policy: the deep health check failed (hardware confirmed); "
+            f"inputs: onHealthCheckFailed=true, health={health_status}",
+        )
+    if policy.min_precision is None:
+        return AutoDecision(False, "", "no auto-approval rule applies; a person decides")
+    name = f"{check}/{verdict}"
+    if precision is None or precision.decided < policy.min_events:
+        seen = 0 if precision is None else precision.decided
+        return AutoDecision(
+            False,
+            "",
+            f"{name} has {seen} decided remediation(s), fewer than minEvents="
+            f"{policy.min_events}: a person decides",
+        )
+    estimate = precision.estimate or 0.0
+    interval = (
+        f"Wilson 95% {precision.low:.2f}-{precision.high:.2f}"
+        if precision.low is not None and precision.high is not None
+        else "no interval"
+    )
+    inputs = (
+        f"{name} precision {estimate:.3f} ({precision.right} right of {precision.decided} "
+        f"decided, {interval}), minPrecision={policy.min_precision}, "
+        f"minEvents={policy.min_events}"
+    )
+    if estimate >= policy.min_precision:
+        return AutoDecision(
+            True, f"{APPROVER_PREFIX}/precision", f"auto-approved by policy: {inputs}"
+        )
+    return AutoDecision(False, "", f"below the auto-approval threshold: {inputs}; a person decides")
+
+
+__all__ = ["AutoDecision", "Precision", "evaluate"]

@@ -1,0 +1,85 @@
+"""Starting a canary run (the schedule's ``{"action": "start"}``): record the run, write its
+``sdc.alarm/v1`` report for the reserved canary job and node, and put its datum on the series
+the canary's alarm watches, as the agent publishes a finding."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+import sdc_contract as contract
+
+from ... import clock
+from ...clients import cloudwatch, logs
+from ...config import Settings
+from ...dal.canary_runs import RunStore
+from ...models.canary import Run
+from ...observability import logger
+
+
+def new_run_id(now: datetime) -> str:
+    """A run id that sorts by its start time."""
+    return f"c-{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+
+
+def canary_report(cluster: str, run_id: str, at: datetime) -> dict[str, Any]:
+    """The synthetic ``sdc.alarm/v1`` report: rank 0 of the canary job on the canary node,
+    named a culprit by the compute check."""
+    return {
+        "schema": contract.ALARM_SCHEMA,
+        "cluster": cluster,
+        "job": contract.CANARY_JOB,
+        "time": clock.iso(at),
+        "step": 0,
+        "check": "compute",
+        "culprits": [0],
+        "suspects": [0],
+        "suspect_window": [0, 0],
+        "ranks": {
+            "0": {
+                "node_name": contract.CANARY_NODE_NAME,
+                "instance_id": contract.CANARY_INSTANCE_ID,
+            }
+        },
+        "metric": {"name": contract.CANARY_METRIC, "value": 1},
+        "canary_run": run_id,
+    }
+
+
+def datum(cluster: str, at: datetime) -> list[dict[str, Any]]:
+    """The canary's datum on the series its alarm watches ({ClusterName, JobName}) and on its
+    per-node series (which localize lists), as PutMetricData entries."""
+    job = [
+        {"Name": contract.CLUSTER_DIMENSION, "Value": cluster},
+        {"Name": contract.JOB_DIMENSION, "Value": contract.CANARY_JOB},
+    ]
+    node = [*job, {"Name": contract.NODE_DIMENSION, "Value": contract.CANARY_NODE_NAME}]
+    return [
+        {"MetricName": contract.CANARY_METRIC, "Dimensions": dims, "Timestamp": at, "Value": 1.0,
+         "Unit": "Count", "StorageResolution": 1}
+        for dims in (job, node)
+    ]  # fmt: skip
+
+
+def start_run(settings: Settings) -> Run:
+    """Start a canary run: record it, write its report, put its datum."""
+    now = clock.now()
+    cluster = settings.hyperpod_cluster_name
+    store = RunStore(settings.ledger_table, cluster)
+    run = store.start(new_run_id(now), now)
+    # localize reads one stream per job, named after the job
+    logs.put_event(
+        settings.report_log_group,
+        contract.CANARY_JOB,
+        json.dumps(canary_report(cluster, run.run_id, now)),
+        int(now.timestamp() * 1000),
+    )
+    cloudwatch.put_metric_data(settings.metric_namespace, datum(cluster, now))
+    store.reach(run.run_id, "published")
+    logger.info("canary started", extra={"run": run.run_id})
+    return store.get(run.run_id) or run
+
+
+__all__ = ["canary_report", "datum", "new_run_id", "start_run"]

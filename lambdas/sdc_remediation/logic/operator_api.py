@@ -1,0 +1,172 @@
+"""The approve function's API: what operators do, as the IAM principal AWS authenticated.
+
+The function sits behind a Lambda function URL with ``AWS_IAM`` auth. Lambda verifies the
+request's SigV4 signature and puts the caller's ARN in the event
+(``requestContext.authorizer.iam.userArn``, payload format 2.0); that ARN, and never anything in
+the body, is recorded as the approver. The function's role is the only one allowed to send task
+results to the state machine (unless the opt-in autoApprove policy is on) and to read the
+approvals table (task tokens), so the decision deadline and the single-use claim
+(``approvals.Approvals.decide``) hold for every decision.
+
+One event is not a URL request: ``{"action": "settle_canary_approval", "approval_id": ...}``,
+invoked directly (no ``requestContext``; a function URL event always has one) by request_approval,
+the only other role allowed lambda:InvokeFunction on this function. It approves that approval as
+the canary (``canary.APPROVER``) only if the record is the canary's (``canary.settle_approval``);
+anything else is refused (``CanaryApprovalRefused``) and nothing is sent.
+
+Request: ``POST`` with a JSON body ``{"action": "pending" | "approve" | "reject" | "release",
+"approval_id": ..., "node": ..., "reason": ..., "release": bool}``. Response: JSON, 200 with the
+result, or 4xx/5xx with ``{"error": <exception class name>, "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..config import Settings
+from ..dal.approvals import Approvals
+from ..dal.ledger import Ledger
+from ..errors import (
+    ApprovalAlreadyDecided,
+    ApprovalExpired,
+    ApprovalNotFound,
+    AwsApiUnavailable,
+    InvalidStepInput,
+    NodeNotHeld,
+    RemediationError,
+)
+from ..observability import logger
+from . import canary
+
+STATUS_OF: dict[type[RemediationError], int] = {
+    InvalidStepInput: 400,
+    ApprovalNotFound: 404,
+    NodeNotHeld: 404,
+    ApprovalAlreadyDecided: 409,
+    ApprovalExpired: 410,
+    AwsApiUnavailable: 503,
+}
+"""HTTP status of each domain error (others: 500). The CLI turns them back into the class."""
+
+
+class NotAuthenticated(RemediationError):
+    """The request carries no IAM caller (the function URL is not AWS_IAM, or a direct invoke)."""
+
+
+class OperatorRequest(BaseModel):
+    """The body of a request to the approve function. An ``approver`` key is ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    action: Literal["pending", "approve", "reject", "release"]
+    approval_id: str | None = Field(default=None, min_length=1, max_length=64)
+    node: str | None = Field(default=None, min_length=1, max_length=253)
+    reason: str = Field(default="", max_length=1000)
+    release: bool = False
+
+
+def caller_of(event: dict[str, Any]) -> str:
+    """The authenticated caller's ARN from a function URL (payload 2.0) event."""
+    iam = ((event.get("requestContext") or {}).get("authorizer") or {}).get("iam") or {}
+    arn = iam.get("userArn")
+    if not isinstance(arn, str) or not arn.startswith("arn:"):
+        raise NotAuthenticated(
+            "no authenticated IAM caller in the request: the approve function only answers its "
+            "AWS_IAM function URL"
+        )
+    return arn
+
+
+def parse_request(event: dict[str, Any]) -> OperatorRequest:
+    """The request body, decoded (function URLs base64-encode bodies they deem binary)."""
+    method = ((event.get("requestContext") or {}).get("http") or {}).get("method", "POST")
+    if method != "POST":
+        raise InvalidStepInput(f"use POST, not {method}")
+    body = event.get("body") or "{}"
+    try:
+        if event.get("isBase64Encoded"):
+            body = base64.b64decode(body).decode()
+        return OperatorRequest.model_validate(json.loads(body))
+    except (ValueError, binascii.Error, ValidationError) as exc:
+        raise InvalidStepInput(f"bad request body: {str(exc).splitlines()[0]}") from exc
+
+
+def perform(request: OperatorRequest, caller: str, settings: Settings) -> dict[str, Any]:
+    """Do what the operator asked, as ``caller``; the JSON result."""
+    if request.action == "pending":
+        return {"pending": Approvals(settings.approvals_table).pending()}
+    if request.action == "release":
+        if not request.node:
+            raise InvalidStepInput("release needs `node`")
+        instance_id = Ledger(settings.ledger_table).release(
+            None, request.node, released_by=caller, reason=request.reason
+        )
+        return {"released": instance_id, "released_by": caller}
+    if not request.approval_id:
+        raise InvalidStepInput(f"{request.action} needs `approval_id`")
+    result = Approvals(settings.approvals_table).decide(
+        request.approval_id,
+        request.action,
+        release=request.release,
+        reason=request.reason,
+        approver=caller,
+    )
+    return result.model_dump(mode="json")
+
+
+class CanaryEvent(BaseModel):
+    """The direct invocation's event: settle one canary approval (nothing else)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["settle_canary_approval"]
+    approval_id: str = Field(min_length=1, max_length=64)
+
+
+def is_direct_canary_event(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is request_approval's direct invocation, not a function URL request:
+    no ``requestContext`` at all (a URL event, payload format 2.0, always has one) and the
+    canary's action. Any other event is read as a URL request (and refused if unauthenticated)."""
+    return "requestContext" not in event and event.get("action") == canary.SETTLE_ACTION
+
+
+def settle_canary(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """request_approval's direct invocation: approve one canary approval as the canary.
+
+    Raises (a function error, visible in the approve function's errors and logs) on a malformed
+    event (``InvalidStepInput``), a record that is not the canary's (``CanaryApprovalRefused``,
+    nothing sent) or a failed send (written on the canary run too).
+    """
+    try:
+        request = CanaryEvent.model_validate(event)
+    except ValidationError as exc:
+        raise InvalidStepInput(f"bad canary event: {str(exc).splitlines()[0]}") from exc
+    logger.info("canary approval", extra={"approval_id": request.approval_id})
+    result = canary.settle_approval(settings, request.approval_id)
+    if result is None:
+        return {"approval_id": request.approval_id, "already_decided": True}
+    return result.model_dump(mode="json")
+
+
+def handle(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """A function URL event -> a function URL response (never raises a domain error)."""
+    try:
+        caller = caller_of(event)
+        request = parse_request(event)
+        logger.info("operator request", extra={"action": request.action, "caller": caller})
+        body, status = perform(request, caller, settings), 200
+    except NotAuthenticated as exc:
+        body, status = {"error": type(exc).__name__, "message": str(exc)}, 403
+    except RemediationError as exc:
+        status = next((s for t, s in STATUS_OF.items() if isinstance(exc, t)), 500)
+        body = {"error": type(exc).__name__, "message": str(exc)}
+    return {
+        "statusCode": status,
+        "headers": {"content-type": "application/json"},
+        "body": json.dumps(body, default=str),
+    }

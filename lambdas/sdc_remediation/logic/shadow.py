@@ -1,0 +1,83 @@
+"""Shadow mode (``CHECK_MODES``): an alarm of a check x verdict that is not enforced yet is
+localized, admitted as shadow, notified with its evidence and what sdc-guard would have done,
+and recorded; no node is cordoned, checked or replaced.
+
+A shadow admission claims nothing: the node's STATE and the blast-radius guard are only read,
+to say whether the guard would have admitted it. A noisy check in shadow therefore never uses
+the guard's budget that the enforced checks need. Its ``shadow`` outcome goes to the ledger
+like any other, so ``sdc-remediation stats`` shows the check's alarms before it is enforced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..dal.ledger import Ledger
+from ..models import Admission, ItemState, RecordInput
+from . import notify
+from .admission import AdmitRequest
+
+WOULD_HAVE = "would have cordoned"
+"""What every shadow message says (with the node), so nobody mistakes it for an action."""
+
+
+def remediation_id(req: AdmitRequest) -> str:
+    """A shadow remediation's id: stable for a retried admit of the same execution and item."""
+    key = f"{req.execution}#{req.item}#{req.instance_id}".encode()
+    return f"s-{hashlib.sha256(key).hexdigest()[:16]}"
+
+
+def admit(ledger: Ledger, req: AdmitRequest) -> Admission:
+    """Admit as shadow: say what the guard would have decided, claim nothing."""
+    would = ledger.would_admit(req)
+    if would.decision == "admitted":
+        verdict = "enforced, the blast-radius guard would have admitted it"
+    else:
+        verdict = f"enforced, the guard would have answered {would.decision}: {would.reason}"
+    return Admission(
+        decision="admitted",
+        remediation_id=remediation_id(req),
+        reason=f"shadow mode: nothing is cordoned ({verdict})",
+        mode="shadow",
+    )
+
+
+def message(inp: RecordInput, cluster: str, *, dry_run: bool = False) -> tuple[str, str]:
+    """Subject and body of a shadow notification: the evidence and "would have cordoned"."""
+    st = inp.state
+    suspect = st.suspect
+    node = suspect.node_name if suspect else f"cluster {cluster}"
+    subject = f"{notify.subject_prefix(dry_run)} shadow: {WOULD_HAVE} {node}"
+    if suspect is not None:
+        subject += f" ({suspect.check}, {suspect.verdict})"
+    body: dict[str, Any] = {
+        "transition": "shadow",
+        "summary": (
+            f"sdc-guard {WOULD_HAVE} {node}, run a deep health check and asked to replace it; "
+            f"{suspect.check}/{suspect.verdict} is in shadow mode (CHECK_MODES), so nothing was "
+            "touched. Compare with what you find, and with `sdc-remediation stats`, before "
+            "enforcing it."
+            if suspect
+            else f"sdc-guard {WOULD_HAVE} a node; nothing was touched (shadow mode)."
+        ),
+        "cluster": cluster,
+        "execution": st.execution,
+    }
+    if st.admission is not None:
+        body["admission"] = st.admission.model_dump()
+    if st.alarm is not None and suspect is not None:
+        # The same evidence an approver would have seen (request_approval's), minus history.
+        item = ItemState(alarm=st.alarm, suspect=suspect, execution=st.execution)
+        item = item.model_copy(update={"admission": st.admission, "health": st.health})
+        body["evidence"] = notify.evidence(item, [])
+    if st.health is not None:
+        # `shadowHealthCheck`: the deep health check ran on the uncordoned node.
+        body["health_check"] = (
+            f"the deep health check ran in shadow: {st.health.status} ({st.health.detail})"
+        )
+    return subject[:100], json.dumps(body, indent=2, default=str)
+
+
+__all__ = ["WOULD_HAVE", "admit", "message", "remediation_id"]

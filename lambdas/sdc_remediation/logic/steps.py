@@ -1,0 +1,149 @@
+"""The workflow steps as functions of typed input: what each thin handler calls.
+
+One function per step; each takes the parsed input and the settings and returns the step's
+output model. A per-node step resolves its node target once (``targets.target_for``: a
+HyperPod node, or the live canary's reserved node) and leaves to it what differs. Kubernetes
+access is passed as a factory so steps that may not need it (localize without pods to resolve,
+replace in api mode) never connect.
+"""
+
+from __future__ import annotations
+
+from ..clients import hyperpod
+from ..clients.kube import KubeApi
+from ..config import Settings
+from ..dal.approvals import Approvals
+from ..dal.ledger import Ledger
+from ..errors import InvalidStepInput
+from ..models import (
+    Admission,
+    AlarmStateChangeEvent,
+    ApprovalRequestInput,
+    CordonResult,
+    HealthResult,
+    ItemState,
+    LocalizeResult,
+    PollInput,
+    RecordInput,
+    RecordResult,
+    ReplaceResult,
+)
+from ..observability import logger
+from ..targets import KubeFactory, target_for
+from . import health, notify, recording
+from . import localize as localize_mod
+from . import replace as replace_mod
+from .admission import AdmitRequest
+from .approval import PendingApproval
+
+
+def kube_factory(settings: Settings) -> KubeFactory:
+    """A factory that connects on first call (token, endpoint and CA resolved then)."""
+    return lambda: KubeApi.from_settings(settings)
+
+
+def localize(event: AlarmStateChangeEvent, settings: Settings, kube: KubeFactory) -> LocalizeResult:
+    """Localize step."""
+    return localize_mod.localize(event, settings, kube)
+
+
+def admit(state: ItemState, settings: Settings) -> Admission:
+    """Admit step: one open remediation per node, under the blast-radius guard."""
+    cluster = settings.hyperpod_cluster_name
+    request = AdmitRequest(
+        cluster=cluster,
+        instance_id=state.suspect.instance_id,
+        node_name=state.suspect.node_name,
+        execution=state.execution,
+        cluster_nodes=hyperpod.cluster_size(cluster),
+        max_nodes_per_hour=settings.max_nodes_per_hour,
+        max_fraction=settings.max_fraction,
+        suspects_in_alarm=state.suspects_in_alarm,
+        item=state.item,
+    )
+    return target_for(state.suspect).admit(state, request, settings)
+
+
+def cordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonResult:
+    """Cordon step."""
+    return target_for(state.suspect).cordon(state, settings, kube)
+
+
+def uncordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonResult:
+    """Uncordon step (only after a rejection that asked for release)."""
+    if state.approval is None or state.approval.decision != "reject" or not state.approval.release:
+        raise InvalidStepInput("uncordon needs $.approval with decision 'reject' and release true")
+    return target_for(state.suspect).uncordon(state, state.approval.approver, settings, kube)
+
+
+def start_health_check(state: ItemState, settings: Settings) -> HealthResult:
+    """StartHealthCheck step."""
+    settings = target_for(state.suspect).settings(settings)
+    return health.start(settings, state.suspect, state.cordon)
+
+
+def poll_health_check(state: PollInput, settings: Settings, kube: KubeFactory) -> HealthResult:
+    """PollHealthCheck step."""
+    return health.poll(target_for(state.suspect).settings(settings), state, kube)
+
+
+def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
+    """RequestApproval step: store the token under an approval id with the evidence, then have
+    it decided (a person, the auto-approval policy, or for the canary the approve function);
+    returns the approval id."""
+    target = target_for(state.suspect)
+    ledger = Ledger(settings.ledger_table)
+    remediation_id = state.admission.remediation_id if state.admission else None
+    history = [
+        h
+        for h in ledger.offender_history(state.suspect.instance_id)
+        if not state.admission or h["remediation_id"] != remediation_id
+    ]
+    evidence = notify.evidence(state, history) | target.approval_evidence()
+    auto = target.auto_decision(state, settings, ledger)
+    if auto is not None:
+        evidence["auto_approval"] = {"approve": auto.approve, "reason": auto.reason}
+    approvals = Approvals(settings.approvals_table)
+    approval_id, announce = approvals.create(
+        task_token=state.task_token,
+        remediation_id=remediation_id,
+        instance_id=state.suspect.instance_id,
+        node_name=state.suspect.node_name,
+        evidence=evidence,
+        ttl_seconds=settings.approval_ttl_seconds,
+        execution=state.execution,
+        timeout_seconds=settings.approval_timeout_seconds,
+    )
+    pending = PendingApproval(approvals, approval_id, evidence, auto, announce)
+    target.ask_for_decision(pending, settings)
+    logger.info(
+        "approval requested", extra={"approval_id": approval_id, "node": state.suspect.node_name}
+    )
+    return approval_id
+
+
+def replace(state: ItemState, settings: Settings, kube: KubeFactory) -> ReplaceResult:
+    """Replace step (api mode never connects to Kubernetes)."""
+    settings = target_for(state.suspect).settings(settings)
+    needs_kube = settings.replace_mode == "label" and not settings.dry_run
+    return replace_mod.replace(settings, state, kube() if needs_kube else None)
+
+
+def record(inp: RecordInput, settings: Settings) -> RecordResult:
+    """Record step (``recording.record``): ledger entry, metric, notification when asked; a
+    terminal transition closes this execution's own remediation of the node."""
+    return recording.record(inp, settings)
+
+
+__all__ = [
+    "admit",
+    "cordon",
+    "kube_factory",
+    "localize",
+    "poll_health_check",
+    "record",
+    "replace",
+    "request_approval",
+    "start_health_check",
+    "uncordon",
+]

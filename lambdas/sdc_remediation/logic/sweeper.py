@@ -1,0 +1,102 @@
+"""The sweeper: close remediations whose execution is no longer running.
+
+Whatever kills an execution between admission and its last record (the execution timed out or
+was aborted, a States.Runtime error, a record step that could not write), the node's STATE stays
+open: the node becomes a permanent ``duplicate`` and its guard slot leaks. The sweeper runs on a
+schedule, asks Step Functions about the execution of every open remediation
+(DescribeExecution), and closes those whose execution ended as ``abandoned`` with the
+execution's status. The node stays cordoned and keeps counting against the guard until released
+(``sdc-remediation release``): nobody decided about it. One message per sweep lists them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..clients import sns
+from ..clients.stepfunctions import execution_status
+from ..config import Settings
+from ..dal.ledger import Ledger, encode_detail
+from ..observability import logger, metrics
+from . import notify
+
+
+@dataclass
+class SweepResult:
+    """What one sweep did."""
+
+    checked: int = 0
+    abandoned: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The handler's JSON answer."""
+        return {"checked": self.checked, "abandoned": self.abandoned, "skipped": self.skipped}
+
+
+def sweep(settings: Settings) -> SweepResult:
+    """Close every open remediation whose execution is not RUNNING as ``abandoned``."""
+    ledger = Ledger(settings.ledger_table)
+    result = SweepResult()
+    for state in ledger.open_remediations():
+        result.checked += 1
+        instance_id = str(state["pk"])
+        execution = str(state.get("execution") or "")
+        if not execution.startswith("arn:"):
+            # Not written by the workflow (no execution to ask about): left to a human.
+            result.skipped.append(instance_id)
+            logger.warning("open remediation without an execution ARN", extra={"pk": instance_id})
+            continue
+        status = execution_status(execution)
+        if status == "RUNNING":
+            continue
+        cluster = str(state.get("cluster") or settings.hyperpod_cluster_name)
+        rid = str(state["remediation_id"])
+        release_hold = True if settings.dry_run else None
+        if not ledger.close(cluster, instance_id, rid, "abandoned", release_hold=release_hold):
+            continue  # closed meanwhile by the workflow itself
+        ledger.record(
+            instance_id,
+            rid,
+            "abandoned",
+            {
+                "cluster": cluster,
+                "node_name": state.get("node_name"),
+                "execution": execution,
+                "error": f"ExecutionNotRunning: the execution is {status}; closed by the sweeper",
+                "dry_run": settings.dry_run,
+                "detail": encode_detail({"execution_status": status}),
+            },
+            update_status=False,
+        )
+        result.abandoned.append(
+            {
+                "instance_id": instance_id,
+                "node_name": state.get("node_name"),
+                "remediation_id": rid,
+                "execution": execution,
+                "execution_status": status,
+            }
+        )
+    # Every sweep reports how many remediations were open and how many it closed (a steady
+    # count of open ones is also the dashboard's "in flight" line).
+    metrics.add_dimension(name="ClusterName", value=settings.hyperpod_cluster_name)
+    metrics.add_metric(name="open_remediations", unit="Count", value=result.checked)
+    metrics.add_metric(name="abandoned", unit="Count", value=len(result.abandoned))
+    if result.abandoned:
+        subject = (
+            f"{notify.subject_prefix(settings.dry_run)} abandoned: "
+            f"{len(result.abandoned)} remediation(s) whose execution ended"
+        )
+        body = {
+            "transition": "abandoned",
+            "why": "their workflow execution ended without recording an outcome; each node is "
+            "left as it was (cordoned) and counts against the blast-radius guard until "
+            "`sdc-remediation release NODE`",
+            "remediations": result.abandoned,
+        }
+        sns.publish(settings.topic_arn, subject[:100], json.dumps(body, indent=2))
+    logger.info("swept", extra=result.as_dict())
+    return result

@@ -1,0 +1,92 @@
+"""The workflow's input: the EventBridge "CloudWatch Alarm State Change" event of an alarm."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from aws_lambda_powertools.utilities.parser import parse
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+from pydantic import Field, ValidationError
+
+from ..errors import InvalidAlarmEvent
+from .base import Model as _Model
+from .base import first_errors
+
+
+class MetricRef(_Model):
+    """``configuration.metrics[].metricStat.metric`` of the alarm event."""
+
+    namespace: str
+    name: str
+    dimensions: dict[str, str] = Field(default_factory=dict)
+
+
+class MetricStat(_Model):
+    """``metricStat``: the metric, its period and statistic."""
+
+    metric: MetricRef
+    period: int | None = None
+    stat: str | None = None
+
+
+class MetricQuery(_Model):
+    """One entry of ``configuration.metrics``; math expressions have no metricStat."""
+
+    id: str
+    metric_stat: MetricStat | None = Field(default=None, alias="metricStat")
+    expression: str | None = None
+
+
+class AlarmConfiguration(_Model):
+    """``detail.configuration``."""
+
+    description: str | None = None
+    metrics: list[MetricQuery] = Field(default_factory=list)
+
+
+class AlarmStateValue(_Model):
+    """``detail.state`` / ``detail.previousState``."""
+
+    value: str
+    reason: str = ""
+    timestamp: datetime
+
+
+class AlarmDetail(_Model):
+    """``detail`` of a CloudWatch Alarm State Change event."""
+
+    alarm_name: str = Field(alias="alarmName")
+    state: AlarmStateValue
+    previous_state: AlarmStateValue | None = Field(default=None, alias="previousState")
+    configuration: AlarmConfiguration = Field(default_factory=AlarmConfiguration)
+
+
+class AlarmStateChangeEvent(EventBridgeModel):
+    """The workflow input: Powertools' EventBridge envelope with a typed alarm detail."""
+
+    source: Literal["aws.cloudwatch"]
+    detail_type: Literal["CloudWatch Alarm State Change"] = Field(alias="detail-type")
+    detail: AlarmDetail  # type: ignore[assignment]
+
+
+def parse_alarm_event(event: Any) -> AlarmStateChangeEvent:
+    """Parse the workflow input; anything but a CloudWatch alarm state change is rejected."""
+    try:
+        return parse(event=event, model=AlarmStateChangeEvent)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise InvalidAlarmEvent(
+            f"not a CloudWatch Alarm State Change event: {first_errors(exc)}"
+        ) from exc
+
+
+__all__ = [
+    "AlarmConfiguration",
+    "AlarmDetail",
+    "AlarmStateChangeEvent",
+    "AlarmStateValue",
+    "MetricQuery",
+    "MetricRef",
+    "MetricStat",
+    "parse_alarm_event",
+]

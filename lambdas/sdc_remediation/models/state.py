@@ -1,0 +1,172 @@
+"""The workflow state: the alarm localize normalised, the suspects it named, and the Map item's
+state every per-node step receives (docs/CONTRACT.md, "Workflow state").
+
+Bounded so the state stays far under Step Functions' 256 KiB whatever a report says: a suspect
+carries at most ``MAX_RANKS_PER_SUSPECT`` ranks and ``MAX_TENSOR_NAMES`` tensor names, and
+where the full report is in CloudWatch Logs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_serializer, field_validator, model_validator
+
+from sdc_contract.canary import CANARY_INSTANCE_ID, CANARY_JOB
+from sdc_contract.names import is_instance_id, is_subdomain_name, node_name_of
+from sdc_contract.report import Check, SuspectVerdict, verdict_name
+
+from .base import Model as _Model
+from .report import RankInfo, RankMapping, SuspectWindow
+from .results import HealthResult, StepResults
+
+MAX_RANKS_PER_SUSPECT = 8
+"""Ranks listed per suspect in the workflow state (a GPU node runs 8; the report has them all,
+and ``rank_count`` says how many the reports named on the node)."""
+MAX_TENSOR_NAMES = 3
+"""How many divergent tensor names a suspect carries through the workflow (the full list stays
+in the report, in CloudWatch Logs, which the suspect references)."""
+MAX_TENSOR_NAME_CHARS = 120
+
+
+class Alarm(_Model):
+    """The alarm as localize normalises it; every later step carries it."""
+
+    alarm_name: str
+    alarm_arn: str
+    state: str
+    reason: str
+    time: str
+    metric_name: str | None
+    namespace: str
+    cluster_name: str
+    window_start: str
+    window_end: str
+    canary: bool = False
+    """The canary's own alarm (its metric's JobName is the reserved canary job): localize reads
+    only canary reports for it, and only training reports for every other alarm."""
+
+
+class Suspect(_Model):
+    """One node to contain, with the evidence that names it."""
+
+    node_name: str
+    instance_id: str
+    instance_group: str
+    job: str
+    ranks: RankMapping
+    rank_count: int = 0
+    """How many ranks the reports named on this node (``ranks`` lists at most 8 of them)."""
+    check: Check
+    verdict: SuspectVerdict
+    """How the reports named the node: one of the contract's verdicts, ``unknown`` for a kind
+    the contract does not list (a newer agent's); never free text."""
+    step: int
+    suspect_window: SuspectWindow
+    last_audit_pass: int | None = None
+    last_weight_check_pass: int | None = None
+    divergent_tensors: list[str] = Field(default_factory=list, max_length=MAX_TENSOR_NAMES)
+    """At most ``MAX_TENSOR_NAMES`` of the report's divergent tensors, for the message."""
+    divergent_tensor_count: int = 0
+    """How many tensors the report named as divergent (all of them are in the report)."""
+    nonfinite_count: int = 0
+    """How many ranks the report found with a non-finite gradient (the resume rule reads it)."""
+    report_log_group: str | None = None
+    report_log_stream: str | None = None
+    """The report's place in CloudWatch Logs: the full evidence (every tensor, every rank)."""
+    canary_run: str | None = None
+    """The canary run this suspect is (None: a real suspect). Only the reserved canary job and
+    node may carry one, so a damaged or forged state cannot turn a real node into a canary."""
+
+    @field_validator("verdict", mode="before")
+    @classmethod
+    def _known_verdict(cls, value: object) -> SuspectVerdict:
+        return verdict_name(value)
+
+    @model_validator(mode="after")
+    def _canary_is_the_reserved_node(self) -> Suspect:
+        if self.canary_run is not None and (
+            self.instance_id != CANARY_INSTANCE_ID or self.job != CANARY_JOB
+        ):
+            raise ValueError(
+                f"canary_run is reserved for job {CANARY_JOB} on instance "
+                f"{CANARY_INSTANCE_ID}, not {self.job} on {self.instance_id}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _node_is_the_instances(self) -> Suspect:
+        # HyperPod names an instance's node hyperpod-<instance id>: a suspect whose two names
+        # disagree would have the approver approve one node and replace act on another.
+        if self.node_name != node_name_of(self.instance_id):
+            raise ValueError(
+                f"node_name {self.node_name!r} is not instance {self.instance_id}'s node "
+                f"({node_name_of(self.instance_id)!r})"
+            )
+        return self
+
+    @field_serializer("ranks")
+    def _compact_ranks(self, ranks: dict[str, RankInfo]) -> dict[str, dict[str, Any]]:
+        # Unset fields are left out: the state carries up to 16 ranks per suspect.
+        return {key: info.model_dump(exclude_none=True) for key, info in ranks.items()}
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not is_subdomain_name(value):
+            raise ValueError(f"{value!r} is not a Kubernetes node name (DNS-1123 subdomain)")
+        return value
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id(cls, value: str) -> str:
+        if not is_instance_id(value):
+            raise ValueError(f"{value!r} is not an instance id (i- and 8 or 17 hex digits)")
+        return value
+
+
+class LocalizeResult(_Model):
+    """Output of localize."""
+
+    alarm: Alarm
+    suspects: list[Suspect]
+    ambiguous: bool
+    reports: int
+
+
+class ItemState(StepResults):
+    """The Map item's state: what every per-node step receives."""
+
+    alarm: Alarm
+    suspect: Suspect
+    execution: str = ""
+    suspects_in_alarm: int = Field(default=1, ge=1)
+    """How many nodes the same alarm names (the Map's item count)."""
+    item: int | None = None
+    """The Map item's index (``$$.Map.Item.Index``): with ``execution``, what the execution
+    itself knows about this remediation, whatever the steps returned."""
+
+
+class PollInput(ItemState):
+    """poll_health_check needs the previous health result."""
+
+    health: HealthResult
+
+
+class ApprovalRequestInput(ItemState):
+    """request_approval receives the task token beside the item state."""
+
+    task_token: str = Field(min_length=1)
+
+
+__all__ = [
+    "MAX_RANKS_PER_SUSPECT",
+    "MAX_TENSOR_NAMES",
+    "MAX_TENSOR_NAME_CHARS",
+    "Alarm",
+    "ApprovalRequestInput",
+    "ItemState",
+    "LocalizeResult",
+    "PollInput",
+    "Suspect",
+]

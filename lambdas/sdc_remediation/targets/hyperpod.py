@@ -1,0 +1,82 @@
+"""A HyperPod node: cordoned through the Kubernetes API, admitted under the ledger's guard (or
+shadowed, per ``CHECK_MODES``), approved by a person or the opt-in policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..clients.kube import KubeApi
+from ..config import Settings
+from ..dal.ledger import Ledger
+from ..logic import approval, cordon, shadow
+from ..logic.admission import AdmitRequest
+from ..logic.autoapprove import AutoDecision
+from ..models import Admission, ApprovalRequestInput, CordonResult, ItemState
+from ..observability import logger
+
+
+class HyperPodNode:
+    """A node of the HyperPod cluster (see ``targets.NodeTarget``)."""
+
+    pages = True
+    counts_on_dashboard = True
+
+    def settings(self, settings: Settings) -> Settings:
+        """The deployment's own settings (DRY_RUN as configured)."""
+        return settings
+
+    def localized(self, settings: Settings) -> None:
+        """Nothing to write: the ledger starts at admission."""
+
+    def admit(self, state: ItemState, request: AdmitRequest, settings: Settings) -> Admission:
+        """One open remediation per node under the blast-radius guard; a shadowed check x
+        verdict only reads the guard."""
+        ledger = Ledger(settings.ledger_table)
+        if settings.mode_for(state.suspect.check, state.suspect.verdict) == "shadow":
+            return shadow.admit(ledger, request)
+        decision = ledger.admit(request)
+        logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})
+        return Admission(
+            decision=decision.decision,  # type: ignore[arg-type]
+            remediation_id=decision.remediation_id,
+            reason=decision.reason,
+        )
+
+    def cordon(
+        self, state: ItemState, settings: Settings, kube: Callable[[], KubeApi]
+    ) -> CordonResult:
+        """Cordon the node (spec.unschedulable, sdc-guard's label and annotation)."""
+        return cordon.cordon(kube(), state.alarm, state.suspect, settings.dry_run)
+
+    def uncordon(
+        self, state: ItemState, approver: str, settings: Settings, kube: Callable[[], KubeApi]
+    ) -> CordonResult:
+        """Release the node, as ``approver`` (who rejected and asked for it)."""
+        return cordon.uncordon(kube(), state.suspect, approver, settings.dry_run)
+
+    def approval_evidence(self) -> dict[str, Any]:
+        """Nothing beyond the suspect's evidence."""
+        return {}
+
+    def auto_decision(
+        self, state: ApprovalRequestInput, settings: Settings, ledger: Ledger
+    ) -> AutoDecision | None:
+        """The opt-in auto-approval policy's answer (None: no policy configured)."""
+        return approval.auto_decision(state, settings, ledger)
+
+    def ask_for_decision(self, pending: approval.PendingApproval, settings: Settings) -> None:
+        """The policy approves by itself when it says so; otherwise a person is asked."""
+        if pending.auto is not None and pending.auto.approve:
+            approval.auto_approve(pending, pending.auto, settings)
+        else:
+            approval.ask_a_person(pending, settings)
+
+    def recorded(self, transition: str, error: str | None, settings: Settings) -> None:
+        """Nothing beyond the ledger event the record step writes."""
+
+
+HYPERPOD = HyperPodNode()
+"""Every HyperPod node behaves alike: one stateless target serves them all."""
+
+__all__ = ["HYPERPOD", "HyperPodNode"]
