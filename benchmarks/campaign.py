@@ -279,7 +279,7 @@ def campaign_job(
     *, trials: int, bf16: bool, attention: str, seed: int, families: list[str]
 ) -> dict[str, Any]:
     """Run the campaign on this rank (collective: every rank runs the same trials)."""
-    logging.getLogger("sdc_agent").setLevel(logging.ERROR)  # every trial's alarm is logged
+    logging.getLogger("sdc_agent").setLevel(logging.CRITICAL)  # every trial's alarm is logged
     torch.manual_seed(0)
     run = _build(bf16, math.inf, attention)
     guard, batches = run["guard"], run["batches"]

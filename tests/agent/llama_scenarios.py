@@ -18,7 +18,7 @@ from torch import nn
 import sdc_agent as sdc
 from sdc_agent.drills.job import make_fault
 from sdc_agent.sensors import SensorConfig
-from tests.agent.sensor_scenarios import SensorCountingPublisher
+from tests.agent.sensor_scenarios import SensorCountingPublisher, sensed_outcome
 from tests.support.llama import causal_lm_loss, llama, tokens
 
 
@@ -62,14 +62,5 @@ def llama_run(
     optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
     started = time.monotonic()
     alarm = guard.train(tokens(s, dist.get_rank()) for s in range(steps))
-    return {
-        "alarm": alarm.to_dict() if alarm else None,
-        "updates": updates,
-        "fired": sum(f.fired for f in injected),
-        "unconfirmed": guard.sensors.unconfirmed,
-        "published_unconfirmed": publisher.unconfirmed,
-        "alarms_published": len(publisher.alarms),
-        "audit_passes": publisher.audit_passes,
-        "coverage": guard.coverage()["checks"]["online_sensors"],
-        "seconds": time.monotonic() - started,
-    }
+    seconds = time.monotonic() - started
+    return {**sensed_outcome(guard, alarm, updates, injected, publisher), "seconds": seconds}

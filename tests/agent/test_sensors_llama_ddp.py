@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sdc_agent.drills.launch import launch
-from tests.agent.outcomes import ok, the_alarm
+from tests.agent.outcomes import assert_one_sensor_named_it, ok, the_alarm
 from tests.agent.sensor_scenarios import x1_1_once
 
 # One launch for every scenario (about 3-4 minutes on 2 idle cores; more under load).
@@ -82,18 +82,9 @@ def results() -> dict[str, list[dict[str, Any]]]:
 def test_a_one_step_fault_in_an_llm_op_is_named_at_its_step_by_its_sensor(results, name):
     # Given x1.1 on one element of an RMSNorm's output, the MLP's SiLU, the attention's output
     # or the loss gradient, on rank R at step 8 only (no audit until step 50)
-    layer, op, kind = FAULTS[name]
-    alarm = the_alarm(results, name)
-    # Then that op's sensor, and only it, raises a candidate at step 8 naming R
-    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (8, "compute", [R])
-    candidates = alarm["sensor_candidates"]
-    assert [(c["rank"], c["layer"], c["gemm"], c["kind"]) for c in candidates] == [
-        (R, layer, op, kind)
-    ]
-    assert candidates[0]["ratio"] > candidates[0]["threshold"]
-    # And the replays on the third GPU and on R confirm it transient; the step is not applied
-    assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "transient"}]
-    assert all(r["updates"] == list(range(8)) for r in results[name])
+    # Then that op's sensor, and only it, raises a candidate at step 8 naming R, which the
+    # replays on the third GPU and on R confirm transient; the step is not applied
+    assert_one_sensor_named_it(results, name, sensor=FAULTS[name], rank=R, third=5, step=8)
 
 
 def test_a_fault_in_the_fused_attention_kernel_is_named_by_the_recompute_comparison(results):

@@ -394,7 +394,7 @@ class RMSNormSensor(OpSensor):
                 if self.gemm_taps and part is not None:
                     # A drill corrupts dx as a whole (x1.1 of one element of the sum): the
                     # difference goes into this last part, so training sees the corrupted sum.
-                    corrupted = dx.to(part.dtype)
+                    corrupted = dx.to(part.dtype, copy=True)
                     self.tap("dgrad", corrupted)
                     part = part + (corrupted.float() - dx).to(part.dtype)
                     replaced = (*grad_inputs[:index], part, *grad_inputs[index + 1 :])
