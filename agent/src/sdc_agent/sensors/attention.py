@@ -86,12 +86,15 @@ def batched_checksum_ratio(
 
 def probabilities_ratio(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """Softmax forward check with masked entries: each row's ``|Σp - 1| / bound`` (0-dim fp32),
-    the bound :mod:`.softmax`'s (``u (1 + sqrt(D)) |p ⊙ (2 + |z - max z|)|``) over the entries
-    that are not masked (probability exactly 0 contributes nothing)."""
+    the bound :mod:`.softmax`'s (``u (1 + sqrt(D)) |p ⊙ (2 + |z - max z|)|``, ``p`` clamped to
+    [0, 1]) over the entries that are not masked: a masked entry's probability is exactly 0, and
+    anything else there is a fault."""
     top = z.amax(dim=-1, keepdim=True)
     spread = (z - top).abs()
     kept = p.clamp(0.0, 1.0)
-    error = torch.where(kept > 0, kept * (2.0 + spread), torch.zeros_like(kept))
+    # Masked scores (-inf) have probability 0 and add no rounding: whatever a fault writes
+    # there must stand out, not widen the bound through an infinite spread.
+    error = torch.where(torch.isfinite(z), kept * (2.0 + spread), torch.zeros_like(kept))
     norm = torch.linalg.vector_norm(error, dim=-1)
     bound = FP32_UNIT_ROUNDOFF * sqrt_length(p.shape[-1]) * norm + BOUND_FLOOR
     ratio = (p.sum(dim=-1) - 1.0).abs() / bound
