@@ -4,7 +4,8 @@ It starts 3 simulated nodes x 2 ranks on this machine (:mod:`sdc_agent.drills.la
 persistent fault into one rank's forward pass (:mod:`sdc_agent.drills.faults`), trains the drill
 job (:mod:`sdc_agent.drills.job`) and prints the alarm; ``--parallel fsdp|hsdp`` runs the same
 drill on a model sharded with FSDP2 (full sharding, or HSDP with replicas across nodes and
-shards within a node).
+shards within a node), ``--parallel pp`` on a 2-stage pipeline per node whose stages are sharded
+over the replicas (``torch.distributed.pipelining`` with FSDP2).
 
 The drills live in :mod:`sdc_agent.drills`, which the guard never imports; the names this module
 had before they moved there (the drill job, the launcher) stay importable from here, for code
@@ -31,6 +32,7 @@ from .drills.job import (
     train_drill,
 )
 from .drills.launch import Job, launch, node_name
+from .drills.pipeline import STAGES
 
 __all__ = [
     "DrillModel",
@@ -92,18 +94,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
     parser.add_argument(
         "--parallel",
-        choices=["ddp", "fsdp", "hsdp"],
+        choices=["ddp", "fsdp", "hsdp", "pp"],
         default="ddp",
-        help="how the model is data-parallel: DDP, FSDP2 full sharding, or HSDP (replicas "
-        "across nodes, shards within a node)",
+        help="how the model is parallel: DDP, FSDP2 full sharding, HSDP (replicas across "
+        "nodes, shards within a node), or pp: a 2-stage pipeline per node, each stage a "
+        "whole copy per replica (HSDP), replicas across nodes",
     )
     args = parser.parse_args(argv)
     world = args.nodes * args.ranks_per_node
     sharded = args.parallel != "ddp"
-    # The sharded drill model names its layers differently (sdc_agent.drills.sharded).
+    # The sharded drill model names its layers differently (sdc_agent.drills.sharded); a
+    # pipeline rank holds one stage's layers (sdc_agent.drills.pipeline).
     layer, weight = (
         ("blocks.1.norm", "blocks.0.fc.weight") if sharded else ("net.4", "net.0.weight")
     )
+    if args.parallel == "pp":
+        if args.ranks_per_node != STAGES:
+            parser.error(
+                f"--parallel pp puts one {STAGES}-stage pipeline on each node: "
+                f"--ranks-per-node {STAGES}"
+            )
+        stage = args.rank % STAGES
+        layer, weight = f"blocks.{stage}.norm", f"blocks.{stage}.fc.weight"
     faults = {
         "scale": [
             {
@@ -138,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         "audit_every": 5,
         "check_every": 5,
         "ckpt_every": 10,
-        "peer_offset": args.ranks_per_node,
+        # Under a pipeline the ring runs over replicas, one per node.
+        "peer_offset": 1 if args.parallel == "pp" else args.ranks_per_node,
     }
     print(
         f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks "
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                     "schedule": schedule,
                     "faults": faults,
                     "parallel": args.parallel,
-                    "shards": args.ranks_per_node,
+                    "shards": 1 if args.parallel == "pp" else args.ranks_per_node,
                 },
             )
         ],

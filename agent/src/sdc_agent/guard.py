@@ -50,6 +50,8 @@ from .alarm import Alarm, RankInfo
 from .checks.gradients.exchange import FlagExchange, GradientCheck
 from .checks.replay.audit import RebuildBatch, ring_audit_type
 from .checks.replay.environment import StepEnvironment
+from .checks.replay.pipeline import PipelineReplayer
+from .checks.replay.pipeline_audit import PipelineRingAudit
 from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
 from .checks.weights.check import weight_check
 from .coverage import describe
@@ -69,11 +71,12 @@ _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
 
 
 class Guard:
-    """Adds the three SDC checks to a DDP or FSDP2 training loop and names the GPU that
-    computed wrong.
+    """Adds the three SDC checks to a DDP, FSDP2 or pipeline-parallel training loop and names the
+    GPU that computed wrong.
 
     ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
-    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP);
+    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP;
+    torchtitan's ``("dp_replicate", "fsdp")`` names too);
     the guard learns the mesh from the parameters. ``compute_loss(model, batch)`` must return the
     loss; it is called with the DDP wrapper in training and with the bare module in replays (with
     FSDP2: the FSDP module in both, replays running on every rank at once).
@@ -82,6 +85,12 @@ class Guard:
     Construction is collective (it gathers the rank map and checks the topology) and registers
     check 1's hooks (DDP's comm hook, or FSDP2's gradient taps), so build the guard on every
     rank, before the first forward pass.
+
+    With ``pipeline=schedule`` (a ``torch.distributed.pipelining`` schedule driving ``model``,
+    this rank's stage, sharded with FSDP2 over the replicas) each step is the schedule's
+    ``step`` and ``rebuild_batch(step, rank)`` returns what global ``rank`` fed it (the first
+    stage's inputs, the last stage's targets); ``Schedule.peer_offset`` then counts replicas
+    (whole pipelines). See :mod:`sdc_agent.parallel.pp`.
     """
 
     def __init__(
@@ -89,7 +98,7 @@ class Guard:
         model: DistributedDataParallel | nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
-        compute_loss: ComputeLoss,
+        compute_loss: ComputeLoss | None = None,
         rebuild_batch: RebuildBatch,
         schedule: Schedule | None = None,
         dp_group: dist.ProcessGroup | None = None,
@@ -97,6 +106,8 @@ class Guard:
         scaler: torch.amp.GradScaler | None = None,
         alarm_dir: str | os.PathLike | None = None,
         allow_unsafe_resume: bool = False,
+        divide_loss: bool = True,
+        pipeline: Any = None,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hook.
 
@@ -112,11 +123,39 @@ class Guard:
         on shared storage; the same value on every rank) and refuse to resume from a checkpoint
         a recorded alarm covers (:meth:`check_resume`, docs/recovery.md); an unwritable directory
         raises OSError here. ``allow_unsafe_resume``: resume anyway, logged (forensics only).
+
+        ``divide_loss``: with ``Schedule.grad_accum`` = N > 1, each micro-batch's
+        ``compute_loss`` is divided by N before its backward, in training
+        (:meth:`GuardedStep.backward`) and in replays. False: ``compute_loss`` already returns
+        the micro-batch's share of the step's loss and is back-propagated as is (the Hugging
+        Face Trainer and torchtitan normalise each micro-batch's loss by the whole step's token
+        count, so dividing again would change the gradient).
+
+        ``pipeline``: the ``torch.distributed.pipelining`` schedule (``ScheduleGPipe``,
+        ``Schedule1F1B``) that drives ``model``, this rank's pipeline stage, sharded with FSDP2
+        over the data-parallel dimension. The step is then the schedule's ``step``
+        (:meth:`GuardedStep.run_pipeline`), the loss its ``loss_fn`` (leave ``compute_loss``
+        out), and ``rebuild_batch(step, rank)`` returns what global ``rank`` fed the pipeline:
+        the first stage's inputs, the last stage's targets (:mod:`sdc_agent.parallel.pp`).
         """
-        self.parallel: ParallelAdapter = adapter_for(model, dp_group)
+        self.pipelined = pipeline is not None
+        """A pipeline schedule drives the model: each step runs its ``step``."""
+        schedule = schedule or Schedule()
+        if self.pipelined:  # before the adapter's collectives: every rank refuses alike
+            _check_pipeline_options(pipeline, compute_loss, scaler, schedule)
+        self.parallel: ParallelAdapter = adapter_for(model, dp_group, pipeline)
         """The parallelism-specific parts (the training model, the bare module, where check 1's
         taps go, check 2's replay unit, the replicas check 3 compares)."""
-        if not callable(compute_loss) or not callable(rebuild_batch):
+        if not isinstance(divide_loss, bool):
+            raise TypeError(f"Guard divide_loss must be True or False, got {divide_loss!r}")
+        self.divide_loss = divide_loss
+        """Whether each micro-batch's loss is divided by ``Schedule.grad_accum`` before its
+        backward (False: ``compute_loss`` returns the share already)."""
+        if not self.pipelined and not callable(compute_loss):
+            raise TypeError(
+                "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
+            )
+        if not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
             )
@@ -132,15 +171,20 @@ class Guard:
         self.scaler = scaler
         """The fp16 loss scaler, or None (bf16/fp32: a reproducible NaN is an alarm naming nobody)."""
         a = self.parallel
-        self.decides_every_step = scaler is not None and a.unscale_is_collective
+        self.decides_every_step = (scaler is not None and a.unscale_is_collective) or (
+            self.pipelined
+        )
         """Every rank waits for each step's flags and judges a flagged step with the others:
         with a scaler whose ``step`` is a collective (FSDP2), no rank may skip an update that
-        another applies."""
+        another applies; under a pipeline, the stages of the model update together or not at
+        all (a NaN sent back to one stage reaches neither the later stages nor their
+        replicas, which would otherwise apply the step). A pipeline's ranks wait for each other
+        at every step anyway (its sends and receives), so the wait costs little."""
         self.model = model
         self.module: nn.Module = a.module
         self.optimizer = optimizer
         self.compute_loss = compute_loss
-        self.schedule = schedule or Schedule()
+        self.schedule = schedule
         self.dp_group = a.dp_group
         self.rank = a.rank
         self.dp_rank = a.dp_rank
@@ -152,9 +196,11 @@ class Guard:
 
         # Collective: every rank gathers the rank map at construction.
         self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
-        nodes = [self.ranks[g].node_name for g in self.global_ranks]
         try:
-            validate_placement(nodes, self.schedule.peer_offset)
+            # Along each ring of replicas (one per pipeline stage under a pipeline).
+            for column in a.replica_columns():
+                nodes = [self.ranks[g].node_name for g in column]
+                validate_placement(nodes, self.schedule.peer_offset)
             can_confirm = True
         except TopologyError:
             # Audits need the placement; so does a scaler (an overflow is told from a faulty
@@ -175,15 +221,21 @@ class Guard:
         self.gradients = GradientCheck(self.params, a.dp_group, self.world)
         """Check 1: the gradient taps' statistics and the per-step flag exchange."""
         a.install_gradient_taps(self.gradients.hook_state)
-        # The audit for the adapter's replay unit (each rank alone, or every rank in lockstep).
-        self.audit = ring_audit_type(a)(
-            a,
-            a.make_replayer(
-                compute_loss,
-                self.gradients.hook_state,
-                grad_accum=self.schedule.grad_accum,
-                scaler=self.scaler,
-            ),
+        replayer = a.make_replayer(
+            compute_loss,  # type: ignore[arg-type]
+            self.gradients.hook_state,
+            grad_accum=self.schedule.grad_accum,
+            scaler=self.scaler,
+            divide_loss=divide_loss,
+        )
+        # The audit for the adapter's replay unit: each rank alone, every rank in lockstep, or
+        # whole pipeline steps compared stage by stage.
+        audit_type = (
+            PipelineRingAudit if isinstance(replayer, PipelineReplayer) else ring_audit_type(a)
+        )
+        self.audit = audit_type(
+            a,  # type: ignore[arg-type]
+            replayer,  # type: ignore[arg-type]
             rebuild_batch,
             self.reporter,
             peer_offset=self.schedule.peer_offset,
@@ -195,7 +247,17 @@ class Guard:
         """Check 3: weight fingerprint comparisons."""
         # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
         # there, as check 2's do).
-        self.sensors = SensorCheck(self.module, self.schedule, adapter=a)
+        self.sensors = SensorCheck(
+            self.module,
+            self.schedule,
+            adapter=a,
+            unsupported=(
+                "pipeline parallelism: a candidate would be confirmed by replaying one stage, "
+                "which the pipeline cannot do without its other stages"
+                if self.pipelined
+                else None
+            ),
+        )
         """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
         replays. A do-nothing without protected layers."""
         self.sensors_planned = self.sensors.enabled
@@ -221,7 +283,9 @@ class Guard:
     def coverage(self) -> dict[str, Any]:
         """What this guard checks for this job, JSON-ready (the same on every rank).
 
-        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp`` or ``hsdp``),
+        Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp``, ``hsdp``,
+        or ``pp+fsdp`` / ``pp+hsdp`` under a pipeline, which adds ``pipeline``: its stages,
+        schedule, micro-batches and the ranks holding each stage by replica),
         ``sharding`` (replicas, shards, the ranks holding each shard, whether weights have a
         second copy), ``world``, ``ranks``, ``grad_accum``; ``checks`` with
         ``nonfinite_gradients`` (and its ``confirmation``), ``replay_audit`` (``pairs`` of
@@ -240,6 +304,8 @@ class Guard:
             param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
             layout=self.parallel.coverage_facts(),
             sensors_on=bool(sensors["on"]),
+            replica_columns=self.parallel.replica_columns(),
+            pipeline=self.parallel.pipeline_facts() if self.pipelined else None,  # type: ignore[attr-defined]
         )
         report["checks"]["online_sensors"] = sensors
         return report
@@ -331,6 +397,11 @@ class Guard:
         synchronised on the last (:meth:`GuardedStep.micro_batches`). With a ``scaler`` the
         loss is scaled and the update is ``scaler.step(optimizer); scaler.update()``.
 
+        With a ``pipeline`` each item is what this rank feeds the pipeline at that step (the
+        first stage's inputs, the last stage's targets, anything elsewhere; with
+        ``grad_accum`` = N > 1 a sequence of N of them, one per pipeline step), and the update
+        is ``optimizer.step()`` on every rank.
+
         Returns None when every batch was trained on, else the Alarm (the same on every rank);
         the failing step is not applied (by any rank whose gradient was bad; see :meth:`finish`).
         ``save_checkpoint(step, tags)`` is called on every rank when a checkpoint is due and
@@ -343,17 +414,21 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule.check_on_start and (alarm := self.check_weights(start_step)):
             return alarm
-        plain = self.schedule.grad_accum == 1 and self.scaler is None
+        plain = self.schedule.grad_accum == 1 and self.scaler is None and not self.pipelined
         for step, batch in zip(itertools.count(start_step), batches):
             with self.step(step) as guarded:
                 loss: torch.Tensor | None = None
-                if plain:
-                    loss = self.compute_loss(self.parallel.model, batch)
+                if self.pipelined:
+                    # One pipeline step (the schedule's micro-batches), or grad_accum of them.
+                    for feed in batch if self.schedule.grad_accum > 1 else [batch]:
+                        guarded.run_pipeline(feed)
+                elif plain:
+                    loss = self.compute_loss(self.parallel.model, batch)  # type: ignore[misc]
                     loss.backward()
                 else:
                     micros = batch if self.schedule.grad_accum > 1 else [batch]
                     for micro in guarded.micro_batches(micros):
-                        guarded.backward(self.compute_loss(self.parallel.model, micro))
+                        guarded.backward(self.compute_loss(self.parallel.model, micro))  # type: ignore[misc]
                 if alarm := guarded.check_gradients(loss):
                     return alarm
                 if guarded.update_allowed:
@@ -409,6 +484,22 @@ class Guard:
         """
         return self.settle()
 
+    def checkpoint_tags(self, step: int, *, verified: bool) -> dict[str, Any]:
+        """Tags for a checkpoint of the weights after ``step``'s update: ``step``,
+        ``last_audit_pass``, ``last_weight_check_pass``, ``weights_verified`` (``verified``:
+        every replica's weights were compared at that step and agreed) and ``weights_digest``
+        (the agreed fingerprint table's digest when verified, else None).
+        :meth:`GuardedStep.checkpoint_tags` is this for its step; a framework integration calls
+        it for weights no step of this run produced (a checkpoint saved before the first update
+        after a resume, of the weights :meth:`check_weights` compared on start)."""
+        return {
+            "step": step,
+            "last_audit_pass": self.last_audit_pass,
+            "last_weight_check_pass": self.last_weight_check_pass,
+            "weights_digest": self.last_weights_digest if verified else None,
+            "weights_verified": verified,
+        }
+
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Let the publisher deliver what it queued (for the exit path); True when all is sent."""
         return self.reporter.flush(timeout)
@@ -435,7 +526,8 @@ class Guard:
             passes.start_step = step
         # With accumulation the comm hook sees the accumulated gradient; the audited
         # micro-batch's own is fingerprinted by the audit's isolation instead.
-        capture = deterministic and self.schedule.grad_accum == 1
+        # A pipeline step's local gradient starts from none: each audited one captures its own.
+        capture = deterministic and (self.schedule.grad_accum == 1 or self.pipelined)
         self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
         if self.sensors_planned:
             self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
@@ -475,7 +567,7 @@ class Guard:
     def judge_flags(
         self,
         exchange: FlagExchange,
-        loss: torch.Tensor,
+        loss: torch.Tensor | None,
         *,
         deterministic: bool,
         audit: bool = True,
@@ -568,6 +660,29 @@ class Guard:
                 )
 
 
+def _check_pipeline_options(
+    pipeline: Any, compute_loss: ComputeLoss | None, scaler: Any, schedule: Schedule
+) -> None:
+    """Refuse what a pipeline-driven guard cannot honour, before any collective."""
+    if compute_loss is not None:
+        raise TypeError(
+            "sdc_agent.Guard: with a pipeline the loss is the schedule's loss_fn (on the last "
+            "stage); leave compute_loss out"
+        )
+    if scaler is not None:
+        raise ValueError(
+            "sdc_agent.Guard: a GradScaler with a pipeline schedule is not supported (the loss "
+            "is scaled inside the schedule, out of the guard's reach); train in bf16 or fp32"
+        )
+    if schedule.grad_accum > 1 and getattr(pipeline, "scale_grads", False):
+        raise ValueError(
+            f"sdc_agent.Guard: Schedule.grad_accum={schedule.grad_accum} runs that many pipeline "
+            "steps per optimizer step, and a schedule built with scale_grads=True divides the "
+            "accumulated gradient by its micro-batches at every one of them; build it with "
+            "scale_grads=False and scale the loss in loss_fn"
+        )
+
+
 class GuardedStep:
     """One guarded training step; made by :meth:`Guard.step`.
 
@@ -633,6 +748,7 @@ class GuardedStep:
         self._environment: StepEnvironment | None = None
         self._ended = False  # end() ran since begin(): a second end() has nothing to undo
         self._weights_checked = False
+        self._weights_launched = False  # after_update launched this step's periodic comparison
         self._entered = 0  # micro-batches entered so far
         self._current: int | None = None  # the micro-batch being run
         self._backwards = 0
@@ -659,9 +775,25 @@ class GuardedStep:
         )
 
     # ------------------------------------------------------------------ micro-batches
+    def run_pipeline(self, feed: Any) -> list[torch.Tensor]:
+        """Run one step of the guard's pipeline schedule with what this rank feeds it (the
+        first stage's inputs, the last stage's targets); returns the last stage's losses, one
+        per micro-batch of the schedule (empty on the other stages). Call it ``grad_accum``
+        times per step (once without accumulation), then :meth:`check_gradients`."""
+        g = self.guard
+        if not g.pipelined:
+            raise RuntimeError(
+                "sdc_agent: GuardedStep.run_pipeline needs a guard built with pipeline=schedule"
+            )
+        with self.micro_batch(self._entered):
+            losses = g.parallel.run_pipeline_step(feed)  # type: ignore[attr-defined]
+        self._backwards += 1
+        return losses
+
     def micro_batches(self, micros: Iterable[Any]) -> Iterator[Any]:
         """Yield the step's ``grad_accum`` micro-batches in order, each inside
         :meth:`micro_batch`: call :meth:`backward` once for each."""
+        self._refuse_under_pipeline("micro_batches")
         micros = list(micros)
         if len(micros) != self.grad_accum:
             raise ValueError(
@@ -703,19 +835,30 @@ class GuardedStep:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's ``loss``: ``loss / grad_accum`` (as is without
-        accumulation), times the scaler's scale when the guard has one. Inside
-        :meth:`micro_batch` (or :meth:`micro_batches`); without accumulation it may also be
-        called on its own, once."""
-        if self._current is None and (self.grad_accum > 1 or self._backwards):
-            raise RuntimeError(
-                "sdc_agent: GuardedStep.backward runs one micro-batch's backward: call it once "
-                "inside each micro-batch of guarded.micro_batches(...)"
-            )
-        recorded = micro_batch_loss(loss, self.grad_accum)
-        position = self.audited_micro_batch if self.audit else self.grad_accum - 1
-        if self._current is None or self._current == position:
-            self._recorded_loss = recorded.detach()  # what the audit compares with the replay
-        scaled_for_backward(recorded, self.guard.scaler).backward()
+        accumulation or with ``Guard(divide_loss=False)``), times the scaler's scale when the
+        guard has one. Inside :meth:`micro_batch` (or :meth:`micro_batches`); without
+        accumulation it may also be called on its own, once."""
+        self._refuse_under_pipeline("backward")
+        self._expect_backward("backward")
+        share = micro_batch_loss(loss, self.grad_accum if self.guard.divide_loss else 1)
+        self._record_loss(share)
+        scaled_for_backward(share, self.guard.scaler).backward()
+        self._backwards += 1
+
+    def record_backward(self, loss: torch.Tensor) -> None:
+        """Record a micro-batch's backward that a framework ran itself (PyTorch Lightning's
+        closure, the Hugging Face Trainer's ``training_step``, ``accelerator.backward``),
+        instead of :meth:`backward`. Same rules as :meth:`backward`: inside :meth:`micro_batch`,
+        once per micro-batch.
+
+        ``loss``: exactly what the framework back-propagated for this micro-batch, before any
+        loss scaling: ``compute_loss(model, micro) / grad_accum`` (``compute_loss`` itself
+        without accumulation or with ``Guard(divide_loss=False)``), so that a replay, which
+        computes the same, compares bit for bit. ``scaler.scale(loss).backward()`` with the
+        guard's scaler, or ``loss.backward()`` without one, must be what the framework ran."""
+        self._refuse_under_pipeline("record_backward")
+        self._expect_backward("record_backward")
+        self._record_loss(loss)
         self._backwards += 1
 
     def end(self) -> None:
@@ -745,6 +888,11 @@ class GuardedStep:
                 f"check_gradients: step {self.step} back-propagated {self._backwards} of its "
                 f"{self.grad_accum} micro-batches through GuardedStep.backward"
             )
+        if g.pipelined and self._backwards != self.grad_accum:
+            raise RuntimeError(
+                f"check_gradients: step {self.step} ran {self._backwards} of its "
+                f"{self.grad_accum} pipeline steps through GuardedStep.run_pipeline"
+            )
         if self.grad_accum > 1 and not self._backwards:
             raise RuntimeError(
                 f"check_gradients: Schedule.grad_accum is {self.grad_accum}: run each "
@@ -752,7 +900,7 @@ class GuardedStep:
             )
         if self._backwards:
             loss = self._recorded_loss
-        if loss is None:
+        if loss is None and not g.pipelined:  # a pipeline's loss is in its last stage's rows
             raise TypeError("check_gradients needs the step's loss (or use guarded.backward)")
         g.gradients.require_reduction()
         # The previous step's exchanges ran during this step's forward and backward; every rank
@@ -793,12 +941,32 @@ class GuardedStep:
                 self.alarm = alarm
                 return alarm
             if self.weight_check_due:
-                self._weights_checked = True
-                self.alarm = g.check_weights(self.step)
+                return self.verify_weights()
             return self.alarm
         if self.weight_check_due:
             g.launch_weight_check(self.step)  # judged at the next agreement point
+            self._weights_launched = True
         return None
+
+    def verify_weights(self) -> Alarm | None:
+        """Compare every replica's weights now, after this step's update (collective): for a
+        checkpoint the framework saves at a step where :attr:`checkpoint_due` was False (an
+        epoch end, a best model, a save the user asked for). Settles what is in flight first.
+
+        On success :meth:`checkpoint_tags` then says ``weights_verified``; returns the Alarm
+        otherwise (do not save). Does nothing more once this step's weights were compared (by
+        :meth:`after_update` before a due checkpoint, or an earlier call)."""
+        if self._weights_checked:
+            return self.alarm
+        self._weights_checked = True
+        g = self.guard
+        if (alarm := g.settle()) is not None:
+            self.alarm = alarm
+            return alarm
+        if self._weights_launched and g.last_weight_check_pass == self.step:
+            return None  # the periodic comparison after_update launched at this step passed
+        self.alarm = g.check_weights(self.step)
+        return self.alarm
 
     def checkpoint_tags(self) -> dict[str, Any]:
         """Tags for a checkpoint saved after this step's update.
@@ -813,15 +981,31 @@ class GuardedStep:
         verified = (
             self._weights_checked and self.alarm is None and g.last_weight_check_pass == self.step
         )
-        return {
-            "step": self.step,
-            "last_audit_pass": g.last_audit_pass,
-            "last_weight_check_pass": g.last_weight_check_pass,
-            "weights_digest": g.last_weights_digest if verified else None,
-            "weights_verified": verified,
-        }
+        return g.checkpoint_tags(self.step, verified=verified)
 
     # ------------------------------------------------------------------ internals
+    def _refuse_under_pipeline(self, name: str) -> None:
+        """A pipeline's step is its schedule's: the guard does not run its backward."""
+        if self.guard.pipelined:
+            raise RuntimeError(
+                f"sdc_agent: GuardedStep.{name} runs a micro-batch's backward; with a pipeline "
+                "the schedule runs them: call guarded.run_pipeline(feed)"
+            )
+
+    def _expect_backward(self, name: str) -> None:
+        """Refuse a second backward outside the micro-batches (``name``: the method called)."""
+        if self._current is None and (self.grad_accum > 1 or self._backwards):
+            raise RuntimeError(
+                f"sdc_agent: GuardedStep.{name} is one micro-batch's backward: call it once "
+                "inside each micro-batch of guarded.micro_batches(...)"
+            )
+
+    def _record_loss(self, share: torch.Tensor) -> None:
+        """Keep the audited micro-batch's loss share: what the audit compares with the replay."""
+        position = self.audited_micro_batch if self.audit else self.grad_accum - 1
+        if self._current is None or self._current == position:
+            self._recorded_loss = share.detach()
+
     def _drop_step(self) -> None:
         """Do not apply this step: restore RNG and kernels, drop the gradients."""
         self.end()

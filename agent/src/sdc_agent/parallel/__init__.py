@@ -6,7 +6,11 @@ the adapter from the model:
 
 * :mod:`.ddp`: :class:`DDPAdapter`, a ``DistributedDataParallel`` model;
 * :mod:`.fsdp`: :class:`FSDP2Adapter`, a model sharded with FSDP2's ``fully_shard``: full
-  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh), learned from the parameters.
+  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh, or torchtitan's and
+  Accelerate's names for it), learned from the parameters;
+* :mod:`.pp`: :class:`PipelineAdapter`, when a ``torch.distributed.pipelining`` schedule drives
+  the model (``Guard(..., pipeline=schedule)``): this rank's stage, sharded with FSDP2 over the
+  replicas; how it answers each question below is its module docstring.
 
 What each check asks, and how DDP and FSDP2 answer:
 
@@ -26,7 +30,7 @@ What each check asks, and how DDP and FSDP2 answer:
   replicas along ``replicate``, the shard group to agree on one verdict; full sharding: one
   copy, nothing to compare).
 
-Room for tensor and pipeline parallelism (``tp.py``, ``pp.py``; not built). They are further
+Room for tensor parallelism (``tp.py``; not built; pipelines: :mod:`.pp`). They are further
 dimensions of the same device mesh, learned from the parameters as FSDP2's is, each adapter
 answering the questions above for its dimension, composed with the data-parallel one:
 
@@ -49,25 +53,35 @@ answering the questions above for its dimension, composed with the data-parallel
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 from torch import nn
 
 from .adapter import ParallelAdapter, WeightReplicas
 from .ddp import DDPAdapter
 from .fsdp import FSDP2Adapter, ShardingLayoutError, is_fsdp2
+from .pp import PipelineAdapter
 
 __all__ = [
     "DDPAdapter",
     "FSDP2Adapter",
     "ParallelAdapter",
+    "PipelineAdapter",
     "ShardingLayoutError",
     "WeightReplicas",
     "adapter_for",
 ]
 
 
-def adapter_for(model: nn.Module, dp_group: dist.ProcessGroup | None) -> ParallelAdapter:
-    """The adapter for ``model``: :class:`FSDP2Adapter` for an FSDP2 module, else DDP's."""
+def adapter_for(
+    model: nn.Module, dp_group: dist.ProcessGroup | None, pipeline: Any = None
+) -> ParallelAdapter:
+    """The adapter for ``model``: :class:`PipelineAdapter` when a ``pipeline`` schedule drives
+    it (``model`` is then this rank's stage module), :class:`FSDP2Adapter` for an FSDP2 module,
+    else DDP's."""
+    if pipeline is not None:
+        return PipelineAdapter(model, pipeline, dp_group)
     if is_fsdp2(model):
         return FSDP2Adapter(model, dp_group)
     if any(is_fsdp2(m) for m in model.modules()):

@@ -43,6 +43,9 @@ class WeightReplicas:
     """Per shard (one when not sharded): the global ranks holding a copy of it, by replica."""
     collective_device: torch.device
     """Where tensors for the comparison's collectives must live."""
+    names_of_shard: tuple[tuple[str, ...], ...] | None = None
+    """Per shard: the names of the weights its copies hold, when shards hold different weights
+    (the stages of a pipeline); None: every shard holds :attr:`named_weights`' names."""
 
     @property
     def replicas(self) -> int:
@@ -98,6 +101,12 @@ class ParallelAdapter(Protocol):
         """The global rank of DP rank ``dp_rank``."""
         ...
 
+    def replica_columns(self) -> tuple[tuple[int, ...], ...]:
+        """Check 2's rings: per coordinate of the model that replicas hold (one under data
+        parallelism alone; one per pipeline stage), the global ranks holding it, by replica.
+        Each replays and is compared along its ring; the placement rule holds on each."""
+        ...
+
     def coverage_facts(self) -> LayoutFacts:
         """What the layout lets check 3 see, for ``Guard.coverage()``."""
         ...
@@ -131,11 +140,13 @@ class ParallelAdapter(Protocol):
         *,
         grad_accum: int = 1,
         scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """The replay unit: recomputes one rank's micro-batch and reduces this rank's LOCAL
         results (loss bits, per-parameter gradient fingerprints in the rows of ``stats``) to an
-        outcome comparable bit for bit with the audited training step's; ``grad_accum`` and
-        ``scaler`` say how training back-propagated each micro-batch's loss."""
+        outcome comparable bit for bit with the audited training step's; ``grad_accum``,
+        ``scaler`` and ``divide_loss`` say how training back-propagated each micro-batch's
+        loss."""
         ...
 
     # ------------------------------------------------------------------ check 3

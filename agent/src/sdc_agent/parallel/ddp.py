@@ -83,6 +83,10 @@ class DDPAdapter(ParallelAdapter):
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
 
+    def replica_columns(self) -> tuple[tuple[int, ...], ...]:
+        """One ring over every DP rank: each holds the whole model (or replays it whole)."""
+        return (tuple(self.global_ranks),)
+
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Register check 1's comm hook writing into ``stats``; DDP takes one comm hook per
         model."""
@@ -118,14 +122,20 @@ class DDPAdapter(ParallelAdapter):
         *,
         grad_accum: int = 1,
         scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """Check 2's replays: on the bare module, alone (DDP ignores a backward it did not
-        prepare); ``grad_accum`` and ``scaler`` say how training back-propagated each
-        micro-batch's loss (``stats`` is not needed: the replay reads the parameters' own
-        gradients, in the tables' order)."""
+        prepare); ``grad_accum``, ``scaler`` and ``divide_loss`` say how training
+        back-propagated each micro-batch's loss (``stats`` is not needed: the replay reads the
+        parameters' own gradients, in the tables' order)."""
         del stats
         return Replayer(
-            self.module, self.params, compute_loss, grad_accum=grad_accum, scaler=scaler
+            self.module,
+            self.params,
+            compute_loss,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
         )
 
     def weight_replicas(self) -> WeightReplicas:

@@ -5,8 +5,9 @@ the checks and the guard's wiring do not know which wrapper they run on. What di
 
 * The mesh is learned from the parameters themselves (DTensor ``device_mesh`` / ``placements``):
   a 1-D mesh with ``Shard`` placements is full sharding; a 2-D mesh named
-  ``("replicate", "shard")`` with ``(Replicate(), Shard)`` placements is HSDP (replicas across
-  nodes, shards within a node). Anything else (tensor parallel placements, a mesh that does not
+  ``("replicate", "shard")`` (or torchtitan's and Accelerate's names for the same two
+  dimensions, :data:`HSDP_DIM_NAME_PAIRS`) with ``(Replicate(), Shard)`` placements is HSDP
+  (replicas across nodes, shards within a node). Anything else (tensor parallel placements, a mesh that does not
   cover every rank, a mixture of meshes) is refused with a clear error: the checks' reasoning
   (every rank trains on its own micro-batch; replicas of a shard hold the same bits) would not hold.
 * Every rank is a data-parallel rank: each trains on its own micro-batch, so the ring replay,
@@ -64,7 +65,11 @@ from .adapter import ParallelAdapter, WeightReplicas
 logger = logging.getLogger("sdc_agent")
 
 HSDP_DIM_NAMES = ("replicate", "shard")
-"""The mesh dimension names an HSDP mesh must carry, in this order."""
+"""The mesh dimension names an HSDP mesh carries, in this order (PyTorch's documentation's)."""
+HSDP_DIM_NAME_PAIRS = (HSDP_DIM_NAMES, ("dp_replicate", "fsdp"), ("dp_replicate", "dp_shard_cp"))
+"""Every (replicate, shard) naming read as HSDP: PyTorch's, torchtitan's (``ParallelDims``) and
+Accelerate's (``ParallelismConfig``). Other names (``("dp", "tp")``) are refused: fully_shard
+over a mesh meant for other parallelism is more likely a mistake than HSDP."""
 
 
 class ShardingLayoutError(ValueError):
@@ -105,8 +110,13 @@ def is_fsdp2(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, ShardedLayout]:
-    """The mesh and its layout, from the parameters' DTensor metadata; raises when unsupported."""
+def _layout(
+    params: list[tuple[str, nn.Parameter]], mesh_size: int | None = None
+) -> tuple[DeviceMesh, ShardedLayout]:
+    """The mesh and its layout, from the parameters' DTensor metadata; raises when unsupported.
+
+    ``mesh_size``: the ranks the mesh must cover (None: every rank of the job; a pipeline
+    stage's data-parallel mesh covers the ranks of its stage)."""
     if not params:
         raise ShardingLayoutError("sdc_agent.Guard: the FSDP2 module has no trainable parameters")
     plain = [name for name, p in params if not isinstance(p, DTensor)]
@@ -127,7 +137,14 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sharded
             "guard supports one FSDP2 mesh per model (full sharding or HSDP)"
         )
     mesh = meshes[0]
-    if mesh.size() != dist.get_world_size():
+    if mesh_size is not None:
+        if mesh.size() != mesh_size:
+            raise ShardingLayoutError(
+                f"sdc_agent.Guard: the stage's FSDP2 mesh has {mesh.size()} ranks, expected "
+                f"{mesh_size} (the job's ranks divided by the pipeline's); shard each stage over "
+                "the data-parallel dimension of the job's mesh"
+            )
+    elif mesh.size() != dist.get_world_size():
         raise ShardingLayoutError(
             f"sdc_agent.Guard: the FSDP2 mesh has {mesh.size()} ranks but the job has "
             f"{dist.get_world_size()}; a mesh that is one dimension of a larger one (tensor or "
@@ -135,13 +152,13 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sharded
         )
     if mesh.ndim == 1:
         kind, wanted = "fsdp", (Shard,)
-    elif mesh.ndim == 2 and tuple(mesh.mesh_dim_names or ()) == HSDP_DIM_NAMES:
+    elif mesh.ndim == 2 and tuple(mesh.mesh_dim_names or ()) in HSDP_DIM_NAME_PAIRS:
         kind, wanted = "hsdp", (Replicate, Shard)
     else:
         raise ShardingLayoutError(
             f"sdc_agent.Guard: unsupported FSDP2 mesh of {mesh.ndim} dimensions named "
             f"{mesh.mesh_dim_names}; use a 1-D mesh (full sharding) or a 2-D mesh named "
-            f"{HSDP_DIM_NAMES} (HSDP)"
+            f"{HSDP_DIM_NAMES} (HSDP; also named {' or '.join(map(str, HSDP_DIM_NAME_PAIRS[1:]))})"
         )
     for name, p in params:
         kinds = tuple(type(placement) for placement in p.placements)
@@ -156,7 +173,7 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sharded
     grid = mesh.mesh.reshape(-1, mesh.mesh.shape[-1]).tolist()  # [replicas][shards]
     replicas_of_shard = tuple(tuple(row[s] for row in grid) for s in range(len(grid[0])))
     if kind == "hsdp":
-        replica_index, shard_index = mesh.get_local_rank("replicate"), mesh.get_local_rank("shard")
+        replica_index, shard_index = mesh.get_local_rank(0), mesh.get_local_rank(1)
     else:
         replica_index, shard_index = 0, mesh.get_local_rank()
     layout = ShardedLayout(
@@ -179,8 +196,17 @@ class FSDP2Adapter(ParallelAdapter):
     replays_in_lockstep = True
     """A replay's forward all-gathers the other ranks' shards: every rank replays at once."""
 
-    def __init__(self, model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
-        """Check the layout and learn the mesh from the parameters (``dp_group`` must be None)."""
+    def __init__(
+        self,
+        model: nn.Module,
+        dp_group: dist.ProcessGroup | None,
+        *,
+        mesh_size: int | None = None,
+    ) -> None:
+        """Check the layout and learn the mesh from the parameters (``dp_group`` must be None).
+
+        ``mesh_size``: the mesh covers this many ranks, not the whole job (a pipeline stage,
+        sharded over the data-parallel dimension; :mod:`.pp` builds the job's view around it)."""
         if not is_fsdp2(model):
             raise TypeError(f"FSDP2Adapter needs a fully_shard module, got {type(model).__name__}")
         if dp_group is not None:
@@ -189,7 +215,7 @@ class FSDP2Adapter(ParallelAdapter):
                 "data-parallel mesh from the parameters (DTensor device_mesh)"
             )
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.mesh, self.layout = _layout(trainable)
+        self.mesh, self.layout = _layout(trainable, mesh_size)
         self.model: nn.Module = model
         """The model training runs: the root FSDP module (``compute_loss`` gets it)."""
         self.module: nn.Module = model
@@ -216,11 +242,11 @@ class FSDP2Adapter(ParallelAdapter):
         self.param_device = self.params[0].to_local().device
         """Where the parameters' shards (and so the gradients) live."""
         self.replicate_group: dist.ProcessGroup | None = (
-            self.mesh.get_group("replicate") if self.layout.kind == "hsdp" else None
+            self.mesh.get_group(0) if self.layout.kind == "hsdp" else None
         )
         """The ranks holding copies of this rank's shard (HSDP; None under full sharding)."""
         self.shard_group: dist.ProcessGroup = (
-            self.mesh.get_group("shard") if self.layout.kind == "hsdp" else self.mesh.get_group()
+            self.mesh.get_group(1) if self.layout.kind == "hsdp" else self.mesh.get_group()
         )
         """The ranks holding the other shards of this rank's replica."""
         self.taps: ShardedGradientTaps | None = None
@@ -262,6 +288,10 @@ class FSDP2Adapter(ParallelAdapter):
     def global_rank(self, dp_rank: int) -> int:
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
+
+    def replica_columns(self) -> tuple[tuple[int, ...], ...]:
+        """One ring over every DP rank: each holds the whole model (or replays it whole)."""
+        return (tuple(self.global_ranks),)
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Install check 1's taps writing into ``stats``: FSDP2 has no comm hook, so they are
@@ -327,11 +357,20 @@ class FSDP2Adapter(ParallelAdapter):
         *,
         grad_accum: int = 1,
         scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """Check 2's replays: collective, through the sharded module, with sync off; with a
         ``scaler`` each replayed micro-batch's loss is scaled by the step's scale, as in
-        training, so an overflow reproduces (see the module docstring)."""
-        return CollectiveReplayer(self, compute_loss, stats, grad_accum=grad_accum, scaler=scaler)
+        training, so an overflow reproduces (see the module docstring); ``divide_loss`` as
+        the guard's."""
+        return CollectiveReplayer(
+            self,
+            compute_loss,
+            stats,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
+        )
 
     def weight_replicas(self) -> WeightReplicas:
         """Check 3 compares each local shard across its replicas (HSDP's replicate group); under

@@ -226,11 +226,37 @@ class GradientCheck:
     def require_reduction(self) -> None:
         """Raise when the hook did not run this step (no all-reduce: nothing to judge)."""
         state = self.hook_state
-        if not state.local_flags or len(state.reduced_sums) != len(state.local_flags):
+        # One reduced sum per local flag, or more: a pipeline schedule reduces its stage's
+        # gradient at the end of each of a step's pipeline steps (gradient accumulation).
+        if not state.local_flags or len(state.reduced_sums) < len(state.local_flags):
             raise RuntimeError(
                 "check_gradients: DDP's all-reduce did not run this step; call it after "
                 "loss.backward() on the DDP model, outside no_sync()"
             )
+
+    def clip(self, max_grad_norm: float) -> torch.Tensor:
+        """Clip the reduced gradient to ``max_grad_norm`` by the model's total L2 norm; returns
+        that norm (collective under FSDP2 and pipelines; every rank reaches it at one point)."""
+        stage_of = self.hook_state.stage_of
+        limit = math.inf if stage_of is not False else max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.params, limit).detach()
+        if isinstance(norm, DTensor):
+            # FSDP2: the norm of the sharded gradients, reduced over the shards here.
+            norm = norm.full_tensor()
+        if stage_of is False:
+            return norm
+        # One stage of a pipeline: the model's norm sums the stages' squares (as torchtitan's
+        # clip_grad_norm_ does over its pipeline mesh), then every stage clips by it. Above,
+        # max_norm=inf measured the stage's norm and scaled nothing (by exactly 1.0).
+        squared = norm.double().square()
+        dist.all_reduce(squared, group=stage_of)  # type: ignore[arg-type]
+        total = squared.sqrt().to(norm.dtype)
+        scale = max_grad_norm / (float(total) + 1e-6)
+        if scale < 1.0:  # a non-finite total leaves the gradient as it is: check 1 flags it
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return total
 
     def exchange(
         self,
@@ -252,15 +278,14 @@ class GradientCheck:
         local_flags = state.local_flags
         reduced = torch.stack(state.reduced_sums)
         if max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm).detach()
-            if isinstance(norm, DTensor):
-                # FSDP2: the norm of the sharded gradients, reduced over the shards here
-                # (collective; every rank reaches it at the same point).
-                norm = norm.full_tensor()
+            norm = self.clip(max_grad_norm)
             reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
         parts = [*local_flags, reduced]
         if sensor_flag is not None:  # SENSORS: one more int64 in the same per-step reduction
             parts.append(sensor_flag.reshape(1).to(reduced))
+        origin = state.local_origin
+        if origin is not None:  # a pipeline stage: where a non-finite value started
+            parts.append(origin.flags().reshape(-1).to(reduced))
         # One host read of every value this rank judges (on a GPU, the sync the GradScaler
         # makes too); the verdicts are then Python, and the reduction's integers are made once.
         values = torch.cat(parts).tolist()
@@ -269,6 +294,10 @@ class GradientCheck:
         end = count + reduced.numel()
         reduced_bad = not all(map(math.isfinite, values[count:end]))
         sensor_bad = sensor_flag is not None and bool(values[end])
+        if origin is not None:
+            # Flag this rank's local gradient only when the non-finite value started here,
+            # not when it arrived from another stage (that stage is flagged instead).
+            local_bad = origin.started_here(local_bad, values[end + (sensor_flag is not None) :])
         exchange = FlagExchange(
             step, (local_bad, reduced_bad, sensor_bad), self.dp_group, self.world, device=device
         )

@@ -87,11 +87,18 @@ class CollectiveReplayer(Replayer):
         *,
         grad_accum: int = 1,
         scaler: Any | None = None,
+        divide_loss: bool = True,
     ) -> None:
         """``step_state``: check 1's statistics, whose row order the replay's fingerprints
-        follow; ``grad_accum`` and ``scaler`` as :class:`~.replayer.Replayer`'s."""
+        follow; ``grad_accum``, ``scaler`` and ``divide_loss`` as
+        :class:`~.replayer.Replayer`'s."""
         super().__init__(
-            adapter.module, adapter.params, compute_loss, grad_accum=grad_accum, scaler=scaler
+            adapter.module,
+            adapter.params,
+            compute_loss,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
         )
         self.adapter = adapter
         self._param_index = step_state.param_index
@@ -132,7 +139,7 @@ class CollectiveReplayer(Replayer):
                     seed_all(seed)
                     with deterministic_kernels(deterministic):
                         loss = micro_batch_loss(
-                            self.compute_loss(self.module, batch), self.grad_accum
+                            self.compute_loss(self.module, batch), self.loss_divisor
                         )
                         scaled_for_backward(loss, self.scaler).backward()
                 flags = record.local_flags

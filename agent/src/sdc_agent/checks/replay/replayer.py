@@ -96,15 +96,19 @@ class Replayer:
         *,
         grad_accum: int = 1,
         scaler: Any | None = None,
+        divide_loss: bool = True,
     ) -> None:
         """``params`` is the ordered list whose gradients are fingerprinted (the guard's table);
-        ``grad_accum`` and ``scaler`` say how training back-propagated each micro-batch's loss
-        (:func:`micro_batch_loss`, :func:`scaled_for_backward`)."""
+        ``grad_accum``, ``scaler`` and ``divide_loss`` say how training back-propagated each
+        micro-batch's loss (:func:`micro_batch_loss`, :func:`scaled_for_backward`; with
+        ``divide_loss`` False, ``compute_loss`` already returns the micro-batch's share)."""
         self.module = module
         self.params = params
         self.compute_loss = compute_loss
         self.grad_accum = grad_accum
         self.scaler = scaler
+        self.loss_divisor = grad_accum if divide_loss else 1
+        """What each micro-batch's loss is divided by before its backward (1: as is)."""
         self.forward_buffers: list[torch.Tensor] | None = None
         """Buffers as they were when this step's training forward began (None: use current)."""
         self.zero_grads_at_start: list[bool] | None = None
@@ -171,7 +175,7 @@ class Replayer:
                 p.grad = torch.zeros_like(p) if zero else None
             seed_all(seed)
             with deterministic_kernels(deterministic):
-                loss = micro_batch_loss(self.compute_loss(self.module, batch), self.grad_accum)
+                loss = micro_batch_loss(self.compute_loss(self.module, batch), self.loss_divisor)
                 scaled_for_backward(loss, self.scaler).backward()
             grads = [p.grad for p in self.params]
             table = fingerprints(grads) if deterministic else None
