@@ -24,9 +24,9 @@ BETWEEN_AUDITS = (
 
 BETWEEN_AUDITS_WITH_SENSORS = (
     "steps between audits, outside what the online sensors sample: a transient compute error "
-    "in a GEMM or LayerNorm the sensors do not check at that step (see online_sensors' rates "
-    "and blind list), or in any other op, is caught only if it makes a gradient non-finite or "
-    "leaves the replicas' weights different"
+    "in an op whose sensor does not check at that step (see online_sensors' families, rates "
+    "and blind list), or in an op without a sensor, is caught only if it makes a gradient "
+    "non-finite or leaves the replicas' weights different"
 )
 
 NOT_COVERED = [
@@ -115,11 +115,11 @@ def describe(
     """The coverage description (see the module docstring); every value is JSON-ready.
 
     ``layout``: the parallelism adapter's ``coverage_facts()`` (which ranks hold copies of the
-    same weights); None: DDP over ``global_ranks``. ``sensors_on``: online sensors check
-    sampled GEMMs and LayerNorms between audits, so those steps are not wholly blind.
-    ``replica_columns``: the adapter's rings of replicas (``replica_columns()``; None: one ring
-    over ``global_ranks``); ``pipeline``: the pipeline's shape (``PipelineAdapter.
-    pipeline_facts()``) when a pipeline schedule drives the model."""
+    same weights); None: DDP over ``global_ranks``. ``sensors_on``: online sensors check the
+    sampled ops (GEMMs, norms, the functions a forward calls) between audits, so those steps are
+    not wholly blind. ``replica_columns``: the adapter's rings of replicas
+    (``replica_columns()``; None: one ring over ``global_ranks``); ``pipeline``: the pipeline's
+    shape (``PipelineAdapter.pipeline_facts()``) when a pipeline schedule drives the model."""
     facts = layout if layout is not None else ddp_facts(global_ranks)
     sharded = facts["parallel"] != "ddp"
     world = len(global_ranks)
