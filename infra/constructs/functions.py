@@ -285,6 +285,7 @@ class Functions(Construct):
             contract.CHECK_MODES: config.check_modes_json,
             contract.AUTO_APPROVE: config.auto_approve.as_json(),
             contract.TRAINING_NAMESPACE: config.training_namespace,
+            contract.JOB_LABEL: config.job_label,
         }
         return {
             **env,

@@ -33,8 +33,10 @@ from sdc_contract.metrics import DEFAULT_NAMESPACE, report_log_group
 from sdc_contract.modes import Mode, mode_for, parse_modes
 from sdc_contract.names import (
     DEFAULT_HEALTH_CHECKS,
+    DEFAULT_JOB_LABEL,
     HEALTH_CHECK_TYPES,
     REPLACE_MODES,
+    is_label_key,
     is_label_name,
 )
 
@@ -170,6 +172,16 @@ class Settings:
             raise ConfigurationError(
                 f"TRAINING_NAMESPACE must be a Kubernetes namespace name, got {value!r}"
             )
+        return value
+
+    @property
+    def job_label(self) -> str:
+        """JOB_LABEL: the pod label naming a pod's training job, by which localize corroborates
+        that a report's job ran on the node it names (default the Kubeflow training operator's
+        ``training.kubeflow.org/job-name``)."""
+        value = self._optional(contract.JOB_LABEL) or DEFAULT_JOB_LABEL
+        if not is_label_key(value):
+            raise ConfigurationError(f"JOB_LABEL must be a Kubernetes label key, got {value!r}")
         return value
 
     # -- ledger, approvals, notifications -----------------------------------------------------

@@ -29,6 +29,8 @@ ALARM_ACCOUNT_ID = "ALARM_ACCOUNT_ID"
 ALARM_NAME_PREFIX = "ALARM_NAME_PREFIX"
 # Read by the functions, not set by infra (each has a default or is optional; docs/CONTRACT.md).
 TRAINING_NAMESPACE = "TRAINING_NAMESPACE"
+JOB_LABEL = "JOB_LABEL"
+"""The pod label that names a pod's training job (default ``names.DEFAULT_JOB_LABEL``)."""
 APPROVAL_URL = "APPROVAL_URL"
 CHECK_MODES = "CHECK_MODES"
 AUTO_APPROVE = "AUTO_APPROVE"
@@ -59,6 +61,7 @@ FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     CHECK_MODES,
     AUTO_APPROVE,
     TRAINING_NAMESPACE,
+    JOB_LABEL,
 )
 """What infra sets on every function (besides Powertools' own variables below)."""
 
@@ -119,6 +122,7 @@ __all__ = [
     "HEALTH_CHECKS",
     "HEALTH_CHECK_TIMEOUT_SECONDS",
     "HYPERPOD_CLUSTER_NAME",
+    "JOB_LABEL",
     "K8S_API_CA_DATA",
     "K8S_API_ENDPOINT",
     "LEDGER_TABLE",

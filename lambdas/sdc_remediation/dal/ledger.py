@@ -477,32 +477,42 @@ class Ledger:
             if aws.error_code(exc) != "ConditionalCheckFailedException":
                 raise
 
-    def first_notice(self, cluster: str, execution: str, transition: str) -> bool:
-        """Claim the one notification of ``transition`` for ``execution``: True the first time.
+    def first_in_episode(
+        self, cluster: str, episode: str, transition: str, quiet_seconds: int
+    ) -> bool:
+        """Whether this ``transition`` of ``episode`` (an alarm contributor) is the first of
+        its episode: True when none was recorded within the last ``quiet_seconds``.
 
-        A storm's items each record ``circuit_open``; the on-call gets one message per alarm,
-        not one per node.
+        Every call extends the episode (the same item, its ``until`` moved on), so an alarm
+        that flaps every 20 s is one episode and one message for as long as it flaps; one that
+        stays quiet for ``quiet_seconds`` starts a new one. The item expires a day after.
         """
-        if not execution:
-            return True
-        try:
-            with aws.aws_errors("dynamodb:PutItem"):
-                self._ddb.put_item(
-                    TableName=self.table,
-                    Item=to_item(
-                        {
-                            "pk": cluster_pk(cluster),
-                            "sk": f"NOTICE#{execution}#{transition}",
-                            "at": clock.iso(clock.now()),
-                        }
-                    ),
-                    ConditionExpression="attribute_not_exists(pk)",
-                )
-        except botocore.exceptions.ClientError as exc:
-            if aws.error_code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+        now = int(clock.now().timestamp())
+        until = now + quiet_seconds
+        with aws.aws_errors("dynamodb:UpdateItem"):
+            old = self._ddb.update_item(
+                TableName=self.table,
+                Key=to_item(
+                    {"pk": cluster_pk(cluster), "sk": f"NOTICE#{episode}#{transition}"[:1024]}
+                ),
+                UpdateExpression=(
+                    "SET #until = :until, expires_at = :expires, last_at = :at ADD occurrences :one"
+                ),
+                ExpressionAttributeNames={"#until": "until"},
+                ExpressionAttributeValues=to_item(
+                    {
+                        ":until": until,
+                        ":expires": until + 86400,
+                        ":at": clock.iso(clock.now()),
+                        ":one": 1,
+                    }
+                ),
+                # The whole item as it was: an attribute set to the value it already had is
+                # not "updated", so UPDATED_OLD may leave `until` out.
+                ReturnValues="ALL_OLD",
+            ).get("Attributes")
+        previous = from_item(old) or {}
+        return int(previous.get("until", 0)) < now
 
     def events(self, pk: str) -> list[dict[str, Any]]:
         """Every transition recorded under ``pk`` (an instance id), oldest first."""

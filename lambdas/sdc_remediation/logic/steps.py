@@ -22,11 +22,13 @@ from ..models import (
     CordonResult,
     HealthResult,
     ItemState,
+    LateInput,
     LocalizeResult,
     PollInput,
     RecordInput,
     RecordResult,
     ReplaceResult,
+    Suspect,
 )
 from ..observability import logger
 from ..targets import KubeFactory, target_for
@@ -45,6 +47,11 @@ def kube_factory(settings: Settings) -> KubeFactory:
 def localize(event: AlarmStateChangeEvent, settings: Settings, kube: KubeFactory) -> LocalizeResult:
     """Localize step."""
     return localize_mod.localize(event, settings, kube)
+
+
+def localize_late(state: LateInput, settings: Settings, kube: KubeFactory) -> Suspect:
+    """LocalizeLate step (a pending node's Map item): its suspect once its report is visible."""
+    return localize_mod.localize_late(state, settings, kube)
 
 
 def admit(state: ItemState, settings: Settings) -> Admission:
@@ -140,6 +147,7 @@ __all__ = [
     "cordon",
     "kube_factory",
     "localize",
+    "localize_late",
     "poll_health_check",
     "record",
     "replace",
