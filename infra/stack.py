@@ -270,9 +270,11 @@ class SdcGuardStack(cdk.Stack):
                 "Approve a pending replacement (the id is in the notification; list with `pending`)",
             ),
             "KubernetesRbacCommand": (
-                "kubectl apply -f infra/k8s/rbac.yaml -f infra/k8s/admission-policy.yaml",
+                f"kubectl apply -n {self.config.training_namespace} -f infra/k8s/rbac.yaml "
+                "-f infra/k8s/admission-policy.yaml",
                 "Run once against the EKS cluster: the sdc-reader/sdc-cordoner/sdc-replacer groups "
-                "and the admission policy limiting what they may change on a node",
+                "(the reader's pod access in the training namespace only) and the admission "
+                "policy limiting what they may change on a node",
             ),
         }
         if self.canary is not None:

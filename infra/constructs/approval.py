@@ -76,7 +76,11 @@ class Approvals(Construct):
 
 
 def request_approval_task(
-    scope: Construct, function: lambda_.IFunction, *, timeout: cdk.Duration
+    scope: Construct,
+    function: lambda_.IFunction,
+    *,
+    timeout: cdk.Duration,
+    name: str = "RequestApproval",
 ) -> tasks.LambdaInvoke:
     """RequestApproval: invoke request_approval with the task token and wait for the decision.
 
@@ -88,7 +92,7 @@ def request_approval_task(
     payload["task_token"] = sfn.JsonPath.task_token
     return tasks.LambdaInvoke(
         scope,
-        "RequestApproval",
+        name,
         lambda_function=function,
         integration_pattern=sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
         payload=sfn.TaskInput.from_object(payload),

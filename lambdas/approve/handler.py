@@ -9,7 +9,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from sdc_remediation.config import settings
-from sdc_remediation.logic import operator_api
+from sdc_remediation.logic import operator_api, steps
 from sdc_remediation.observability import logger, tracer
 
 
@@ -20,4 +20,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     direct canary event -> the canary's decision (``operator_api.settle_canary``)."""
     if operator_api.is_direct_canary_event(event):
         return operator_api.settle_canary(event, settings())
-    return operator_api.handle(event, settings())
+    current = settings()
+    return operator_api.handle(event, current, steps.kube_factory(current))

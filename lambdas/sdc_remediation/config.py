@@ -331,6 +331,17 @@ class Settings:
             raise ConfigurationError(f"AUTO_APPROVE: {exc}") from None
 
     @property
+    def shadow_health_check(self) -> bool:
+        """SHADOW_HEALTH_CHECK: `true` runs a shadowed alarm's deep health check (through the
+        shadow guard) before it is recorded (default false; context key shadowHealthCheck)."""
+        raw = (self._optional(contract.SHADOW_HEALTH_CHECK) or "false").lower()
+        if raw in _TRUE:
+            return True
+        if raw in _FALSE:
+            return False
+        raise ConfigurationError(f"SHADOW_HEALTH_CHECK must be 'true' or 'false', got {raw!r}")
+
+    @property
     def dry_run(self) -> bool:
         """DRY_RUN: `true` runs every step but only logs cordon, uncordon and replace."""
         raw = (self._optional(contract.DRY_RUN) or "false").lower()

@@ -32,6 +32,24 @@ def definition(template: dict[str, Any]) -> dict[str, Any]:
     return json.loads(flatten(machine["Properties"]["DefinitionString"]))
 
 
+def all_states(states: dict[str, Any]) -> dict[str, Any]:
+    """Every state of an ASL `States` map by name, with those nested in a Map's ItemProcessor
+    or a Parallel's Branches (state names are unique across the whole definition)."""
+    out: dict[str, Any] = {}
+    for name, state in states.items():
+        out[name] = state
+        nested = [state.get("ItemProcessor"), state.get("Iterator"), *state.get("Branches", [])]
+        for graph in nested:
+            if graph:
+                out.update(all_states(graph["States"]))
+    return out
+
+
+def item_states(asl: dict[str, Any], map_name: str = "RemediateSuspects") -> dict[str, Any]:
+    """The states of one Map's item processor (the per-suspect chain by default)."""
+    return all_states(asl["States"])[map_name]["ItemProcessor"]["States"]
+
+
 def function_ids(template: dict[str, Any]) -> dict[str, str]:
     """Step folder (from the handler string) -> the function's logical id."""
     return {

@@ -14,11 +14,14 @@ from aws_cdk.assertions import Match, Template
 import sdc_contract as contract
 from infra.config import METRIC_NAMES
 from infra.constructs.functions import SERVICES, STEPS
+from sdc_contract.metrics import job_alarm_query
 from tests.infra.infra_template import (
+    all_states,
     as_list,
     definition,
     flatten,
     function_ids,
+    item_states,
     resources,
     role_statements,
 )
@@ -81,25 +84,40 @@ def test_resource_counts(default_synth: Any) -> None:
     template.resource_count_is("AWS::IAM::ManagedPolicy", 2)  # operators, agent
 
 
+def query_metric(alarm: dict[str, Any]) -> str | None:
+    """The SDC metric a per-job alarm's Metrics Insights query sums (None: not such an alarm)."""
+    for query in alarm.get("Metrics", []):
+        expression = str(query.get("Expression", ""))
+        for name in METRIC_NAMES:
+            if expression.startswith(f"SELECT SUM({name}) "):
+                return name
+    return None
+
+
 def sdc_alarms(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
-        alarm["Properties"]["MetricName"]: alarm["Properties"]
+        query_metric(alarm["Properties"]): alarm["Properties"]
         for alarm in resources(template, "AWS::CloudWatch::Alarm").values()
-        if alarm["Properties"].get("MetricName") in METRIC_NAMES
+        if query_metric(alarm["Properties"])
         and "canary" not in alarm["Properties"]["AlarmName"]  # the canary's: test_infra_canary
     }
 
 
-def test_one_high_resolution_alarm_per_sdc_metric_on_the_cluster_series(default_synth: Any) -> None:
+def test_one_per_job_alarm_per_sdc_metric(default_synth: Any) -> None:
     # Given the default stack
     alarms = sdc_alarms(default_synth.template)
-    # Then each SDC metric has one alarm on {ClusterName}, 10 s, missing data = healthy
+    # Then each SDC metric has one Metrics Insights alarm summing the per-node series of each
+    # job of this cluster (one contributor per job, the canary job left out), per minute,
+    # missing data = healthy. (Superseded: one 10 s alarm on the {ClusterName} series, which
+    # one job's data could hold in ALARM for every other job.)
     assert set(alarms) == set(METRIC_NAMES)
     for name, alarm in alarms.items():
-        assert alarm["Namespace"] == "SDC"
-        assert alarm["Dimensions"] == [{"Name": "ClusterName", "Value": "example-hyperpod-cluster"}]
-        assert alarm["Period"] == 10
-        assert alarm["Statistic"] == "Sum"
+        (query,) = alarm["Metrics"]
+        assert query["Expression"] == job_alarm_query(
+            "SDC", name, "example-hyperpod-cluster", except_job="sdc-canary"
+        )
+        assert "GROUP BY JobName" in query["Expression"]
+        assert query["Period"] == 60 and query["ReturnData"] is True
         assert alarm["Threshold"] == 1
         assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
         assert alarm["EvaluationPeriods"] == 1
@@ -126,12 +144,12 @@ def test_rule_matches_exactly_our_alarms_entering_alarm_and_starts_the_workflow(
     alarm_ids = {
         logical_id
         for logical_id, alarm in resources(template, "AWS::CloudWatch::Alarm").items()
-        if alarm["Properties"].get("MetricName") in METRIC_NAMES
+        if query_metric(alarm["Properties"])
     }
-    # Then it matches the CloudWatch state change of these alarms (the three SDC alarms and
-    # the canary's, which watches one of their metrics) to ALARM only
+    # Then it matches one job's contributor of these alarms (the three SDC alarms and the
+    # canary's) entering ALARM only
     assert pattern["source"] == ["aws.cloudwatch"]
-    assert pattern["detail-type"] == ["CloudWatch Alarm State Change"]
+    assert pattern["detail-type"] == ["CloudWatch Alarm Contributor State Change"]
     assert pattern["detail"] == {"state": {"value": ["ALARM"]}}
     assert {res["Fn::GetAtt"][0] for res in pattern["resources"]} == alarm_ids
     # And its one target is the state machine, with retries and a dead-letter queue
@@ -154,15 +172,11 @@ def test_state_machine_is_standard_logged_and_traced(default_synth: Any) -> None
     assert props["LoggingConfiguration"]["IncludeExecutionData"] is False
 
 
-def item_states(asl: dict[str, Any]) -> dict[str, Any]:
-    return asl["States"]["RemediateSuspects"]["ItemProcessor"]["States"]
-
-
 def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> None:
     # Given the default stack's definition
     asl = definition(default_synth.template)
     ids = function_ids(default_synth.template)
-    states = {**asl["States"], **item_states(asl)}
+    states = all_states(asl["States"])
     expected = {
         "Localize": "localize",
         "Admit": "admit",
@@ -183,7 +197,7 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         assert state["Parameters"]["FunctionName"] == f"<{ids[folder]}.Arn>"
     # And the Map iterates the suspects, each item starting as {alarm, suspect, execution,
     # item} (the last two: what keys the remediation whatever the steps return)
-    remediate = asl["States"]["RemediateSuspects"]
+    remediate = all_states(asl["States"])["RemediateSuspects"]
     assert remediate["Type"] == "Map"
     assert remediate["ItemsPath"] == "$.suspects"
     assert remediate["ItemSelector"] == {
@@ -191,8 +205,19 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         "suspect.$": "$$.Map.Item.Value",
         "execution.$": "$$.Execution.Id",
         "item.$": "$$.Map.Item.Index",
-        "suspects_in_alarm.$": "States.ArrayLength($.suspects)",
+        # Every node the alarm names counts: the late ones and those beyond the listed 64.
+        "suspects_in_alarm.$": "$.suspect_count",
     }
+    # And the late nodes' Map runs beside it, each item looking for its report again first
+    late = all_states(asl["States"])["RemediateLateNodes"]
+    assert late["ItemsPath"] == "$.pending"
+    assert late["ItemProcessor"]["StartAt"] == "LocalizeLate"
+    parallel = asl["States"]["RemediateInParallel"]
+    assert parallel["Type"] == "Parallel"
+    assert [b["StartAt"] for b in parallel["Branches"]] == [
+        "RemediateSuspects",
+        "RemediateLateNodes",
+    ]
 
 
 def test_step_results_land_under_their_contract_keys(default_synth: Any) -> None:
@@ -221,9 +246,7 @@ def test_step_results_land_under_their_contract_keys(default_synth: Any) -> None
 def test_every_task_retries_transient_errors_and_catches_terminal_ones(default_synth: Any) -> None:
     # Given every Lambda task of the definition
     asl = definition(default_synth.template)
-    tasks = {
-        name: s for name, s in {**asl["States"], **item_states(asl)}.items() if s["Type"] == "Task"
-    }
+    tasks = {name: s for name, s in all_states(asl["States"]).items() if s["Type"] == "Task"}
     assert len(tasks) >= 20
     terminal = {
         "InvalidAlarmEvent",
@@ -247,7 +270,9 @@ def test_every_task_retries_transient_errors_and_catches_terminal_ones(default_s
         caught = [catcher["ErrorEquals"] for catcher in task["Catch"]]
         assert caught[-1] == ["States.ALL"], name
         assert all(catcher["ResultPath"] == "$.error" for catcher in task["Catch"]), name
-        if name not in ("RecordFailed", "RecordItemFailed"):  # these end in a Fail state
+        # these end in a Fail state
+        if name not in ("RecordFailed", "RecordItemFailed", "LateRecordItemFailed",
+                        "RecordLateNodeFailed"):  # fmt: skip
             assert terminal <= {e for errors in caught for e in errors}, name
 
 
@@ -334,15 +359,14 @@ def test_decision_branches(default_synth: Any) -> None:
 def test_record_payloads_use_the_contract_transitions(default_synth: Any) -> None:
     # Given every Record task
     asl = definition(default_synth.template)
-    records = [
-        s for n, s in {**asl["States"], **item_states(asl)}.items() if n.startswith("Record")
-    ]
+    records = [s for n, s in all_states(asl["States"]).items() if "Record" in n]
     transitions = {r["Parameters"]["Payload"]["transition"] for r in records}
     # Then each uses a transition name of docs/CONTRACT.md and passes the whole state
     contract = {
         "ambiguous", "no_suspects", "duplicate", "circuit_open", "cordoned", "health_check_passed",
         "health_check_failed", "health_check_timed_out", "replaced_by_hyperpod", "awaiting_approval",
         "approved", "rejected", "released", "approval_timed_out", "replaced", "failed", "shadow",
+        "refused",
     }  # fmt: skip
     assert transitions == contract
     for record in records:

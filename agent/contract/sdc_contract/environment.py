@@ -29,6 +29,8 @@ ALARM_ACCOUNT_ID = "ALARM_ACCOUNT_ID"
 ALARM_NAME_PREFIX = "ALARM_NAME_PREFIX"
 # Read by the functions, not set by infra (each has a default or is optional; docs/CONTRACT.md).
 TRAINING_NAMESPACE = "TRAINING_NAMESPACE"
+SHADOW_HEALTH_CHECK = "SHADOW_HEALTH_CHECK"
+"""``true``: shadowed alarms run the deep health check, through the shadow guard (admit)."""
 JOB_LABEL = "JOB_LABEL"
 """The pod label that names a pod's training job (default ``names.DEFAULT_JOB_LABEL``)."""
 APPROVAL_URL = "APPROVAL_URL"
@@ -62,6 +64,7 @@ FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     AUTO_APPROVE,
     TRAINING_NAMESPACE,
     JOB_LABEL,
+    SHADOW_HEALTH_CHECK,
 )
 """What infra sets on every function (besides Powertools' own variables below)."""
 
@@ -138,6 +141,7 @@ __all__ = [
     "SDC_METRIC_NAMESPACE",
     "SDC_SPOOL_DIR",
     "SDC_SPOOL_MAX_BYTES",
+    "SHADOW_HEALTH_CHECK",
     "STATE_MACHINE_ARN",
     "TOPIC_ARN",
     "TRAINING_NAMESPACE",

@@ -22,11 +22,14 @@ import click
 
 from .. import aws, clock
 from ..clients.approval_url import ApprovalService
+from ..clients.kube import KubeApi
+from ..config import Settings
 from ..dal.approvals import Approvals, caller_arn
 from ..dal.canary_runs import RunStore
 from ..dal.ledger import Ledger
 from ..errors import ConfigurationError, NoCredentials, RemediationError
 from ..logic import outcomes
+from ..logic import release as release_logic
 from ..logic import stats as precision
 from .tables import canary_table, remediations_table, stats_table
 
@@ -276,17 +279,39 @@ def history(
 def release(ctx: click.Context, node: str, reason: str) -> None:
     """Tell the blast-radius guard that NODE (hyperpod-i-... or i-...) is back in service.
 
-    A node sdc-guard cordoned keeps counting against MAX_NODES_PER_HOUR and MAX_FRACTION until
-    released: after a rejection that kept it cordoned, an approval timeout, a failure or an
-    abandoned run. Uncordon it (kubectl uncordon) or replace it first; this command does not
-    touch Kubernetes. Your IAM identity is recorded as who released it.
+    A node sdc-guard cordoned keeps counting against MAX_FRACTION until released: after a
+    rejection that kept it cordoned, an approval timeout, a failure or an abandoned run.
+    Uncordon it (kubectl uncordon) or replace it first: release reads the node and refuses one
+    that is still cordoned (NodeStillCordoned); it does not change Kubernetes. Your IAM identity
+    is recorded as who released it.
     """
     service = _service(ctx)
     if service:
         instance_id = service.call("release", node=node, reason=reason)["released"]
     else:
-        instance_id = _ledger(ctx).release(None, node, released_by=caller_arn(), reason=reason)
+        instance_id = release_logic.release(
+            _ledger(ctx),
+            _direct_kube,
+            node,
+            released_by=caller_arn(),
+            reason=reason,
+        )
     click.echo(f"Released {instance_id}: it no longer counts against the blast-radius guard.")
+
+
+def _direct_kube() -> KubeApi:
+    """The Kubernetes API for the direct path's release check (EKS_CLUSTER_NAME, or the
+    K8S_API_ENDPOINT / K8S_API_CA_DATA overrides, as the functions read them)."""
+    settings = Settings()
+    if not (settings.k8s_api_endpoint and settings.k8s_api_ca_data):
+        try:
+            _ = settings.eks_cluster_name  # raises when it is not set
+        except ConfigurationError:
+            raise ConfigurationError(
+                "release checks that the node is uncordoned: set EKS_CLUSTER_NAME (the cluster "
+                "whose node it is), or release through --approval-url"
+            ) from None
+    return KubeApi.from_settings(settings)
 
 
 def _remediation_json(r: outcomes.Remediation) -> dict[str, Any]:

@@ -24,10 +24,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..clients.kube import KubeApi
 from ..config import Settings
 from ..dal.approvals import Approvals
 from ..dal.ledger import Ledger
@@ -38,16 +40,18 @@ from ..errors import (
     AwsApiUnavailable,
     InvalidStepInput,
     NodeNotHeld,
+    NodeStillCordoned,
     RemediationError,
 )
 from ..observability import logger
-from . import canary
+from . import canary, release
 
 STATUS_OF: dict[type[RemediationError], int] = {
     InvalidStepInput: 400,
     ApprovalNotFound: 404,
     NodeNotHeld: 404,
     ApprovalAlreadyDecided: 409,
+    NodeStillCordoned: 409,
     ApprovalExpired: 410,
     AwsApiUnavailable: 503,
 }
@@ -96,15 +100,21 @@ def parse_request(event: dict[str, Any]) -> OperatorRequest:
         raise InvalidStepInput(f"bad request body: {str(exc).splitlines()[0]}") from exc
 
 
-def perform(request: OperatorRequest, caller: str, settings: Settings) -> dict[str, Any]:
+def perform(
+    request: OperatorRequest, caller: str, settings: Settings, kube: Callable[[], KubeApi]
+) -> dict[str, Any]:
     """Do what the operator asked, as ``caller``; the JSON result."""
     if request.action == "pending":
         return {"pending": Approvals(settings.approvals_table).pending()}
     if request.action == "release":
         if not request.node:
             raise InvalidStepInput("release needs `node`")
-        instance_id = Ledger(settings.ledger_table).release(
-            None, request.node, released_by=caller, reason=request.reason
+        instance_id = release.release(
+            Ledger(settings.ledger_table),
+            kube,
+            request.node,
+            released_by=caller,
+            reason=request.reason,
         )
         return {"released": instance_id, "released_by": caller}
     if not request.approval_id:
@@ -153,13 +163,15 @@ def settle_canary(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
-def handle(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def handle(
+    event: dict[str, Any], settings: Settings, kube: Callable[[], KubeApi]
+) -> dict[str, Any]:
     """A function URL event -> a function URL response (never raises a domain error)."""
     try:
         caller = caller_of(event)
         request = parse_request(event)
         logger.info("operator request", extra={"action": request.action, "caller": caller})
-        body, status = perform(request, caller, settings), 200
+        body, status = perform(request, caller, settings, kube), 200
     except NotAuthenticated as exc:
         body, status = {"error": type(exc).__name__, "message": str(exc)}, 403
     except RemediationError as exc:

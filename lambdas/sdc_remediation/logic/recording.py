@@ -25,6 +25,7 @@ from sdc_contract.metrics import (
 from .. import text
 from ..clients import sns
 from ..config import Settings
+from ..dal import shadow_guard
 from ..dal.ledger import Ledger, cluster_pk, encode_detail
 from ..errors import InvalidStepInput
 from ..models import RecordInput, RecordResult, RecordState, StepError, Transition, parse_step
@@ -193,6 +194,9 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         "check": st.suspect.check if st.suspect else None,
         "verdict": st.suspect.verdict if st.suspect else None,
         "job": st.suspect.job if st.suspect else None,
+        # The report's identity: the precision ledger counts a report once (recurrences come
+        # from other reports only).
+        "report": st.suspect.report_key if st.suspect and st.suspect.report_time else None,
         "decision": st.approval.decision if st.approval else None,
         "approver": st.approval.approver if st.approval else None,
         "reason": st.approval.reason if st.approval else None,
@@ -232,6 +236,16 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         attrs,
         update_status=own and inp.transition not in NOT_ADMITTED and closed is None,
     )
+    admission = st.admission
+    if (
+        admission is not None
+        and admission.mode == "shadow"
+        and admission.shadow_health_check
+        and instance_id
+        and inp.transition in ("shadow", "failed")
+    ):
+        # The shadowed alarm's health check is over: its slot of the shadow guard is free.
+        shadow_guard.release(ledger.table, cluster, instance_id, execution, st.item)
     if target.counts_on_dashboard:
         # Dimensions only from fixed values: the deployment's cluster (never the state's),
         # the contract's check and verdict names (a verdict outside the list reads `unknown`).

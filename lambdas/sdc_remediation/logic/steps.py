@@ -67,6 +67,7 @@ def admit(state: ItemState, settings: Settings) -> Admission:
         max_fraction=settings.max_fraction,
         suspects_in_alarm=state.suspects_in_alarm,
         item=state.item,
+        report=state.suspect.report_key if state.suspect.report_time else None,
     )
     return target_for(state.suspect).admit(state, request, settings)
 
@@ -83,10 +84,11 @@ def uncordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonR
     return target_for(state.suspect).uncordon(state, state.approval.approver, settings, kube)
 
 
-def start_health_check(state: ItemState, settings: Settings) -> HealthResult:
-    """StartHealthCheck step."""
+def start_health_check(state: ItemState, settings: Settings, kube: KubeFactory) -> HealthResult:
+    """StartHealthCheck step (Kubernetes only for a shadowed node, which cordon did not read)."""
     settings = target_for(state.suspect).settings(settings)
-    return health.start(settings, state.suspect, state.cordon)
+    shadowed = state.admission is not None and state.admission.mode == "shadow"
+    return health.start(settings, state.suspect, state.cordon, kube if shadowed else None)
 
 
 def poll_health_check(state: PollInput, settings: Settings, kube: KubeFactory) -> HealthResult:
