@@ -181,6 +181,7 @@ class SdcGuardStack(cdk.Stack):
         approvals.grant_request(fn("request_approval"))
         ledger.grant_read(fn("request_approval"))
         notify(fn("request_approval"))
+        self.approval_url.announce_url(fn("request_approval"))
         if self.config.auto_approve.enabled:
             # Opt-in auto-approval: the policy reads every check's outcomes (precision) and
             # resumes the workflow itself. Without the policy, approve alone sends results.
@@ -217,7 +218,8 @@ class SdcGuardStack(cdk.Stack):
             for step in ("localize", "admit", "record"):
                 ledger.grant_canary_progress(fn(step))
             self.canary.grant_complete(fn("record"))
-            # The canary's approval is settled by the approve function, invoked directly.
+            # The canary's approval is settled through the approve function's URL, as a
+            # person's decision is: no role invokes that function any other way.
             self.approval_url.grant_settle_canary(fn("request_approval"))
 
         # The people who decide, and the training pods (managed policies the user attaches).

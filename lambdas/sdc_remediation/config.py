@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import urllib.parse
 from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from typing import Literal
@@ -211,18 +212,13 @@ class Settings:
 
     @property
     def approval_url(self) -> str | None:
-        """APPROVAL_URL: the approve function's AWS_IAM URL, quoted in approval messages
-        (optional: without it the message names the approvals table, the direct path)."""
+        """APPROVAL_URL: the approve function's AWS_IAM URL, quoted in approval messages, and
+        what request_approval calls to settle a canary's approval (optional: without it the
+        message names the approvals table, the direct path)."""
         value = self._optional(contract.APPROVAL_URL)
-        if value is not None and not value.startswith("https://"):
-            raise ConfigurationError(f"APPROVAL_URL must be an https:// URL, got {value!r}")
+        if value is not None:
+            check_approval_url(value, "APPROVAL_URL")
         return value
-
-    @property
-    def approve_function(self) -> str | None:
-        """APPROVE_FUNCTION: the approve function's name, which request_approval invokes to
-        settle a canary's approval (set on request_approval only, when the canary is on)."""
-        return self._optional(contract.APPROVE_FUNCTION)
 
     @property
     def approval_ttl_seconds(self) -> int:
@@ -360,6 +356,18 @@ class Settings:
         """These settings with DRY_RUN forced on (what every step of a canary runs under,
         whatever the deployment's own DRY_RUN)."""
         return Settings(ChainMap({contract.DRY_RUN: "true"}, dict(self._env)))
+
+
+def check_approval_url(url: str, what: str = "the approval URL") -> None:
+    """An approval URL is https, or plain http to a loopback stand-in only: a signed request is
+    replayable for minutes, so it never travels in clear text off this host
+    (ConfigurationError otherwise)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    loopback = url.startswith("http://") and host in ("127.0.0.1", "localhost", "::1")
+    if not (url.startswith("https://") or loopback):
+        raise ConfigurationError(
+            f"{what} must be an https:// URL (http:// only to a loopback stand-in), got {url!r}"
+        )
 
 
 def settings() -> Settings:

@@ -393,12 +393,9 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert props["LoggingConfig"]["LogFormat"] == "JSON"
         assert len(props["Layers"]) == 1
         env = props["Environment"]["Variables"]
-        # request_approval alone also names the approve function (the canary, on by default)
-        own = (
-            {contract.APPROVE_FUNCTION}
-            if props["Handler"].startswith("request_approval.")
-            else set()
-        )
+        # request_approval alone also names the approve function's URL (its messages quote it,
+        # and the canary's approval is settled through it)
+        own = {contract.APPROVAL_URL} if props["Handler"].startswith("request_approval.") else set()
         assert set(env) == CONTRACT_ENV | own
         assert env["REPORT_LOG_GROUP"] == "/sdc/example-hyperpod-cluster"
         assert env["MAX_NODES_PER_HOUR"] == "2"
@@ -700,8 +697,8 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
                 )
     approve_role = template["Resources"][approve_id]["Properties"]["Role"]["Fn::GetAtt"][0]
     assert senders == {approve_role}
-    # And RequestApproval may invoke the approve function alone (to settle the canary's
-    # approval), and knows its name
+    # And RequestApproval reaches the approve function as operators do, through its URL only
+    # (to settle the canary's approval), and knows the URL
     request_id = function_ids(template)["request_approval"]
     request_role = template["Resources"][request_id]["Properties"]["Role"]["Fn::GetAtt"][0]
     invokes = [
@@ -711,11 +708,52 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]
         if any(a.startswith("lambda:") for a in as_list(statement["Action"]))
     ]
-    assert [(as_list(s["Action"]), s["Resource"]) for s in invokes] == [
-        (["lambda:InvokeFunction"], {"Fn::GetAtt": [approve_id, "Arn"]})
+    assert sorted((tuple(as_list(s["Action"])), json.dumps(s["Condition"])) for s in invokes) == [
+        (("lambda:InvokeFunction",), '{"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}'),
+        (
+            ("lambda:InvokeFunctionUrl",),
+            '{"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}',
+        ),
     ]
     request_env = template["Resources"][request_id]["Properties"]["Environment"]["Variables"]
-    assert request_env["APPROVE_FUNCTION"] == {"Ref": approve_id}
+    (url_id,) = resources(template, "AWS::Lambda::Url")
+    assert request_env["APPROVAL_URL"] == {"Fn::GetAtt": [url_id, "FunctionUrl"]}
+
+
+def _grants_on(statement: dict[str, Any], action: str, resource_id: str) -> bool:
+    """Whether ``statement`` allows ``action`` (or a wildcard covering it) on the resource
+    with logical id ``resource_id`` (or on ``*``)."""
+    actions = as_list(statement.get("Action", []))
+    covers = any(a == action or (a.endswith("*") and action.startswith(a[:-1])) for a in actions)
+    names = [flatten(r) for r in as_list(statement.get("Resource", []))]
+    return (
+        statement.get("Effect", "Allow") == "Allow"
+        and covers
+        and any(resource_id in r or r == "*" for r in names)
+    )
+
+
+def test_no_role_may_invoke_approve_except_through_its_url(default_synth: Any) -> None:
+    # Given every IAM statement of the stack (inline policies and managed policies), and every
+    # resource-based permission on the approve function
+    template = default_synth.template
+    approve_id = function_ids(template)["approve"]
+    statements = [
+        statement
+        for kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
+        for policy in resources(template, kind).values()
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    invokes = [s for s in statements if _grants_on(s, "lambda:InvokeFunction", approve_id)]
+    # Then each grant of lambda:InvokeFunction on it is conditioned on coming through the URL
+    # (a handler cannot tell a direct invoke with a made-up requestContext from a URL request;
+    # superseded: request_approval could invoke it directly while the canary was on)
+    assert invokes, "operators and request_approval reach it through the URL"
+    for statement in invokes:
+        assert statement["Condition"] == {"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}
+    # And no resource-based permission lets any principal invoke it
+    permissions = resources(template, "AWS::Lambda::Permission").values()
+    assert not [p for p in permissions if approve_id in flatten(p["Properties"]["FunctionName"])]
 
 
 def test_the_approve_function_has_an_aws_iam_url(default_synth: Any) -> None:

@@ -36,9 +36,10 @@ JOB_LABEL = "JOB_LABEL"
 APPROVAL_URL = "APPROVAL_URL"
 CHECK_MODES = "CHECK_MODES"
 AUTO_APPROVE = "AUTO_APPROVE"
-APPROVE_FUNCTION = "APPROVE_FUNCTION"
-"""Set on request_approval only, when the canary is on: the approve function it invokes to settle
-the canary's approval (docs/deploy.md, "The canary")."""
+CANARY_TIMEOUT_SECONDS = "CANARY_TIMEOUT_SECONDS"
+"""Set on the canary function only: how long a run may take (``canaryTimeout``); a run stays open,
+and its reports and approval acceptable, that long at most."""
+DEFAULT_CANARY_TIMEOUT_SECONDS = 3600
 
 FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     HYPERPOD_CLUSTER_NAME,
@@ -111,10 +112,11 @@ __all__ = [
     "APPROVAL_TTL_MARGIN_SECONDS",
     "APPROVAL_TTL_SECONDS",
     "APPROVAL_URL",
-    "APPROVE_FUNCTION",
     "AUTO_APPROVE",
+    "CANARY_TIMEOUT_SECONDS",
     "CHECK_MODES",
     "DEFAULT_APPROVAL_TIMEOUT_SECONDS",
+    "DEFAULT_CANARY_TIMEOUT_SECONDS",
     "DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS",
     "DEFAULT_LOOKBACK_SECONDS",
     "DEFAULT_MAX_FRACTION",

@@ -101,4 +101,6 @@ def create_cluster(
     for node, instance_id in enumerate(c.instance_ids):
         for local in range(c.ranks_per_node):
             rank = node * c.ranks_per_node + local
-            kube.add_pod(c.pod_name(rank), c.node_name(instance_id))
+            # Each rank's pod carries the job's job-name label (the PyTorchJob's), which
+            # localize's corroboration looks for on the node a report names.
+            kube.add_job_pod(c.job, c.node_name(instance_id), name=c.pod_name(rank))

@@ -76,18 +76,16 @@ class DeployedChain(Driver):
         self.kube = self._exit.enter_context(KubeStandIn())
         self.hyperpod = HyperPodSimulator(self.kube, account_id=ACCOUNT, region=REGION).install()
         self._exit.callback(self.hyperpod.uninstall)
+        # Served first: a function whose environment names the deployed URL calls the stand-in.
+        self._start_function_url()
         self._start_runtime(
             {
                 name: Function(
                     name=name,
                     arn=config["FunctionArn"],
                     handler=config["Handler"],
-                    # The deployed environment, plus the Kubernetes stand-in's endpoint.
-                    environment={
-                        **config["Environment"]["Variables"],
-                        "K8S_API_ENDPOINT": self.kube.url,
-                        "K8S_API_CA_DATA": self.kube.ca_b64,
-                    },
+                    # The deployed environment, plus the stand-ins' endpoints.
+                    environment=self._with_standins(config["Environment"]["Variables"]),
                 )
                 for name, config in self.functions.items()
             }
@@ -95,8 +93,24 @@ class DeployedChain(Driver):
         self._create_cluster()
         self.evaluator = self._deployed_evaluator()
         self._subscribe_deployed_inbox()
-        self._start_function_url()
         self._close_on_exit()
+
+    def _with_standins(self, variables: dict[str, str]) -> dict[str, str]:
+        """A deployed environment with the stand-ins' endpoints: the Kubernetes API's, and the
+        approval URL's in place of the deployed URL it names (checked to be that URL)."""
+        env = {
+            **variables,
+            "K8S_API_ENDPOINT": self.kube.url,
+            "K8S_API_CA_DATA": self.kube.ca_b64,
+        }
+        if "APPROVAL_URL" in env:
+            if env["APPROVAL_URL"] != self.deployed_approval_url:
+                raise ValueError(
+                    f"a function's APPROVAL_URL is {env['APPROVAL_URL']!r}, not the stack's "
+                    f"approval URL {self.deployed_approval_url!r}"
+                )
+            env["APPROVAL_URL"] = self.approval_url
+        return env
 
     def client(self, service: str) -> Any:
         """A boto3 client for the embedded AWS the stack was deployed to."""
@@ -134,21 +148,11 @@ class DeployedChain(Driver):
             if r["type"] == "AWS::CloudWatch::Alarm"
         ]
         cloudwatch = self.aws.client("cloudwatch")
+        namespace = self.namespace
         specs = [
-            AlarmSpec(
-                name=a["AlarmName"],
-                namespace=a["Namespace"],
-                metric_name=a["MetricName"],
-                dimensions={d["Name"]: d["Value"] for d in a.get("Dimensions", [])},
-                period=int(a["Period"]),
-                statistic=a["Statistic"],
-                threshold=float(a["Threshold"]),
-                comparison=a["ComparisonOperator"],
-                evaluation_periods=int(a["EvaluationPeriods"]),
-                datapoints_to_alarm=int(a.get("DatapointsToAlarm") or a["EvaluationPeriods"]),
-            )
+            AlarmSpec.from_properties(a)
             for a in cloudwatch.describe_alarms(AlarmNames=alarm_names)["MetricAlarms"]
-            if a.get("MetricName") and a.get("Statistic")
+            if AlarmSpec.is_evaluated(a, namespace)
         ]
         return LocalAlarmEvaluator(
             cloudwatch=cloudwatch,
