@@ -114,7 +114,7 @@ class SdcConfig:
     canary_schedule_seconds: int = 86400
     """How often the live canary runs (an EventBridge Scheduler rate); `off` (0) disables it
     and its alarm (`canarySchedule`)."""
-    canary_timeout_seconds: int = 3600
+    canary_timeout_seconds: int = environment.DEFAULT_CANARY_TIMEOUT_SECONDS
     """How long a canary run may take; the canary alarm fires when none completed within the
     schedule's period plus this (`canaryTimeout`)."""
     training_namespace: str = "default"

@@ -50,7 +50,10 @@ class SdcGuardStack(cdk.Stack):
 
         # What the functions act on and do not create: the clusters, the agent's report group.
         self.hyperpod = HyperPodCluster(
-            self, "HyperPodCluster", cluster_arn=config.hyperpod_cluster_arn
+            self,
+            "HyperPodCluster",
+            cluster_name=config.hyperpod_cluster_name,
+            cluster_arn=config.hyperpod_cluster_arn,
         )
         self.eks_access = EksAccess(self, "EksAccess", cluster_name=config.eks_cluster_name)
         self.reports = ReportLogGroup(self, "Reports", log_group_name=config.report_log_group)

@@ -56,11 +56,17 @@ class Approvals(Construct):
         )
 
     def grant_request(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """Store a task token under a new approval id and read it back (request_approval)."""
+        """Store a task token under a new approval id and read it back, and withdraw it when
+        its announcement could not be sent (request_approval)."""
         return allow(
             grantee,
             sid="Approvals",
-            actions=["dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+            actions=[
+                "dynamodb:PutItem",
+                "dynamodb:GetItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+            ],
             resources=[self.table.table_arn],
         )
 

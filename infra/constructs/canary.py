@@ -45,11 +45,15 @@ class Canary(Construct):
         construct_id: str,
         *,
         config: SdcConfig,
-        function: lambda_.IFunction,
+        function: lambda_.Function,
         topic: sns.ITopic,
     ) -> None:
         super().__init__(scope, construct_id)
         cluster = config.hyperpod_cluster_name
+        # A run is open this long: after it, its report and approval are refused (runs expire).
+        function.add_environment(
+            contract.CANARY_TIMEOUT_SECONDS, str(config.canary_timeout_seconds)
+        )
         # A per-job alarm like the SDC alarms (the canary job's contributor only), so the canary
         # proves the same route: a contributor's ALARM, the rule, the workflow.
         self.sdc_alarm = job_alarm(

@@ -20,6 +20,7 @@ READ_WRITE: tuple[str, ...] = (
     "dynamodb:ConditionCheckItem",
 )
 READ: tuple[str, ...] = ("dynamodb:GetItem", "dynamodb:Query")
+TTL_ATTRIBUTE = "expires_at"
 
 
 class Ledger(Construct):
@@ -44,6 +45,9 @@ class Ledger(Construct):
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
+            # Only what is meant to go away carries it: canary runs, alarm-episode notices.
+            # The remediations and their events (the repeat-offender history) never do.
+            time_to_live_attribute=TTL_ATTRIBUTE,
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
 

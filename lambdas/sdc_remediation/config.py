@@ -338,6 +338,14 @@ class Settings:
         raise ConfigurationError(f"SHADOW_HEALTH_CHECK must be 'true' or 'false', got {raw!r}")
 
     @property
+    def canary_timeout_seconds(self) -> int:
+        """CANARY_TIMEOUT_SECONDS: how long a canary run may take (``canaryTimeout``; set on the
+        canary function); a run's report and approval are refused after that."""
+        return self._int(
+            contract.CANARY_TIMEOUT_SECONDS, contract.DEFAULT_CANARY_TIMEOUT_SECONDS, minimum=60
+        )
+
+    @property
     def dry_run(self) -> bool:
         """DRY_RUN: `true` runs every step but only logs cordon, uncordon and replace."""
         raw = (self._optional(contract.DRY_RUN) or "false").lower()

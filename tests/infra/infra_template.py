@@ -70,3 +70,28 @@ def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, An
 def as_list(value: Any) -> list[Any]:
     """An IAM Action/Resource value as a list."""
     return value if isinstance(value, list) else [value]
+
+
+def _matches(pattern: str, value: str) -> bool:
+    """IAM's wildcard match (``*`` any run of characters, ``?`` one), case-sensitive."""
+    import fnmatch
+
+    return fnmatch.fnmatchcase(value, pattern.replace("[", "[[]"))
+
+
+def evaluate(statements: list[dict[str, Any]], action: str, resource: str) -> bool:
+    """Whether ``statements`` (rendered with ``flatten``) allow ``action`` on ``resource``:
+    an explicit Deny matching both wins, else any Allow matching both (conditions are not
+    evaluated: a conditioned statement counts as matching, the strict reading for a test that
+    something is NOT allowed)."""
+
+    def covers(statement: dict[str, Any]) -> bool:
+        actions = as_list(statement.get("Action", []))
+        resources = [flatten(r) for r in as_list(statement.get("Resource", []))]
+        return any(_matches(a.lower(), action.lower()) for a in actions) and any(
+            _matches(r, resource) for r in resources
+        )
+
+    if any(s.get("Effect") == "Deny" and covers(s) for s in statements):
+        return False
+    return any(s.get("Effect", "Allow") == "Allow" and covers(s) for s in statements)

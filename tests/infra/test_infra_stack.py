@@ -68,8 +68,9 @@ def test_cfn_lint_is_clean(which: str, request: pytest.FixtureRequest) -> None:
 def test_resource_counts(default_synth: Any) -> None:
     # Given the default stack / Then it holds exactly the pipeline's resources
     template = Template.from_json(default_synth.template)
-    # steps + services + the canary (on by default)
-    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES) + 1)
+    # steps + services + the canary (on by default) + CDK's provider of the deploy-time
+    # cluster-ARN lookup (no hyperPodClusterArn in the default config)
+    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES) + 1 + 1)
     template.resource_count_is("AWS::Lambda::LayerVersion", 1)
     template.resource_count_is("AWS::StepFunctions::StateMachine", 1)
     template.resource_count_is("AWS::Events::Rule", 1)
@@ -380,7 +381,11 @@ def test_record_payloads_use_the_contract_transitions(default_synth: Any) -> Non
 
 def test_functions_share_the_defaults_and_the_contract_environment(default_synth: Any) -> None:
     # Given the nine functions
-    functions = resources(default_synth.template, "AWS::Lambda::Function")
+    functions = {
+        k: fn
+        for k, fn in resources(default_synth.template, "AWS::Lambda::Function").items()
+        if fn["Properties"]["Handler"] != "index.handler"  # CDK's cluster-ARN lookup provider
+    }
     handlers = sorted(fn["Properties"]["Handler"] for fn in functions.values())
     # Then one per contract folder, handler <folder>.handler.handler
     folders = {**STEPS, **SERVICES, "canary": None}  # the canary is on by default
@@ -395,7 +400,10 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         env = props["Environment"]["Variables"]
         # request_approval alone also names the approve function's URL (its messages quote it,
         # and the canary's approval is settled through it)
-        own = {contract.APPROVAL_URL} if props["Handler"].startswith("request_approval.") else set()
+        own = {
+            "request_approval": {contract.APPROVAL_URL},
+            "canary": {contract.CANARY_TIMEOUT_SECONDS},  # how long a run stays open
+        }.get(props["Handler"].split(".")[0], set())
         assert set(env) == CONTRACT_ENV | own
         assert env["REPORT_LOG_GROUP"] == "/sdc/example-hyperpod-cluster"
         assert env["MAX_NODES_PER_HOUR"] == "2"
@@ -586,7 +594,15 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
     assert by_step["record"]["sns:Publish"] == [f"<{topic_id}>"]
     # And eks:DescribeCluster is on the named cluster, for the Kubernetes-facing steps only
     eks_users = {f for f, acts in by_step.items() if "eks:DescribeCluster" in acts}
-    assert eks_users == {"localize", "cordon", "uncordon", "poll_health_check", "replace"}
+    assert eks_users == {
+        "localize",
+        "cordon",
+        "uncordon",
+        "poll_health_check",
+        "replace",
+        "start_health_check",  # a shadowed node's label, before its check
+        "approve",  # release reads the node first
+    }
     assert all(r.endswith(":cluster/ml-prod-eks") for r in by_step["cordon"]["eks:DescribeCluster"])
     # And no step may write to the approvals table except request_approval
     assert {f for f, acts in by_step.items() if "dynamodb:PutItem" in acts} == {
@@ -615,9 +631,13 @@ def test_eks_access_entries_put_each_kubernetes_step_in_its_own_group(
             found[roles[props["PrincipalArn"]["Fn::GetAtt"][0]]] = props["KubernetesGroups"]
         return found
 
-    # Then localize (which parses untrusted reports) and poll only read; cordon and uncordon
-    # may cordon; only replace, in label mode, is in the group that may trigger a replacement
-    reading = {"localize": ["sdc-reader"], "poll_health_check": ["sdc-reader"]}
+    # Then localize (which parses untrusted reports), the health check's start and poll, and
+    # approve (release reads the node first) only read; cordon and uncordon may cordon; only
+    # replace, in label mode, is in the group that may trigger a replacement
+    reading = {
+        step: ["sdc-reader"]
+        for step in ("localize", "poll_health_check", "start_health_check", "approve")
+    }
     cordoning = {"cordon": ["sdc-cordoner"], "uncordon": ["sdc-cordoner"]}
     assert entries(default_synth.template) == reading | cordoning
     assert entries(variant_synth.template) == reading | cordoning | {"replace": ["sdc-replacer"]}
@@ -633,8 +653,16 @@ def test_only_kubernetes_steps_run_in_the_configured_vpc(variant_synth: Any) -> 
         for fn in functions
         if "VpcConfig" in fn["Properties"]
     }
-    # Then exactly the steps calling the EKS API are placed in its subnets
-    assert in_vpc == {"localize", "cordon", "uncordon", "poll_health_check", "replace"}
+    # Then exactly the functions calling the EKS API are placed in its subnets
+    assert in_vpc == {
+        "localize",
+        "cordon",
+        "uncordon",
+        "poll_health_check",
+        "replace",
+        "start_health_check",
+        "approve",
+    }
     for fn in functions:
         if "VpcConfig" in fn["Properties"]:
             assert fn["Properties"]["VpcConfig"]["SubnetIds"] == [

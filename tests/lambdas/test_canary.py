@@ -11,6 +11,7 @@ import pytest
 from remediation_factories import CLUSTER, alarm_event, put_node_metric, put_report, rank, report
 
 import sdc_contract as contract
+from sdc_remediation import aws
 from sdc_remediation.config import Settings
 from sdc_remediation.dal.canary_runs import RunStore
 from sdc_remediation.logic import canary
@@ -228,3 +229,28 @@ def test_the_cli_shows_the_newest_run_and_where_it_stopped(cloud, invoke):
     assert f"canary run {started['run']}" in result.output
     assert "stopped at alarm" in result.output
     assert "published" in result.output and "closed" in result.output
+
+
+def test_a_canary_run_expires_after_its_timeout(cloud, invoke, monkeypatch):
+    # Given a canary run started (it is open for CANARY_TIMEOUT_SECONDS, an hour by default)
+    from datetime import timedelta as td
+
+    from sdc_remediation import clock
+
+    started = invoke("canary", {"action": "start"})
+    run = RunStore(Settings().ledger_table, CLUSTER).get(started["run"])
+    assert run is not None and run.open_until is not None
+    # When its alarm is localized two hours later (superseded: a run stayed open forever, and
+    # an old run's report or approval could be replayed)
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + td(hours=2))
+    out = invoke("localize", canary_alarm_event(datetime.now(UTC)))
+    # Then its report is refused: the run expired
+    assert out["suspects"] == []
+    assert "not an open canary run" in out["refused"][0]["reason"]
+    # And the ledger will remove the run's item (TTL) a month after it started
+    item = aws.client("dynamodb").get_item(
+        TableName=Settings().ledger_table,
+        Key={"pk": {"S": f"CANARY#{CLUSTER}"}, "sk": {"S": f"RUN#{started['run']}"}},
+    )["Item"]
+    assert int(item["expires_at"]["N"]) > int(item["open_until"]["N"])

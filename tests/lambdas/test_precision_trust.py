@@ -174,3 +174,46 @@ def test_precision_from_distinct_jobs_still_approves(cloud, invoke, monkeypatch)
         sfn.assert_no_pending_responses()
     assert stored["status"] == "approved"
     assert stats.FEW_EVENTS <= 25
+
+
+def test_a_flapping_alarm_sends_one_message_per_episode(cloud, invoke, monkeypatch, capsys):
+    # Given one job's contributor flapping: an execution every 20 s whose report localize
+    # refuses (a pod writing malformed reports)
+    from remediation_factories import alarm_state
+
+    refusal = {"error": "UntrustedReport", "field": "suspect_window", "reason": "reversed"}
+    state = {"alarm": alarm_state(), "suspects": [], "refused": [refusal], "refused_count": 1}
+    real_now = clock.now
+    # When 30 executions record their refusal over ten minutes
+    for n in range(30):
+        monkeypatch.setattr(clock, "now", lambda n=n: real_now() + timedelta(seconds=20 * n))
+        invoke("record", {"transition": "refused", "notify": True, "state": state,
+                          "execution": f"arn:exec:flap-{n}"})  # fmt: skip
+    # Then the on-call got one message (superseded: one per execution), and every refusal is
+    # still in the ledger
+    assert len(cloud.sns_messages()) == 1
+    events = Ledger(LEDGER).events(f"CLUSTER#{CLUSTER}")
+    assert [e["transition"] for e in events].count("refused") == 30
+    # And after a quiet hour the next refusal starts a new episode, with its own message
+    monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(hours=2))
+    invoke("record", {"transition": "refused", "notify": True, "state": state,
+                      "execution": "arn:exec:later"})  # fmt: skip
+    assert len(cloud.sns_messages()) == 2
+    # And the outcome metrics' dimensions come from fixed values only: the deployment's cluster
+    capsys.readouterr()
+
+
+def test_metric_dimensions_come_from_fixed_values(cloud, invoke, capsys):
+    # Given a state whose alarm names another cluster, with text in it (a hand-started
+    # execution, a damaged state)
+    state = _state(cloud.nodes[0], "arn:exec:m")
+    state["alarm"]["cluster_name"] = "evil\ncluster"
+    state["admission"] = invoke("admit", state)
+    capsys.readouterr()
+    # When its rejection is recorded
+    state["approval"] = {"decision": "reject", "release": False, "approver": ALICE,
+                         "reason": "", "approval_id": "a-1"}  # fmt: skip
+    invoke("record", {"transition": "rejected", "notify": False, "state": state})
+    # Then every EMF line's ClusterName is the deployment's, never the state's text
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"_aws"' in x]
+    assert lines and {line["ClusterName"] for line in lines} == {CLUSTER}

@@ -20,7 +20,7 @@ from typing import Any
 import botocore.exceptions
 import click
 
-from .. import aws, clock
+from .. import aws, clock, text
 from ..clients.approval_url import ApprovalService
 from ..clients.kube import KubeApi
 from ..config import Settings
@@ -61,6 +61,16 @@ def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
 
     return wrapper
+
+
+LINE_CHARS = 2000
+
+
+def _say(line: str) -> None:
+    """Print one line built from stored data: printable, no escape sequence reaches the
+    terminal (a report's or a request's text could hold one). ``--json`` prints JSON, which
+    escapes control characters itself."""
+    click.echo(text.printable(line, LINE_CHARS))
 
 
 def _approvals(ctx: click.Context) -> Approvals:
@@ -142,17 +152,17 @@ def pending(ctx: click.Context, as_json: bool) -> None:
     for item in items:
         ev = item["evidence"]
         health = (ev.get("health_check") or {}).get("status", "not run")
-        click.echo(
+        _say(
             f"{item['approval_id']}  {item['node_name']} ({item['instance_id']})  "
             f"check={ev.get('check')} step={ev.get('step')} verdict={ev.get('verdict')} "
             f"window={ev.get('suspect_window')} health={health} "
             f"earlier={len(ev.get('previous_remediations', []))}  requested {item['created_at']}"
         )
         if ev.get("resume"):
-            click.echo(f"    resume rule: {ev['resume'].get('sentence')}")
-        click.echo(f"    suggested: {ev.get('suggested_action', '')}")
+            _say(f"    resume rule: {ev['resume'].get('sentence')}")
+        _say(f"    suggested: {ev.get('suggested_action', '')}")
         if item.get("status") == "sending":
-            click.echo(
+            _say(
                 f"    {item.get('decision')} by {item.get('approver')} at {item.get('decided_at')} "
                 f"was sent but its outcome is unknown: repeat `{item.get('decision')}` to re-send it"
             )
@@ -262,13 +272,13 @@ def history(
     stated: set[str] = set()
     for e in events:
         who = f" by {e['approver']}" if e.get("approver") else ""
-        click.echo(
+        _say(
             f"{e['at']}  {e['pk']}  {e.get('node_name') or '-'}  {e['transition']}{who}  {e['remediation_id']}"
         )
         if e.get("resume") and e["remediation_id"] not in stated:
             # Once per remediation: the rule is the alarm's, the same on each of its events.
             stated.add(e["remediation_id"])
-            click.echo(f"    resume rule: {e['resume']}")
+            _say(f"    resume rule: {e['resume']}")
 
 
 @main.command()

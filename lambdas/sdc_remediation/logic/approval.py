@@ -96,7 +96,18 @@ def ask_a_person(pending: PendingApproval, settings: Settings) -> None:
     subject, body = notify.approval_message(
         pending.approval_id, pending.evidence, prefix, dry_run=settings.dry_run
     )
-    sns.publish(settings.topic_arn, subject, body)
+    try:
+        sns.publish(settings.topic_arn, subject, body)
+    except Exception:
+        # Nobody was told of it: no pending request may be left for someone to find and
+        # decide. The step fails; its retry stores and announces it again, or the workflow
+        # records the failure (the node stays cordoned).
+        withdrawn = pending.approvals.withdraw(pending.approval_id)
+        logger.warning(
+            "approval announcement failed",
+            extra={"approval_id": pending.approval_id, "withdrawn": withdrawn},
+        )
+        raise
     pending.approvals.mark_notified(pending.approval_id)
 
 

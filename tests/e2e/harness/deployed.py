@@ -32,7 +32,7 @@ from typing import Any
 from infra.app import STACK_ID
 from tests.support.kube_standin import KubeStandIn
 
-from .account import Cluster, create_cluster
+from .account import Cluster, create_cluster, create_hyperpod_cluster
 from .alarms import AlarmSpec, LocalAlarmEvaluator
 from .deployment import (
     ACCOUNT,
@@ -241,6 +241,8 @@ def deployed(
         cli = CdkCli(aws)
         cli.synth(full)
         cli.bootstrap()
+        # The cluster exists before the stack: the stack looks its ARN up when it is deployed.
+        create_hyperpod_cluster(aws.client, cluster)
         cli.deploy(stack)
         with DeployedChain(aws, stack, cluster, quiet_handlers=quiet_handlers) as chain:
             yield chain

@@ -16,6 +16,7 @@ from typing import Any
 
 import sdc_contract as contract
 
+from ... import clock
 from ...clients.approval_url import ApprovalService
 from ...config import Settings
 from ...dal.approvals import Approvals
@@ -83,8 +84,11 @@ def canary_run_of(item: dict[str, Any], settings: Settings) -> str:
             "remediation"
         )
     run = RunStore(settings.ledger_table, settings.hyperpod_cluster_name).get(run_id)
-    if run is None or run.completed:
-        raise CanaryApprovalRefused(f"{refused}: run {run_id!r} is not an open canary run")
+    if run is None or not run.is_open(clock.now()):
+        raise CanaryApprovalRefused(
+            f"{refused}: run {run_id!r} is not an open canary run (completed, or expired "
+            "after canaryTimeout)"
+        )
     return run.run_id
 
 
