@@ -57,8 +57,9 @@ class Ledger(Construct):
         return self._allow(grantee, "Ledger", READ_WRITE)
 
     def grant_record(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """Record transitions and close remediations (record)."""
-        return self._allow(grantee, "Ledger", READ_WRITE)
+        """Record transitions and close remediations, and give a report back when its
+        remediation failed before anyone decided (record)."""
+        return self._allow(grantee, "Ledger", (*READ_WRITE, "dynamodb:DeleteItem"))
 
     def grant_release(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
         """Release a node from the guard on an approver's decision (approve)."""

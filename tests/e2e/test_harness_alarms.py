@@ -87,7 +87,7 @@ def test_below_the_threshold_nothing_fires():
 # --- per-job alarms (Metrics Insights, one contributor per job) -------------------------------
 
 QUERY = (
-    'SELECT SUM(sdc_replay_mismatch) FROM SCHEMA("SDC", ClusterName, JobName, NodeName) '
+    'SELECT SUM(sdc_replay_mismatch) FROM SCHEMA("SDC", ClusterName, JobName) '
     "WHERE ClusterName = 'c' AND JobName != 'sdc-canary' GROUP BY JobName ORDER BY SUM() DESC"
 )
 
@@ -101,7 +101,11 @@ class SeriesCloudWatch:
         self.states: list[str] = []
 
     def put(self, at: datetime.datetime, job: str, node: str) -> None:
-        for dims in ({"ClusterName": "c", "JobName": job, "NodeName": node}, {"ClusterName": "c"}):
+        for dims in (
+            {"ClusterName": "c", "JobName": job, "NodeName": node},
+            {"ClusterName": "c", "JobName": job},
+            {"ClusterName": "c"},
+        ):
             self.series.setdefault(tuple(sorted(dims.items())), []).append((at, 1.0))
 
     def list_metrics(self, *, Dimensions: list[dict[str, str]], **_: Any) -> dict[str, Any]:

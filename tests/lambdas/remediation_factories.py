@@ -158,7 +158,8 @@ def put_node_metric(
     job: str = JOB,
     cluster: str = CLUSTER,
 ) -> None:
-    """The per-node series and the cluster series, as the agent publishes them."""
+    """The per-node series, the job series and the cluster series, as the agent publishes
+    them."""
     cw.put_metric_data(
         Namespace=NAMESPACE,
         MetricData=[
@@ -168,6 +169,17 @@ def put_node_metric(
                     {"Name": "ClusterName", "Value": cluster},
                     {"Name": "JobName", "Value": job},
                     {"Name": "NodeName", "Value": node},
+                ],
+                "Timestamp": at,
+                "Value": value,
+                "Unit": "Count",
+                "StorageResolution": 1,
+            },
+            {
+                "MetricName": metric,
+                "Dimensions": [
+                    {"Name": "ClusterName", "Value": cluster},
+                    {"Name": "JobName", "Value": job},
                 ],
                 "Timestamp": at,
                 "Value": value,

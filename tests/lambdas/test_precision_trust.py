@@ -217,3 +217,17 @@ def test_metric_dimensions_come_from_fixed_values(cloud, invoke, capsys):
     # Then every EMF line's ClusterName is the deployment's, never the state's text
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"_aws"' in x]
     assert lines and {line["ClusterName"] for line in lines} == {CLUSTER}
+
+
+def test_a_report_whose_remediation_failed_undecided_may_raise_one_again(cloud, invoke):
+    # Given a report's remediation that failed before anyone decided (cordon could not run)
+    node = cloud.nodes[0]
+    first = _state(node, "arn:exec:1")
+    first["admission"] = invoke("admit", first)
+    invoke("record", {"transition": "failed", "notify": False, "state": first,
+                      "error": {"Error": "ClusterApiUnavailable", "Cause": "down"}})  # fmt: skip
+    # When the next alarm reads the same report
+    again = invoke("admit", _state(node, "arn:exec:2"))
+    # Then it is admitted as a new remediation (the evidence was never acted on)
+    assert again["decision"] == "admitted"
+    assert again["remediation_id"] != first["admission"]["remediation_id"]

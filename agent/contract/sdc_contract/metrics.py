@@ -36,9 +36,9 @@ CLUSTER_DIMENSION = "ClusterName"
 JOB_DIMENSION = "JobName"
 NODE_DIMENSION = "NodeName"
 CLUSTER_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION,)
-"""The series the deployed alarms watch."""
+"""The cluster's series of each SDC metric (the dashboard's)."""
 JOB_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION, JOB_DIMENSION)
-"""The liveness series."""
+"""A job's series: of each SDC metric (what the per-job alarms watch) and the liveness counts."""
 NODE_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION, JOB_DIMENSION, NODE_DIMENSION)
 """The per-node series of every node an alarm names, which localize lists."""
 
@@ -69,8 +69,10 @@ def job_alarm_query(
     only_job: str | None = None,
     except_job: str | None = None,
 ) -> str:
-    """The Metrics Insights query of a per-job SDC alarm: ``metric`` summed over the per-node
-    series of each job of ``cluster``, one contributor per job (GROUP BY JobName).
+    """The Metrics Insights query of a per-job SDC alarm: ``metric`` on each job's
+    {ClusterName, JobName} series of ``cluster``, one contributor per job (GROUP BY JobName).
+    The job series carries every finding, also one that names no node (which has no per-node
+    series).
 
     Each job is its own contributor, with its own ALARM/OK state, so one job's data cannot hold
     another job's alarm in ALARM. ``only_job`` / ``except_job`` keep one job to itself (the
@@ -82,7 +84,7 @@ def job_alarm_query(
         where.append(f"{JOB_DIMENSION} = '{only_job}'")
     if except_job is not None:
         where.append(f"{JOB_DIMENSION} != '{except_job}'")
-    schema = ", ".join([f'"{namespace}"', *NODE_SERIES])
+    schema = ", ".join([f'"{namespace}"', *JOB_SERIES])
     return (
         f"SELECT SUM({metric}) FROM SCHEMA({schema}) WHERE {' AND '.join(where)} "
         f"GROUP BY {JOB_DIMENSION} ORDER BY SUM() DESC"

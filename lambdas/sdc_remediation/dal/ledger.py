@@ -174,6 +174,22 @@ class Ledger:
             return None if mine else claimed
         return None
 
+    def release_report(self, instance_id: str, report: str, remediation_id: str) -> None:
+        """Give the report back after its remediation failed before anyone decided (cordon or
+        the health check could not run): the same evidence may be remediated again. Only the
+        claim ``remediation_id`` holds is removed."""
+        try:
+            with aws.aws_errors("dynamodb:DeleteItem"):
+                self._ddb.delete_item(
+                    TableName=self.table,
+                    Key=to_item({"pk": instance_id, "sk": report_sk(report)}),
+                    ConditionExpression="remediation_id = :rid",
+                    ExpressionAttributeValues=to_item({":rid": remediation_id}),
+                )
+        except botocore.exceptions.ClientError as exc:
+            if aws.error_code(exc) != "ConditionalCheckFailedException":
+                raise
+
     @staticmethod
     def _report_item(req: AdmitRequest, remediation_id: str) -> dict[str, Any]:
         item = {

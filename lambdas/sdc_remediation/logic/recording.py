@@ -229,6 +229,10 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
             closed = rid
         if closed is not None:
             remediation_id = closed
+            if inp.transition == "failed" and st.suspect and st.suspect.report_time:
+                # Nothing was decided about the node (a step could not run): its report may
+                # raise a remediation again, with the next alarm that reads it.
+                ledger.release_report(instance_id, st.suspect.report_key, closed)
     ledger.record(
         pk,
         remediation_id,

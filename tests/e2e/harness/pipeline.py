@@ -87,7 +87,8 @@ def compress_timings(
 
     def visit(states: dict[str, Any]) -> None:
         for name, state in states.items():
-            if approval_timeout_seconds and name == "RequestApproval":
+            # The late nodes' Map has its own copy of the chain ("LateRequestApproval").
+            if approval_timeout_seconds and name.endswith("RequestApproval"):
                 state["TimeoutSeconds"] = approval_timeout_seconds
             if retry_interval_seconds:
                 for retry in state.get("Retry", []):
@@ -96,6 +97,8 @@ def compress_timings(
             for nested in ("ItemProcessor", "Iterator"):
                 if nested in state:
                     visit(state[nested]["States"])
+            for branch in state.get("Branches", []):
+                visit(branch["States"])
 
     visit(definition["States"])
     return definition
