@@ -14,6 +14,7 @@ from aws_cdk.assertions import Match, Template
 import sdc_contract as contract
 from infra.config import METRIC_NAMES
 from infra.constructs.functions import SERVICES, STEPS
+from infra.template import STEP_HANDLER_SUFFIX
 from sdc_contract.metrics import job_alarm_query
 from tests.infra.infra_template import (
     all_states,
@@ -384,7 +385,7 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
     functions = {
         k: fn
         for k, fn in resources(default_synth.template, "AWS::Lambda::Function").items()
-        if fn["Properties"]["Handler"] != "index.handler"  # CDK's cluster-ARN lookup provider
+        if fn["Properties"]["Handler"].endswith(STEP_HANDLER_SUFFIX)  # not CDK's lookup provider
     }
     handlers = sorted(fn["Properties"]["Handler"] for fn in functions.values())
     # Then one per contract folder, handler <folder>.handler.handler

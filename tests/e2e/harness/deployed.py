@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from infra.app import STACK_ID
+from infra.template import STEP_HANDLER_SUFFIX
 from tests.support.kube_standin import KubeStandIn
 
 from .account import Cluster, create_cluster, create_hyperpod_cluster
@@ -122,12 +123,18 @@ class DeployedChain(Driver):
         return self.aws.environment
 
     def _deployed_functions(self) -> dict[str, dict[str, Any]]:
-        """Function name -> its deployed configuration (GetFunctionConfiguration)."""
+        """Function name -> its deployed configuration (GetFunctionConfiguration); the steps
+        only, not the function CDK brings along for the cluster-ARN lookup."""
         lam = self.aws.client("lambda")
-        return {
+        configs = {
             r["physical_id"]: lam.get_function_configuration(FunctionName=r["physical_id"])
             for r in self.resources.values()
             if r["type"] == "AWS::Lambda::Function"
+        }
+        return {
+            name: config
+            for name, config in configs.items()
+            if config["Handler"].endswith(STEP_HANDLER_SUFFIX)
         }
 
     def _create_cluster(self) -> None:
