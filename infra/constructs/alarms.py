@@ -58,7 +58,7 @@ def job_alarm(
 class SdcAlarms(Construct):
     """One Metrics Insights alarm per SDC metric, with one contributor per training job.
 
-    Each query sums the metric over a job's per-node series {ClusterName, JobName, NodeName}
+    Each query sums the metric on each job's series {ClusterName, JobName}
     (`sdc_contract.metrics.job_alarm_query`, the canary job left out): one job's data can hold
     only that job's contributor in ALARM, never another job's, and a new finding of another job
     starts its own workflow. The SDC namespace is this construct's: it grants who may put data

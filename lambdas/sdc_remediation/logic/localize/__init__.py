@@ -1,11 +1,15 @@
 """Localize: from an alarm to the nodes it names, with the evidence, or to "ambiguous".
 
 Sources, all in the alarm window [alarm time - LOOKBACK_SECONDS, alarm time + grace]
-(``evidence``):
-- the per-node series {ClusterName, JobName, NodeName} with non-zero values (ListMetrics, then
-  GetMetricData MetricStat): which nodes the agent named;
-- the ``sdc.alarm/v1`` reports in ``/sdc/<ClusterName>`` (FilterLogEvents): who, why, when;
-- the Kubernetes API, where a report names a rank's pod (in TRAINING_NAMESPACE only);
+(``evidence``), for the job the alarm's contributor names only (one job's data never decides
+another job's remediation):
+- the job's per-node series {ClusterName, JobName, NodeName} with non-zero values
+  (ListMetrics, then GetMetricData MetricStat): which nodes the agent named;
+- the job's ``sdc.alarm/v1`` reports in ``/sdc/<ClusterName>`` (FilterLogEvents), parsed and
+  checked one at a time: who, why, when;
+- the Kubernetes API, in TRAINING_NAMESPACE only: the pod a report names, and the job's pods
+  on each named node (``JOB_LABEL`` = the report's job, running or ended within the lookback),
+  which corroborate that the job ran there;
 - HyperPod's DescribeClusterNode: instance id -> instance group, and proof the instance exists.
 
 The modules, in the order localize uses them:
@@ -15,12 +19,14 @@ The modules, in the order localize uses them:
 - ``canary``: a canary report names the reserved node alone and an open run; a training report
   never names the reserved node;
 - ``resolve``: rank -> node -> instance -> instance group, every claim of the report checked
-  (reports are written by training pods and are not trusted: ``UntrustedReport``,
-  ``InstanceNotInCluster`` or ``NodeNotFound`` before any node is touched);
+  and the node corroborated by a pod of the job (reports are written by training pods and are
+  not trusted: a claim that fails is refused on its own, ``UntrustedReport``,
+  ``InstanceNotInCluster`` or ``NodeNotFound``, and no node is touched for it);
 - ``suspects``: one suspect per instance, whatever the reports say, bounded.
 
-CloudWatch is eventually consistent, so "a node has a series but no report names it yet" and
-"no report yet" are ``ReportNotYetVisible`` (retried), never a guess.
+CloudWatch is eventually consistent: "no report yet" is ``ReportNotYetVisible`` (the step is
+retried), and "a node has a series but no report names it yet" is a ``pending`` node, looked
+for again in its own Map item (``localize_late``, retried, bounded), never a guess.
 """
 
 from __future__ import annotations
