@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sdc_agent.faults import _flip_bit_
+from sdc_agent.drills.faults import _flip_bit_
 from sdc_agent.sensors import ResidualAdd, SensorBoard, protect
 from sdc_agent.sensors.plan import plan_sensors
 
@@ -213,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         campaign = Campaign(args, bf16)
         for _ in range(campaign.board.config.warmup_checks):
             campaign.step()
+        campaign.board.agree_alone()  # the agreed thresholds, as a job's ranks reach them
         result[f"false_flags_{label}"] = (
             sum(campaign.step() for _ in range(args.trials)) / args.trials
         )

@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 
 from sdc_agent.alarm import RankInfo
-from sdc_agent.audit import ROW_WIDTH
-from sdc_agent.drill import launch
+from sdc_agent.checks.replay.attribution import ROW_WIDTH
+from sdc_agent.drills.launch import launch
 from sdc_agent.topology import all_gather_text
 
 INT64 = 8

@@ -17,7 +17,8 @@ Variants (each against plain DDP with the same model, batches and process group)
                check every 10 (each shard across its replicas) + deterministic audits every 100,
                against the same unguarded HSDP loop (plain_hsdp); needs --ranks-per-node >= 2
   sensors      online GEMM sensors (sdc_agent.sensors.protect) at the default 1% budget, with
-               check 1 and no audits or weight checks (compare with ``checks``)
+               check 1 and no audits or weight checks (compare with ``checks``); without the
+               burn-in, whose 20 steps at full coverage cost what ``sensors_full`` does
   sensors_full the same with every GEMM of every layer checked on every step
 Runs are interleaved step by step: every variant has its own DDP model (same initial weights)
 and, for each training step, plain DDP and every variant take that step in turn, so all of them
@@ -76,6 +77,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import sdc_agent as sdc
+
+# --against runs this script on other agents, from before the drills moved into
+# sdc_agent.drills too: sdc_agent.drill has the launcher in every version.
 from sdc_agent.drill import launch
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
@@ -85,7 +89,9 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "audit100": {"audit_every": 100, "check_every": 0, "deterministic_audits": False},
     "det_audit100": {"audit_every": 100, "check_every": 0, "deterministic_audits": True},
     "det_audit10": {"audit_every": 10, "check_every": 0, "deterministic_audits": True},
-    "sensors": {"audit_every": 0, "check_every": 0, "sensor_budget": 0.01},
+    # The steady state at the default budget: the burn-in (every sensor on each of the first
+    # 20 steps) is sensors_full's cost for 20 steps, once per run (docs/performance.md).
+    "sensors": {"audit_every": 0, "check_every": 0, "sensor_budget": 0.01, "sensor_burn_in": 0},
     "sensors_full": {"audit_every": 0, "check_every": 0, "sensor_budget": math.inf},
     "plain_accum4": None,
     "accum4": {
@@ -113,7 +119,7 @@ BASELINES = {
 }
 """Variants measured against their own unguarded loop (the default baseline is "plain")."""
 SHARDED = {"fsdp": "fsdp", "plain_fsdp": "fsdp", "hsdp": "hsdp", "plain_hsdp": "hsdp"}
-"""The variants whose model is sharded with FSDP2, and how (``sdc_agent.drill_fsdp.shard``)."""
+"""The variants whose model is sharded with FSDP2, and how (``sdc_agent.drills.sharded.shard``)."""
 DEFAULT_VARIANTS = ["checks", "weights10", "audit100", "det_audit100", "det_audit10", "accum4"]
 """What a run without ``--variants`` measures (the DDP set; the sharded ones are opt-in)."""
 ACCUM = 4
@@ -163,7 +169,10 @@ def _model(name: str, width: int, depth: int, shards: int) -> nn.Module:
     parallel = SHARDED.get(name)
     if parallel is None:
         return nn.parallel.DistributedDataParallel(module)
-    from sdc_agent.drill_fsdp import shard
+    try:
+        from sdc_agent.drills.sharded import shard
+    except ImportError:  # an agent from before the drills moved (--against)
+        from sdc_agent.drill_fsdp import shard  # type: ignore[no-redef]
 
     hidden = [m for m in module.net if isinstance(m, nn.Linear)][1:-1]
     return shard(module, parallel, shards=shards, blocks=hidden)

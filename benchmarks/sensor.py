@@ -45,6 +45,7 @@ def measure(k: int, n: int, rows: int, trials: int, seed: int) -> dict[str, Any]
     gen = torch.Generator().manual_seed(seed + 1)
     for _ in range(layer.sensor_board.config.warmup_checks):
         run_batch(layer, torch.randn(rows, k, generator=gen))
+    layer.sensor_board.agree_alone()  # the agreed threshold, as a job's ranks reach it
     false_flags = sum(
         bool(run_batch(layer, torch.randn(rows, k, generator=gen)).any()) for _ in range(trials)
     )

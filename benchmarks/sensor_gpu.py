@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     # 2. warm-up, false flags, detection
     for _ in range(board.config.warmup_checks):
         flags_of(layer, batch(), dev)
+    board.agree_alone()  # the agreed thresholds, as a job's ranks reach them
     false_flags = sum(any(flags_of(layer, batch(), dev)) for _ in range(args.trials))
     detection: dict[str, dict[str, float]] = {}
     for label, make in (

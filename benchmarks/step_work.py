@@ -49,6 +49,9 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sdc_agent as sdc
+
+# --against runs this script on other agents, from before the drills moved into
+# sdc_agent.drills too: sdc_agent.drill has the launcher in every version.
 from sdc_agent.drill import launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import sdc_agent as sdc
-from sdc_agent.drill import DrillModel, make_batch, make_fault
+from sdc_agent.drills.job import DrillModel, make_batch, make_fault
 from sdc_agent.fingerprint import fingerprints, table_digest
 from sdc_agent.publish.events import alarm_metric_data
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 import sdc_agent as sdc
-from sdc_agent.drill import DrillModel, make_batch, make_fault, make_loss
+from sdc_agent.drills.job import DrillModel, make_batch, make_fault, make_loss
 from tests.agent.scenarios import SCHEDULE, R
 
 RECOVERY_SCHEDULE = {**SCHEDULE, "ckpt_every": 3}

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import sdc_agent as sdc
-from sdc_agent.drill import build, make_batch, make_loss
+from sdc_agent.drills.job import build, make_batch, make_loss
 
 R = 3
 """The faulty rank in most scenarios: node 1, replayed by rank 1 (node 0), confirmed by rank 5."""
@@ -90,7 +90,7 @@ def own_loop(
     ``set_to_none=False`` zeroes gradients in place; ``accumulate`` > 1 runs that many backward
     passes per step (gradient accumulation, which audits refuse).
     """
-    from sdc_agent.drill import make_fault
+    from sdc_agent.drills.job import make_fault
 
     ddp, optimizer, guard = build({**SCHEDULE, "check_every": 4})
     if fault:

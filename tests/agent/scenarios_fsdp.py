@@ -10,10 +10,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import sdc_agent as sdc
-from sdc_agent.drill import make_batch, make_fault, make_loss
-from sdc_agent.drill_fsdp import ShardedDrillModel, build_sharded, shard
+from sdc_agent.checks.replay.environment import step_seed
+from sdc_agent.drills.job import build_sharded, make_batch, make_fault, make_loss
+from sdc_agent.drills.sharded import ShardedDrillModel, shard
 from sdc_agent.fingerprint import fingerprints, table_digest
-from sdc_agent.replay import step_seed
 from tests.agent import loops
 from tests.agent.loops import RecordingPublisher
 from tests.agent.scenarios import CountingPublisher

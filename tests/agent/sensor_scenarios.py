@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -11,8 +12,26 @@ import torch.nn.functional as F
 from torch import nn
 
 import sdc_agent as sdc
-from sdc_agent.drill import DrillModel, make_batch, make_fault, make_loss
+from sdc_agent.drills.job import DrillModel, make_batch, make_fault, make_loss
 from sdc_agent.sensors import ResidualAdd, SensorConfig, protect
+
+
+def x1000_from(layer: str, step: int, *, rank: int, gemm: str = "forward") -> dict[str, Any]:
+    """A fault spec: x1000 on one element of a protected GEMM's fp32 result on ``rank``, every
+    step from ``step`` on (a GPU that computes wrong and stays wrong)."""
+    return x1_1_once(layer, gemm, rank=rank, factor=1000.0, step=step, persistent=True)
+
+
+def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """A digest of the weights and the optimizer's state (momentum buffers): equal digests, the
+    same training state, bit for bit."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+        for value in optimizer.state.get(p, {}).values():
+            if isinstance(value, torch.Tensor):
+                h.update(value.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def x1_1_once(layer: str, gemm: str = "forward", *, rank: int, **kw: Any) -> dict[str, Any]:
@@ -94,7 +113,6 @@ def sensed_run(
     faults: list[dict[str, Any]] = (),
     audit_every: int = 50,
     budget: float = math.inf,
-    warmup: int = 5,
     config: dict[str, Any] | None = None,
     autocast_bf16: bool = False,
     grad_accum: int = 1,
@@ -103,6 +121,10 @@ def sensed_run(
 ) -> dict[str, Any]:
     """Train the protected drill model; report the alarm, updates and sensor counts here.
 
+    ``config``: the sensors' ``SensorConfig`` fields (default: the defaults, as a user gets
+    them); ``budget``: ``Schedule.sensor_budget`` (default: every sensor on every step).
+    ``digests`` maps each applied step to the digest of the weights and optimizer state after
+    it (``-1``: before the first step), and ``final_digest`` is the state at the end.
     With ``grad_accum`` = N > 1 step s trains on micro-batches ``make_batch(s * N + i, rank)``;
     ``layer_norm``: net.1 is an ``nn.LayerNorm`` instead of the drill's BatchNorm;
     ``ops_model``: train :class:`OpsDrillModel` instead."""
@@ -116,7 +138,7 @@ def sensed_run(
     module = OpsDrillModel() if ops_model else DrillModel()
     if layer_norm:
         module.net[1] = nn.LayerNorm(module.net[1].num_features)
-    protect(module, config=SensorConfig(**(config or {"warmup_checks": warmup})))
+    protect(module, config=SensorConfig(**(config or {})))
     ddp = nn.parallel.DistributedDataParallel(module)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     publisher = SensorCountingPublisher()
@@ -136,9 +158,17 @@ def sensed_run(
     )
     injected = [make_fault(f).attach(guard) for f in faults]
     updates: list[int] = []
-    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
+    digests = {-1: state_digest(module, optimizer)}
+
+    def after_update(*_: Any) -> None:
+        updates.append(guard.current_step)
+        digests[guard.current_step] = state_digest(module, optimizer)
+
+    optimizer.register_step_post_hook(after_update)
     alarm = guard.train(batch_of(s, dist.get_rank()) for s in range(steps))
     return {
+        "digests": digests,
+        "final_digest": state_digest(module, optimizer),
         "alarm": alarm.to_dict() if alarm else None,
         "updates": updates,
         "fired": sum(f.fired for f in injected),

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 import sdc_agent as sdc
-from sdc_agent.drill import make_batch, make_fault, make_loss
-from sdc_agent.drill_fsdp import ShardedDrillModel, shard
+from sdc_agent.drills.job import make_batch, make_fault, make_loss
+from sdc_agent.drills.sharded import ShardedDrillModel, shard
 from sdc_agent.sensors import SensorConfig, protect
 from tests.agent.sensor_scenarios import SensorCountingPublisher
 
@@ -23,7 +23,6 @@ def sensed_sharded_run(
     faults: list[dict[str, Any]] = (),
     audit_every: int = 50,
     budget: float = math.inf,
-    warmup: int = 5,
     mixed_precision: bool = False,
 ) -> dict[str, Any]:
     """Protect the sharded drill model's layers, then shard it (``fully_shard`` per block, then
@@ -35,7 +34,7 @@ def sensed_sharded_run(
     parameters are still sharded DTensors after training."""
     torch.manual_seed(0)
     module = ShardedDrillModel()
-    board = protect(module, config=SensorConfig(warmup_checks=warmup))
+    board = protect(module, config=SensorConfig())  # the defaults, as a user gets them
     fc = module.blocks[1].fc
     seen: list[str] = []
 
@@ -69,6 +68,7 @@ def sensed_sharded_run(
         "updates": updates,
         "fired": sum(f.fired for f in injected),
         "unconfirmed": guard.sensors.unconfirmed,
+        "published_unconfirmed": publisher.unconfirmed,
         "alarms_published": len(publisher.alarms),
         "coverage": guard.coverage()["checks"]["online_sensors"],
         "checks_run": sum(board.checks),

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import the_alarm
 from tests.agent.scenarios import SCHEDULE, R
 
-DRILL = "sdc_agent.drill:train_drill"
+DRILL = "sdc_agent.drills.job:train_drill"
 SCEN = "tests.agent.scenarios"
 
 

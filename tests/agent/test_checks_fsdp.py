@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import ok, the_alarm
 from tests.agent.scenarios import R
 
-DRILL = "sdc_agent.drill:train_drill"
+DRILL = "sdc_agent.drills.job:train_drill"
 SCEN = "tests.agent.scenarios_fsdp"
 SCHEDULE = {"audit_every": 5, "check_every": 0, "ckpt_every": 0, "peer_offset": 2}
 LAYOUTS = ("fsdp", "hsdp")

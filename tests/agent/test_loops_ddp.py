@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import ok, the_alarm
 from tests.agent.scenarios import R
 

@@ -14,7 +14,8 @@ import pytest
 import torch.distributed as dist
 from moto.server import ThreadedMotoServer
 
-from sdc_agent.drill import build, launch, make_batch, make_fault, node_name
+from sdc_agent.drills.job import build, make_batch, make_fault
+from sdc_agent.drills.launch import launch, node_name
 from sdc_agent.publish import CloudWatchPublisher
 from tests.agent.test_publish_cloudwatch import (  # noqa: F401  (aws_env is an autouse fixture)
     REGION,

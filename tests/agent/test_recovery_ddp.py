@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 from tests.agent.scenarios import R
 
 SCEN = "tests.agent.recovery_scenarios"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import the_alarm
 from tests.agent.sensor_scenarios import x1_1_once
 

@@ -1,9 +1,12 @@
 """Online GEMM sensors on a real multi-process DDP job: 3 simulated nodes x 2 ranks, gloo, CPU.
 
 One launch runs every scenario (process start-up dominates on 2 cores). The drill model's three
-linear layers (net.0, net.4, net.6) are protected; rank R=3 (node 1) is the faulty one, and its
-candidates are confirmed by rank 5 (node 2), its third GPU with peer_offset=2. Audits run every
-50 steps (100 in the rotation scenario), so every fault below lands between audits.
+linear layers (net.0, net.4, net.6) are protected, with the sensors' default thresholds (armed
+from the first check, agreed by the ranks after 20 sensor steps) and the default burn-in (every
+sensor on each of the first 20 steps); rank R=3 (node 1) is the faulty one, and its candidates
+are confirmed by rank 5 (node 2), its third GPU with peer_offset=2. Audits run every 50 steps
+(100 in the rotation scenario, 1000 in the persistent x1000 ones), so every fault below lands
+between audits.
 """
 
 from __future__ import annotations
@@ -12,13 +15,17 @@ from typing import Any
 
 import pytest
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import the_alarm
-from tests.agent.sensor_scenarios import x1_1_once
+from tests.agent.sensor_scenarios import x1_1_once, x1000_from
+
+# One launch for every scenario: on a busy 2-core machine it can outlast the default 300 s.
+pytestmark = pytest.mark.timeout(1200)
 
 R = 3
 RUN = "tests.agent.sensor_scenarios:sensed_run"
-CLEAN_STEPS = 500
+CLEAN_STEPS = 300
+DEFAULT_BUDGET = 0.01  # Schedule's default sensor_budget
 
 
 def gemm_fault(layer: str = "net.4", **kw: Any) -> dict[str, Any]:
@@ -39,8 +46,8 @@ JOBS: dict[str, tuple[str, dict]] = {
         {"steps": 12, "layer_norm": True, "faults": [gemm_fault("net.1")]},
     ),
     # The drill model's layers are 32 wide and see 8 rows: a check reads as many elements as
-    # its GEMM multiplies, so the cost model (sensors/plan.py) rotates over 184 steps at the
-    # default 1%; 25% gives an 11-step rotation whose sensors warm up before step 70.
+    # its GEMM multiplies, so the cost model (sensors/plan.py) rotates over 179 steps at the
+    # default 1%; 25% gives an 11-step rotation, after the 20-step burn-in.
     "persistent_rotating": (
         RUN,
         {
@@ -56,13 +63,28 @@ JOBS: dict[str, tuple[str, dict]] = {
     ),
     "clean_fp32": (RUN, {"steps": CLEAN_STEPS}),
     "clean_bf16": (RUN, {"steps": CLEAN_STEPS, "autocast_bf16": True}),
+    # A GPU that turns bad and stays bad (x1000 on one element of net.4's forward GEMM on R),
+    # audits every 1,000 steps, the default budget: from step 5, from the job's first step,
+    # and from step 30 (after the burn-in: the rotation's bursts must find it).
+    **{
+        f"x1000_from_{start}": (
+            RUN,
+            {
+                "steps": 400,
+                "audit_every": 1000,
+                "budget": DEFAULT_BUDGET,
+                "faults": [x1000_from("net.4", start, rank=R)],
+            },
+        )
+        for start in (5, 0, 30)
+    },
 }
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, Any]]]:
     names = list(JOBS)
-    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=600)
+    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=1100)
     out = dict(zip(names, per_job, strict=True))
     for name, per_rank in out.items():
         errors = [r["trace"] for r in per_rank if "error" in r]
@@ -137,15 +159,62 @@ def test_an_unconfirmed_flag_is_counted_and_published_as_a_count_not_an_alarm(re
 
 
 @pytest.mark.parametrize("name", ["clean_fp32", "clean_bf16"])
-def test_fault_free_runs_with_every_gemm_checked_raise_no_flag_and_replays_stay_exact(
+def test_fault_free_runs_with_every_gemm_checked_raise_no_alarm_and_replays_stay_exact(
     results, name
 ):
-    # Given CLEAN_STEPS fault-free steps with every GEMM of every protected layer checked
+    # Given CLEAN_STEPS fault-free steps with every GEMM of every protected layer checked on
+    # every step, from the first check, with the default thresholds
     per_rank = results[name]
     assert set(per_rank[0]["coverage"]["layers"]["net.4"].values()) == {1.0}
-    # Then no sensor flags after its warm-up and no alarm is raised, on any rank
-    assert all(r["alarm"] is None and r["unconfirmed"] == 0 for r in per_rank)
+    # Then no alarm is raised, on any rank, and every step is applied (a candidate a healthy
+    # GPU reproduces is no alarm: it is counted, and the count is published, which is all
+    # this pins: the count itself is the data's)
+    assert all(r["alarm"] is None for r in per_rank)
+    assert per_rank[0]["alarms_published"] == 0
+    assert per_rank[0]["published_unconfirmed"] == per_rank[0]["unconfirmed"]
+    assert all(r["unconfirmed"] == per_rank[0]["unconfirmed"] for r in per_rank)
     assert all(r["updates"] == list(range(CLEAN_STEPS)) for r in per_rank)
+    # And the ranks agreed on their thresholds: one set, tighter than the first check's
+    thresholds = per_rank[0]["coverage"]["thresholds"]
+    assert thresholds["agreed"] and thresholds["in_force"][0] < thresholds["initial"]
+    assert all(r["coverage"]["thresholds"] == thresholds for r in per_rank)
     # And every audit (each replaying a micro-batch bit for bit on another node) passed
     assert per_rank[0]["audit_passes"] == CLEAN_STEPS // 50
     assert per_rank[0]["last_audit_pass"] == CLEAN_STEPS - 50
+
+
+@pytest.mark.parametrize("start", [5, 0])
+def test_a_gpu_bad_from_the_start_is_named_in_the_burn_in_and_its_step_not_applied(results, start):
+    # Given x1000 on one element of net.4's forward GEMM on rank R on every step from `start`
+    # (0: the job's first step), audits every 1,000 steps and the default sensor budget
+    name = f"x1000_from_{start}"
+    alarm = the_alarm(results, name)
+    # Then a sensor names R at that very step (within the burn-in, which checks every sensor
+    # on every step), confirmed by the numbers of a third GPU's recomputation
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (start, "compute", [R])
+    assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "persistent"}]
+    [candidate] = alarm["sensor_candidates"]
+    assert (candidate["rank"], candidate["layer"], candidate["gemm"]) == (R, "net.4", "forward")
+    assert candidate["ratio"] > 1e3 * candidate["threshold"]
+    # And the step was not applied: on every rank the weights and optimizer state are
+    # bit for bit those after the previous step (before the first, for a fault from step 0)
+    per_rank = results[name]
+    assert all(r["updates"] == list(range(start)) for r in per_rank)
+    before = str(start - 1)
+    assert all(r["final_digest"] == r["digests"][before] for r in per_rank)
+    assert len({r["final_digest"] for r in per_rank}) == 1
+
+
+def test_a_persistent_fault_after_the_burn_in_is_named_within_one_period_at_the_default_budget(
+    results,
+):
+    # Given the same fault from step 30, after the 20-step burn-in, at the default budget
+    run = results["x1000_from_30"][0]
+    period = run["coverage"]["period"]
+    alarm = the_alarm(results, "x1000_from_30")
+    # Then the rotation's next burst names R: within one period, long before the next audit
+    assert 30 <= alarm["step"] < 30 + period < 1000
+    assert alarm["suspects"] == [R] and [v["kind"] for v in alarm["verdicts"]] == ["persistent"]
+    # And the budget did rotate after the burn-in: one sensor step per period
+    assert run["coverage"]["burn_in"] == 20 and period > 20
+    assert all(r["updates"] == list(range(alarm["step"])) for r in results["x1000_from_30"])

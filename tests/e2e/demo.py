@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sdc_agent.drill import launch
+from sdc_agent.drills.launch import launch
 
 if TYPE_CHECKING:
     from tests.e2e.harness.pipeline import LocalPipeline
@@ -91,7 +91,7 @@ def _train(
     }
     # Forked from one server that imported torch once: the restart's launch then costs little.
     (results,) = launch(
-        [("sdc_agent.drill:train_drill", job)],
+        [("sdc_agent.drills.job:train_drill", job)],
         world=6,
         ranks_per_node=2,
         start_method="forkserver",
@@ -445,7 +445,7 @@ def _restart_job(
         "resume": True,
     }
     (results,) = launch(
-        [("sdc_agent.drill:train_drill", job)],
+        [("sdc_agent.drills.job:train_drill", job)],
         world=6,
         ranks_per_node=2,
         node_names=nodes,

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from sdc_agent import Schedule
-from sdc_agent.accumulation import MicroBatchIsolation
+from sdc_agent.checks.replay.accumulation import MicroBatchIsolation
+from sdc_agent.checks.replay.replayer import Replayer, micro_batch_loss, outcome_of
 from sdc_agent.fingerprint import bit_patterns, fingerprints
-from sdc_agent.replay import Replayer, micro_batch_loss, outcome_of
 
 N = 4
 

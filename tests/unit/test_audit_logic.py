@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdc_agent.attribution import (
+from sdc_agent.checks.replay.attribution import (
     Outcome,
     confirmation_jobs,
     find_culprits,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sdc_agent as sdc
-from sdc_agent.divergence import name_minority_copies
+from sdc_agent.checks.weights.report import name_minority_copies
 from sdc_agent.topology import TopologyError, validate_placement
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from sdc_agent import drill, drill_checkpoints
+from sdc_agent.drills import checkpoints, job
+from sdc_agent.drills.launch import launch
 from sdc_agent.recovery import write_alarm_record
 
 # The demo's alarm: the audit of step 10 failed, the one of step 5 had passed.
@@ -27,7 +28,7 @@ def save(run_dir, step: int, value: float, verified: bool = True):
         module.weight.fill_(value)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     tags = {"step": step, "last_weight_check_pass": step, "weights_verified": verified}
-    return drill_checkpoints.save_checkpoint(run_dir, step, module, optimizer, tags)
+    return checkpoints.save_checkpoint(run_dir, step, module, optimizer, tags)
 
 
 def test_checkpoints_are_listed_by_step_and_half_written_files_are_not(tmp_path):
@@ -38,7 +39,7 @@ def test_checkpoints_are_listed_by_step_and_half_written_files_are_not(tmp_path)
     (tmp_path / "stepfinal.pt").write_bytes(b"not a step")
     write_alarm_record(tmp_path, AUDIT_ALARM, writer_rank=0)
     # Then only the whole checkpoints count, oldest first, and no temporary was left behind
-    assert drill_checkpoints.checkpoint_steps(tmp_path) == [4, 9]
+    assert checkpoints.checkpoint_steps(tmp_path) == [4, 9]
     assert not list(tmp_path.glob(".step00000009*"))
 
 
@@ -49,7 +50,7 @@ def test_the_restart_loads_the_checkpoint_before_the_window_and_refuses_the_one_
     save(tmp_path, 9, 1.0)
     write_alarm_record(tmp_path, AUDIT_ALARM, writer_rank=0)
     # When the restarted job decides where to resume
-    decision = drill_checkpoints.choose_resume(tmp_path)
+    decision = checkpoints.choose_resume(tmp_path)
     # Then it loads step 4, and reports 9 refused by that alarm, with the tags it was saved with
     assert decision["checkpoints"] == [4, 9]
     assert decision["step"] == 4
@@ -65,7 +66,7 @@ def test_without_a_clean_checkpoint_the_restart_starts_from_the_initial_weights(
     save(tmp_path, 9, 1.0)
     write_alarm_record(tmp_path, AUDIT_ALARM, writer_rank=0)
     # Then nothing is loaded
-    decision = drill_checkpoints.choose_resume(tmp_path)
+    decision = checkpoints.choose_resume(tmp_path)
     assert decision["step"] is None and decision["state"] is None
     assert list(decision["refused"]) == ["9"]
 
@@ -74,7 +75,7 @@ def test_a_restart_without_an_alarm_log_is_an_error_not_a_silent_resume(tmp_path
     from sdc_agent.recovery import AlarmLogError
 
     with pytest.raises(AlarmLogError, match="does not exist"):
-        drill_checkpoints.choose_resume(tmp_path / "nowhere")
+        checkpoints.choose_resume(tmp_path / "nowhere")
 
 
 @pytest.mark.parametrize(
@@ -87,11 +88,11 @@ def test_a_restart_without_an_alarm_log_is_an_error_not_a_silent_resume(tmp_path
 )
 def test_drill_options_that_cannot_work_are_refused_naming_the_option(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
-        drill.train_drill(steps=1, schedule={}, **kwargs)
+        job.train_drill(steps=1, schedule={}, **kwargs)
 
 
 def test_the_launcher_refuses_node_names_that_do_not_match_the_ranks_and_unknown_start_methods():
     with pytest.raises(ValueError, match=r"^node_names: 6 ranks of 2 per node need 3 names"):
-        drill.launch([], world=6, ranks_per_node=2, node_names=["a", "b"])
+        launch([], world=6, ranks_per_node=2, node_names=["a", "b"])
     with pytest.raises(ValueError, match=r"^start_method:"):
-        drill.launch([], start_method="fork")
+        launch([], start_method="fork")

@@ -1,12 +1,12 @@
-"""Check 1's finiteness test (sdc_agent.finiteness): every NaN/Inf seen, every finite value passed,
-nothing changed."""
+"""Check 1's finiteness test (sdc_agent.checks.gradients.finiteness): every NaN/Inf seen, every
+finite value passed, nothing changed."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sdc_agent.finiteness import mark_non_finite, new_flag
+from sdc_agent.checks.gradients.finiteness import mark_non_finite, new_flag
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64]

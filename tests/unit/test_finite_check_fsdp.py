@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sdc_agent.drill import make_batch, make_loss
-from sdc_agent.drill_fsdp import build_sharded
+from sdc_agent.drills.job import build_sharded, make_batch, make_loss
 
 VICTIM = "blocks.1.fc.weight"
 

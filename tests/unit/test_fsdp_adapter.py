@@ -1,4 +1,5 @@
-"""The FSDP2 adapter on a one-rank gloo group: layouts it refuses, and the replay's exactness."""
+"""The parallelism adapters on a one-rank gloo group: the FSDP2 layouts refused, each adapter's
+answers to the checks' questions, and the replay's exactness."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import sdc_agent as sdc
-from sdc_agent.drill import make_batch, make_loss
-from sdc_agent.drill_fsdp import ShardedDrillModel, build_sharded
-from sdc_agent.parallel_fsdp import FSDP2Adapter, adapter_for
-from sdc_agent.replay import outcome_of
+from sdc_agent.checks.replay.replayer import outcome_of
+from sdc_agent.drills.job import build_sharded, make_batch, make_loss
+from sdc_agent.drills.sharded import ShardedDrillModel
+from sdc_agent.parallel import DDPAdapter, FSDP2Adapter, ParallelAdapter, adapter_for
 
 
 @pytest.fixture
@@ -60,6 +61,22 @@ def test_hsdp_layout_is_learned_from_the_parameters(one_rank):
     assert (adapter.layout.kind, adapter.layout.replicas, adapter.layout.shards) == ("hsdp", 1, 1)
     assert adapter.weight_redundancy is False
     assert adapter.coverage_facts()["weights_compared"] is False
+
+
+def test_each_adapter_answers_the_checks_questions_for_its_layout(one_rank):
+    # Given a DDP model and an FSDP2 one (full sharding) on the same group
+    ddp = adapter_for(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2)), None)
+    fsdp = adapter_for(fully_shard(ShardedDrillModel(), mesh=init_device_mesh("cpu", (1,))), None)
+    # Then each is the adapter of its wrapper and a ParallelAdapter
+    assert isinstance(ddp, DDPAdapter) and isinstance(ddp, ParallelAdapter)
+    assert isinstance(fsdp, FSDP2Adapter) and isinstance(fsdp, ParallelAdapter)
+    # And check 2's replay unit: alone under DDP, every rank at once under FSDP2
+    assert (ddp.replays_in_lockstep, fsdp.replays_in_lockstep) == (False, True)
+    # And check 3's replicas: DDP's whole weights over the group, FSDP2's shards by the mesh
+    whole, shards = ddp.weight_replicas(), fsdp.weight_replicas()
+    assert (whole.sharded, whole.replicas, whole.shards) == (False, 1, 1)
+    assert [name for name, _ in whole.named_weights] == ["weight", "bias"]
+    assert shards.sharded and shards.replicas_of_shard == fsdp.layout.replicas_of_shard
 
 
 def test_a_replay_with_sync_off_fingerprints_the_local_gradient_as_training_did(one_rank):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from sdc_agent.checks.replay.replayer import Replayer, outcome_of
 from sdc_agent.fingerprint import fingerprints
-from sdc_agent.replay import Replayer, outcome_of
 
 
 class NegativeZeroGrad(nn.Module):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from sdc_agent.faults import _flip_bit_
+from sdc_agent.drills.faults import _flip_bit_
 from sdc_agent.sensors import (
     ProtectedLayerNorm,
     ProtectedLogSoftmax,
@@ -123,7 +123,8 @@ def warmed(kind: str) -> tuple[nn.Module, torch.Generator]:
     torch.manual_seed(1)
     module, gen = make(kind), torch.Generator().manual_seed(2)
     for _ in range(module.sensor_board.config.warmup_checks):
-        assert not one_pass(module, kind, gen).any()  # the warm-up never flags
+        assert not one_pass(module, kind, gen).any()  # healthy rows stay under the first check's
+    module.sensor_board.agree_alone()  # the thresholds a job's ranks agree on after as many
     return module, gen
 
 

@@ -13,6 +13,7 @@ from sdc_agent.sensors import (
     GEMMS,
     ProtectedLayerNorm,
     ProtectedLinear,
+    SensorBoard,
     SensorConfig,
     find_board,
     forward_ratio,
@@ -99,10 +100,13 @@ def test_protect_refuses_a_model_twice_or_without_linear_layers():
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        ({"warmup_checks": 0}, "warmup_checks"),
+        ({"warmup_checks": -1}, "warmup_checks"),
+        ({"warmup_checks": 2.0}, "warmup_checks"),
         ({"margin": 0.0}, "margin"),
         ({"min_threshold": math.inf}, "min_threshold"),
         ({"margin": True}, "margin"),
+        ({"initial_threshold": math.nan}, "initial_threshold"),
+        ({"initial_threshold": 2.0, "min_threshold": 3.0}, "initial_threshold"),
     ],
 )
 def test_sensor_config_names_the_bad_field(kwargs, field):
@@ -110,8 +114,23 @@ def test_sensor_config_names_the_bad_field(kwargs, field):
         SensorConfig(**kwargs)
 
 
+def test_no_observation_window_keeps_the_first_check_threshold_for_good():
+    # Given warmup_checks=0 (valid: no observation window)
+    layer = ProtectedLinear(16, 16, name="fc", board=SensorBoard(SensorConfig(warmup_checks=0)))
+    board = layer.sensor_board
+    # When healthy checks run
+    for _ in range(5):
+        board.arm(frozenset(range(3)))
+        run(layer, torch.randn(8, 16))
+        assert not board.take_flags()[0].any()
+    # Then nothing is learned and the first-check threshold stays in force
+    assert not board.learning
+    assert board.thresholds() == [board.config.initial_threshold] * 3
+
+
 def warmed_layer(warmup: int = 20) -> tuple[ProtectedLinear, torch.Tensor]:
-    """A 64 -> 256 protected layer whose three sensors finished their warm-up on healthy data."""
+    """A 64 -> 256 protected layer whose three sensors observed ``warmup`` healthy checks and
+    then agreed on their thresholds (alone: one process)."""
     torch.manual_seed(1)
     layer = ProtectedLinear(64, 256, board=None, name="fc")
     board = layer.sensor_board
@@ -119,7 +138,9 @@ def warmed_layer(warmup: int = 20) -> tuple[ProtectedLinear, torch.Tensor]:
         board.arm(frozenset(range(3)))
         run(layer, torch.randn(32, 64))
         flags, _ = board.take_flags()
-        assert not flags.any()  # the warm-up observes and never flags
+        assert not flags.any()  # healthy data stays under the first-check threshold
+    assert board.agree_alone() == []  # nobody outlying
+    assert all(t < board.config.initial_threshold for t in board.thresholds())
     return layer, torch.randn(32, 64)
 
 
@@ -158,8 +179,9 @@ def test_healthy_held_out_trials_raise_no_flag_after_warm_up():
         assert not flags.any(), ratios
 
 
-def test_a_nan_in_a_checksum_is_a_flag_after_warm_up_but_not_during_it():
-    # Given a protected layer whose forward result gets a NaN
+def test_a_nan_in_a_checksum_is_a_flag_from_the_first_check_and_teaches_nothing():
+    # Given a protected layer whose forward result gets a NaN (the sensors once observed their
+    # first 20 checks without flagging: a GPU faulty from the start taught itself its fault)
     layer = ProtectedLinear(8, 8, name="fc", board=None)
     layer.gemm_taps.append(
         lambda name, r: r.view(-1)[0].fill_(math.nan) if name == "forward" else None
@@ -171,8 +193,11 @@ def test_a_nan_in_a_checksum_is_a_flag_after_warm_up_but_not_during_it():
         with torch.no_grad():
             layer(torch.randn(4, 8))
         seen.append(int(board.take_flags()[0][0]))
-    # Then the warm-up never flags and the first check after it does
-    assert seen == [0] * board.config.warmup_checks + [1]
+    # Then every check flags, from the very first
+    assert seen == [1] * (board.config.warmup_checks + 1)
+    # And nothing was learned from them: the sensor keeps its first-check threshold
+    board.agree_alone()
+    assert board.thresholds()[0] == board.config.initial_threshold
 
 
 def test_only_armed_sensors_check_and_flags_wait_for_take():
@@ -227,7 +252,7 @@ def test_protected_layer_norms_keep_nn_layer_norms_values(autocast):
 
 
 def test_a_layer_norm_output_fault_is_caught_and_healthy_rows_are_not():
-    # Given a warmed-up protected LayerNorm of 256 features
+    # Given a protected LayerNorm of 256 features, its threshold agreed after 20 healthy checks
     torch.manual_seed(3)
     norm = ProtectedLayerNorm(256, name="ln")
     board = norm.sensor_board
@@ -235,6 +260,7 @@ def test_a_layer_norm_output_fault_is_caught_and_healthy_rows_are_not():
         board.arm(frozenset([0]))
         norm(torch.randn(32, 256))
         assert not board.take_flags()[0].any()
+    board.agree_alone()
     # Then 200 healthy batches raise no flag ...
     for _ in range(200):
         board.arm(frozenset([0]))

@@ -7,15 +7,22 @@ alarm = guard.train(batches, save_checkpoint=save_checkpoint)
 
 After an alarm, resume only from ``sdc.clean_resume_step(checkpoint_steps, alarm_dir)``
 (docs/recovery.md); ``Guard(..., alarm_dir=...)`` records the alarms it reads.
+
+``sdc.faults`` (the fault injectors of fire drills, :mod:`sdc_agent.drills`) is loaded on first
+use: importing the agent loads no drill and no fault injector.
 """
 
-from . import faults, sensors
+import importlib
+from types import ModuleType
+
+from . import sensors
 from .alarm import Alarm, RankInfo, SensorCandidate, Verdict
-from .divergence import DivergenceReport, find_divergent_ranks
+from .checks.weights.divergence import find_divergent_ranks
+from .checks.weights.report import DivergenceReport
 from .exit import SDC_EXIT_CODE, exit_on_alarm
 from .fingerprint import fingerprint, fingerprints
 from .guard import Guard, GuardedStep
-from .parallel_fsdp import ShardingLayoutError
+from .parallel import ShardingLayoutError
 from .publisher import NullPublisher, Publisher, SensorFlagPublisher
 from .recovery import (
     AlarmLogError,
@@ -62,3 +69,20 @@ __all__ = [
     "resume_rule",
     "sensors",
 ]
+
+_LAZY = {"faults": ".faults"}
+"""Public names loaded on first use (PEP 562): the drills never ride along with the guard."""
+
+
+def __getattr__(name: str) -> ModuleType:
+    """Load ``sdc_agent.faults`` when it is first asked for."""
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name], __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names, the lazy ones included."""
+    return sorted(set(globals()) | set(_LAZY))

@@ -9,9 +9,9 @@ what no check covers, so that an operator reads what protection a job really has
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
-from .attribution import replay_target, third_gpu
+from .checks.replay.attribution import replay_target, third_gpu
 from .schedule import Schedule
 
 SCHEMA = "sdc.coverage/v1"
@@ -53,9 +53,28 @@ NOT_COVERED_SHARDED = (
 )
 
 
-def ddp_facts(global_ranks: list[int]) -> dict[str, Any]:
-    """The layout facts of a DDP job (``DDPAdapter.coverage_facts()``'s keys): every replica
-    holds all the weights."""
+class LayoutFacts(TypedDict):
+    """What a parallel layout lets check 3 see (``ParallelAdapter.coverage_facts()``)."""
+
+    parallel: str
+    """``ddp``, ``fsdp`` (full sharding) or ``hsdp``."""
+    replicas: int
+    """Copies of each shard (of the whole weights under DDP)."""
+    shards: int
+    """Shards each weight is split into (1 under DDP)."""
+    weights_compared: bool
+    """Whether some weight has a second copy, so check 3 compares anything."""
+    weights_named_by_majority: bool
+    """Whether a strict majority can name a minority copy (>= 3 replicas)."""
+    weights_why: str
+    """Why check 3 compares what it does, in a sentence."""
+    replicas_of_shard: list[list[int]]
+    """Per shard: the global ranks holding a copy of it."""
+
+
+def ddp_facts(global_ranks: list[int]) -> LayoutFacts:
+    """The layout facts of a DDP job (``DDPAdapter.coverage_facts()``): every replica holds all
+    the weights."""
     world = len(global_ranks)
     return {
         "parallel": "ddp",
@@ -77,7 +96,7 @@ def describe(
     can_confirm: bool,
     scaler: Any | None,
     param_dtypes: list[str],
-    layout: dict[str, Any] | None = None,
+    layout: LayoutFacts | None = None,
     sensors_on: bool = False,
 ) -> dict[str, Any]:
     """The coverage description (see the module docstring); every value is JSON-ready.

@@ -5,15 +5,15 @@ ORDER of the collectives: every rank must issue the same collectives in the same
 job hangs (or, worse, pairs up the wrong tensors). The checks (architecture: docs/architecture.md,
 "The agent"):
 
-1. Non-finite gradients, every step (:mod:`sdc_agent.gradients`): the comm hook flags each bucket
-   of the local gradient before the all-reduce and sums the reduced one after it; one small
+1. Non-finite gradients, every step (:mod:`sdc_agent.checks.gradients`): the comm hook flags each
+   bucket of the local gradient before the all-reduce and sums the reduced one after it; one small
    asynchronous all-reduce of three flags says whether any rank's local or reduced (clipped)
    gradient is NaN/Inf, and only then a gather names the ranks. Either fails the step. A rank
    waits for the reduction only when its own flags are bad, on audit and checkpoint steps, and at
    the next step's check or the end of the loop.
-2. Ring replay audit, on audit steps (:mod:`sdc_agent.audit`): every rank recomputes another
-   rank's micro-batch on the bare module and the results are compared bit for bit.
-3. Weight fingerprints (:mod:`sdc_agent.divergence`), after the update every ``check_every``
+2. Ring replay audit, on audit steps (:mod:`sdc_agent.checks.replay`): every rank recomputes
+   another rank's micro-batch on the bare module and the results are compared bit for bit.
+3. Weight fingerprints (:mod:`sdc_agent.checks.weights`), after the update every ``check_every``
    steps and before checkpoints. Before a checkpoint the comparison is awaited at once; a periodic
    one is launched after the update and judged at the next agreement point (the next step's
    check, whose step is then not applied on a failure), naming the step whose weights were
@@ -23,10 +23,12 @@ A step that fails check 1 or 2 is not applied: its gradients are dropped and the
 not step, so the exact state is still there for the confirmation replays. Every decision is made
 from gathered data with the same code on every rank, so every rank returns the same Alarm and no
 rank is left waiting in a collective the others skipped. Alarms are built, logged and published
-in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter, picked from the
-model: :class:`sdc_agent.parallel.DDPAdapter` for DDP, :class:`sdc_agent.parallel_fsdp.FSDP2Adapter`
-for FSDP2 (``fully_shard``: full sharding or HSDP), which also builds check 2's replayer and audit
-and check 3's comparison for its wrapper.
+in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter
+(:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model:
+:class:`~sdc_agent.parallel.ddp.DDPAdapter` for DDP, :class:`~sdc_agent.parallel.fsdp.FSDP2Adapter`
+for FSDP2 (``fully_shard``: full sharding or HSDP). Each check asks it what it compares: where
+check 1's taps go, check 2's replay unit and whether replays run in lockstep, and which ranks
+hold copies of the weights check 3 compares.
 """
 
 from __future__ import annotations
@@ -45,13 +47,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
-from .audit import RebuildBatch
+from .checks.gradients.exchange import FlagExchange, GradientCheck
+from .checks.replay.audit import RebuildBatch, ring_audit_type
+from .checks.replay.environment import StepEnvironment
+from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
+from .checks.weights.check import weight_check
 from .coverage import describe
-from .gradients import FlagExchange, GradientCheck
-from .parallel_fsdp import adapter_for
+from .parallel import ParallelAdapter, adapter_for
 from .publisher import NullPublisher, Publisher
 from .recording import open_alarm_log
-from .replay import ComputeLoss, StepEnvironment, micro_batch_loss, scaled_for_backward
 from .reporting import Reporter
 from .schedule import Schedule
 from .sensors.check import SensorCheck
@@ -69,7 +73,8 @@ class Guard:
     computed wrong.
 
     ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
-    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP);
+    ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP;
+    torchtitan's ``("dp_replicate", "fsdp")`` names too);
     the guard learns the mesh from the parameters. ``compute_loss(model, batch)`` must return the
     loss; it is called with the DDP wrapper in training and with the bare module in replays (with
     FSDP2: the FSDP module in both, replays running on every rank at once).
@@ -93,6 +98,7 @@ class Guard:
         scaler: torch.amp.GradScaler | None = None,
         alarm_dir: str | os.PathLike | None = None,
         allow_unsafe_resume: bool = False,
+        divide_loss: bool = True,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hook.
 
@@ -102,16 +108,28 @@ class Guard:
         overflow: the scaler skips the step and lowers the scale, with no alarm. Under FSDP2
         ``scaler.step`` is a collective (``unscale_`` reduces ``found_inf`` over the mesh), so
         every rank then waits for each step's flags and decides with the others
-        (:mod:`sdc_agent.parallel_fsdp`).
+        (:mod:`sdc_agent.parallel.fsdp`).
 
         ``alarm_dir``: record every alarm returned in this directory (the checkpoint directory,
         on shared storage; the same value on every rank) and refuse to resume from a checkpoint
         a recorded alarm covers (:meth:`check_resume`, docs/recovery.md); an unwritable directory
         raises OSError here. ``allow_unsafe_resume``: resume anyway, logged (forensics only).
+
+        ``divide_loss``: with ``Schedule.grad_accum`` = N > 1, each micro-batch's
+        ``compute_loss`` is divided by N before its backward, in training
+        (:meth:`GuardedStep.backward`) and in replays. False: ``compute_loss`` already returns
+        the micro-batch's share of the step's loss and is back-propagated as is (the Hugging
+        Face Trainer and torchtitan normalise each micro-batch's loss by the whole step's token
+        count, so dividing again would change the gradient).
         """
-        self.parallel = adapter_for(model, dp_group)
-        """The parallelism-specific parts (the training model, the bare module, the hook, and
-        the wrapper's replayer, audit and weight comparison)."""
+        self.parallel: ParallelAdapter = adapter_for(model, dp_group)
+        """The parallelism-specific parts (the training model, the bare module, where check 1's
+        taps go, check 2's replay unit, the replicas check 3 compares)."""
+        if not isinstance(divide_loss, bool):
+            raise TypeError(f"Guard divide_loss must be True or False, got {divide_loss!r}")
+        self.divide_loss = divide_loss
+        """Whether each micro-batch's loss is divided by ``Schedule.grad_accum`` before its
+        backward (False: ``compute_loss`` returns the share already)."""
         if not callable(compute_loss) or not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
@@ -169,14 +187,17 @@ class Guard:
         self.reporter.record_alarm = self.alarm_log.record
         self.allow_unsafe_resume = allow_unsafe_resume
         self.gradients = GradientCheck(self.params, a.dp_group, self.world)
-        """Check 1: the comm hook's statistics and the per-step flag exchange."""
-        a.register_gradient_hook(self.gradients.hook_state, self.gradients.hook)
-        self.audit = a.make_audit(
+        """Check 1: the gradient taps' statistics and the per-step flag exchange."""
+        a.install_gradient_taps(self.gradients.hook_state)
+        # The audit for the adapter's replay unit (each rank alone, or every rank in lockstep).
+        self.audit = ring_audit_type(a)(
+            a,
             a.make_replayer(
                 compute_loss,
-                self.gradients,
+                self.gradients.hook_state,
                 grad_accum=self.schedule.grad_accum,
                 scaler=self.scaler,
+                divide_loss=divide_loss,
             ),
             rebuild_batch,
             self.reporter,
@@ -185,7 +206,7 @@ class Guard:
             overflow_is_expected=self.scaler is not None,
         )
         """Check 2: the ring replay audit and the confirmation replays."""
-        self.weights = a.make_weight_check(self.reporter)
+        self.weights = weight_check(a.weight_replicas(), self.reporter)
         """Check 3: weight fingerprint comparisons."""
         # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
         # there, as check 2's do).
@@ -201,6 +222,15 @@ class Guard:
         """The step being run (fault drills read it); None before the first step."""
         self.reporter.publish_rank_map()
         if self.reporter.publishes:
+            if self.schedule.sensors and not self.sensors_planned and not self.sensors.unsupported:
+                # Schedule(sensors=True) is the default, but only protected layers have
+                # sensors: say so plainly, with the line that turns them on.
+                logger.warning(
+                    "sdc_agent: no online sensor checks this model: none of its layers is "
+                    "protected. Add `sdc.protect(model)` before wrapping it in DDP or "
+                    "fully_shard (and before building the Guard); or pass "
+                    "Schedule(sensors=False) to silence this"
+                )
             logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
 
     def coverage(self) -> dict[str, Any]:
@@ -393,6 +423,22 @@ class Guard:
         Returns that Alarm, or None.
         """
         return self.settle()
+
+    def checkpoint_tags(self, step: int, *, verified: bool) -> dict[str, Any]:
+        """Tags for a checkpoint of the weights after ``step``'s update: ``step``,
+        ``last_audit_pass``, ``last_weight_check_pass``, ``weights_verified`` (``verified``:
+        every replica's weights were compared at that step and agreed) and ``weights_digest``
+        (the agreed fingerprint table's digest when verified, else None).
+        :meth:`GuardedStep.checkpoint_tags` is this for its step; a framework integration calls
+        it for weights no step of this run produced (a checkpoint saved before the first update
+        after a resume, of the weights :meth:`check_weights` compared on start)."""
+        return {
+            "step": step,
+            "last_audit_pass": self.last_audit_pass,
+            "last_weight_check_pass": self.last_weight_check_pass,
+            "weights_digest": self.last_weights_digest if verified else None,
+            "weights_verified": verified,
+        }
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Let the publisher deliver what it queued (for the exit path); True when all is sent."""
@@ -618,6 +664,7 @@ class GuardedStep:
         self._environment: StepEnvironment | None = None
         self._ended = False  # end() ran since begin(): a second end() has nothing to undo
         self._weights_checked = False
+        self._weights_launched = False  # after_update launched this step's periodic comparison
         self._entered = 0  # micro-batches entered so far
         self._current: int | None = None  # the micro-batch being run
         self._backwards = 0
@@ -688,19 +735,28 @@ class GuardedStep:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's ``loss``: ``loss / grad_accum`` (as is without
-        accumulation), times the scaler's scale when the guard has one. Inside
-        :meth:`micro_batch` (or :meth:`micro_batches`); without accumulation it may also be
-        called on its own, once."""
-        if self._current is None and (self.grad_accum > 1 or self._backwards):
-            raise RuntimeError(
-                "sdc_agent: GuardedStep.backward runs one micro-batch's backward: call it once "
-                "inside each micro-batch of guarded.micro_batches(...)"
-            )
-        recorded = micro_batch_loss(loss, self.grad_accum)
-        position = self.audited_micro_batch if self.audit else self.grad_accum - 1
-        if self._current is None or self._current == position:
-            self._recorded_loss = recorded.detach()  # what the audit compares with the replay
-        scaled_for_backward(recorded, self.guard.scaler).backward()
+        accumulation or with ``Guard(divide_loss=False)``), times the scaler's scale when the
+        guard has one. Inside :meth:`micro_batch` (or :meth:`micro_batches`); without
+        accumulation it may also be called on its own, once."""
+        self._expect_backward("backward")
+        share = micro_batch_loss(loss, self.grad_accum if self.guard.divide_loss else 1)
+        self._record_loss(share)
+        scaled_for_backward(share, self.guard.scaler).backward()
+        self._backwards += 1
+
+    def record_backward(self, loss: torch.Tensor) -> None:
+        """Record a micro-batch's backward that a framework ran itself (PyTorch Lightning's
+        closure, the Hugging Face Trainer's ``training_step``, ``accelerator.backward``),
+        instead of :meth:`backward`. Same rules as :meth:`backward`: inside :meth:`micro_batch`,
+        once per micro-batch.
+
+        ``loss``: exactly what the framework back-propagated for this micro-batch, before any
+        loss scaling: ``compute_loss(model, micro) / grad_accum`` (``compute_loss`` itself
+        without accumulation or with ``Guard(divide_loss=False)``), so that a replay, which
+        computes the same, compares bit for bit. ``scaler.scale(loss).backward()`` with the
+        guard's scaler, or ``loss.backward()`` without one, must be what the framework ran."""
+        self._expect_backward("record_backward")
+        self._record_loss(loss)
         self._backwards += 1
 
     def end(self) -> None:
@@ -778,12 +834,32 @@ class GuardedStep:
                 self.alarm = alarm
                 return alarm
             if self.weight_check_due:
-                self._weights_checked = True
-                self.alarm = g.check_weights(self.step)
+                return self.verify_weights()
             return self.alarm
         if self.weight_check_due:
             g.launch_weight_check(self.step)  # judged at the next agreement point
+            self._weights_launched = True
         return None
+
+    def verify_weights(self) -> Alarm | None:
+        """Compare every replica's weights now, after this step's update (collective): for a
+        checkpoint the framework saves at a step where :attr:`checkpoint_due` was False (an
+        epoch end, a best model, a save the user asked for). Settles what is in flight first.
+
+        On success :meth:`checkpoint_tags` then says ``weights_verified``; returns the Alarm
+        otherwise (do not save). Does nothing more once this step's weights were compared (by
+        :meth:`after_update` before a due checkpoint, or an earlier call)."""
+        if self._weights_checked:
+            return self.alarm
+        self._weights_checked = True
+        g = self.guard
+        if (alarm := g.settle()) is not None:
+            self.alarm = alarm
+            return alarm
+        if self._weights_launched and g.last_weight_check_pass == self.step:
+            return None  # the periodic comparison after_update launched at this step passed
+        self.alarm = g.check_weights(self.step)
+        return self.alarm
 
     def checkpoint_tags(self) -> dict[str, Any]:
         """Tags for a checkpoint saved after this step's update.
@@ -798,15 +874,23 @@ class GuardedStep:
         verified = (
             self._weights_checked and self.alarm is None and g.last_weight_check_pass == self.step
         )
-        return {
-            "step": self.step,
-            "last_audit_pass": g.last_audit_pass,
-            "last_weight_check_pass": g.last_weight_check_pass,
-            "weights_digest": g.last_weights_digest if verified else None,
-            "weights_verified": verified,
-        }
+        return g.checkpoint_tags(self.step, verified=verified)
 
     # ------------------------------------------------------------------ internals
+    def _expect_backward(self, name: str) -> None:
+        """Refuse a second backward outside the micro-batches (``name``: the method called)."""
+        if self._current is None and (self.grad_accum > 1 or self._backwards):
+            raise RuntimeError(
+                f"sdc_agent: GuardedStep.{name} is one micro-batch's backward: call it once "
+                "inside each micro-batch of guarded.micro_batches(...)"
+            )
+
+    def _record_loss(self, share: torch.Tensor) -> None:
+        """Keep the audited micro-batch's loss share: what the audit compares with the replay."""
+        position = self.audited_micro_batch if self.audit else self.grad_accum - 1
+        if self._current is None or self._current == position:
+            self._recorded_loss = share.detach()
+
     def _drop_step(self) -> None:
         """Do not apply this step: restore RNG and kernels, drop the gradients."""
         self.end()

@@ -15,7 +15,7 @@ from .alarm import Alarm, CheckName, RankInfo, Verdict
 from .publisher import Publisher
 
 if TYPE_CHECKING:
-    from .divergence import DivergenceReport
+    from .checks.weights.report import DivergenceReport
 
 logger = logging.getLogger("sdc_agent")
 

@@ -39,6 +39,10 @@ class Schedule:
     """Sensor checks per step, as a fraction of the protected GEMMs' compute (estimated; see
     :mod:`sdc_agent.sensors.plan`); the GEMMs checked rotate so every one is checked within a
     bounded number of steps. ``math.inf``: every GEMM on every step."""
+    sensor_burn_in: int = 20
+    """Steps at the start of the guard's run (from its first step) on which every sensor checks
+    on every step whatever ``sensor_budget`` says, so that hardware bad from the start is named
+    within them; then the budget's rotation. 0: none."""
 
     def __post_init__(self) -> None:
         for name in ("audit_every", "check_every", "ckpt_every"):
@@ -70,6 +74,12 @@ class Schedule:
             )
         if math.isnan(budget):
             raise ValueError(f"Schedule.sensor_budget must be a number > 0, got {budget!r}")
+        burn_in = self.sensor_burn_in
+        if not isinstance(burn_in, int) or isinstance(burn_in, bool) or burn_in < 0:
+            raise ValueError(
+                f"Schedule.sensor_burn_in must be an integer >= 0 (steps on which every sensor "
+                f"checks at the start; 0: none), got {burn_in!r}"
+            )
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(
                 f"Schedule.max_grad_norm must be a positive number or None, got {self.max_grad_norm!r}"

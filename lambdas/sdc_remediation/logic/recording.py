@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from pydantic import ValidationError
 
 from sdc_contract.metrics import (
@@ -76,12 +76,16 @@ def outcome_metric(cluster: str, check: str, verdict: str, transition: str) -> N
     """One EMF metric named after the transition, by cluster, check and verdict (its own
     dimension set, beside the per-cluster transition count; ``OUTCOME_DIMENSIONS``, which
     infra/constructs/dashboard.py searches). The suspect's verdict is one of the contract's, so
-    the dimension never takes free text."""
-    with single_metric(
-        name=transition, unit=MetricUnit.Count, value=1, namespace=POWERTOOLS_METRICS_NAMESPACE
-    ) as metric:
-        for name, value in zip(OUTCOME_DIMENSIONS, (cluster, check, verdict), strict=True):
-            metric.add_dimension(name=name, value=value)
+    the dimension never takes free text.
+
+    An ephemeral Metrics object flushed at once, not Powertools' ``single_metric``: that prints
+    its EMF line even under POWERTOOLS_METRICS_DISABLED, which the local chain sets so that no
+    EMF blob interleaves with the demo's timeline."""
+    metric = EphemeralMetrics(namespace=POWERTOOLS_METRICS_NAMESPACE)
+    for name, value in zip(OUTCOME_DIMENSIONS, (cluster, check, verdict), strict=True):
+        metric.add_dimension(name=name, value=value)
+    metric.add_metric(name=transition, unit=MetricUnit.Count, value=1)
+    metric.flush_metrics()
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,14 @@ def _kernel(interpret: bool) -> Callable[..., Any]:
     return row_checksum_kernel
 
 
+def right_magnitude(frobenius: torch.Tensor, reference: torch.Tensor, scale: float) -> torch.Tensor:
+    """What the bound multiplies each row norm ``||A_r||`` by, over ``scale``: ``||B||_F`` plus
+    the reference dot product's own rounding, ``u ||B @ 1||`` (``reference`` is ``B @ 1``),
+    expressed in units of ``scale = u (1 + sqrt(C / L))`` (:mod:`.abft` derives both)."""
+    unit = 2.0**-24
+    return frobenius + torch.linalg.vector_norm(reference) * (unit / scale)
+
+
 def row_checksum_ratio(
     result: torch.Tensor,
     left: torch.Tensor,
@@ -175,7 +183,7 @@ def row_checksum_ratio(
         return torch.zeros((), dtype=torch.float32, device=result.device)
     # One pass over B: its row sums (the reference vector) and its Frobenius norm, in fp32.
     reference = right.sum(dim=1, dtype=torch.float32).contiguous()
-    frob = torch.linalg.vector_norm(right, dtype=torch.float32)
+    frob = right_magnitude(torch.linalg.vector_norm(right, dtype=torch.float32), reference, scale)
     if bias is not None:
         bias_sum = bias.sum(dtype=torch.float32)
         bias_norm = torch.linalg.vector_norm(bias, dtype=torch.float32)

@@ -25,17 +25,21 @@ rounding error analysis", SIAM J. Sci. Comput. 2019), far below the worst case `
 ``r`` sums C dot products of length L, each erring by about ``u * |a_r| |b_c|`` (L terms of
 size ``|a_r| |b_c| / sqrt(L)``, a random walk of L roundings), C of which add up to
 ``u |a_r| ||B||_F``; summing the row (C terms of size ``|y_r| / sqrt(C)``, with
-``|y_r| ~ |a_r| ||B||_F / sqrt(L)``) adds ``u sqrt(C / L) |a_r| ||B||_F``, and the reference
-(``a_r`` dotted with the row sums of ``B``) errs alike. So both sides differ by about
+``|y_r| ~ |a_r| ||B||_F / sqrt(L)``) adds ``u sqrt(C / L) |a_r| ||B||_F``. The reference
+(``a_r`` dotted with ``v = B @ 1``, the row sums of ``B``) errs by about ``u |a_r| |v|``: as
+much as the above when ``B``'s rows cancel (zero-mean weights: ``|v| ~ ||B||_F``), but up to
+``sqrt(C)`` times more when they do not, ``|v| <= sqrt(C) ||B||_F`` (a weight gradient's ``X``
+after an activation, every term positive: measured healthy ratios of 15-32 at 512-1024 wide
+layers without this term). So both sides differ by about
 
-    bound_r = u * (1 + sqrt(C / L)) * (||a_r|| * ||B||_F + ||bias||)
+    bound_r = u * ((1 + sqrt(C / L)) * (||a_r|| * ||B||_F + ||bias||) + ||a_r|| * ||B @ 1||)
 
 which is what :func:`row_checksum_ratio` divides the difference by (``bound_floor`` keeps an
-all-zero row from dividing by zero). The ratio is a property of the data's conditioning, not of
-the layer's size: healthy rows stay well below 1, and the threshold (:mod:`.board`) is learned
-per sensor in an observe-only warm-up, with a floor. A wrong element ``c`` adds
-``|delta c|`` to one row's difference; at a 10% change that is thousands of ``bound_r`` for
-small layers and still tens of it for a 1024 x 4096 one (the measurement in issue 17).
+all-zero row from dividing by zero). The ratio is a property of the data's rounding, not of
+the layer's size: healthy ratios stay below about 2 over every shape, dtype and kind of data
+measured (``benchmarks/sensor_ratios.py``), and the thresholds (:mod:`.board`) are in units of
+this bound. A wrong element ``c`` adds ``|delta c|`` to one row's difference; at a 10% change
+that is thousands of ``bound_r`` for small layers and still ~15-80 for 512-4096-wide ones.
 A NaN/Inf in either side makes the ratio NaN/Inf, which the board treats as a flag.
 
 Two implementations compute the same ratio: torch ops (every device) and a fused Triton kernel
@@ -173,7 +177,8 @@ def _ratio_torch(
     """:func:`row_checksum_ratio` by torch ops."""
     left32 = left.float()
     right32 = right.float()
-    expected = left32 @ right32.sum(dim=1)
+    reference = right32.sum(dim=1)
+    expected = left32 @ reference
     observed = result.sum(dim=1, dtype=torch.float32)
     if left32.stride(-1) == 1:
         row_norms = torch.linalg.vector_norm(left32, dim=1)
@@ -181,7 +186,9 @@ def _ratio_torch(
         # The weight-gradient check's dYᵀ is a transposed view: vector_norm reduces across its
         # strided rows ~20x slower on the CPU than squaring and summing them.
         row_norms = left32.square().sum(dim=1).sqrt()
-    magnitude = row_norms * torch.linalg.vector_norm(right32)
+    magnitude = row_norms * _triton_checksum.right_magnitude(
+        torch.linalg.vector_norm(right32), reference, scale
+    )
     if bias is not None:
         bias32 = bias.float()
         expected = expected + bias32.sum()

@@ -1,19 +1,44 @@
-"""The sensor board: every protected GEMM's threshold, warm-up and flag, kept on the device.
+"""The sensor board: every sensor's threshold and flag, kept on the device, and how the ranks
+agree on the thresholds.
 
 One board serves every protected layer of a model (:func:`sdc_agent.sensors.protect` makes it).
 A check (:meth:`SensorBoard.record`) never synchronises the host: the flag, the largest ratio
-and the learned healthy ratio are device tensors updated in place, and the guard reads the flags
+and what the sensor learns are device tensors updated in place, and the guard reads the flags
 once per step (:meth:`SensorBoard.take_flags`), at the point where check 1 already reads its own.
 
-Thresholds: each sensor first observes ``warmup_checks`` checks and never flags, learning the
-largest healthy ratio (:mod:`.abft` divides each row's checksum difference by its rounding
-bound); afterwards it flags a ratio above ``max(min_threshold, margin * learned)``, and any NaN or
-Inf in a checksum. Measured on the CPU (random operands, 30-100 trials per shape from 4x8x8 to
-32x1024x4096, all three GEMMs) healthy ratios stay below 2 (under 0.6 for wide layers, up to
-1.8 for a weight gradient summed over 512 rows), while a 10% change of one element or a flip
-of bit 20+ lands above 3 in ~97% (1024 -> 4096) to 100% (every smaller shape) of trials. Hence
-a margin of 4 over the warm-up's largest ratio and a floor of 3: a short warm-up that saw
-only the bulk of the healthy distribution cannot set a threshold inside its tail.
+A sensor flags from its first check: a ratio above the threshold in force, or a NaN/Inf in a
+checksum. Every check divides its identity's residual by the rounding bound of its op
+(:mod:`.abft`, :mod:`.rows`), which carries the op's shape and dtype, so one threshold in units
+of that bound serves every op:
+
+* From the first check, ``SensorConfig.initial_threshold`` (``INITIAL_THRESHOLD``, 12). Measured
+  on the CPU (``benchmarks/sensor_ratios.py``: every op family, 13 linear shapes from 4 x 32 on
+  8 rows to 4096 x 1024 and 512 x 512 on 4096 rows, norms and adds of 32 to 4096 features,
+  (log-)softmax rows of 4 to 8192, fp32 and bf16, zero-mean, Llama-initialised, all-positive,
+  offset and heavy-tailed data, 30 trials a cell; docs/performance.md, "Sensor thresholds")
+  the largest healthy ratio is 4.09 (a bf16 log-softmax's input gradient over rows of 8192;
+  GEMMs 2.17); fault-free 6-rank soaks of the drill model (2,000 steps) and of a Hugging Face
+  Llama (1,500), every sensor every step, read at most 4.17 (the Llama's ``lm_head`` weight
+  gradient). 12 keeps a factor of 2.9 over the largest seen and still flags what matters: a
+  x1000 element reads 1e5 and more, and a 10% change of one element of a GEMM is above 12 in
+  97-99% of the same grid's trials.
+* Tightened together: for the first ``warmup_checks`` sensor steps every rank records, per
+  sensor, its largest ratio that did not flag (a flagged ratio is a candidate, never a lesson);
+  then, on the same step everywhere, the ranks pool them (:meth:`observations` gathered,
+  :meth:`agree`): the threshold becomes ``margin`` times the ranks' lower median, within
+  ``[min_threshold, threshold in force]``. A median cannot be moved by any minority of ranks:
+  a GPU faulty from step 0 reads outlying ratios, which set nothing (no rank teaches itself a
+  fault), and its reading on that very step is judged against the agreed threshold, so a fault
+  that persists is a candidate there and then. Learning only tightens.
+* Relaxed by what a healthy GPU reproduces: when the replays find a candidate's ratio reproduced
+  on a third GPU (``reproducible``: the data's own rounding), that sensor's threshold rises to
+  ``SEPARATION`` times the reproduced ratio (:meth:`relax`), above the first-check threshold
+  too if the data's tail is there. The evidence is another GPU's number, so no rank teaches
+  itself a fault either; without it the same healthy tail would be replayed again at every
+  check (a replay of a whole step on two GPUs while the others wait).
+
+Every input of a threshold (the config, the gathered observations, the replays' readings) is
+the same on every rank, and so is every threshold: a ratio is judged alike everywhere.
 """
 
 from __future__ import annotations
@@ -29,27 +54,46 @@ GEMMS: tuple[Gemm, ...] = ("forward", "dgrad", "wgrad")
 """A protected linear layer's three GEMMs, in sensor-index order."""
 
 
+INITIAL_THRESHOLD = 12.0
+"""The default first-check threshold, in units of the rounding bound (module docstring)."""
+
+SEPARATION = 2.0
+"""How far apart two readings must be for one to stand apart from the other: a candidate is
+confirmed only when the healthy GPU's recomputation reads less than ``1 / SEPARATION`` of the
+flagged ratio (:func:`sdc_agent.sensors.check.sensor_verdict`), and a ratio a healthy GPU
+reproduced raises its sensor's threshold to ``SEPARATION`` times it (:meth:`SensorBoard.relax`).
+A factor of 2 is far beyond the spread of one datum's rounding between two computations and
+well inside what a fault worth naming adds."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class SensorConfig:
     """How the sensors of protected layers set their thresholds; validated on construction."""
 
     warmup_checks: int = 20
-    """Checks each sensor observes (never flagging) before it may flag."""
+    """Sensor steps whose healthy ratios the ranks observe before they agree on a tighter
+    threshold (the sensors flag against ``initial_threshold`` meanwhile); 0: never tighten."""
     margin: float = 4.0
-    """The threshold is ``margin`` times the largest ratio seen in the warm-up (or the floor)."""
+    """The agreed threshold is ``margin`` times the ranks' median of their largest healthy
+    ratio in the observation window (within ``[min_threshold, initial_threshold]``)."""
     min_threshold: float = 3.0
-    """Floor of the threshold, in units of the rounding bound of :mod:`sdc_agent.sensors.abft`."""
+    """Floor of every threshold, in units of the rounding bound of :mod:`sdc_agent.sensors.abft`."""
+    initial_threshold: float = INITIAL_THRESHOLD
+    """The threshold every sensor holds from its first check until the ranks agree on a tighter
+    one, and the ceiling of what they agree on (module docstring: measured healthy ratios reach
+    4.2); only a ratio a healthy GPU reproduced raises a threshold above it."""
 
     def __post_init__(self) -> None:
         if (
             not isinstance(self.warmup_checks, int)
             or isinstance(self.warmup_checks, bool)
-            or self.warmup_checks < 1
+            or self.warmup_checks < 0
         ):
             raise ValueError(
-                f"SensorConfig.warmup_checks must be an integer >= 1, got {self.warmup_checks!r}"
+                f"SensorConfig.warmup_checks must be an integer >= 0 (0: keep the first-check "
+                f"threshold), got {self.warmup_checks!r}"
             )
-        for name in ("margin", "min_threshold"):
+        for name in ("margin", "min_threshold", "initial_threshold"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -58,6 +102,45 @@ class SensorConfig:
                 or value <= 0
             ):
                 raise ValueError(f"SensorConfig.{name} must be a finite number > 0, got {value!r}")
+        if self.initial_threshold < self.min_threshold:
+            raise ValueError(
+                f"SensorConfig.initial_threshold ({self.initial_threshold!r}) must be >= "
+                f"min_threshold ({self.min_threshold!r}): it is the agreed thresholds' ceiling"
+            )
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """A rank whose largest healthy ratio in the observation window is above the threshold the
+    ranks agreed on: not a teacher, and judged against that threshold from then on."""
+
+    dp_rank: int
+    sensor: int
+    """The sensor's index on the board."""
+    ratio: float
+    threshold: float
+
+
+def agreed_thresholds(
+    learned: torch.Tensor, observed: torch.Tensor, current: torch.Tensor, config: SensorConfig
+) -> torch.Tensor:
+    """The thresholds the ranks agree on after the observation window (pure; fp32 [n]).
+
+    ``learned`` and ``observed`` are [ranks, n]: each rank's largest unflagged ratio per sensor
+    and how many unflagged checks it ran. Per sensor, over the ranks that checked it: ``margin`` times the
+    lower median, clamped to ``[min_threshold, current]`` (``current``: the thresholds in force;
+    learning only tightens). A sensor no rank checked keeps ``current``. The lower median of m
+    ranks is the ``(m - 1) // 2``-th smallest: with 2 ranks the smaller, so that no single rank
+    of any group can raise it."""
+    current = current.float()
+    seen = observed > 0
+    counts = seen.sum(dim=0)
+    values = learned.float().masked_fill(~seen, math.inf).sort(dim=0).values
+    index = ((counts - 1).clamp_min(0) // 2).reshape(1, -1)
+    median = values.gather(0, index).reshape(-1)
+    tightened = (config.margin * median).clamp_min(config.min_threshold)
+    tightened = torch.minimum(tightened, current)
+    return torch.where(counts > 0, tightened, current)
 
 
 @dataclass(frozen=True)
@@ -97,7 +180,7 @@ class SensorBoard:
         """Per sensor, per row of the batch: (flops of its check, flops of the op it checks);
         the plan's cost model (:mod:`.plan`)."""
         self.checks: list[int] = []
-        """Per sensor: checks run so far (host counter; warm-up ends at ``warmup_checks``)."""
+        """Per sensor: checks run in training so far (host counter; replays do not count)."""
         self.fixed_costs: list[float] = []
         """Per sensor: elements its check reads once whatever the batch (the ``N x K`` passes
         over a weight or a weight gradient); the plan amortises them over the batch's rows."""
@@ -109,13 +192,21 @@ class SensorBoard:
         self.active_layers: frozenset[int] = frozenset()
         """The first sensor index of every layer with a sensor armed now (a layer's cheap
         "does anything check me" test)."""
+        self.learning = self.config.warmup_checks > 0
+        """Whether the sensors still record what they observe for the ranks' agreement (until
+        :meth:`agree`; never with ``warmup_checks=0``)."""
+        self.outliers: list[Outlier] = []
+        """The ranks :meth:`agree` found outlying (they taught nothing)."""
+        self.relaxed = 0
+        """Thresholds raised by :meth:`relax` (ratios a healthy GPU reproduced)."""
         self._bases: list[int] = []  # per sensor: its layer's first sensor index
         self._confirming = False
         self._device: torch.device | None = None
         self._flags: torch.Tensor | None = None  # int64 [n]: fired since the last take
         self._ratios: torch.Tensor | None = None  # fp32 [n]: largest ratio since the last take
-        self._learned: torch.Tensor | None = None  # fp32 [n]: largest healthy ratio in warm-up
-        self._thresholds: torch.Tensor | None = None  # fp32 [n]
+        self._learned: torch.Tensor | None = None  # fp32 [n]: largest unflagged ratio observed
+        self._healthy: torch.Tensor | None = None  # fp32 [n]: unflagged checks observed
+        self._thresholds: torch.Tensor | None = None  # fp32 [n]: in force, the same everywhere
 
     # ------------------------------------------------------------------ registration
     def register(self, layer: str, shape: LayerShape) -> int:
@@ -189,11 +280,9 @@ class SensorBoard:
         self._confirming = False
 
     def confirm_all(self) -> None:
-        """Check every sensor that finished its warm-up, with fresh flags and without learning:
-        a confirmation replay's reading."""
-        self._set_active(
-            frozenset(i for i, n in enumerate(self.checks) if n >= self.config.warmup_checks)
-        )
+        """Check every sensor, with fresh flags, without counting or learning: a confirmation
+        replay's reading."""
+        self._set_active(frozenset(range(len(self.sensors))))
         self._confirming = True
         if self._flags is not None:
             self._flags.zero_()
@@ -209,28 +298,26 @@ class SensorBoard:
 
     # ------------------------------------------------------------------ the check
     def record(self, index: int, ratio: torch.Tensor) -> None:
-        """Account one check's ratio (0-dim, on the GEMM's device): learn it during the warm-up,
-        else flag it when above the threshold or not finite. No host synchronisation."""
+        """Account one check's ratio (0-dim, on the op's device): flag it when above the
+        threshold in force or not finite; while :attr:`learning`, keep the largest ratio that
+        did not flag. No host synchronisation."""
         self._ensure(ratio.device)
         value = ratio.detach().float().reshape(1)
         slot = slice(index, index + 1)
         self._ratios[slot] = torch.maximum(
             self._ratios[slot], torch.nan_to_num(value, nan=math.inf)
         )
-        warm = self.checks[index] >= self.config.warmup_checks
-        if not self._confirming:
-            self.checks[index] += 1
-        if not warm:
-            # Observe only: a non-finite ratio here teaches nothing (and flags nothing).
-            healthy = torch.where(torch.isfinite(value), value, torch.zeros_like(value))
-            self._learned[slot] = torch.maximum(self._learned[slot], healthy)
-            if self.checks[index] == self.config.warmup_checks:
-                learned = self._learned[slot] * self.config.margin
-                self._thresholds[slot] = learned.clamp_min(self.config.min_threshold)
-            return
         # `not (ratio <= threshold)` is true for NaN as well as for a ratio above the threshold.
         fired = ~(value <= self._thresholds[slot])
         self._flags[slot] = torch.maximum(self._flags[slot], fired.to(torch.int64))
+        if self._confirming:
+            return  # a replay's reading teaches nothing and is no training check
+        self.checks[index] += 1
+        if self.learning:
+            # A flagged ratio is a candidate, never a lesson (a NaN flags, so it is left out).
+            healthy = torch.where(fired, torch.zeros_like(value), value)
+            self._learned[slot] = torch.maximum(self._learned[slot], healthy)
+            self._healthy[slot] += (~fired).float()
 
     def take_flags(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The flags (int64) and largest ratios (fp32) since :meth:`arm`, one per sensor, on the
@@ -241,33 +328,92 @@ class SensorBoard:
         return flags, ratios
 
     def threshold_tensor(self) -> torch.Tensor:
-        """Each sensor's threshold on the device (fp32; +Inf while it warms up): a copy."""
+        """Each sensor's threshold in force on the device (fp32): a copy."""
         self._ensure(self._device or torch.device("cpu"))
         return self._thresholds.clone()
 
     def thresholds(self) -> list[float | None]:
-        """Each sensor's threshold, None while it warms up (reads the device: for reports)."""
-        if self._thresholds is None:
-            return [None] * len(self.sensors)
-        values = self._thresholds.cpu().tolist()
-        return [
-            v if n >= self.config.warmup_checks else None
-            for v, n in zip(values, self.checks, strict=True)
+        """Each sensor's threshold in force (reads the device: for reports). Every sensor has
+        one from its first check, so no entry is None (the type stays for callers of the
+        observe-only warm-up this board had)."""
+        self._ensure(self._device or torch.device("cpu"))
+        return [float(v) for v in self._thresholds.cpu().tolist()]
+
+    # ------------------------------------------------------------------ agreeing (no collectives here)
+    def observations(self) -> torch.Tensor:
+        """What this rank observed for the agreement: fp32 [2, n] on the board's device, the
+        largest unflagged ratio of each sensor and how many unflagged checks it ran (the caller
+        gathers every rank's and hands them to :meth:`agree`). A sensor that only flagged has
+        observed nothing: it keeps its threshold."""
+        self._ensure(self._device or torch.device("cpu"))
+        return torch.stack([self._learned, self._healthy])
+
+    def agree(self, gathered: torch.Tensor) -> list[Outlier]:
+        """Adopt the thresholds every rank's :meth:`observations` agree on and stop learning.
+
+        ``gathered``: [ranks, 2, n], every rank's observations in DP-rank order (the same tensor
+        on every rank, so every rank adopts the same thresholds). The step's readings so far are judged again against the agreed thresholds (so an
+        outlier whose fault persists flags on this step). Returns the outliers: (rank, sensor)
+        whose observed ratio is above the agreed threshold (:func:`agreed_thresholds`). Syncs
+        the host once."""
+        self._ensure(self._device or torch.device("cpu"))
+        gathered = gathered.to(self._thresholds.device).float()
+        if gathered.dim() != 3 or gathered.shape[1:] != (2, len(self.sensors)):
+            raise ValueError(
+                f"agree: expected [ranks, 2, {len(self.sensors)}] observations, "
+                f"got {tuple(gathered.shape)}"
+            )
+        learned, observed = gathered[:, 0], gathered[:, 1]
+        agreed = agreed_thresholds(learned, observed, self._thresholds, self.config)
+        self._thresholds.copy_(agreed)
+        self.learning = False
+        fired = ~(self._ratios <= self._thresholds)
+        self._flags.copy_(torch.maximum(self._flags, fired.to(torch.int64)))
+        above = ((learned > agreed) & (observed > 0)).nonzero().tolist()
+        table, limits = learned.cpu().tolist(), agreed.cpu().tolist()
+        self.outliers = [
+            Outlier(dp_rank=r, sensor=i, ratio=table[r][i], threshold=limits[i]) for r, i in above
         ]
+        return self.outliers
+
+    def agree_alone(self) -> list[Outlier]:
+        """:meth:`agree` with no other rank (one process: benchmarks, tests, a single-GPU job);
+        in a data-parallel job the guard agrees across the ranks instead."""
+        return self.agree(self.observations().unsqueeze(0))
+
+    def relax(self, index: int, reproduced: float) -> float:
+        """Raise sensor ``index``'s threshold to ``SEPARATION x reproduced`` (a ratio a healthy
+        GPU reproduced; above ``initial_threshold`` too when the data's tail is there), never
+        below what is in force; returns the threshold now in force. Call it with the same value
+        on every rank."""
+        self._ensure(self._device or torch.device("cpu"))
+        current = float(self._thresholds[index])
+        if not math.isfinite(reproduced):
+            return current
+        raised = max(current, SEPARATION * reproduced)
+        if raised > current:
+            self._thresholds[index] = raised
+            self.relaxed += 1
+        return raised
 
     def _ensure(self, device: torch.device) -> None:
         if self._device == device and self._flags is not None:
             return
         n = len(self.sensors)
-        old = (self._flags, self._ratios, self._learned, self._thresholds)
+        old = (self._flags, self._ratios, self._learned, self._healthy, self._thresholds)
         self._flags = torch.zeros(n, dtype=torch.int64, device=device)
         self._ratios = torch.zeros(n, dtype=torch.float32, device=device)
         self._learned = torch.zeros(n, dtype=torch.float32, device=device)
-        self._thresholds = torch.full((n,), math.inf, dtype=torch.float32, device=device)
+        self._healthy = torch.zeros(n, dtype=torch.float32, device=device)
+        self._thresholds = torch.full(
+            (n,), float(self.config.initial_threshold), dtype=torch.float32, device=device
+        )
         if old[0] is not None:
-            # Moved (model.to(device)) or grown: keep what the sensors learned.
+            # Moved (model.to(device)) or grown: keep what the sensors learned and agreed.
             for new, previous in zip(
-                (self._flags, self._ratios, self._learned, self._thresholds), old, strict=True
+                (self._flags, self._ratios, self._learned, self._healthy, self._thresholds),
+                old,
+                strict=True,
             ):
                 count = min(n, previous.numel())
                 new[:count] = previous[:count].to(device)

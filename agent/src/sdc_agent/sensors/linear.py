@@ -35,9 +35,7 @@ from torch import nn
 
 from .abft import dgrad_ratio, forward_ratio, wgrad_ratio
 from .board import Gemm, LayerShape, SensorBoard, SensorConfig
-
-GemmTap = Callable[[Gemm, torch.Tensor], None]
-"""``tap(gemm, result32)``: sees (and may change in place) a GEMM's fp32 result before its check."""
+from .tap import GemmTap
 
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
@@ -174,7 +172,7 @@ class ProtectedLinear(nn.Linear):
     ) -> None:
         """As ``nn.Linear``; ``board``/``name``: where its sensors are registered."""
         super().__init__(*args, **kw)
-        self._attach(board or SensorBoard(), name)
+        self._attach(board if board is not None else SensorBoard(), name)
 
     def _attach(self, board: SensorBoard, name: str) -> None:
         self.sensor_board = board

@@ -201,7 +201,7 @@ class ProtectedLayerNorm(OpSensor, nn.LayerNorm):
     ) -> None:
         """As ``nn.LayerNorm``; ``board``/``name``: where its sensors are registered."""
         super().__init__(*args, **kw)
-        self._attach(board or SensorBoard(), name)
+        self._attach(board if board is not None else SensorBoard(), name)
 
     @property
     def features(self) -> int:

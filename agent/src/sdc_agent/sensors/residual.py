@@ -86,7 +86,7 @@ class ProtectedResidualAdd(OpSensor, ResidualAdd):
         """As :class:`ResidualAdd`; ``board``/``name``: where its sensor is registered (a board
         of its own if None)."""
         super().__init__(features)
-        self._attach(board or SensorBoard(), name)
+        self._attach(board if board is not None else SensorBoard(), name)
 
     def _attach(self, board: SensorBoard, name: str) -> None:
         # Per row of D: the check reads a, b and y and sums them with their norms (~6 D) against

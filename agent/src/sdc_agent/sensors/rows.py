@@ -4,7 +4,7 @@ A norm layer, a residual add and a (log-)softmax each make rows that obey an ide
 as reading them once (the maths of each is in its own module: :mod:`.norm`, :mod:`.residual`,
 :mod:`.softmax`). Each check computes, per row, the identity's two sides and a bound on how far
 apart rounding alone may put them, and hands the board the largest ``|observed - expected| /
-bound`` (:func:`worst_row_ratio`); the board's thresholds, warm-up and flags are the GEMMs'
+bound`` (:func:`worst_row_ratio`); the board's thresholds and flags are the GEMMs'
 (:mod:`.board`). A bound is built from the op's inputs only, never from the values it checks:
 a corrupted element (a flipped exponent bit makes it ~2^100) would otherwise widen its own
 bound, or overflow it to Inf, and hide.
@@ -25,7 +25,7 @@ import math
 import torch
 
 from .board import Gemm, SensorBoard
-from .linear import GemmTap
+from .tap import GemmTap
 
 FP32_UNIT_ROUNDOFF = 2.0**-24
 """``u`` of fp32: every check sums in fp32 and the kernels compute in it."""

@@ -1,22 +1,7 @@
-"""Check 1, non-finite gradients: the DDP comm hook, the per-step flags, and their settling.
+"""Check 1, non-finite gradients: the per-step flags and their settling, over every rank.
 
-The comm hook (:func:`grad_stats_hook`) records per-bucket statistics of the gradient before and
-after the all-reduce. After the all-reduce the local gradient is gone (the bucket holds the
-average), so everything the checks need from it is recorded here: whether each local bucket holds
-a NaN/Inf, on every step (check 1), and on audit steps each parameter's gradient fingerprint
-(check 2). The reduced bucket's sum is taken as its all-reduce completes (on the communication
-thread or stream, overlapping the rest of backward), so check 1 reads no gradient after backward.
-A sum is finite exactly when every element is (NaN and Inf propagate, +Inf + -Inf is NaN) unless
-the values are near 3e38; a squared norm would overflow on finite gradients from 1.8e19 and costs
-more. Replays measure finiteness with :func:`all_finite`, element by element as the fused kernel
-does, so a replay never calls a finite gradient non-finite.
-
-The reduction is an all-reduce of the bucket divided by the world size, as DDP's own: torch's
-Python ``allreduce_hook`` divides in a pass of its own, which a Python hook cannot avoid; here that
-pass also checks the local values (torch's fused GradScaler kernel: multiply by 1/world and flag
-any NaN/Inf in one pass), so the local check costs nothing extra. Multiplying by the reciprocal is
-what DDP does without a hook. Where that kernel does not support the device or dtype, a float32
-sum and ``div_`` do the same in two passes. Nothing here synchronises the device.
+What each rank's taps saw (the DDP comm hook, :mod:`.comm_hook`; FSDP2's gradient taps,
+:mod:`.taps`; both into a :class:`~.stats.GradStatsState`) is judged here.
 
 The agreement (:class:`FlagExchange`): each rank knows after backward whether its own LOCAL
 gradient and its own REDUCED gradient are finite; whether to apply the step must be decided the
@@ -43,122 +28,17 @@ gradients and carry on; every rank settles the exchange at the next agreement po
 the same alarm, naming the step at which it happened. No rank ever applies a non-finite gradient.
 """
 
-# No `from __future__ import annotations` here: DDP inspects the hook's annotations at runtime
-# and requires real dist.GradBucket / torch.futures.Future[torch.Tensor] objects.
-import functools
+from __future__ import annotations
+
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from . import finiteness
-from .fingerprint import fingerprints
-
-ReducedTap = Callable[[dist.GradBucket, torch.Tensor], None]
-
-
-@dataclass
-class GradStatsState:
-    """State of :func:`grad_stats_hook`; one per guarded DDP model."""
-
-    process_group: dist.ProcessGroup | None
-    """Group the gradients are averaged over (None: WORLD), as for torch's own hooks."""
-    param_index: dict[int, int]
-    """``id(parameter)`` -> row of that parameter in the guard's fingerprint tables."""
-    capture_fingerprints: bool = False
-    """Set by the guard on audit steps, before the forward pass."""
-    local_flags: list[torch.Tensor] = field(default_factory=list)
-    """Per bucket of this step: one float32 element, nonzero when the LOCAL gradient (before the
-    all-reduce) held a NaN/Inf."""
-    reduced_sums: list[torch.Tensor] = field(default_factory=list)
-    """Per bucket of this step: float32 sum of the REDUCED gradient (appended as each bucket's
-    all-reduce completes, possibly on a communication thread; list.append is atomic)."""
-    local_fingerprints: torch.Tensor | None = None
-    """[num_params, 2] int64 fingerprints of the local gradients (audit steps only)."""
-    reduced_taps: list[ReducedTap] = field(default_factory=list)
-    """Callables that see each reduced bucket (used by fault drills; empty in production)."""
-
-    def arm(self, *, capture_fingerprints: bool, device: torch.device) -> None:
-        """Reset the per-step statistics before a forward pass."""
-        self.local_flags = []
-        self.reduced_sums = []
-        self.capture_fingerprints = capture_fingerprints
-        self.local_fingerprints = (
-            torch.zeros((len(self.param_index), 2), dtype=torch.int64, device=device)
-            if capture_fingerprints
-            else None
-        )
-
-
-def grad_stats_hook(
-    state: GradStatsState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """Record the local bucket's statistics, all-reduce it exactly as DDP's default does, and
-    record the reduced bucket's sum when the reduction completes."""
-    buffer = bucket.buffer()
-    if state.capture_fingerprints and state.local_fingerprints is not None:
-        # One batched call per bucket: the per-call overhead dominates for small parameters.
-        rows = [state.param_index[id(param)] for param in bucket.parameters()]
-        table = fingerprints(bucket.gradients())
-        state.local_fingerprints[rows] = table.to(state.local_fingerprints.device)
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
-    state.local_flags.append(divide_and_check(buffer, group.size()))
-
-    def after_reduction(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        reduced = fut.value()[0]
-        for tap in state.reduced_taps:
-            tap(bucket, reduced)
-        # float32 accumulation: an fp16/bf16 bucket's sum would overflow long before its values.
-        state.reduced_sums.append(reduced.sum(dtype=torch.float32))
-        return reduced
-
-    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(after_reduction)
-
-
-def _fused_supported(buffer: torch.Tensor) -> bool:
-    """Whether torch's fused non-finite check and scale runs on this device type and dtype.
-
-    Not for float64: its scale is a float32 tensor, so 1/world would be rounded to float32.
-    """
-    return buffer.dtype != torch.float64 and finiteness.fused_supported(buffer)
-
-
-@functools.lru_cache(maxsize=16)
-def _inverse(device: torch.device, world: int) -> torch.Tensor:
-    """1/world as the fused kernel's float32 scale on ``device``, made once (it only reads it)."""
-    return torch.full((1,), 1.0 / world, dtype=torch.float32, device=device)
-
-
-def divide_and_check(buffer: torch.Tensor, world: int) -> torch.Tensor:
-    """Multiply ``buffer`` by 1/world in place; a one-element float32 tensor on its device that
-    is nonzero when ``buffer`` held a NaN/Inf before (one pass where torch's fused kernel allows)."""
-    found = torch.zeros(1, dtype=torch.float32, device=buffer.device)
-    if _fused_supported(buffer):
-        torch._amp_foreach_non_finite_check_and_unscale_(
-            [buffer], found, _inverse(buffer.device, world)
-        )
-        return found
-    # Element by element (a float32 sum of huge finite float64 values would overflow).
-    finiteness.mark_non_finite([buffer], found)
-    buffer.mul_(1.0 / world)
-    return found
-
-
-def all_finite(tensors: Sequence[torch.Tensor | None]) -> bool:
-    """Whether every element of every tensor is finite (None entries are skipped); one sync.
-
-    Element by element, as the comm hook's fused kernel tests a bucket: huge finite values
-    (1e30) are finite here, where a squared norm would overflow to Inf.
-    """
-    present = [t for t in tensors if t is not None]
-    if not present:
-        return True
-    flag = finiteness.new_flag(present[0].device)
-    finiteness.mark_non_finite(present, flag)
-    return not bool(flag)
+from .stats import GradStatsState, ReducedTap
 
 
 @dataclass(frozen=True)
@@ -305,15 +185,13 @@ class FlagExchange:
 
 
 class GradientCheck:
-    """Check 1 for one guarded model: the hook's state, this step's flags, and the exchange
+    """Check 1 for one guarded model: the taps' state, this step's flags, and the exchange
     in flight until it is settled.
 
-    The parallelism adapter registers :attr:`hook` with :attr:`hook_state`; the guard arms the
-    check before each forward pass and calls :meth:`exchange` after backward on every rank.
+    The parallelism adapter installs its gradient taps writing into :attr:`hook_state`
+    (``ParallelAdapter.install_gradient_taps``); the guard arms the check before each forward
+    pass and calls :meth:`exchange` after backward on every rank.
     """
-
-    hook = staticmethod(grad_stats_hook)
-    """The DDP comm hook (see :func:`grad_stats_hook`)."""
 
     def __init__(
         self, params: list[torch.nn.Parameter], dp_group: dist.ProcessGroup | None, world: int

@@ -3,7 +3,7 @@
 Under HSDP every shard has one copy per replica (the mesh's ``replicate`` dimension), and those
 copies must stay bit-identical, as DDP's replicas must. :class:`ShardedDivergenceCheck` fingerprints
 this rank's local shard of every parameter and compares it with its replicas' in one all-reduce
-over the replicate group (max and min at once, as :class:`~sdc_agent.divergence.DivergenceCheck`
+over the replicate group (max and min at once, as :class:`~.divergence.DivergenceCheck`
 does). So that every rank returns the same verdict, one small all-gather over the shard group
 then tells each rank whether any shard's replicas disagreed, together with each shard's digest;
 only when some disagree are the whole tables all-gathered (over every rank) to name the minority
@@ -14,26 +14,25 @@ The digest a checkpoint is tagged with is one per shard (the fingerprint table o
 agreed by its replicas), combined in shard order into one: it names the sharded checkpoint's
 weights as a whole, identical on every rank.
 
-Under full sharding a shard has a single copy: :class:`WeightCheckOff` stands in, comparing
-nothing (the adapter logs this at start).
+Under full sharding a shard has a single copy: :class:`~.check.WeightCheckOff` stands in,
+comparing nothing (the adapter logs this at start).
+
+The layout comes from the parallelism adapter (:class:`~sdc_agent.parallel.adapter.WeightReplicas`):
+which ranks hold copies of which shard, and the groups to compare them over.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from .divergence import DivergenceReport, ReplicaComparison, WeightCheck, name_minority_copies
-from .fingerprint import fingerprints, table_digest
-
-if TYPE_CHECKING:
-    from .alarm import Alarm
-    from .parallel_fsdp import FSDP2Adapter
-    from .reporting import Reporter
+from ...fingerprint import fingerprints, table_digest
+from ...parallel.adapter import WeightReplicas
+from .divergence import ReplicaComparison
+from .report import DivergenceReport, name_minority_copies
 
 _DIGEST_WORDS = 4
 """A sha256 hex digest as four int64 words (the all-gather carries integers)."""
@@ -51,12 +50,12 @@ class ShardedDivergenceCheck(ReplicaComparison):
     """One comparison of every shard with its replicas, launched when made (see the module
     docstring). Collective: make it and call :meth:`report` (or :meth:`wait`) on every rank."""
 
-    def __init__(self, adapter: FSDP2Adapter) -> None:
+    def __init__(self, replicas: WeightReplicas) -> None:
         """Fingerprint this rank's shards now and launch the all-reduce over its replicas."""
-        self._adapter = adapter
-        self._names = [name for name, _ in adapter.named_weights]
-        shards = [p.to_local() for _, p in adapter.named_weights]
-        self._launch(fingerprints(shards).to(adapter.collective_device), adapter.replicate_group)
+        self._replicas = replicas
+        self._names = [name for name, _ in replicas.named_weights]
+        shards = [p.to_local() for _, p in replicas.named_weights]  # type: ignore[attr-defined]
+        self._launch(fingerprints(shards).to(replicas.collective_device), replicas.replica_group)
 
     def report(self) -> DivergenceReport:
         """The comparison's outcome, identical on every rank (collective: one small all-gather
@@ -64,14 +63,14 @@ class ShardedDivergenceCheck(ReplicaComparison):
         if self._report is not None:
             return self._report
         agreed_here = self._copies_agree()
-        a, layout = self._adapter, self._adapter.layout
+        layout = self._replicas
         mine = torch.tensor(
             [int(not agreed_here), *_digest_words(table_digest(self._table))],
             dtype=torch.int64,
-            device=a.collective_device,
+            device=layout.collective_device,
         )
         per_shard = [torch.empty_like(mine) for _ in range(layout.shards)]
-        dist.all_gather(per_shard, mine, group=a.shard_group)
+        dist.all_gather(per_shard, mine, group=layout.shard_group)
         shard_rows = [r.cpu().tolist() for r in per_shard]  # in shard order
         if not any(r[0] for r in shard_rows):
             combined = hashlib.sha256(
@@ -79,8 +78,8 @@ class ShardedDivergenceCheck(ReplicaComparison):
             ).hexdigest()
             self._report = DivergenceReport(digest=combined)
             return self._report
-        gathered = [torch.empty_like(self._table) for _ in range(a.world)]
-        dist.all_gather(gathered, self._table, group=a.dp_group)
+        gathered = [torch.empty_like(self._table) for _ in range(layout.ranks)]
+        dist.all_gather(gathered, self._table, group=layout.group)
         tables = torch.stack(gathered).cpu()
         ranks: set[int] = set()
         tensors: list[str] = []
@@ -94,35 +93,3 @@ class ShardedDivergenceCheck(ReplicaComparison):
             ranks=sorted(ranks), tensors=tensors, unattributable=unattributable, digest=None
         )
         return self._report
-
-
-class ShardedWeightCheck(WeightCheck):
-    """Check 3 for an HSDP model: :class:`~sdc_agent.divergence.WeightCheck` (the guard calls it
-    at the same points, a pass records the combined digest), comparing each shard across its
-    replicas."""
-
-    def __init__(self, adapter: FSDP2Adapter, reporter: Reporter) -> None:
-        """Compare ``adapter``'s local shards over its replicate group."""
-        super().__init__(adapter.named_weights, adapter.replicate_group, reporter)
-        self._adapter = adapter
-
-    def _start_comparison(self) -> ShardedDivergenceCheck:
-        """Fingerprint this rank's shards now and launch their comparison with the replicas'."""
-        return ShardedDivergenceCheck(self._adapter)
-
-
-class WeightCheckOff:
-    """Check 3 where weights have no redundancy (full sharding): compares nothing, records no
-    pass (``last_weight_check_pass`` stays None, so checkpoint tags say the weights were not
-    verified)."""
-
-    def compare_now(self, step: int) -> Alarm | None:
-        """Nothing to compare: no alarm."""
-        return None
-
-    def launch(self, step: int) -> None:
-        """Nothing to launch."""
-
-    def take_in_flight(self) -> None:
-        """Nothing is ever in flight."""
-        return None

@@ -9,11 +9,11 @@ parameter of a group in chunk order. The taps are post-accumulate-grad hooks ins
   FSDP2's post-backward copies that gradient into the reduce-scatter buffer and frees it. So it
   sees exactly this rank's contribution, per parameter, in the parameter's own layout: the
   non-finite flag (element by element, as DDP's hook does, in one fused pass per parameter
-  into one flag per step: :mod:`sdc_agent.finiteness`) every step, and on audit steps the
+  into one flag per step: :mod:`.finiteness`) every step, and on audit steps the
   gradient's fingerprint (taken first, from the gradient as autograd left it). Those
   fingerprints are in the same terms whether the backward synchronises or not, which is what
   lets a replay with gradient sync off be compared bit for bit with the audited training step
-  (:mod:`sdc_agent.replay_fsdp`).
+  (:mod:`sdc_agent.checks.replay.collective`).
   Why not FSDP2's ``set_custom_reduce_scatter``: its input is the padded, chunk-interleaved flat
   buffer of a whole parameter group, which a replay with sync off never builds; and it is not
   called at all when the shard dimension has one rank.
@@ -25,8 +25,8 @@ The unsharded parameters exist only from the first all-gather on (FSDP2 creates 
 reuses the same objects afterwards), so the local hooks are installed by a forward pre-hook
 registered after FSDP2's own (which unshards): the first time a module runs, its unsharded
 parameters are on it. Once every trainable parameter is hooked, the pre-hooks are removed.
-Both taps write into the same :class:`~sdc_agent.gradients.GradStatsState` DDP's comm hook
-fills, so :class:`~sdc_agent.gradients.GradientCheck` and its flag exchange are unchanged.
+Both taps write into the same :class:`~.stats.GradStatsState` DDP's comm hook
+fills, so :class:`~.exchange.GradientCheck` and its flag exchange are unchanged.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from .accumulation import MicroBatchIsolation
-from .fingerprint import fingerprints
+from ...fingerprint import fingerprints
+from ..replay.accumulation import MicroBatchIsolation
 from .finiteness import mark_non_finite, new_flag
-from .gradients import GradStatsState
+from .stats import GradStatsState
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class ShardedGradientTaps:
                 )
             flags = state.local_flags
             # One flag per step, raised in place by every tap (one fused pass per
-            # parameter, no temporaries, nothing read back: see sdc_agent.finiteness). It is
+            # parameter, no temporaries, nothing read back: see sdc_agent.checks.gradients.finiteness). It is
             # appended once per tapped parameter, as many times as the reduced taps append
             # sums, because GradientCheck pairs the two lists to tell that the reduction ran.
             # Only these taps append to ``local_flags`` under FSDP2, so its last entry, when
@@ -201,7 +201,7 @@ class ShardedGradientTaps:
     def isolate_with(self, isolation: MicroBatchIsolation) -> None:
         """Run ``isolation`` (rows in the tables' order) at the start of every local tap, so it
         sees each unsharded gradient right after autograd stored it: before check 1's flags and
-        before FSDP2's post-backward reads it (:mod:`sdc_agent.accumulation`)."""
+        before FSDP2's post-backward reads it (:mod:`sdc_agent.checks.replay.accumulation`)."""
         if self.isolation is not None:
             raise RuntimeError("sdc_agent: the FSDP2 taps isolate micro-batches for one audit")
         self.isolation = isolation

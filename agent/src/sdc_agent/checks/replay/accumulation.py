@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .fingerprint import fingerprints
+from ...fingerprint import fingerprints
 
 
 class MicroBatchIsolation:

@@ -1,15 +1,14 @@
 """The drill job on a sharded model: FSDP2 full sharding or HSDP, on the CPU with gloo.
 
-``python -m sdc_agent.drill --parallel fsdp|hsdp`` and the FSDP2 tests build their job here. The
-model is a small residual MLP whose blocks are each ``fully_shard``-ed, then the root, as FSDP2
-users shard a transformer; HSDP lays the mesh out as (nodes, ranks per node): replicas across
-nodes, shards within a node.
+``python -m sdc_agent.drill --parallel fsdp|hsdp`` and the FSDP2 tests shard their model here
+(:func:`sdc_agent.drills.job.build_sharded` builds the whole job). The model is a small residual
+MLP whose blocks are each ``fully_shard``-ed, then the root, as FSDP2 users shard a transformer;
+HSDP lays the mesh out as (nodes, ranks per node): replicas across nodes, shards within a node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,7 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 PARALLEL_KINDS = ("fsdp", "hsdp")
-"""The sharded layouts the drill builds (``ddp`` is :func:`sdc_agent.drill.build`)."""
+"""The sharded layouts the drill builds (``ddp`` is :func:`sdc_agent.drills.job.build`)."""
 
 
 class Block(nn.Module):
@@ -100,35 +99,3 @@ def shard(
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
     return module
-
-
-def build_sharded(
-    schedule: dict[str, Any],
-    *,
-    parallel: str,
-    shards: int = 2,
-    seed: int = 0,
-    autocast_bf16: bool = False,
-    activation_checkpointing: bool = False,
-    mixed_precision: bool = False,
-    publisher: Any = None,
-    scaler: Any = None,
-) -> tuple[Any, Any, Any]:
-    """(fsdp_model, optimizer, guard) for the sharded drill model, identical initial weights.
-
-    ``schedule``: ``sdc_agent.Schedule``'s keywords (with ``grad_accum`` > 1 ``rebuild_batch``
-    returns the step's micro-batches, :func:`sdc_agent.drill.make_step_batch`); ``scaler``:
-    passed to the guard as is."""
-    from .drill import guarded_sgd
-
-    torch.manual_seed(seed)
-    model = shard(
-        ShardedDrillModel(activation_checkpointing=activation_checkpointing),
-        parallel,
-        shards=shards,
-        mixed_precision=mixed_precision,
-    )
-    optimizer, guard = guarded_sgd(
-        model, schedule, seed=seed, autocast_bf16=autocast_bf16, publisher=publisher, scaler=scaler
-    )
-    return model, optimizer, guard

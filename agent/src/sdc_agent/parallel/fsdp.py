@@ -1,24 +1,26 @@
 """The guard's view of a model sharded with FSDP2 (``fully_shard``): full sharding or HSDP.
 
-The same surface as :class:`sdc_agent.parallel.DDPAdapter`, so the checks and the guard's wiring
-do not know which wrapper they run on. What differs, and why:
+The same questions as :class:`~.ddp.DDPAdapter` answers (:class:`~.adapter.ParallelAdapter`), so
+the checks and the guard's wiring do not know which wrapper they run on. What differs, and why:
 
 * The mesh is learned from the parameters themselves (DTensor ``device_mesh`` / ``placements``):
   a 1-D mesh with ``Shard`` placements is full sharding; a 2-D mesh named
-  ``("replicate", "shard")`` with ``(Replicate(), Shard)`` placements is HSDP (replicas across
-  nodes, shards within a node). Anything else (tensor parallel placements, a mesh that does not
+  ``("replicate", "shard")`` (or torchtitan's and Accelerate's names for the same two
+  dimensions, :data:`HSDP_DIM_NAME_PAIRS`) with ``(Replicate(), Shard)`` placements is HSDP
+  (replicas across nodes, shards within a node). Anything else (tensor parallel placements, a mesh that does not
   cover every rank, a mixture of meshes) is refused with a clear error: the checks' reasoning
   (every rank trains on its own micro-batch; replicas of a shard hold the same bits) would not hold.
 * Every rank is a data-parallel rank: each trains on its own micro-batch, so the ring replay,
   check 1's flags and the rank map run over the whole mesh (WORLD), as under DDP.
 * FSDP2 has no comm hook. Check 1's taps are post-accumulate-grad hooks
-  (:mod:`sdc_agent.gradients_fsdp`): on the unsharded parameters for the local, pre-reduction
+  (:mod:`sdc_agent.checks.gradients.taps`): on the unsharded parameters for the local, pre-reduction
   gradient, and on the sharded parameters for the reduced one.
 * Replays run collectively through the sharded module with gradient sync off
-  (:mod:`sdc_agent.replay_fsdp`): each rank then holds its own local gradient of the replayed
+  (:mod:`sdc_agent.checks.replay.collective`): each rank then holds its own local gradient of the replayed
   micro-batch, unsharded, and no reduce-scatter mixes it with the others'.
 * Gradient accumulation: :meth:`FSDP2Adapter.no_sync` is ``set_requires_gradient_sync(False)``;
-  the audited micro-batch is isolated on the unsharded parameters (:mod:`sdc_agent.replay_fsdp`).
+  the audited micro-batch is isolated on the unsharded parameters
+  (:mod:`sdc_agent.checks.replay.collective`).
 * A GradScaler (fp16) works as under DDP: each micro-batch's loss is scaled in training and in
   the collective replays, and a non-finite local gradient that the third GPU reproduces at the
   same scale is an overflow: no alarm, the scaler skips the step and lowers the scale. What
@@ -32,8 +34,8 @@ do not know which wrapper they run on. What differs, and why:
   step's flag reduction on every rank and judges any flagged step on every rank at once (never
   leaving a step applied by some ranks and dropped by others), and an overflow verdict needs
   only SOME rank's reduced shard to be non-finite (:meth:`CollectiveRingAudit.scaler_skips_everywhere
-  <sdc_agent.replay_fsdp.CollectiveRingAudit.scaler_skips_everywhere>`).
-* Check 3 compares each shard across its replicas (:mod:`sdc_agent.divergence_fsdp`); with full
+  <sdc_agent.checks.replay.audit.CollectiveRingAudit.scaler_skips_everywhere>`).
+* Check 3 compares each shard across its replicas (:mod:`sdc_agent.checks.weights.sharded`); with full
   sharding a shard has one copy, so there is nothing to compare: check 3 is off, and the guard
   says so at start (:attr:`FSDP2Adapter.weight_redundancy`).
 """
@@ -44,30 +46,30 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from .gradients_fsdp import ShardedGradientTaps
-from .parallel import DDPAdapter
-from .topology import collective_device, group_ranks
-
-if TYPE_CHECKING:
-    from .audit import RebuildBatch, RingAudit
-    from .divergence import WeightCheck
-    from .divergence_fsdp import ShardedWeightCheck, WeightCheckOff
-    from .gradients import GradientCheck, GradStatsState
-    from .replay import ComputeLoss, Replayer
-    from .reporting import Reporter
+from ..checks.gradients.stats import GradStatsState
+from ..checks.gradients.taps import ShardedGradientTaps
+from ..checks.replay.collective import CollectiveReplayer
+from ..checks.replay.replayer import ComputeLoss, Replayer
+from ..coverage import LayoutFacts
+from ..topology import collective_device, group_ranks
+from .adapter import ParallelAdapter, WeightReplicas
 
 logger = logging.getLogger("sdc_agent")
 
 HSDP_DIM_NAMES = ("replicate", "shard")
-"""The mesh dimension names an HSDP mesh must carry, in this order."""
+"""The mesh dimension names an HSDP mesh carries, in this order (PyTorch's documentation's)."""
+HSDP_DIM_NAME_PAIRS = (HSDP_DIM_NAMES, ("dp_replicate", "fsdp"), ("dp_replicate", "dp_shard_cp"))
+"""Every (replicate, shard) naming read as HSDP: PyTorch's, torchtitan's (``ParallelDims``) and
+Accelerate's (``ParallelismConfig``). Other names (``("dp", "tp")``) are refused: fully_shard
+over a mesh meant for other parallelism is more likely a mistake than HSDP."""
 
 
 class ShardingLayoutError(ValueError):
@@ -108,19 +110,7 @@ def is_fsdp2(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def adapter_for(model: nn.Module, dp_group: dist.ProcessGroup | None) -> Any:
-    """The adapter for ``model``: :class:`FSDP2Adapter` for an FSDP2 module, else DDP's."""
-    if is_fsdp2(model):
-        return FSDP2Adapter(model, dp_group)
-    if any(is_fsdp2(m) for m in model.modules()):
-        raise ShardingLayoutError(
-            f"sdc_agent.Guard: {type(model).__name__} has fully_shard submodules but is not "
-            "sharded itself; apply fully_shard to the root module too and pass that"
-        )
-    return DDPAdapter(model, dp_group)  # raises TypeError for anything that is not DDP
-
-
-def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[Any, ShardedLayout]:
+def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, ShardedLayout]:
     """The mesh and its layout, from the parameters' DTensor metadata; raises when unsupported."""
     if not params:
         raise ShardingLayoutError("sdc_agent.Guard: the FSDP2 module has no trainable parameters")
@@ -132,7 +122,7 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[Any, ShardedLayout]
         )
     # Compared by value (DeviceMesh equality: device type, ranks, dimension names): FSDP2 may
     # hold equal meshes as distinct objects.
-    meshes: list[Any] = []
+    meshes: list[DeviceMesh] = []
     for _, p in params:
         if not any(p.device_mesh == seen for seen in meshes):
             meshes.append(p.device_mesh)
@@ -150,13 +140,13 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[Any, ShardedLayout]
         )
     if mesh.ndim == 1:
         kind, wanted = "fsdp", (Shard,)
-    elif mesh.ndim == 2 and tuple(mesh.mesh_dim_names or ()) == HSDP_DIM_NAMES:
+    elif mesh.ndim == 2 and tuple(mesh.mesh_dim_names or ()) in HSDP_DIM_NAME_PAIRS:
         kind, wanted = "hsdp", (Replicate, Shard)
     else:
         raise ShardingLayoutError(
             f"sdc_agent.Guard: unsupported FSDP2 mesh of {mesh.ndim} dimensions named "
             f"{mesh.mesh_dim_names}; use a 1-D mesh (full sharding) or a 2-D mesh named "
-            f"{HSDP_DIM_NAMES} (HSDP)"
+            f"{HSDP_DIM_NAMES} (HSDP; also named {' or '.join(map(str, HSDP_DIM_NAME_PAIRS[1:]))})"
         )
     for name, p in params:
         kinds = tuple(type(placement) for placement in p.placements)
@@ -171,7 +161,7 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[Any, ShardedLayout]
     grid = mesh.mesh.reshape(-1, mesh.mesh.shape[-1]).tolist()  # [replicas][shards]
     replicas_of_shard = tuple(tuple(row[s] for row in grid) for s in range(len(grid[0])))
     if kind == "hsdp":
-        replica_index, shard_index = mesh.get_local_rank("replicate"), mesh.get_local_rank("shard")
+        replica_index, shard_index = mesh.get_local_rank(0), mesh.get_local_rank(1)
     else:
         replica_index, shard_index = 0, mesh.get_local_rank()
     layout = ShardedLayout(
@@ -185,12 +175,14 @@ def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[Any, ShardedLayout]
     return mesh, layout
 
 
-class FSDP2Adapter:
+class FSDP2Adapter(ParallelAdapter):
     """The guard's view of an FSDP2 (``fully_shard``) model; see the module docstring."""
 
     unscale_is_collective = True
     """``GradScaler.unscale_`` on DTensor gradients all-reduces ``found_inf`` over the mesh (see
     the module docstring): every rank must reach ``scaler.step`` together, or none."""
+    replays_in_lockstep = True
+    """A replay's forward all-gathers the other ranks' shards: every rank replays at once."""
 
     def __init__(self, model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
         """Check the layout and learn the mesh from the parameters (``dp_group`` must be None)."""
@@ -207,7 +199,7 @@ class FSDP2Adapter:
         """The model training runs: the root FSDP module (``compute_loss`` gets it)."""
         self.module: nn.Module = model
         """The module replays run on: the same root module, replayed collectively with gradient
-        sync off (:mod:`sdc_agent.replay_fsdp`)."""
+        sync off (:mod:`sdc_agent.checks.replay.collective`)."""
         self.dp_group: dist.ProcessGroup | None = None
         """Every rank of the mesh is a data-parallel rank: WORLD."""
         self.rank = dist.get_rank()
@@ -224,20 +216,20 @@ class FSDP2Adapter:
         """The trainable (sharded) parameters, in the order of every fingerprint table."""
         self.param_names = [n for n, _ in trainable]
         """Their names, row by row."""
-        self.named_weights = list(model.named_parameters())
+        self.named_weights: list[tuple[str, nn.Parameter]] = list(model.named_parameters())
         """Every parameter by name (sharded DTensors: compare their local shards)."""
         self.param_device = self.params[0].to_local().device
         """Where the parameters' shards (and so the gradients) live."""
         self.replicate_group: dist.ProcessGroup | None = (
-            self.mesh.get_group("replicate") if self.layout.kind == "hsdp" else None
+            self.mesh.get_group(0) if self.layout.kind == "hsdp" else None
         )
         """The ranks holding copies of this rank's shard (HSDP; None under full sharding)."""
         self.shard_group: dist.ProcessGroup = (
-            self.mesh.get_group("shard") if self.layout.kind == "hsdp" else self.mesh.get_group()
+            self.mesh.get_group(1) if self.layout.kind == "hsdp" else self.mesh.get_group()
         )
         """The ranks holding the other shards of this rank's replica."""
         self.taps: ShardedGradientTaps | None = None
-        """Check 1's hooks, once :meth:`register_gradient_hook` installed them."""
+        """Check 1's hooks, once :meth:`install_gradient_taps` installed them."""
         self._fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
         if self.layout.weight_redundancy is False and self.rank == 0:
             logger.warning(
@@ -247,13 +239,13 @@ class FSDP2Adapter:
                 "(a ('replicate', 'shard') mesh with >= 3 replicas) for weight redundancy"
             )
 
-    # ------------------------------------------------------------------ the DDPAdapter surface
+    # ------------------------------------------------------------------ the adapter's answers
     @property
     def weight_redundancy(self) -> bool:
         """Whether check 3 can compare weights at all (HSDP with >= 2 replicas)."""
         return self.layout.weight_redundancy
 
-    def coverage_facts(self) -> dict[str, Any]:
+    def coverage_facts(self) -> LayoutFacts:
         """What the layout lets check 3 see, JSON-ready (for a report of the guard's coverage)."""
         layout = self.layout
         if not layout.weight_redundancy:
@@ -276,13 +268,12 @@ class FSDP2Adapter:
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
 
-    def register_gradient_hook(self, state: GradStatsState, hook: Callable[..., Any]) -> None:
-        """Install check 1's taps writing into ``state`` (``hook``, DDP's comm hook, is unused:
-        FSDP2 has none; see :mod:`sdc_agent.gradients_fsdp`)."""
-        del hook
+    def install_gradient_taps(self, stats: GradStatsState) -> None:
+        """Install check 1's taps writing into ``stats``: FSDP2 has no comm hook, so they are
+        post-accumulate-grad hooks (see :mod:`sdc_agent.checks.gradients.taps`)."""
         if self.taps is not None:
             raise RuntimeError("sdc_agent.Guard: build one Guard per FSDP2 model")
-        self.taps = ShardedGradientTaps(self.model, self.params, self.param_names, state)
+        self.taps = ShardedGradientTaps(self.model, self.params, self.param_names, stats)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -295,7 +286,7 @@ class FSDP2Adapter:
         buffer, and the synchronising micro-batch's tap sees its own gradient alone, not the
         accumulated one as DDP's hook does; a NaN in an earlier micro-batch is still named as
         this rank's local one. The check is one fused pass per parameter and micro-batch
-        (:mod:`sdc_agent.finiteness`), so it is made whatever the policy.
+        (:mod:`sdc_agent.checks.gradients.finiteness`), so it is made whatever the policy.
         """
         self.set_gradient_sync(False)
         try:
@@ -337,37 +328,37 @@ class FSDP2Adapter:
     def make_replayer(
         self,
         compute_loss: ComputeLoss,
-        gradients: GradientCheck,
+        stats: GradStatsState,
         *,
         grad_accum: int = 1,
-        scaler: Any | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """Check 2's replays: collective, through the sharded module, with sync off; with a
         ``scaler`` each replayed micro-batch's loss is scaled by the step's scale, as in
-        training, so an overflow reproduces (see the module docstring)."""
-        from .replay_fsdp import CollectiveReplayer
-
+        training, so an overflow reproduces (see the module docstring); ``divide_loss`` as
+        the guard's."""
         return CollectiveReplayer(
-            self, compute_loss, gradients.hook_state, grad_accum=grad_accum, scaler=scaler
+            self,
+            compute_loss,
+            stats,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
         )
 
-    def make_audit(
-        self, replayer: Replayer, rebuild_batch: RebuildBatch, reporter: Reporter, **kw: Any
-    ) -> RingAudit:
-        """Check 2's ring audit, with every replay and confirmation run by every rank at once."""
-        from .replay_fsdp import CollectiveRingAudit
-
-        return CollectiveRingAudit(self, replayer, rebuild_batch, reporter, **kw)
-
-    def make_weight_check(
-        self, reporter: Reporter
-    ) -> WeightCheck | ShardedWeightCheck | WeightCheckOff:
-        """Check 3: each shard compared across its replicas (HSDP), or off (full sharding)."""
-        from .divergence_fsdp import ShardedWeightCheck, WeightCheckOff
-
-        if not self.weight_redundancy:
-            return WeightCheckOff()
-        return ShardedWeightCheck(self, reporter)
+    def weight_replicas(self) -> WeightReplicas:
+        """Check 3 compares each local shard across its replicas (HSDP's replicate group); under
+        full sharding a shard has one copy (``replicas`` 1: check 3 is off)."""
+        return WeightReplicas(
+            named_weights=self.named_weights,
+            sharded=True,
+            replica_group=self.replicate_group,
+            shard_group=self.shard_group,
+            group=self.dp_group,
+            replicas_of_shard=self.layout.replicas_of_shard,
+            collective_device=self.collective_device,
+        )
 
     def gradient_taps(self) -> ShardedGradientTaps:
         """Check 1's hooks on this model (installed when the Guard is built)."""

@@ -1,66 +1,54 @@
-"""What the guard needs from the data-parallel wrapper, behind one small adapter.
+"""The guard's view of a ``DistributedDataParallel`` model (:class:`DDPAdapter`).
 
-The checks themselves do not know how gradients are synchronised; they ask the adapter for:
+Every replica holds the whole model and trains on its own micro-batch; what each check asks
+(:class:`~.adapter.ParallelAdapter`) is answered from the DDP wrapper:
 
-* :attr:`DDPAdapter.model`: the model training runs (``compute_loss`` gets it);
-* :attr:`DDPAdapter.module`: the bare module replays run on, without collectives;
-* :meth:`DDPAdapter.register_gradient_hook`: where check 1 sees each local gradient before the
-  reduction and each reduced gradient after it;
-* :meth:`DDPAdapter.no_sync`: accumulate gradients without synchronising them;
-* :attr:`DDPAdapter.dp_group` and the rank bookkeeping of the data-parallel group.
+* check 1 sees each local gradient before the reduction and each reduced gradient after it in
+  one comm hook (:mod:`sdc_agent.checks.gradients.comm_hook`); ``no_sync`` is DDP's own.
+* check 2 replays on the bare module inside the wrapper (``model.module``), each rank alone:
+  DDP's autograd hooks ignore a backward they did not prepare, so no collective runs.
+* check 3 compares every replica's full weights over the data-parallel group.
 
-FSDP2 (``fully_shard``, full sharding and HSDP) plugs in here as
-:class:`sdc_agent.parallel_fsdp.FSDP2Adapter`, with the same surface;
-:func:`sdc_agent.parallel_fsdp.adapter_for` picks the adapter from the model. Each adapter
-also builds the parts of checks 2 and 3 that depend on the wrapper
-(:meth:`DDPAdapter.make_replayer`, :meth:`DDPAdapter.make_audit`,
-:meth:`DDPAdapter.make_weight_check`), so the guard's wiring does not branch on the wrapper.
-
-Built on these seams (docs/architecture.md, "Gradient accumulation and mixed precision"), under
-both adapters:
+Built on these seams (docs/architecture.md, "Gradient accumulation and mixed precision"):
 
 * Gradient accumulation: :class:`~sdc_agent.guard.GuardedStep` runs the first N-1 micro-batches
-  inside :meth:`no_sync` and the last outside it, so the hook sees only the last one, which
-  carries the accumulated gradient; check 1 is unchanged. The audit isolates one micro-batch's
-  gradient in :mod:`sdc_agent.accumulation` with per-parameter post-accumulate-grad hooks, which
-  run before DDP's reducer reads the gradient. Under FSDP2 the same isolation runs on the
-  unsharded parameters, first in check 1's local taps, before FSDP2's post-backward reads the
-  gradient (:meth:`Replayer.micro_batch_isolation`, overridden in :mod:`sdc_agent.replay_fsdp`).
+  inside :meth:`DDPAdapter.no_sync` and the last outside it, so the hook sees only the last one,
+  which carries the accumulated gradient; check 1 is unchanged. The audit isolates one
+  micro-batch's gradient in :mod:`sdc_agent.checks.replay.accumulation` with per-parameter
+  post-accumulate-grad hooks, which run before DDP's reducer reads the gradient.
 * A GradScaler: the scaled gradient goes through the same hook; a non-finite step that a replay
   reproduces at the same scale is an overflow the scaler skips, decided in the audit
-  (:meth:`~sdc_agent.audit.RingAudit.judge_nonfinite`), not here. Under FSDP2 ``unscale_`` is
-  itself a collective (:attr:`DDPAdapter.unscale_is_collective`), so every rank decides every
-  step together (:mod:`sdc_agent.parallel_fsdp`).
+  (:meth:`~sdc_agent.checks.replay.audit.RingAudit.judge_nonfinite`), not here. Under DDP
+  ``unscale_`` is not a collective: every replica holds the whole reduced gradient and finds
+  the same inf by itself (:attr:`DDPAdapter.unscale_is_collective`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .coverage import ddp_facts
-from .topology import collective_device, group_ranks
-
-if TYPE_CHECKING:
-    from .audit import RebuildBatch, RingAudit
-    from .divergence import WeightCheck
-    from .gradients import GradientCheck
-    from .replay import ComputeLoss, Replayer
-    from .reporting import Reporter
+from ..checks.gradients.comm_hook import grad_stats_hook
+from ..checks.gradients.stats import GradStatsState
+from ..checks.replay.replayer import ComputeLoss, Replayer
+from ..coverage import LayoutFacts, ddp_facts
+from ..topology import collective_device, group_ranks
+from .adapter import ParallelAdapter, WeightReplicas
 
 
-class DDPAdapter:
-    """The guard's view of a ``DistributedDataParallel`` model."""
+class DDPAdapter(ParallelAdapter):
+    """The guard's view of a ``DistributedDataParallel`` model (see the module docstring)."""
 
     unscale_is_collective = False
     """Whether ``GradScaler.unscale_`` (and so ``scaler.step``) is a collective: no under DDP,
     where every replica holds the whole reduced gradient and finds the same inf by itself."""
+    replays_in_lockstep = False
+    """Each rank replays alone, on the bare module: DDP ignores a backward it did not prepare."""
 
     def __init__(self, model: DistributedDataParallel, dp_group: dist.ProcessGroup | None) -> None:
         """Check the wrapper and record the data-parallel group (None: WORLD)."""
@@ -86,7 +74,7 @@ class DDPAdapter:
         """Where tensors for collectives over :attr:`dp_group` must live."""
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         """The trainable parameters, in the order of every fingerprint table."""
-        self.named_weights = list(self.module.named_parameters())
+        self.named_weights: list[tuple[str, nn.Parameter]] = list(self.module.named_parameters())
         """Every parameter by name, as the weight check compares them."""
         self.param_device = self.params[0].device if self.params else torch.device("cpu")
         """Where the parameters (and so the gradients) live."""
@@ -95,12 +83,11 @@ class DDPAdapter:
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
 
-    def register_gradient_hook(
-        self, state: Any, hook: Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
-    ) -> None:
-        """Register check 1's comm hook; DDP takes one comm hook per model."""
+    def install_gradient_taps(self, stats: GradStatsState) -> None:
+        """Register check 1's comm hook writing into ``stats``; DDP takes one comm hook per
+        model."""
         try:
-            self.model.register_comm_hook(state, hook)  # type: ignore[operator]
+            self.model.register_comm_hook(stats, grad_stats_hook)  # type: ignore[operator]
         except RuntimeError as err:
             raise RuntimeError(
                 f"sdc_agent.Guard could not register its DDP comm hook ({err}); a DDP model takes "
@@ -115,47 +102,49 @@ class DDPAdapter:
             yield
 
     # ------------------------------------------------------------------ the checks' parts
-    # (FSDP2Adapter has the same methods; the guard builds each check through its adapter.)
     @property
     def weight_redundancy(self) -> bool:
         """Whether check 3 can compare weights: every DDP replica holds all of them."""
         return self.world >= 2
 
-    def coverage_facts(self) -> dict[str, Any]:
-        """What the layout lets check 3 see, JSON-ready (same keys as FSDP2Adapter's)."""
+    def coverage_facts(self) -> LayoutFacts:
+        """What the layout lets check 3 see (same keys as every adapter's)."""
         return ddp_facts(list(self.global_ranks))
 
     def make_replayer(
         self,
         compute_loss: ComputeLoss,
-        gradients: GradientCheck,
+        stats: GradStatsState,
         *,
         grad_accum: int = 1,
-        scaler: Any | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
     ) -> Replayer:
         """Check 2's replays: on the bare module, alone (DDP ignores a backward it did not
-        prepare); ``grad_accum`` and ``scaler`` say how training back-propagated each
-        micro-batch's loss."""
-        from .replay import Replayer
-
+        prepare); ``grad_accum``, ``scaler`` and ``divide_loss`` say how training
+        back-propagated each micro-batch's loss (``stats`` is not needed: the replay reads the
+        parameters' own gradients, in the tables' order)."""
+        del stats
         return Replayer(
-            self.module, self.params, compute_loss, grad_accum=grad_accum, scaler=scaler
+            self.module,
+            self.params,
+            compute_loss,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
         )
 
-    def make_audit(
-        self, replayer: Replayer, rebuild_batch: RebuildBatch, reporter: Reporter, **kw: Any
-    ) -> RingAudit:
-        """Check 2's ring audit (keywords: ``peer_offset``, ``can_confirm``,
-        ``overflow_is_expected``)."""
-        from .audit import RingAudit
-
-        return RingAudit(self, replayer, rebuild_batch, reporter, **kw)
-
-    def make_weight_check(self, reporter: Reporter) -> WeightCheck:
-        """Check 3: every replica's full weights compared."""
-        from .divergence import WeightCheck
-
-        return WeightCheck(self.named_weights, self.dp_group, reporter)
+    def weight_replicas(self) -> WeightReplicas:
+        """Check 3 compares every replica's full weights over the data-parallel group."""
+        return WeightReplicas(
+            named_weights=self.named_weights,
+            sharded=False,
+            replica_group=self.dp_group,
+            shard_group=None,
+            group=self.dp_group,
+            replicas_of_shard=(tuple(self.global_ranks),),
+            collective_device=self.collective_device,
+        )
 
     def with_autograd_parameter(self, name: str, use: Callable[[nn.Parameter], None]) -> None:
         """Call ``use`` with the tensor autograd computes ``name``'s local gradient for."""

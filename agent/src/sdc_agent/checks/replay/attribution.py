@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .alarm import VerdictKind
+from ...alarm import VerdictKind
 
 ROW_WIDTH = 5
 """Int64 values per outcome in the collectives: loss bits, two digest words, finite, valid."""

@@ -1,17 +1,17 @@
-"""Check 2 on an FSDP2 model: collective replays through the sharded module, gradient sync off.
+"""Check 2's replays on a sharded model (FSDP2): collective, through the sharded module, sync off.
 
-Under DDP a replay runs on the bare module, alone. Under FSDP2 the parameters are sharded, so a
-forward needs the other ranks' shards (all-gathers): every rank replays AT THE SAME TIME, each its
-peer's micro-batch (:class:`CollectiveReplayer`), and every confirmation is a round in which every
-rank replays the disputed micro-batch and only the third GPU and the target keep their result
-(:class:`CollectiveRingAudit`). The attribution is :mod:`sdc_agent.attribution`'s, unchanged.
+Under DDP a replay runs on the bare module, alone (:class:`~.replayer.Replayer`). Under FSDP2 the
+parameters are sharded, so a forward needs the other ranks' shards (all-gathers): every rank
+replays AT THE SAME TIME, each its peer's micro-batch (:class:`CollectiveReplayer`), and the audit
+runs its replays in lockstep (:class:`~.audit.CollectiveRingAudit`). The attribution is
+:mod:`.attribution`'s, unchanged.
 
 What is compared, and why a weight-gradient fault shows: each rank's LOCAL, pre-reduction gradient
 of the replayed micro-batch, per parameter, as FSDP2's unsharded parameter accumulates it. With
 gradient sync off (``set_requires_gradient_sync(False)``) FSDP2 runs no reduce-scatter: the
 replay's gradient stays on the unsharded parameters (``unsharded_param.grad``; with a reduce
 dtype other than the parameters', converted into a private accumulation buffer after the hook
-ran). Check 1's local tap (:mod:`sdc_agent.gradients_fsdp`) fingerprints it right after autograd
+ran). Check 1's local tap (:mod:`sdc_agent.checks.gradients.taps`) fingerprints it right after autograd
 accumulated it, before any reduction: in the audited training step (sync on) and in the replay
 (sync off) the tap sees the same tensor in the same layout, so the two fingerprints are equal bit
 for bit when both GPUs computed right. A fault that touches only the backward pass, even only a
@@ -30,32 +30,50 @@ raise on one rank alone.
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
+from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..gradients.stats import GradStatsState
+from ..gradients.taps import ShardedGradientTaps
 from .accumulation import MicroBatchIsolation
-from .attribution import FAILED_ROW, ROW_WIDTH, Outcome, confirmation_jobs
-from .audit import RingAudit
-from .gradients import FlagTable, GradStatsState
-from .replay import (
+from .attribution import Outcome
+from .environment import deterministic_kernels, seed_all
+from .replayer import (
     ComputeLoss,
     Replayer,
     accumulated_at_start_error,
-    deterministic_kernels,
     micro_batch_loss,
     outcome_of,
     scaled_for_backward,
-    seed_all,
 )
 
-if TYPE_CHECKING:
-    from .parallel_fsdp import FSDP2Adapter
 
-logger = logging.getLogger("sdc_agent")
+class ShardedModel(Protocol):
+    """What a collective replay needs from its parallelism adapter
+    (:class:`sdc_agent.parallel.fsdp.FSDP2Adapter` is one): the sharded module, check 1's taps
+    on its unsharded parameters, and a switch for the gradient reduction."""
+
+    module: nn.Module
+    """The sharded root module replays run through."""
+    params: list[nn.Parameter]
+    """The trainable (sharded) parameters, in the order of every fingerprint table."""
+    param_device: torch.device
+    """Where the parameters' shards (and so the gradients) live."""
+
+    def gradient_taps(self) -> ShardedGradientTaps:
+        """Check 1's taps, which see each rank's local gradient on the unsharded parameters."""
+        ...
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """Turn the gradient reduction of later backward passes on or off."""
+        ...
+
+    def discard_unsynced_gradients(self) -> None:
+        """Drop the local gradients a backward with sync off left behind."""
+        ...
 
 
 class CollectiveReplayer(Replayer):
@@ -63,17 +81,24 @@ class CollectiveReplayer(Replayer):
 
     def __init__(
         self,
-        adapter: FSDP2Adapter,
+        adapter: ShardedModel,
         compute_loss: ComputeLoss,
         step_state: GradStatsState,
         *,
         grad_accum: int = 1,
         scaler: Any | None = None,
+        divide_loss: bool = True,
     ) -> None:
         """``step_state``: check 1's statistics, whose row order the replay's fingerprints
-        follow; ``grad_accum`` and ``scaler`` as :class:`~sdc_agent.replay.Replayer`'s."""
+        follow; ``grad_accum``, ``scaler`` and ``divide_loss`` as
+        :class:`~.replayer.Replayer`'s."""
         super().__init__(
-            adapter.module, adapter.params, compute_loss, grad_accum=grad_accum, scaler=scaler
+            adapter.module,
+            adapter.params,
+            compute_loss,
+            grad_accum=grad_accum,
+            scaler=scaler,
+            divide_loss=divide_loss,
         )
         self.adapter = adapter
         self._param_index = step_state.param_index
@@ -114,7 +139,7 @@ class CollectiveReplayer(Replayer):
                     seed_all(seed)
                     with deterministic_kernels(deterministic):
                         loss = micro_batch_loss(
-                            self.compute_loss(self.module, batch), self.grad_accum
+                            self.compute_loss(self.module, batch), self.loss_divisor
                         )
                         scaled_for_backward(loss, self.scaler).backward()
                 flags = record.local_flags
@@ -125,69 +150,3 @@ class CollectiveReplayer(Replayer):
             finally:
                 adapter.set_gradient_sync(True)
                 adapter.discard_unsynced_gradients()
-
-
-class CollectiveRingAudit(RingAudit):
-    """The ring audit with collective replays: every rank runs every replay round at once."""
-
-    def scaler_skips_everywhere(self, table: FlagTable) -> bool:
-        """Whether every rank's ``scaler.step`` will skip ``table``'s step: when SOME rank's
-        shard of the reduced gradient is non-finite. ``GradScaler.unscale_`` max-reduces
-        ``found_inf`` over the mesh's shard dimension, and HSDP's replicas of a shard hold the
-        same reduced values (:mod:`sdc_agent.parallel_fsdp`); the flags here are those shards'
-        (or, with clipping, the global norm's)."""
-        return any(table.reduced)
-
-    def _replay_row(
-        self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
-    ) -> list[int]:
-        """Every rank replays one rank's micro-batch(es) (its own target's) at the same time; a
-        batch that cannot be rebuilt on any rank makes every rank send FAILED_ROW before any
-        forward. ``whole_step``: every micro-batch of the step, as RingAudit's."""
-        a = self.adapter
-        target = a.global_rank(target_dp)
-        micros: list[Any] = []
-        failed = 0
-        try:
-            micros = self._micro_batches(step, target)
-        except Exception:
-            logger.exception(
-                "sdc_agent: rebuilding rank %d's batch of step %d failed on rank %d",
-                target,
-                step,
-                a.rank,
-            )
-            failed = 1
-        flag = torch.tensor([failed], dtype=torch.int64, device=a.collective_device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=a.dp_group)  # nobody starts alone
-        if int(flag.item()):
-            return list(FAILED_ROW)
-        try:
-            # Every rank replays the same number of micro-batches (grad_accum is the job's), so
-            # FSDP2's all-gathers pair up.
-            outcome = self._replay_micro_batches(step, target, micros, deterministic, whole_step)
-        except Exception:
-            logger.exception(
-                "sdc_agent: replaying rank %d's batch of step %d failed on rank %d",
-                target,
-                step,
-                a.rank,
-            )
-            return list(FAILED_ROW)
-        return outcome.to_row()
-
-    def _confirm(
-        self, step: int, targets: list[int], deterministic: bool, whole_step: bool = False
-    ) -> list[tuple[Outcome, Outcome] | None]:
-        """One round per disputed target: every rank replays the target's batch; the third GPU's
-        result fills column 0 and the target's own column 1 (collective: the rounds, then one
-        all-reduce)."""
-        a = self.adapter
-        jobs = confirmation_jobs(targets, a.world, self.peer_offset, a.dp_rank)
-        table = torch.zeros((len(targets), 2, ROW_WIDTH), dtype=torch.int64)
-        for slot, target_dp in enumerate(targets):
-            row = torch.tensor(self._replay_row(step, target_dp, deterministic, whole_step))
-            for job_slot, column, _ in jobs:
-                if job_slot == slot:
-                    table[slot, column] = row
-        return self._confirmations_of(table)

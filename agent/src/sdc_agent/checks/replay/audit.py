@@ -1,10 +1,17 @@
 """Check 2, the ring replay audit: replays, the audit collective, confirmations, attribution.
 
-On an audit step every rank recomputes another rank's micro-batch on the bare module
-(:class:`~sdc_agent.replay.Replayer`) and the results are compared bit for bit; the pure
-reasoning over the gathered results (who mismatched, who is to blame) is in
-:mod:`sdc_agent.attribution`. The same replays confirm check 1: a rank whose local gradient was
-non-finite has its micro-batch replayed on a third GPU and on itself.
+On an audit step every rank recomputes another rank's micro-batch (the adapter's replayer,
+:mod:`.replayer`) and the results are compared bit for bit; the pure reasoning over the gathered
+results (who mismatched, who is to blame) is in :mod:`.attribution`. The same replays confirm
+check 1: a rank whose local gradient was non-finite has its micro-batch replayed on a third GPU
+and on itself; the online sensors' candidates are confirmed the same way
+(:meth:`RingAudit.fill_confirmations`).
+
+The replay unit decides how replays are scheduled (:func:`ring_audit_type` asks the adapter): each
+rank replays alone (:class:`RingAudit`, DDP: the bare module needs no other rank), or every rank
+replays at the same time, in lockstep (:class:`CollectiveRingAudit`, FSDP2: a forward needs the
+other ranks' shards), and each confirmation is then a round in which every rank replays the
+disputed micro-batch and only the third GPU and the target keep their result.
 
 Every method that issues a collective says so; the guard calls them on every rank at the same
 points, and a replay that raises is sent as a failed row instead, so no rank is left waiting.
@@ -19,7 +26,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .alarm import Alarm, Verdict
+from ...alarm import Alarm, Verdict
+from ...parallel.adapter import ParallelAdapter
+from ...reporting import Reporter
+from ..gradients.exchange import FlagTable
 from .attribution import (
     FAILED_ROW,
     ROW_WIDTH,
@@ -34,17 +44,8 @@ from .attribution import (
     third_gpu,
     unexplained,
 )
-from .gradients import FlagTable
-from .parallel import DDPAdapter
-from .replay import (
-    Replayer,
-    StepEnvironment,
-    combine_outcomes,
-    outcome_of,
-    seed_all,
-    step_seed,
-)
-from .reporting import Reporter
+from .environment import StepEnvironment, seed_all, step_seed
+from .replayer import Replayer, combine_outcomes, outcome_of
 
 logger = logging.getLogger("sdc_agent")
 
@@ -56,7 +57,7 @@ class RingAudit:
 
     def __init__(
         self,
-        adapter: DDPAdapter,
+        adapter: ParallelAdapter,
         replayer: Replayer,
         rebuild_batch: RebuildBatch,
         reporter: Reporter,
@@ -134,7 +135,7 @@ class RingAudit:
     ) -> None:
         """Before micro-batch ``index``'s forward (accumulation): seed it from (step, rank,
         index) on seeded steps; for the audited one, snapshot the buffers as its forward starts
-        and, with ``isolate``, set the accumulated gradient aside (:mod:`sdc_agent.accumulation`)."""
+        and, with ``isolate``, set the accumulated gradient aside (:mod:`sdc_agent.checks.replay.accumulation`)."""
         self.current_micro_batch = index
         if seeded:
             seed_all(step_seed(step, self.adapter.rank, base=index))
@@ -206,19 +207,14 @@ class RingAudit:
             self.current_micro_batch = None
         return combine_outcomes(outcomes)
 
-    def replay(
-        self, step: int, target_dp: int, *, deterministic: bool, whole_step: bool = False
-    ) -> Outcome:
-        """Recompute DP rank ``target_dp``'s audited micro-batch of ``step`` (``whole_step``:
-        all of its micro-batches) on the bare module; raises what the replay raises. The online
-        sensors' confirmation (sdc_agent.sensors.check) replays through it."""
-        return self._replay(step, target_dp, deterministic, whole_step)
-
-    def _replay_row(
+    def replay_row(
         self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
     ) -> list[int]:
-        """A replay as a collective row; a replay that raises (a bug in ``rebuild_batch`` or
-        ``compute_loss``) is logged and sent as FAILED_ROW, so no rank is left in a collective."""
+        """Recompute DP rank ``target_dp``'s audited micro-batch of ``step`` (``whole_step``: all
+        of its micro-batches) as a row for a collective; a replay that raises (a bug in
+        ``rebuild_batch`` or ``compute_loss``) is logged and sent as FAILED_ROW, so no rank is
+        left in a collective. Here each rank replays alone; under lockstep replays every rank
+        calls it at the same time (:class:`CollectiveRingAudit`)."""
         try:
             return self._replay(step, target_dp, deterministic, whole_step).to_row()
         except Exception:
@@ -229,6 +225,23 @@ class RingAudit:
                 self.adapter.rank,
             )
             return list(FAILED_ROW)
+
+    def fill_confirmations(
+        self, targets: list[int], table: torch.Tensor, replay_row: Callable[[int], list[int]]
+    ) -> None:
+        """Run this rank's share of the confirmation replays of ``targets`` (DP ranks) and write
+        their rows into ``table`` ([len(targets), 2, row width], zeros): column 0 the third
+        GPU's replay of the target's batch, column 1 the target's own, each slot by its one
+        writer, so that summing the tables over the ranks gathers them.
+
+        ``replay_row(target_dp)`` replays one target's batch as a row (:meth:`replay_row`, or
+        the sensors' own with their flags). Here each rank runs only its own jobs; under
+        lockstep replays every rank runs every round (:class:`CollectiveRingAudit`)."""
+        a = self.adapter
+        for slot, column, target_dp in confirmation_jobs(
+            targets, a.world, self.peer_offset, a.dp_rank
+        ):
+            table[slot, column] = torch.tensor(replay_row(target_dp))
 
     def _confirm(
         self, step: int, targets: list[int], deterministic: bool, whole_step: bool = False
@@ -241,13 +254,12 @@ class RingAudit:
         Returns, per target, (third GPU's outcome, target's own re-replay), or None when either
         replay raised (then the confirmation cannot judge anyone).
         """
-        a = self.adapter
-        jobs = confirmation_jobs(targets, a.world, self.peer_offset, a.dp_rank)
         table = torch.zeros((len(targets), 2, ROW_WIDTH), dtype=torch.int64)
-        for slot, column, target_dp in jobs:
-            table[slot, column] = torch.tensor(
-                self._replay_row(step, target_dp, deterministic, whole_step)
-            )
+        self.fill_confirmations(
+            targets,
+            table,
+            lambda target_dp: self.replay_row(step, target_dp, deterministic, whole_step),
+        )
         return self._confirmations_of(table)
 
     def _confirmations_of(self, table: torch.Tensor) -> list[tuple[Outcome, Outcome] | None]:
@@ -282,7 +294,7 @@ class RingAudit:
         if self.grad_accum > 1:
             own_fingerprints = self.isolated_fingerprints if deterministic else None
         own = outcome_of(loss, own_fingerprints, True)  # audits run only when every flag was clean
-        replayed = self._replay_row(step, replay_target(a.dp_rank, a.world, offset), deterministic)
+        replayed = self.replay_row(step, replay_target(a.dp_rank, a.world, offset), deterministic)
         mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=a.collective_device)
         gathered = [torch.zeros_like(mine) for _ in range(a.world)]
         dist.all_gather(gathered, mine, group=a.dp_group)
@@ -439,3 +451,73 @@ class RingAudit:
             verdicts=verdicts,
             diagnosis=diagnosis,
         )
+
+
+class CollectiveRingAudit(RingAudit):
+    """The ring audit with replays in lockstep: every rank runs every replay round at once (a
+    replay's forward needs the other ranks' shards: FSDP2)."""
+
+    def scaler_skips_everywhere(self, table: FlagTable) -> bool:
+        """Whether every rank's ``scaler.step`` will skip ``table``'s step: when SOME rank's
+        shard of the reduced gradient is non-finite. ``GradScaler.unscale_`` max-reduces
+        ``found_inf`` over the mesh's shard dimension, and HSDP's replicas of a shard hold the
+        same reduced values (:mod:`sdc_agent.parallel.fsdp`); the flags here are those shards'
+        (or, with clipping, the global norm's)."""
+        return any(table.reduced)
+
+    def replay_row(
+        self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
+    ) -> list[int]:
+        """Every rank replays one rank's micro-batch(es) (its own target's) at the same time; a
+        batch that cannot be rebuilt on any rank makes every rank send FAILED_ROW before any
+        forward. ``whole_step``: every micro-batch of the step, as RingAudit's."""
+        a = self.adapter
+        target = a.global_rank(target_dp)
+        micros: list[Any] = []
+        failed = 0
+        try:
+            micros = self._micro_batches(step, target)
+        except Exception:
+            logger.exception(
+                "sdc_agent: rebuilding rank %d's batch of step %d failed on rank %d",
+                target,
+                step,
+                a.rank,
+            )
+            failed = 1
+        flag = torch.tensor([failed], dtype=torch.int64, device=a.collective_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=a.dp_group)  # nobody starts alone
+        if int(flag.item()):
+            return list(FAILED_ROW)
+        try:
+            # Every rank replays the same number of micro-batches (grad_accum is the job's), so
+            # FSDP2's all-gathers pair up.
+            outcome = self._replay_micro_batches(step, target, micros, deterministic, whole_step)
+        except Exception:
+            logger.exception(
+                "sdc_agent: replaying rank %d's batch of step %d failed on rank %d",
+                target,
+                step,
+                a.rank,
+            )
+            return list(FAILED_ROW)
+        return outcome.to_row()
+
+    def fill_confirmations(
+        self, targets: list[int], table: torch.Tensor, replay_row: Callable[[int], list[int]]
+    ) -> None:
+        """One round per disputed target: every rank replays the target's batch (collective);
+        the third GPU's row fills column 0 and the target's own column 1."""
+        a = self.adapter
+        jobs = confirmation_jobs(targets, a.world, self.peer_offset, a.dp_rank)
+        for slot, target_dp in enumerate(targets):
+            row = torch.tensor(replay_row(target_dp))
+            for job_slot, column, _ in jobs:
+                if job_slot == slot:
+                    table[slot, column] = row
+
+
+def ring_audit_type(adapter: ParallelAdapter) -> type[RingAudit]:
+    """Check 2's audit for ``adapter``'s replay unit: :class:`CollectiveRingAudit` when a replay
+    needs every rank at once (``adapter.replays_in_lockstep``), else :class:`RingAudit`."""
+    return CollectiveRingAudit if adapter.replays_in_lockstep else RingAudit

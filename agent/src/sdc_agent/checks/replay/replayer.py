@@ -13,128 +13,18 @@ import contextlib
 import hashlib
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ...fingerprint import bit_patterns, fingerprints
+from ..gradients.finiteness import all_finite
 from .accumulation import MicroBatchIsolation
 from .attribution import Outcome
-from .fingerprint import bit_patterns, fingerprints
-from .gradients import all_finite
+from .environment import RngState, deterministic_kernels, seed_all
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    """One round of splitmix64: decorrelates nearby (step, rank) pairs."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def step_seed(step: int, rank: int, base: int = 0) -> int:
-    """The RNG seed of ``rank``'s computation on an audited ``step``: anyone can recreate it."""
-    return _splitmix64(_splitmix64(base ^ step) ^ rank) >> 1  # manual_seed takes < 2**63
-
-
-@dataclass
-class RngState:
-    """The CPU generator and the current CUDA device's generator."""
-
-    cpu: torch.Tensor
-    cuda: torch.Tensor | None
-
-    @classmethod
-    def capture(cls) -> RngState:
-        """Save the generators' state."""
-        cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
-        return cls(cpu=torch.get_rng_state(), cuda=cuda)
-
-    def restore(self) -> None:
-        """Put the generators back to the captured state."""
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state(self.cuda)
-
-
-def seed_all(seed: int) -> None:
-    """Seed the CPU generator and the current CUDA device's generator."""
-    torch.manual_seed(seed)
-
-
-@dataclass
-class DeterminismState:
-    """Global kernel-selection flags that decide whether a recomputation is bit-reproducible."""
-
-    deterministic: bool
-    warn_only: bool
-    cudnn_benchmark: bool
-
-    @classmethod
-    def capture(cls) -> DeterminismState:
-        """Save the current flags."""
-        return cls(
-            deterministic=torch.are_deterministic_algorithms_enabled(),
-            warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
-            cudnn_benchmark=torch.backends.cudnn.benchmark,
-        )
-
-    @staticmethod
-    def enforce() -> None:
-        """Deterministic kernels, and no per-GPU autotuning (two GPUs could pick two kernels)."""
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-
-    def restore(self) -> None:
-        """Put the flags back as they were captured."""
-        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
-        torch.backends.cudnn.benchmark = self.cudnn_benchmark
-
-
-@dataclass
-class StepEnvironment:
-    """What an audit step changed before its forward pass (RNG, kernel flags), to put back."""
-
-    rng: RngState | None = None
-    kernels: DeterminismState | None = None
-
-    @classmethod
-    def enter(cls, *, seed: int, deterministic: bool) -> StepEnvironment:
-        """Seed the RNG with ``seed`` (and select deterministic kernels); remember what was."""
-        env = cls(rng=RngState.capture())
-        seed_all(seed)
-        if deterministic:
-            env.kernels = DeterminismState.capture()
-            DeterminismState.enforce()
-        return env
-
-    def restore(self) -> None:
-        """Put the kernel flags and the RNG back (idempotent)."""
-        if self.kernels is not None:
-            self.kernels.restore()
-            self.kernels = None
-        if self.rng is not None:
-            self.rng.restore()
-            self.rng = None
-
-
-@contextlib.contextmanager
-def deterministic_kernels(enabled: bool) -> Iterator[None]:
-    """Run the block with deterministic kernels when ``enabled``; restore the flags after."""
-    if not enabled:
-        yield
-        return
-    saved = DeterminismState.capture()
-    DeterminismState.enforce()
-    try:
-        yield
-    finally:
-        saved.restore()
 
 
 def loss_bits(loss: torch.Tensor) -> int:
@@ -206,15 +96,19 @@ class Replayer:
         *,
         grad_accum: int = 1,
         scaler: Any | None = None,
+        divide_loss: bool = True,
     ) -> None:
         """``params`` is the ordered list whose gradients are fingerprinted (the guard's table);
-        ``grad_accum`` and ``scaler`` say how training back-propagated each micro-batch's loss
-        (:func:`micro_batch_loss`, :func:`scaled_for_backward`)."""
+        ``grad_accum``, ``scaler`` and ``divide_loss`` say how training back-propagated each
+        micro-batch's loss (:func:`micro_batch_loss`, :func:`scaled_for_backward`; with
+        ``divide_loss`` False, ``compute_loss`` already returns the micro-batch's share)."""
         self.module = module
         self.params = params
         self.compute_loss = compute_loss
         self.grad_accum = grad_accum
         self.scaler = scaler
+        self.loss_divisor = grad_accum if divide_loss else 1
+        """What each micro-batch's loss is divided by before its backward (1: as is)."""
         self.forward_buffers: list[torch.Tensor] | None = None
         """Buffers as they were when this step's training forward began (None: use current)."""
         self.zero_grads_at_start: list[bool] | None = None
@@ -273,7 +167,7 @@ class Replayer:
         """Recompute ``batch`` with RNG ``seed``; restore grads, buffers and RNG afterwards.
 
         With accumulation the outcome is the micro-batch's own: its ``loss / grad_accum`` and
-        the gradient of that alone (from no gradient), as :mod:`sdc_agent.accumulation`
+        the gradient of that alone (from no gradient), as :mod:`.accumulation`
         isolates it in training."""
         with self.state_set_aside():
             zero_start = self.zero_grads_at_start or [False] * len(self.params)
@@ -281,7 +175,7 @@ class Replayer:
                 p.grad = torch.zeros_like(p) if zero else None
             seed_all(seed)
             with deterministic_kernels(deterministic):
-                loss = micro_batch_loss(self.compute_loss(self.module, batch), self.grad_accum)
+                loss = micro_batch_loss(self.compute_loss(self.module, batch), self.loss_divisor)
                 scaled_for_backward(loss, self.scaler).backward()
             grads = [p.grad for p in self.params]
             table = fingerprints(grads) if deterministic else None

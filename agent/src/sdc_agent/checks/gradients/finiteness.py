@@ -10,7 +10,7 @@ scale 1.0: one pass that tests each element with ``isfinite`` in its own dtype's
 the multiplication when the scale is 1: finite values, signed zeros and subnormals keep their
 bits, which the unit tests check; a bf16/fp16 NaN may come back as the canonical NaN, still a
 NaN, which is why the taps fingerprint a gradient before checking it). It is element by
-element, as DDP's comm hook tests a bucket (:mod:`sdc_agent.gradients`), so the largest finite
+element, as DDP's comm hook tests a bucket (:mod:`.comm_hook`), so the largest finite
 value of the dtype is finite here, where a squared norm would overflow and a float32 sum of two
 such values would too.
 
@@ -42,7 +42,7 @@ def new_flag(device: torch.device | str) -> torch.Tensor:
 def fused_supported(tensor: torch.Tensor) -> bool:
     """Whether torch's fused non-finite check exists for ``tensor``'s device type and dtype
     (probed once per pair on a small tensor of that kind). DDP's comm hook asks too: it runs
-    the same kernel with 1/world as the scale (:func:`sdc_agent.gradients.divide_and_check`)."""
+    the same kernel with 1/world as the scale (:func:`.comm_hook.divide_and_check`)."""
     key = (tensor.device.type, tensor.dtype)
     if key not in _FUSED_SUPPORT:
         probe = torch.ones(2, dtype=tensor.dtype, device=tensor.device)
@@ -87,3 +87,17 @@ def mark_non_finite(tensors: Sequence[torch.Tensor], flag: torch.Tensor) -> None
             torch._amp_foreach_non_finite_check_and_unscale_([tensor], flag, _one(flag.device))
         else:
             flag.add_((~torch.isfinite(tensor).all()).to(torch.float32))
+
+
+def all_finite(tensors: Sequence[torch.Tensor | None]) -> bool:
+    """Whether every element of every tensor is finite (None entries are skipped); one sync.
+
+    Element by element, as the comm hook's fused kernel tests a bucket: huge finite values
+    (1e30) are finite here, where a squared norm would overflow to Inf.
+    """
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return True
+    flag = new_flag(present[0].device)
+    mark_non_finite(present, flag)
+    return not bool(flag)

@@ -1,0 +1,79 @@
+"""How the model is parallelised, behind one protocol: what each check asks, answered per layout.
+
+The checks and the guard's wiring never branch on the wrapper. Each check asks a
+:class:`ParallelAdapter` (:mod:`.adapter`) for what it compares, and :func:`adapter_for` picks
+the adapter from the model:
+
+* :mod:`.ddp`: :class:`DDPAdapter`, a ``DistributedDataParallel`` model;
+* :mod:`.fsdp`: :class:`FSDP2Adapter`, a model sharded with FSDP2's ``fully_shard``: full
+  sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh, or torchtitan's and
+  Accelerate's names for it), learned from the parameters.
+
+What each check asks, and how DDP and FSDP2 answer:
+
+* The job: the module training runs (``model``) and the one replays run on (``module``); the
+  data-parallel ranks (each trains on its own micro-batch; the ring audit and the flags run over
+  them), the group and device of the guard's collectives.
+* Check 1 (:mod:`sdc_agent.checks.gradients`): ``install_gradient_taps``, where each rank's
+  LOCAL gradient is seen before any reduction mixes it and the REDUCED one after (DDP: the comm
+  hook; FSDP2: post-accumulate-grad hooks on the unsharded and the sharded parameters);
+  ``no_sync``; ``unscale_is_collective``.
+* Check 2 (:mod:`sdc_agent.checks.replay`): the replay unit, ``make_replayer`` (DDP: the bare
+  module, alone; FSDP2: the sharded module with gradient sync off, its taps fingerprinting each
+  rank's local gradient), and the group that replays together, ``replays_in_lockstep`` (DDP:
+  each rank alone; FSDP2: every rank at once, confirmations in rounds).
+* Check 3 (:mod:`sdc_agent.checks.weights`): ``weight_replicas``, the tensors this rank holds
+  and which ranks hold copies of the same bits (DDP: every replica, whole; HSDP: each shard's
+  replicas along ``replicate``, the shard group to agree on one verdict; full sharding: one
+  copy, nothing to compare).
+
+Room for tensor and pipeline parallelism (``tp.py``, ``pp.py``; not built). They are further
+dimensions of the same device mesh, learned from the parameters as FSDP2's is, each adapter
+answering the questions above for its dimension, composed with the data-parallel one:
+
+* The job: a data-parallel replica is then a whole TP x PP group; DP ranks index replicas, and a
+  replica's ranks train on its micro-batch together (``rebuild_batch(step, rank)`` returns the
+  micro-batch of global ``rank``'s replica).
+* Check 1: the local gradient is each rank's own, before the data-parallel reduction (a TP
+  shard of the gradient, a stage's gradients): the same taps as FSDP2's, on the tensors the TP
+  and PP modules own; every reduced gradient after it; one flag reduction over the whole world.
+* Check 2: the replay unit is a whole replica (a TP group replaying collectively; a pipeline
+  schedule's ``step`` over the stages), so ``replays_in_lockstep`` holds for every rank of the
+  mesh; what is compared is each rank's LOCAL work before a collective mixes it (partial
+  outputs before a row-parallel all-reduce, gradient shards before reduce-scatter, the
+  activations a stage sends and the gradients it receives), rank by rank at the same (tp, pp)
+  coordinates, so that the earliest local divergence names one GPU, not its group.
+* Check 3: ``weight_replicas`` with ``sharded`` true: each local shard compared across the
+  data-parallel replicas at the same (tp, pp, shard) coordinates, the other coordinates of the
+  replica as the shard group.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+from .adapter import ParallelAdapter, WeightReplicas
+from .ddp import DDPAdapter
+from .fsdp import FSDP2Adapter, ShardingLayoutError, is_fsdp2
+
+__all__ = [
+    "DDPAdapter",
+    "FSDP2Adapter",
+    "ParallelAdapter",
+    "ShardingLayoutError",
+    "WeightReplicas",
+    "adapter_for",
+]
+
+
+def adapter_for(model: nn.Module, dp_group: dist.ProcessGroup | None) -> ParallelAdapter:
+    """The adapter for ``model``: :class:`FSDP2Adapter` for an FSDP2 module, else DDP's."""
+    if is_fsdp2(model):
+        return FSDP2Adapter(model, dp_group)
+    if any(is_fsdp2(m) for m in model.modules()):
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: {type(model).__name__} has fully_shard submodules but is not "
+            "sharded itself; apply fully_shard to the root module too and pass that"
+        )
+    return DDPAdapter(model, dp_group)  # raises TypeError for anything that is not DDP

@@ -1,0 +1,161 @@
+"""The questions each check asks about how the model is parallelised, as one typed protocol.
+
+The checks never branch on the wrapper: they ask a :class:`ParallelAdapter` (``sdc_agent.parallel``
+has one per wrapper and :func:`sdc_agent.parallel.adapter_for` picks it), and the answers are
+what differs between DDP, FSDP2 and HSDP. The package docstring says how tensor and pipeline
+parallelism answer the same questions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..checks.gradients.stats import GradStatsState
+from ..checks.replay.replayer import ComputeLoss, Replayer
+from ..coverage import LayoutFacts
+
+
+@dataclass(frozen=True)
+class WeightReplicas:
+    """What check 3 compares on this rank: the weights as it holds them, and which ranks hold
+    copies of the same bits (the same on every rank but for the groups, which are this rank's)."""
+
+    named_weights: list[tuple[str, torch.Tensor]]
+    """Every parameter by name; when :attr:`sharded`, DTensors whose local shard this rank holds."""
+    sharded: bool
+    """Whether each rank holds only a shard of each weight (then each shard is compared across
+    its replicas, and the shards' verdicts are combined)."""
+    replica_group: dist.ProcessGroup | None
+    """The ranks holding a copy of what this rank holds (None: WORLD): compared with each other."""
+    shard_group: dist.ProcessGroup | None
+    """The ranks holding the other shards of this rank's replica (None when not sharded): they
+    agree on one verdict."""
+    group: dist.ProcessGroup | None
+    """Every rank compared (None: WORLD): the tables are gathered over it when copies differ."""
+    replicas_of_shard: tuple[tuple[int, ...], ...]
+    """Per shard (one when not sharded): the global ranks holding a copy of it, by replica."""
+    collective_device: torch.device
+    """Where tensors for the comparison's collectives must live."""
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each shard (of the whole weights when not sharded)."""
+        return len(self.replicas_of_shard[0])
+
+    @property
+    def shards(self) -> int:
+        """Shards each weight is split into (1 when not sharded)."""
+        return len(self.replicas_of_shard)
+
+    @property
+    def ranks(self) -> int:
+        """Every rank compared: replicas x shards (the size of :attr:`group`)."""
+        return self.replicas * self.shards
+
+
+@runtime_checkable
+class ParallelAdapter(Protocol):
+    """The guard's view of one parallelised model: who trains on which micro-batch, and, per
+    check, where its data is and who compares with whom.
+
+    Ranks are counted in the data-parallel dimension (DP ranks: the replicas that each train on
+    their own micro-batch and replay each other's), numbered 0..world-1;
+    :meth:`global_rank` maps them to global ranks.
+    """
+
+    # ------------------------------------------------------------------ the job
+    model: nn.Module
+    """The model training runs (``compute_loss`` gets it)."""
+    module: nn.Module
+    """The module replays run on."""
+    rank: int
+    """This process's global rank."""
+    dp_rank: int
+    """This process's data-parallel rank."""
+    world: int
+    """Number of data-parallel ranks."""
+    global_ranks: list[int]
+    """Global rank of each DP rank."""
+    dp_group: dist.ProcessGroup | None
+    """The data-parallel process group the guard's collectives run over (None: WORLD)."""
+    collective_device: torch.device
+    """Where tensors for collectives over :attr:`dp_group` must live."""
+    param_device: torch.device
+    """Where the parameters (and so the gradients) live."""
+    params: list[nn.Parameter]
+    """The trainable parameters, in the order of every fingerprint table."""
+    named_weights: list[tuple[str, nn.Parameter]]
+    """Every parameter by name."""
+
+    def global_rank(self, dp_rank: int) -> int:
+        """The global rank of DP rank ``dp_rank``."""
+        ...
+
+    def coverage_facts(self) -> LayoutFacts:
+        """What the layout lets check 3 see, for ``Guard.coverage()``."""
+        ...
+
+    # ------------------------------------------------------------------ check 1
+    unscale_is_collective: bool
+    """Whether ``GradScaler.unscale_`` (and so ``scaler.step``) is a collective, so that every
+    rank must decide every step together (an inf on one rank skips the step on all)."""
+
+    def install_gradient_taps(self, stats: GradStatsState) -> None:
+        """Install check 1's taps: they record into ``stats`` each rank's LOCAL gradient before
+        any reduction mixes it (non-finite flags; fingerprints on audit steps) and the REDUCED
+        gradient after it (its sums). Called once, when the guard is built."""
+        ...
+
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Accumulate gradients locally: backward passes inside reduce nothing (and check 1's
+        taps record no step entry: the synchronising micro-batch's does)."""
+        ...
+
+    # ------------------------------------------------------------------ check 2
+    replays_in_lockstep: bool
+    """The group that replays together: False when each rank recomputes another's micro-batch
+    alone; True when a replay's forward needs the other ranks (sharded parameters), so every
+    rank replays at the same time and confirmations run in rounds."""
+
+    def make_replayer(
+        self,
+        compute_loss: ComputeLoss,
+        stats: GradStatsState,
+        *,
+        grad_accum: int = 1,
+        scaler: torch.amp.GradScaler | None = None,
+        divide_loss: bool = True,
+    ) -> Replayer:
+        """The replay unit: recomputes one rank's micro-batch and reduces this rank's LOCAL
+        results (loss bits, per-parameter gradient fingerprints in the rows of ``stats``) to an
+        outcome comparable bit for bit with the audited training step's; ``grad_accum``,
+        ``scaler`` and ``divide_loss`` say how training back-propagated each micro-batch's
+        loss."""
+        ...
+
+    # ------------------------------------------------------------------ check 3
+    @property
+    def weight_redundancy(self) -> bool:
+        """Whether some weight has a second copy to compare (check 3 can run at all)."""
+        ...
+
+    def weight_replicas(self) -> WeightReplicas:
+        """What check 3 compares: this rank's copy of the weights and who holds the same bits."""
+        ...
+
+    # ------------------------------------------------------------------ fault drills
+    def with_autograd_parameter(self, name: str, use: Callable[[nn.Parameter], None]) -> None:
+        """Call ``use`` with the tensor autograd computes ``name``'s local gradient for (now, or
+        once it exists)."""
+        ...
+
+    def local_weight(self, name: str) -> torch.Tensor:
+        """This rank's copy (or shard) of parameter ``name``; writing to it changes the weights."""
+        ...

@@ -1,0 +1,13 @@
+"""What a fault drill's tap on a protected op looks like (its own module so that the linear
+layers and the row-invariant ops share it without importing each other)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .board import Gemm
+
+GemmTap = Callable[[Gemm, torch.Tensor], None]
+"""``tap(gemm, result32)``: sees (and may change in place) a GEMM's fp32 result before its check."""

@@ -1,0 +1,1 @@
+"""Jobs of the framework integration tests (importable: the launcher spawns processes)."""
