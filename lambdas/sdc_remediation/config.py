@@ -217,7 +217,7 @@ class Settings:
         message names the approvals table, the direct path)."""
         value = self._optional(contract.APPROVAL_URL)
         if value is not None:
-            check_approval_url(value, "APPROVAL_URL")
+            check_approval_url(value, contract.APPROVAL_URL)
         return value
 
     @property

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from infra.template import function_logical_ids
+
 
 def resources(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
     """Logical id -> resource, for one resource type."""
@@ -51,11 +53,9 @@ def item_states(asl: dict[str, Any], map_name: str = "RemediateSuspects") -> dic
 
 
 def function_ids(template: dict[str, Any]) -> dict[str, str]:
-    """Step folder (from the handler string) -> the function's logical id."""
-    return {
-        fn["Properties"]["Handler"].split(".")[0]: logical_id
-        for logical_id, fn in resources(template, "AWS::Lambda::Function").items()
-    }
+    """Step folder (from the handler string) -> the function's logical id; the project's
+    functions only (not CDK's cluster-ARN lookup provider)."""
+    return function_logical_ids(template)
 
 
 def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, Any]]:
