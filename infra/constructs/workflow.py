@@ -304,45 +304,22 @@ class Workflow(Construct):
         _retry_transient(localize)
         _catch_terminal(localize, record_failed)
 
-        # The nodes every Map item counts against the blast radius: the alarm's, all of them.
-        suspects_in_alarm = sfn.JsonPath.number_at("$.suspect_count")
-        remediate = sfn.Map(
-            self,
+        # The items' states are discarded: 64 of them beside localize's output would pass Step
+        # Functions' 256 KiB (States.DataLimitExceeded cannot be caught). Each item's outcome is
+        # in the ledger and in the execution history.
+        remediate = self._map(
             "RemediateSuspects",
-            items_path="$.suspects",
-            item_selector={
-                "alarm": sfn.JsonPath.object_at("$.alarm"),
-                "suspect": sfn.JsonPath.object_at("$$.Map.Item.Value"),
-                "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
-                # With the execution id, what keys this remediation whatever the steps return
-                # (one admission per instance per alarm; closing a remediation on any path).
-                "item": sfn.JsonPath.number_at("$$.Map.Item.Index"),
-                # admit refuses a whole alarm that names more nodes than the blast radius allows.
-                "suspects_in_alarm": suspects_in_alarm,
-            },
-            # The items' states are discarded: 64 of them beside localize's output would pass
-            # Step Functions' 256 KiB (States.DataLimitExceeded cannot be caught). Each item's
-            # outcome is in the ledger and in the execution history.
-            result_path=sfn.JsonPath.DISCARD,
-            max_concurrency=MAP_MAX_CONCURRENCY,
-            comment="One remediation per suspect node, independent of the others",
+            "suspect",
+            "$.suspects",
+            "One remediation per suspect node, independent of the others",
         )
         remediate.item_processor(self._remediate_one(""))
-        late = sfn.Map(
-            self,
+        late = self._map(
             "RemediateLateNodes",
-            items_path="$.pending",
-            item_selector={
-                "alarm": sfn.JsonPath.object_at("$.alarm"),
-                "pending": sfn.JsonPath.object_at("$$.Map.Item.Value"),
-                "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
-                "item": sfn.JsonPath.number_at("$$.Map.Item.Index"),
-                "suspects_in_alarm": suspects_in_alarm,
-            },
-            result_path=sfn.JsonPath.DISCARD,
-            max_concurrency=MAP_MAX_CONCURRENCY,
-            comment="A node with a series but no visible report yet: its report is looked for "
-            "again (retried as localize is), then it is remediated like any suspect",
+            "pending",
+            "$.pending",
+            "A node with a series but no visible report yet: its report is looked for again "
+            "(retried as localize is), then it is remediated like any suspect",
         )
         late.item_processor(self._late_node())
         both = sfn.Parallel(
@@ -397,6 +374,29 @@ class Workflow(Construct):
         )
         record_refused.next(suspects)
         return localize.next(refusals)
+
+    def _map(self, construct_id: str, key: str, items_path: str, comment: str) -> sfn.Map:
+        """A Map over localize's ``items_path``, each item's state starting as {alarm, <key>:
+        the item, execution, item, suspects_in_alarm}."""
+        return sfn.Map(
+            self,
+            construct_id,
+            items_path=items_path,
+            item_selector={
+                "alarm": sfn.JsonPath.object_at("$.alarm"),
+                key: sfn.JsonPath.object_at("$$.Map.Item.Value"),
+                "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
+                # With the execution id, what keys this remediation whatever the steps return
+                # (one admission per instance per alarm; closing a remediation on any path).
+                "item": sfn.JsonPath.number_at("$$.Map.Item.Index"),
+                # admit refuses a whole alarm that names more nodes than the blast radius
+                # allows: the alarm's nodes, all of them.
+                "suspects_in_alarm": sfn.JsonPath.number_at("$.suspect_count"),
+            },
+            result_path=sfn.JsonPath.DISCARD,
+            max_concurrency=MAP_MAX_CONCURRENCY,
+            comment=comment,
+        )
 
     def _late_node(self) -> sfn.IChainable:
         """A pending node's item: look for its report again (retried while it is not visible,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -258,3 +259,17 @@ def item_state(instance_id: str, execution: str = "exec-1", **results: Any) -> d
         "execution": execution,
         **results,
     }
+
+
+def grow_cluster(total: int) -> list[str]:
+    """Add nodes to the moto HyperPod cluster up to ``total``; all instance ids, in order."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    cluster = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER]
+    template = next(iter(cluster.nodes.values()))
+    for index in range(len(cluster.nodes), total):
+        node = copy.copy(template)
+        node.instance_id = f"i-{index + 1:017x}"
+        cluster.nodes[node.instance_id] = node
+    return list(cluster.nodes)

@@ -4,16 +4,15 @@ text in a report. Each was reproduced on the code before this check existed (see
 
 from __future__ import annotations
 
-import copy
 import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from remediation_factories import (
     CLUSTER,
-    REGION,
     TRAINING_NAMESPACE,
     alarm_event,
+    grow_cluster,
     job_pods,
     put_node_metric,
     put_report,
@@ -227,24 +226,11 @@ def test_a_verdict_with_a_line_break_reaches_nobody_as_text(cloud, cluster_pods,
     assert out["suspects"][0]["verdict"] == "unknown"
 
 
-def _grow_cluster(total: int) -> list[str]:
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.sagemaker.models import sagemaker_backends
-
-    cluster = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER]
-    template = next(iter(cluster.nodes.values()))
-    for index in range(len(cluster.nodes), total):
-        node = copy.copy(template)
-        node.instance_id = f"i-{index + 1:017x}"
-        cluster.nodes[node.instance_id] = node
-    return list(cluster.nodes)
-
-
 def test_an_alarm_naming_more_nodes_than_the_output_lists_stays_bounded(cloud, k8s, invoke):
     # Given one report naming 100 real nodes of the job (each corroborated), more than localize
     # lists in one output
     t = _now()
-    instances = _grow_cluster(100)[:100]
+    instances = grow_cluster(100)[:100]
     job_pods(k8s, instances)
     ranks = {str(r): rank(_node(i), i, 0) for r, i in enumerate(instances)}
     put_report(

@@ -14,6 +14,7 @@ from remediation_factories import (
     REGION,
     TRAINING_NAMESPACE,
     alarm_event,
+    grow_cluster,
     job_pods,
     put_report,
     rank,
@@ -253,25 +254,11 @@ def _item(instance: str) -> dict:
     return copy.deepcopy(item_state(instance))
 
 
-def _grow_cluster(total: int) -> list[str]:
-    """Add nodes to the moto HyperPod cluster up to ``total``; all instance ids, in order."""
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.sagemaker.models import sagemaker_backends
-
-    cluster = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER]
-    template = next(iter(cluster.nodes.values()))
-    for index in range(len(cluster.nodes), total):
-        node = copy.copy(template)
-        node.instance_id = f"i-{index + 1:017x}"
-        cluster.nodes[node.instance_id] = node
-    return list(cluster.nodes)
-
-
 def test_the_largest_alarm_stays_far_under_the_workflow_payload_limit(cloud, k8s, invoke):
     # Given the largest alarm the agent can produce: a 1,024-rank job on 64 nodes, every rank
     # named, hundreds of divergent tensors with long names
     t = _now()
-    instances = _grow_cluster(64)[:64]
+    instances = grow_cluster(64)[:64]
     job_pods(k8s, instances)
     ranks = {
         str(r): rank(_node(instances[r // 16]), instances[r // 16], r % 16, pod=None)

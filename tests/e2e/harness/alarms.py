@@ -402,6 +402,21 @@ class LocalAlarmEvaluator:
         series = result["MetricDataResults"][0]
         return sorted(zip(series["Timestamps"], (float(v) for v in series["Values"]), strict=True))
 
+    def _envelope(
+        self, detail_type: str, alarm: AlarmSpec, now: datetime.datetime
+    ) -> dict[str, Any]:
+        """The EventBridge envelope of one of ``alarm``'s state-change events."""
+        return {
+            "version": "0",
+            "id": str(uuid.uuid4()),
+            "detail-type": detail_type,
+            "source": "aws.cloudwatch",
+            "account": self.account_id,
+            "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": self.region,
+            "resources": [f"arn:aws:cloudwatch:{self.region}:{self.account_id}:alarm:{alarm.name}"],
+        }
+
     def _contributor_event(
         self, alarm: AlarmSpec, group: str, reason: str, now: datetime.datetime
     ) -> dict[str, Any]:
@@ -413,14 +428,7 @@ class LocalAlarmEvaluator:
         attributes = {alarm.query.group_by: group}
         contributor_id = hashlib.sha256(json.dumps(attributes).encode()).hexdigest()[:16]
         return {
-            "version": "0",
-            "id": str(uuid.uuid4()),
-            "detail-type": "CloudWatch Alarm Contributor State Change",
-            "source": "aws.cloudwatch",
-            "account": self.account_id,
-            "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "region": self.region,
-            "resources": [f"arn:aws:cloudwatch:{self.region}:{self.account_id}:alarm:{alarm.name}"],
+            **self._envelope("CloudWatch Alarm Contributor State Change", alarm, now),
             "detail": {
                 "alarmName": alarm.name,
                 "alarmContributor": {"id": contributor_id, "attributes": attributes},
@@ -450,14 +458,7 @@ class LocalAlarmEvaluator:
         """The event EventBridge delivers for an alarm state change (AWS documents this shape)."""
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "+0000"
         return {
-            "version": "0",
-            "id": str(uuid.uuid4()),
-            "detail-type": "CloudWatch Alarm State Change",
-            "source": "aws.cloudwatch",
-            "account": self.account_id,
-            "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "region": self.region,
-            "resources": [f"arn:aws:cloudwatch:{self.region}:{self.account_id}:alarm:{alarm.name}"],
+            **self._envelope("CloudWatch Alarm State Change", alarm, now),
             "detail": {
                 "alarmName": alarm.name,
                 "state": {
