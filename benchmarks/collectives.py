@@ -3,7 +3,8 @@
 Two modes:
 
     python benchmarks/collectives.py --model     # NCCL's cost model at 8, 1,024 and 16,384 ranks,
-                                                 # the tensor-parallel dimension's rows included
+                                                 # the tensor-parallel and pipeline dimensions'
+                                                 # rows included
     python benchmarks/collectives.py             # gloo on this CPU at 3, 6, 9 and 12 processes
     python benchmarks/collectives.py --sizes 3,6,12 --reps 300 --json out.json
 
@@ -46,6 +47,7 @@ import torch.distributed as dist
 
 from sdc_agent.alarm import RankInfo
 from sdc_agent.checks.replay.attribution import ROW_WIDTH
+from sdc_agent.checks.replay.pipeline import row_width as pipeline_row_width
 from sdc_agent.drills.launch import launch
 from sdc_agent.topology import all_gather_text
 
@@ -181,6 +183,85 @@ def tp_collectives() -> list[Collective]:
             f"TP x {5 * INT64} B in one node",
             lambda n, t: n * 5 * INT64,
             group=lambda n, g: (min(n, g), min(n, g)), measured=False,
+        ),
+    ]  # fmt: skip
+
+
+PP_STAGES = 8
+"""Pipeline stages in the modelled pipeline job: one per node, each node's 8 GPUs holding 8
+replicas of that stage (pipeline across nodes, data parallel within and across them)."""
+PP_ACTIVATION_BYTES = 1024 * 8192 * 2
+"""One micro-batch's activations sent to the next stage, for scale: 1,024 tokens x 8,192
+hidden, bf16 (the gradient sent back is the same size)."""
+PP_ROW_BYTES = 2 * pipeline_row_width(1) * INT64
+"""A rank's two rows in the pipeline audit's gather (its own outcome and its replay's)."""
+PP_NAME_BYTES = 48
+"""One parameter name in a stage's name list (JSON), for scale."""
+
+
+def pp_collectives(stages: int = PP_STAGES, disputed: int = 1) -> list[Collective]:
+    """The pipeline dimension's collectives (modelled only), ``stages`` stages one per node:
+    the model's own sends (for scale), check 1's per-step agreement and clipping norm, check 2's
+    replays, gather and confirmation rounds, check 3's groups, and the set-up."""
+    row = PP_ROW_BYTES // 2
+    return [
+        Collective(
+            "pp_stage_send", "per micro-batch and direction, every step (the model's)",
+            "send_recv", f"{PP_ACTIVATION_BYTES // 2**20} MiB to the next stage's node",
+            lambda n, t: PP_ACTIVATION_BYTES,
+            group=lambda n, g: (2, 1), measured=False,
+        ),
+        Collective(
+            "pp_flags_max", "per step, AWAITED by every rank (the stages decide together)",
+            "all_reduce", f"{FLAG_REDUCTION * INT64} B",
+            lambda n, t: FLAG_REDUCTION * INT64, measured=False,
+        ),
+        Collective(
+            "pp_clip_norm", "per step with max_grad_norm: the stages' norms", "all_reduce",
+            f"{INT64} B over a pipeline's {stages} ranks, one per node",
+            lambda n, t: INT64,
+            group=lambda n, g: (min(n, stages), 1), measured=False,
+        ),
+        Collective(
+            "pp_replay_send", "per audit: one more pipeline step (the replay)", "send_recv",
+            "as pp_stage_send, x micro-batches x 2 directions",
+            lambda n, t: PP_ACTIVATION_BYTES,
+            group=lambda n, g: (2, 1), measured=False,
+        ),
+        Collective(
+            "pp_rebuild_agree", "per audit and confirmation round: every feed rebuilt",
+            "all_reduce", f"{INT64} B", lambda n, t: INT64, measured=False,
+        ),
+        Collective(
+            "pp_audit_gather", "per audit", "all_gather", f"N x {2 * row} B (a stage's rows)",
+            lambda n, t: n * 2 * row, measured=False,
+        ),
+        Collective(
+            "pp_confirm_sum", "per audit, per disputed replica", "all_reduce",
+            f"D x 2 x P x {row} B (D={disputed}, P={stages})",
+            lambda n, t: disputed * 2 * stages * row, measured=False,
+        ),
+        Collective(
+            "pp_weights_max", "per weight check (PP x HSDP: a stage's copies)", "all_reduce",
+            f"T/P x {2 * FINGERPRINT_WIDTH * INT64} B over N/P ranks, 8 per node",
+            lambda n, t: max(1, t // stages) * 2 * FINGERPRINT_WIDTH * INT64,
+            group=lambda n, g: (n // stages, min(n // stages, g)), measured=False,
+        ),
+        Collective(
+            "pp_weights_agree", "per weight check (a weight replica's stages)", "all_gather",
+            f"P x {5 * INT64} B, one rank per node",
+            lambda n, t: n * 5 * INT64,
+            group=lambda n, g: (min(n, stages), 1), measured=False,
+        ),
+        Collective(
+            "pp_grid", "at start: every rank's (replica, stage, copy, shard)", "all_gather",
+            f"N x {4 * INT64} B", lambda n, t: n * 4 * INT64, measured=False,
+        ),
+        Collective(
+            "pp_stage_names", "at start: the stages' parameter names (check 3's report)",
+            "all_gather", f"P x T/P x {PP_NAME_BYTES} B over a pipeline",
+            lambda n, t: n * max(1, t // stages) * PP_NAME_BYTES,
+            group=lambda n, g: (min(n, stages), 1), measured=False,
         ),
     ]  # fmt: skip
 
@@ -344,7 +425,7 @@ def _size(nbytes: float) -> str:
 def model_table(fabric: Fabric, tensors: int) -> list[dict[str, Any]]:
     """Per collective and rank count: payload, NCCL's pick, its hops and modelled times."""
     rows = []
-    for c in [*collectives(), *tp_collectives()]:
+    for c in [*collectives(), *tp_collectives(), *pp_collectives()]:
         row: dict[str, Any] = {"name": c.name, "when": c.when, "op": c.op, "payload": c.payload}
         for n in MODEL_RANKS:
             ranks, per_node = c.group(n, fabric.gpus_per_node) if c.group else (n, None)

@@ -22,6 +22,12 @@ Variants (each against plain DDP with the same model, batches and process group)
                checks + a weight check every 10 (each slice across its replicas) +
                deterministic audits every 100 (each TP group replays another's micro-batch),
                against the same unguarded TP loop (plain_tp); needs --ranks-per-node >= 2
+  pp           pipeline parallel: the MLP cut in 2 stages (one rank each, a replica's stages on
+               one node), each stage sharded with HSDP over the replicas (a whole copy per
+               replica), ScheduleGPipe with 2 micro-batches; checks + a weight check every 10
+               (each stage across its copies) + deterministic audits every 100 (each replica
+               replays another's pipeline step), against the same unguarded pipeline loop
+               (plain_pp); needs an even --ranks-per-node
   sensors      online GEMM sensors (sdc_agent.sensors.protect) at the default 1% budget, with
                check 1 and no audits or weight checks (compare with ``checks``); without the
                burn-in, whose 20 steps at full coverage cost what ``sensors_full`` does
@@ -56,6 +62,9 @@ weights10 <= 2%, det_audit100 <= 3%; each is printed as met or missed, in wall a
     python benchmarks/overhead.py --nodes 3 --ranks-per-node 2 --variants tp
                                                       # TP x HSDP (TP groups of 2 in a node, 3
                                                       # replicas) over its unguarded TP loop
+    python benchmarks/overhead.py --nodes 3 --ranks-per-node 2 --variants pp
+                                                      # PP x HSDP (3 replicas x 2 stages) over
+                                                      # its unguarded pipeline loop
 
 The sharded variants are not in the default set: HSDP needs two ranks per node (6 processes),
 and the DDP figures are measured with one. Any variant can be combined with any other in one run
@@ -118,6 +127,8 @@ VARIANTS.update(
         "hsdp": {"audit_every": 100, "check_every": 10, "deterministic_audits": True},
         "plain_tp": None,
         "tp": {"audit_every": 100, "check_every": 10, "deterministic_audits": True},
+        "plain_pp": None,
+        "pp": {"audit_every": 100, "check_every": 10, "deterministic_audits": True},
     }
 )
 BASELINES = {
@@ -129,6 +140,8 @@ BASELINES = {
     "plain_hsdp": "plain_hsdp",
     "tp": "plain_tp",
     "plain_tp": "plain_tp",
+    "pp": "plain_pp",
+    "plain_pp": "plain_pp",
 }
 """Variants measured against their own unguarded loop (the default baseline is "plain")."""
 SHARDED = {"fsdp": "fsdp", "plain_fsdp": "fsdp", "hsdp": "hsdp", "plain_hsdp": "hsdp"}
@@ -136,6 +149,11 @@ SHARDED = {"fsdp": "fsdp", "plain_fsdp": "fsdp", "hsdp": "hsdp", "plain_hsdp": "
 TENSOR_PARALLEL = ("tp", "plain_tp")
 """The variants whose model is tensor parallel (``sdc_agent.drills.tp``), in groups of one
 node's ranks: a group trains on one micro-batch."""
+PIPELINE = ("pp", "plain_pp")
+"""The variants whose model is a pipeline of :data:`STAGES` stages, one rank each, a replica's
+stages on consecutive ranks (one node), each stage a whole copy per replica (HSDP)."""
+STAGES = 2
+MICRO_BATCHES = 2
 DEFAULT_VARIANTS = ["checks", "weights10", "audit100", "det_audit100", "det_audit10", "accum4"]
 """What a run without ``--variants`` measures (the DDP set; the sharded ones are opt-in)."""
 ACCUM = 4
@@ -201,6 +219,32 @@ def _model(name: str, width: int, depth: int, shards: int) -> nn.Module:
     return shard(module, parallel, shards=shards, blocks=hidden)
 
 
+def _pipeline(width: int, depth: int) -> tuple[nn.Module, Any]:
+    """This rank's stage of the MLP (its half of the layers, each hidden Linear and then the
+    stage sharded with HSDP over the replicas) and its ScheduleGPipe."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    replicas = dist.get_world_size() // STAGES
+    mesh = init_device_mesh(
+        "cpu", (replicas, 1, STAGES), mesh_dim_names=("replicate", "shard", "pp")
+    )
+    index = mesh.get_local_rank("pp")
+    layers = list(Mlp(width, depth).net)  # every rank builds the whole model from one seed
+    cut = 2 + 3 * (depth // 2)  # stage 0: the input layer and half of the hidden blocks
+    stage_module = nn.Sequential(*(layers[:cut] if index == 0 else layers[cut:]))
+    for layer in stage_module:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh["replicate", "shard"])
+    fully_shard(stage_module, mesh=mesh["replicate", "shard"])
+    stage = PipelineStage(
+        stage_module, index, STAGES, torch.device("cpu"), group=mesh["pp"].get_group()
+    )
+    schedule = ScheduleGPipe(stage, n_microbatches=MICRO_BATCHES, loss_fn=F.cross_entropy)
+    return stage_module, schedule
+
+
 class _Runner:
     """One variant: its own model (DDP or FSDP2; same initial weights), optimizer and, unless
     plain, guard."""
@@ -214,27 +258,40 @@ class _Runner:
         self.accum = ACCUM if name in ("accum4", "plain_accum4") else 1
         self.group = ranks_per_node if name in TENSOR_PARALLEL else 1
         """Ranks that train on one micro-batch (a TP group, consecutive ranks)."""
-        self.ddp = _model(name, width, depth, shards=ranks_per_node)
-        """The model training runs: the DDP wrapper, or the root FSDP2 module."""
+        self.pipeline: Any = None
+        """The pipeline schedule (pipeline variants), whose ``step`` is the training step."""
+        if name in PIPELINE:
+            self.ddp, self.pipeline = _pipeline(width, depth)
+        else:
+            self.ddp = _model(name, width, depth, shards=ranks_per_node)
+        """The model training runs: the DDP wrapper, the root FSDP2 module, or this rank's
+        pipeline stage."""
         self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
         schedule = VARIANTS[name]
         self.guard = None
         if schedule is not None:
-            self.guard = sdc.Guard(
-                self.ddp,
-                self.optimizer,
-                compute_loss=compute_loss,
-                rebuild_batch=self.rebuild_batch,
-                schedule=sdc.Schedule(
-                    # peer_offset: one node's ranks, so that replays cross nodes
-                    **{
-                        "peer_offset": ranks_per_node,
-                        "ckpt_every": 0,
-                        "check_on_start": False,
-                        **schedule,
-                    }
-                ),
+            schedule = {
+                # peer_offset: one node's ranks (a pipeline: its replicas), so that replays
+                # cross nodes
+                "peer_offset": ranks_per_node // STAGES if self.pipeline else ranks_per_node,
+                "ckpt_every": 0,
+                "check_on_start": False,
+                **schedule,
+            }
+            step = (
+                {"pipeline": self.pipeline, "rebuild_batch": self.feed}
+                if self.pipeline is not None
+                else {"compute_loss": compute_loss, "rebuild_batch": self.rebuild_batch}
             )
+            self.guard = sdc.Guard(
+                self.ddp, self.optimizer, schedule=sdc.Schedule(**schedule), **step
+            )
+
+    def feed(self, step: int, rank: int) -> torch.Tensor:
+        """What ``rank`` feeds the pipeline at ``step``: its replica's inputs on stage 0, the
+        targets on stage 1 (the guard's ``rebuild_batch`` under a pipeline)."""
+        x, y = make_batch(step, rank // STAGES, self.batch)
+        return x if rank % STAGES == 0 else y
 
     def rebuild_batch(self, step: int, rank: int) -> Any:
         """What the guard's ``rebuild_batch`` returns: the micro-batch, or the step's list of
@@ -262,6 +319,9 @@ class _Runner:
         return time.perf_counter() - start, time.process_time() - cpu_start
 
     def _train_step(self, step: int, micros: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if self.pipeline is not None:
+            self._pipeline_step(step)
+            return
         if self.guard is None:
             for i, micro in enumerate(micros):
                 # The unguarded accumulation loop: synchronise only the last micro-batch.
@@ -280,6 +340,27 @@ class _Runner:
                 for micro in guarded.micro_batches(micros):
                     guarded.backward(compute_loss(self.ddp, micro))
                 alarm = guarded.check_gradients()
+            if alarm is None:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                alarm = guarded.after_update()
+        if alarm is not None:
+            raise RuntimeError(f"{self.name}: alarm in a fault-free run: {alarm.to_dict()}")
+
+    def _pipeline_step(self, step: int) -> None:
+        """One pipeline step (the schedule's ``step``) and the update, guarded or not."""
+        feed = self.feed(step, dist.get_rank())
+        if self.guard is None:
+            if dist.get_rank() % STAGES == 0:
+                self.pipeline.step(feed, return_outputs=False)
+            else:
+                self.pipeline.step(target=feed, losses=[], return_outputs=False)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        with self.guard.step(step) as guarded:
+            guarded.run_pipeline(feed)
+            alarm = guarded.check_gradients()
             if alarm is None:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -427,8 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
-        help="which to run (each with its baseline); also fsdp, hsdp, tp (HSDP and TP need "
-        "--ranks-per-node >= 2)",
+        help="which to run (each with its baseline); also fsdp, hsdp, tp, pp (HSDP and TP need "
+        "--ranks-per-node >= 2; pp an even --ranks-per-node)",
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     parser.add_argument("--json", type=Path, help="write the summary here")
@@ -453,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
             "--variants hsdp and tp need --ranks-per-node >= 2: each replica is one node's "
             "ranks, sharded among them or computing as a TP group (e.g. --nodes 3 "
             "--ranks-per-node 2)"
+        )
+    if "pp" in chosen and args.ranks_per_node % STAGES:
+        parser.error(
+            f"--variants pp needs --ranks-per-node a multiple of {STAGES}: each node holds whole "
+            "pipelines (e.g. --nodes 3 --ranks-per-node 2)"
         )
     auditing = [v for v in variants if (VARIANTS[v] or {}).get("audit_every", 0) > 0]
     if args.nodes < 2 or (auditing and args.nodes < 3):

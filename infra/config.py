@@ -62,8 +62,9 @@ class SdcConfig:
     and region (`hyperPodClusterArn`)."""
     namespace: str = metrics.DEFAULT_NAMESPACE
     """CloudWatch namespace the agent publishes to (`namespace`)."""
-    alarm_period_seconds: int = 10
-    """Alarm period; 10 or 30 (high resolution) or a multiple of 60 (`alarmPeriod`)."""
+    alarm_period_seconds: int = metrics.ALARM_PERIOD_SECONDS
+    """Alarm period, whole minutes: the SDC alarms are Metrics Insights alarms with one
+    contributor per job, which evaluate minutes only (`alarmPeriod`)."""
     alarm_thresholds: Mapping[str, float] = field(
         default_factory=lambda: dict.fromkeys(METRIC_NAMES, 1.0)
     )
@@ -113,14 +114,22 @@ class SdcConfig:
     canary_schedule_seconds: int = 86400
     """How often the live canary runs (an EventBridge Scheduler rate); `off` (0) disables it
     and its alarm (`canarySchedule`)."""
-    canary_timeout_seconds: int = 3600
+    canary_timeout_seconds: int = environment.DEFAULT_CANARY_TIMEOUT_SECONDS
     """How long a canary run may take; the canary alarm fires when none completed within the
     schedule's period plus this (`canaryTimeout`)."""
     training_namespace: str = "default"
     """The Kubernetes namespace of the guarded jobs' pods: localize trusts a report's pod only
     there (`trainingNamespace`)."""
+    job_label: str = names.DEFAULT_JOB_LABEL
+    """The pod label naming a pod's training job, whose value the agent's job name follows:
+    localize cordons a node only when a pod of the report's job ran there (`jobLabel`)."""
 
     def __post_init__(self) -> None:
+        _check(
+            names.is_label_key(self.job_label),
+            "jobLabel",
+            f"{self.job_label!r} is not a Kubernetes label key ([prefix/]name)",
+        )
         _check(
             names.is_label_name(self.training_namespace),
             "trainingNamespace",
@@ -149,10 +158,11 @@ class SdcConfig:
             "must be 1-255 characters without ':'",
         )
         _check(
-            self.alarm_period_seconds in (10, 30)
-            or (self.alarm_period_seconds > 0 and self.alarm_period_seconds % 60 == 0),
+            0 < self.alarm_period_seconds <= 3 * 3600 and self.alarm_period_seconds % 60 == 0,
             "alarmPeriod",
-            f"{self.alarm_period_seconds} s: CloudWatch alarms take 10, 30 or a multiple of 60 seconds",
+            f"{self.alarm_period_seconds} s: whole minutes up to 3 hours (the SDC alarms are "
+            "Metrics Insights alarms, one contributor per job, which evaluate minutes only; "
+            "10 s and 30 s are no longer possible)",
         )
         unknown = set(self.alarm_thresholds) - set(METRIC_NAMES)
         _check(
@@ -457,6 +467,7 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "canarySchedule": ("canary_schedule_seconds", _as_schedule),
     "canaryTimeout": ("canary_timeout_seconds", _as_duration),
     "trainingNamespace": ("training_namespace", _as_str),
+    "jobLabel": ("job_label", _as_str),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
 

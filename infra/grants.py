@@ -53,6 +53,23 @@ def allow(
     return statement
 
 
+def deny(
+    grantee: iam.IGrantable,
+    *,
+    sid: str,
+    actions: Sequence[str],
+    resources: Sequence[str],
+) -> iam.PolicyStatement:
+    """Deny `actions` on `resources` in `grantee`'s policy under `sid` (an explicit deny wins
+    over any allow, of this policy or another); returns the statement. For a carve-out of a
+    wildcard grant: the resources are named exactly."""
+    statement = iam.PolicyStatement(
+        sid=sid, effect=iam.Effect.DENY, actions=list(actions), resources=list(resources)
+    )
+    grantee.grant_principal.add_to_principal_policy(statement)
+    return statement
+
+
 def acknowledgment_scope(grantee: iam.IGrantable) -> Construct:
     """Where a finding on `grantee`'s policy is acknowledged: its role (a function's grant
     principal), else the grantee itself (a managed policy, whose principal is not a construct)."""

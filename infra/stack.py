@@ -50,7 +50,10 @@ class SdcGuardStack(cdk.Stack):
 
         # What the functions act on and do not create: the clusters, the agent's report group.
         self.hyperpod = HyperPodCluster(
-            self, "HyperPodCluster", cluster_arn=config.hyperpod_cluster_arn
+            self,
+            "HyperPodCluster",
+            cluster_name=config.hyperpod_cluster_name,
+            cluster_arn=config.hyperpod_cluster_arn,
         )
         self.eks_access = EksAccess(self, "EksAccess", cluster_name=config.eks_cluster_name)
         self.reports = ReportLogGroup(self, "Reports", log_group_name=config.report_log_group)
@@ -181,6 +184,7 @@ class SdcGuardStack(cdk.Stack):
         approvals.grant_request(fn("request_approval"))
         ledger.grant_read(fn("request_approval"))
         notify(fn("request_approval"))
+        self.approval_url.announce_url(fn("request_approval"))
         if self.config.auto_approve.enabled:
             # Opt-in auto-approval: the policy reads every check's outcomes (precision) and
             # resumes the workflow itself. Without the policy, approve alone sends results.
@@ -217,7 +221,8 @@ class SdcGuardStack(cdk.Stack):
             for step in ("localize", "admit", "record"):
                 ledger.grant_canary_progress(fn(step))
             self.canary.grant_complete(fn("record"))
-            # The canary's approval is settled by the approve function, invoked directly.
+            # The canary's approval is settled through the approve function's URL, as a
+            # person's decision is: no role invokes that function any other way.
             self.approval_url.grant_settle_canary(fn("request_approval"))
 
         # The people who decide, and the training pods (managed policies the user attaches).
@@ -270,9 +275,11 @@ class SdcGuardStack(cdk.Stack):
                 "Approve a pending replacement (the id is in the notification; list with `pending`)",
             ),
             "KubernetesRbacCommand": (
-                "kubectl apply -f infra/k8s/rbac.yaml -f infra/k8s/admission-policy.yaml",
+                f"kubectl apply -n {self.config.training_namespace} -f infra/k8s/rbac.yaml "
+                "-f infra/k8s/admission-policy.yaml",
                 "Run once against the EKS cluster: the sdc-reader/sdc-cordoner/sdc-replacer groups "
-                "and the admission policy limiting what they may change on a node",
+                "(the reader's pod access in the training namespace only) and the admission "
+                "policy limiting what they may change on a node",
             ),
         }
         if self.canary is not None:

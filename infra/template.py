@@ -14,12 +14,20 @@ from typing import Any
 STATE_MACHINE_TYPE = "AWS::StepFunctions::StateMachine"
 
 
+STEP_HANDLER_SUFFIX = ".handler.handler"
+
+
 def function_logical_ids(template: Mapping[str, Any]) -> dict[str, str]:
-    """Step folder (docs/CONTRACT.md, from the handler string) -> the function's logical id."""
+    """Step folder (docs/CONTRACT.md, from the handler string) -> the function's logical id.
+
+    Only the project's functions (`<folder>.handler.handler`); a function CDK brings along (the
+    cluster-ARN lookup's provider, `index.handler`) is no step.
+    """
     return {
-        resource["Properties"]["Handler"].split(".", 1)[0]: logical_id
+        handler.removesuffix(STEP_HANDLER_SUFFIX): logical_id
         for logical_id, resource in template["Resources"].items()
         if resource["Type"] == "AWS::Lambda::Function"
+        and (handler := resource["Properties"].get("Handler", "")).endswith(STEP_HANDLER_SUFFIX)
     }
 
 

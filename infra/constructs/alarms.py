@@ -15,44 +15,75 @@ from constructs import Construct
 
 from infra.config import LIVENESS_METRIC_NAMES, METRIC_NAMES, SdcConfig
 from infra.grants import allow
+from sdc_contract.canary import CANARY_JOB
+from sdc_contract.metrics import job_alarm_query
+
+
+def job_alarm(
+    scope: Construct,
+    construct_id: str,
+    *,
+    alarm_name: str,
+    description: str,
+    query: str,
+    threshold: float,
+    period_seconds: int,
+) -> cloudwatch.Alarm:
+    """A Metrics Insights alarm on `query` (one of `sdc_contract.metrics.job_alarm_query`): one
+    contributor per job, each with its own ALARM/OK state.
+
+    The agent publishes only when a check fails, so no data means healthy (notBreaching). One
+    datapoint at or above the threshold is enough: each datapoint is already a confirmed
+    finding. No actions: the EventBridge rule starts the workflow on a contributor's ALARM.
+    """
+    return cloudwatch.Alarm(
+        scope,
+        construct_id,
+        alarm_name=alarm_name,
+        alarm_description=description,
+        metric=cloudwatch.MathExpression(
+            expression=query,
+            using_metrics={},
+            period=cdk.Duration.seconds(period_seconds),
+            label="per job",
+        ),
+        threshold=threshold,
+        comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        evaluation_periods=1,
+        datapoints_to_alarm=1,
+        treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+    )
 
 
 class SdcAlarms(Construct):
-    """One high-resolution alarm per SDC metric on the cluster-level {ClusterName} series.
+    """One Metrics Insights alarm per SDC metric, with one contributor per training job.
 
-    The agent publishes only when a check fails, so no data means healthy (notBreaching). One
-    datapoint at or above the threshold is enough: each datapoint is already a confirmed finding.
-    These alarms have no actions; the EventBridge rule turns their ALARM transitions into
-    workflow executions. The SDC namespace is this construct's: it grants who may put data into
-    it (the agent, the canary) and who may read it (localize).
+    Each query sums the metric on each job's series {ClusterName, JobName}
+    (`sdc_contract.metrics.job_alarm_query`, the canary job left out): one job's data can hold
+    only that job's contributor in ALARM, never another job's, and a new finding of another job
+    starts its own workflow. The SDC namespace is this construct's: it grants who may put data
+    into it (the agent, the canary) and who may read it (localize).
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, config: SdcConfig) -> None:
         super().__init__(scope, construct_id)
         self.namespace = config.namespace
         self.alarms: dict[str, cloudwatch.Alarm] = {}
+        cluster = config.hyperpod_cluster_name
         for metric_name in METRIC_NAMES:
-            metric = cloudwatch.Metric(
-                namespace=config.namespace,
-                metric_name=metric_name,
-                dimensions_map={"ClusterName": config.hyperpod_cluster_name},
-                statistic=cloudwatch.Stats.SUM,
-                period=cdk.Duration.seconds(config.alarm_period_seconds),
-            )
-            self.alarms[metric_name] = cloudwatch.Alarm(
+            self.alarms[metric_name] = job_alarm(
                 self,
                 metric_name,
                 alarm_name=f"{config.resource_prefix}-{metric_name}",
-                alarm_description=(
-                    f"sdc-guard: {metric_name} on HyperPod cluster {config.hyperpod_cluster_name}; "
-                    "ALARM starts the remediation workflow"
+                description=(
+                    f"sdc-guard: {metric_name} per training job on HyperPod cluster {cluster}; "
+                    "a job's contributor entering ALARM starts the remediation workflow"
                 ),
-                metric=metric,
+                query=job_alarm_query(
+                    config.namespace, metric_name, cluster, except_job=CANARY_JOB
+                ),
                 threshold=config.alarm_thresholds[metric_name],
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                evaluation_periods=1,
-                datapoints_to_alarm=1,
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                period_seconds=config.alarm_period_seconds,
             )
 
     def grant_put_metric_data(

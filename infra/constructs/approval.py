@@ -56,11 +56,17 @@ class Approvals(Construct):
         )
 
     def grant_request(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """Store a task token under a new approval id and read it back (request_approval)."""
+        """Store a task token under a new approval id and read it back, and withdraw it when
+        its announcement could not be sent (request_approval)."""
         return allow(
             grantee,
             sid="Approvals",
-            actions=["dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+            actions=[
+                "dynamodb:PutItem",
+                "dynamodb:GetItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+            ],
             resources=[self.table.table_arn],
         )
 
@@ -76,7 +82,11 @@ class Approvals(Construct):
 
 
 def request_approval_task(
-    scope: Construct, function: lambda_.IFunction, *, timeout: cdk.Duration
+    scope: Construct,
+    function: lambda_.IFunction,
+    *,
+    timeout: cdk.Duration,
+    name: str = "RequestApproval",
 ) -> tasks.LambdaInvoke:
     """RequestApproval: invoke request_approval with the task token and wait for the decision.
 
@@ -88,7 +98,7 @@ def request_approval_task(
     payload["task_token"] = sfn.JsonPath.task_token
     return tasks.LambdaInvoke(
         scope,
-        "RequestApproval",
+        name,
         lambda_function=function,
         integration_pattern=sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
         payload=sfn.TaskInput.from_object(payload),
@@ -118,7 +128,9 @@ class ApprovalUrl(Construct):
         return self.function_url.url
 
     def grant_invoke_url(self, grantee: iam.IGrantable) -> list[iam.PolicyStatement]:
-        """Call the URL, and invoke the function only through it (operators)."""
+        """Call the URL, and invoke the function only through it (operators; request_approval
+        for the canary). The only grants of the function there are: a direct invoke could carry
+        an event naming any caller, and the function cannot tell it from a URL request."""
         function_arns = [self.function.function_arn]  # the URL is on the unqualified function
         url = allow(
             grantee,
@@ -139,18 +151,17 @@ class ApprovalUrl(Construct):
         )
         return [url, invoke]
 
-    def grant_settle_canary(self, function: lambda_.Function) -> iam.PolicyStatement:
-        """Invoke the approve function directly to settle a canary's approval, and know its name
-        (`APPROVE_FUNCTION`): request_approval, only when the canary is on. The function's code
-        approves canary approvals alone that way, so approve stays the only role that sends task
+    def announce_url(self, function: lambda_.Function) -> None:
+        """Give request_approval the URL (`APPROVAL_URL`): its messages name it in the command
+        to approve, and the canary's approval is settled through it."""
+        function.add_environment(contract.APPROVAL_URL, self.url)
+
+    def grant_settle_canary(self, grantee: iam.IGrantable) -> list[iam.PolicyStatement]:
+        """Call the URL to settle a canary's approval (request_approval, only when the canary
+        is on), exactly as an operator calls it: through the URL only. The function settles
+        canary approvals alone on that action, so approve stays the only role that sends task
         results unless autoApprove is on."""
-        function.add_environment(contract.APPROVE_FUNCTION, self.function.function_name)
-        return allow(
-            function,
-            sid="InvokeApproveForCanary",
-            actions=["lambda:InvokeFunction"],
-            resources=[self.function.function_arn],
-        )
+        return self.grant_invoke_url(grantee)
 
 
 class OperatorPolicy(Construct):

@@ -17,6 +17,7 @@ from constructs import Construct
 import sdc_contract as contract
 from infra import nag
 from infra.config import SdcConfig
+from infra.constructs.alarms import job_alarm
 from infra.grants import allow
 
 START = {"action": "start"}
@@ -44,32 +45,31 @@ class Canary(Construct):
         construct_id: str,
         *,
         config: SdcConfig,
-        function: lambda_.IFunction,
+        function: lambda_.Function,
         topic: sns.ITopic,
     ) -> None:
         super().__init__(scope, construct_id)
         cluster = config.hyperpod_cluster_name
-        self.sdc_alarm = cloudwatch.Alarm(
+        # A run is open this long: after it, its report and approval are refused (runs expire).
+        function.add_environment(
+            contract.CANARY_TIMEOUT_SECONDS, str(config.canary_timeout_seconds)
+        )
+        # A per-job alarm like the SDC alarms (the canary job's contributor only), so the canary
+        # proves the same route: a contributor's ALARM, the rule, the workflow.
+        self.sdc_alarm = job_alarm(
             self,
             "SdcAlarm",
             alarm_name=canary_alarm_name(config),
-            alarm_description=(
+            description=(
                 f"sdc-guard canary: the synthetic SDC finding of job {contract.CANARY_JOB} on "
                 f"{cluster}; ALARM starts the remediation workflow in dry run for the reserved "
                 "canary node"
             ),
-            metric=cloudwatch.Metric(
-                namespace=config.namespace,
-                metric_name=contract.CANARY_METRIC,
-                dimensions_map={"ClusterName": cluster, "JobName": contract.CANARY_JOB},
-                statistic=cloudwatch.Stats.SUM,
-                period=cdk.Duration.seconds(config.alarm_period_seconds),
+            query=contract.job_alarm_query(
+                config.namespace, contract.CANARY_METRIC, cluster, only_job=contract.CANARY_JOB
             ),
             threshold=1,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=1,
-            datapoints_to_alarm=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            period_seconds=config.alarm_period_seconds,
         )
 
         self.role = iam.Role(

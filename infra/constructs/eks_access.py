@@ -1,8 +1,11 @@
 """Kubernetes access for the functions that read or patch nodes, each with the least it needs.
 
 Each role gets an EKS access entry in ONE Kubernetes group, by what its step does:
-- `sdc-reader` (localize, poll_health_check): read nodes and pods. localize parses reports that
-  training pods write; it must not be able to change anything in the cluster.
+- `sdc-reader` (localize, poll_health_check, start_health_check, approve): read nodes, and pods
+  in the training namespace. localize parses reports that training pods write (it lists a job's
+  pods on a node to corroborate one); it must not be able to change anything in the cluster.
+  start_health_check reads a shadowed node's health-check label before its check, approve that
+  a released node is uncordoned.
 - `sdc-cordoner` (cordon, uncordon): patch nodes, limited by the admission policy to
   spec.unschedulable and sdc-guard's own labels, taints and annotations.
 - `sdc-replacer` (replace, only in REPLACE_MODE `label`): the one group allowed to set HyperPod's
@@ -29,6 +32,8 @@ REPLACE_GROUP = "sdc-replacer"
 STEP_GROUPS: dict[str, str] = {
     "localize": READER_GROUP,
     "poll_health_check": READER_GROUP,
+    "start_health_check": READER_GROUP,
+    "approve": READER_GROUP,
     "cordon": CORDON_GROUP,
     "uncordon": CORDON_GROUP,
     "replace": REPLACE_GROUP,

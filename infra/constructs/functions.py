@@ -64,7 +64,11 @@ STEPS: dict[str, StepSpec] = {
     ),
     "cordon": StepSpec("Cordon and label the suspect node", kubernetes=True),
     "uncordon": StepSpec("Uncordon a node an approver released", kubernetes=True),
-    "start_health_check": StepSpec("Start a HyperPod deep health check on the suspect"),
+    "start_health_check": StepSpec(
+        # Reads a shadowed (not cordoned) node's deep-health-check label before its check.
+        "Start a HyperPod deep health check on the suspect",
+        kubernetes=True,
+    ),
     "poll_health_check": StepSpec(
         "Poll the deep health check (HyperPod and the node label)", kubernetes=True
     ),
@@ -77,7 +81,9 @@ STEPS: dict[str, StepSpec] = {
 # Functions outside the workflow (same defaults, their own roles): folder -> spec.
 SERVICES: dict[str, StepSpec] = {
     "approve": StepSpec(
-        "Decide approvals and release nodes as the IAM caller its function URL authenticated"
+        # Reads a node before releasing it from the guard: only an uncordoned node is released.
+        "Decide approvals and release nodes as the IAM caller its function URL authenticated",
+        kubernetes=True,
     ),
     "sweeper": StepSpec(
         "Close remediations whose workflow execution is no longer running (scheduled)",
@@ -217,17 +223,18 @@ class Functions(Construct):
         vpc, subnets, security_groups = self._network(config)
         retention = log_retention(config.log_retention_days)
         # The label replace mode patches the node through Kubernetes instead of the API.
+        services = {**SERVICES, **({"canary": CANARY} if config.canary_enabled else {})}
         self.kubernetes_steps = [
             folder
-            for folder, spec in STEPS.items()
+            for folder, spec in {**STEPS, **services}.items()
             if spec.kubernetes or (folder == "replace" and config.replace_mode == "label")
         ]
-        """The steps that talk to the EKS API (in the VPC if configured; an access entry each)."""
+        """The functions that talk to the EKS API (in the VPC if configured; an access entry
+        each)."""
         self.steps: dict[str, StepFunction] = {}
         """The workflow's step functions, by contract folder."""
         self.services: dict[str, StepFunction] = {}
         """The functions outside the workflow (SERVICES), by folder."""
-        services = {**SERVICES, **({"canary": CANARY} if config.canary_enabled else {})}
         for folder, spec in {**STEPS, **services}.items():
             in_vpc = folder in self.kubernetes_steps and vpc is not None
             into = self.steps if folder in STEPS else self.services
@@ -285,6 +292,8 @@ class Functions(Construct):
             contract.CHECK_MODES: config.check_modes_json,
             contract.AUTO_APPROVE: config.auto_approve.as_json(),
             contract.TRAINING_NAMESPACE: config.training_namespace,
+            contract.JOB_LABEL: config.job_label,
+            contract.SHADOW_HEALTH_CHECK: "true" if config.shadow_health_check else "false",
         }
         return {
             **env,

@@ -20,6 +20,7 @@ READ_WRITE: tuple[str, ...] = (
     "dynamodb:ConditionCheckItem",
 )
 READ: tuple[str, ...] = ("dynamodb:GetItem", "dynamodb:Query")
+TTL_ATTRIBUTE = "expires_at"
 
 
 class Ledger(Construct):
@@ -44,6 +45,9 @@ class Ledger(Construct):
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
+            # Only what is meant to go away carries it: canary runs, alarm-episode notices.
+            # The remediations and their events (the repeat-offender history) never do.
+            time_to_live_attribute=TTL_ATTRIBUTE,
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
 
@@ -53,8 +57,9 @@ class Ledger(Construct):
         return self._allow(grantee, "Ledger", READ_WRITE)
 
     def grant_record(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """Record transitions and close remediations (record)."""
-        return self._allow(grantee, "Ledger", READ_WRITE)
+        """Record transitions and close remediations, and give a report back when its
+        remediation failed before anyone decided (record)."""
+        return self._allow(grantee, "Ledger", (*READ_WRITE, "dynamodb:DeleteItem"))
 
     def grant_release(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
         """Release a node from the guard on an approver's decision (approve)."""

@@ -13,7 +13,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 import sdc_contract as contract
-from infra.grants import allow
+from infra.grants import allow, deny
 
 
 class ReportLogGroup(Construct):
@@ -47,8 +47,15 @@ class ReportLogGroup(Construct):
         )
 
     def grant_write_job_reports(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """Create the group and write a report into any job's stream (the agent in the training
-        pods)."""
+        """Create the group and write a report into any training job's stream (the agent in the
+        training pods), never the canary's: a pod that could write there could forge canary
+        reports and page the on-call with a false "canary stopped"."""
+        deny(
+            grantee,
+            sid="NotTheCanarysStream",
+            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            resources=[self.stream_arn(contract.CANARY_JOB)],
+        )
         return allow(
             grantee,
             sid="WriteSdcReports",

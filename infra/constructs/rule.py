@@ -1,4 +1,5 @@
-"""The EventBridge rule that turns an SDC alarm's ALARM transition into a workflow execution."""
+"""The EventBridge rule that turns one job's contributor of an SDC alarm entering ALARM into a
+workflow execution."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra import nag
+from sdc_contract.metrics import CONTRIBUTOR_EVENT
 
-DETAIL_TYPE = "CloudWatch Alarm State Change"
+DETAIL_TYPE = CONTRIBUTOR_EVENT
+"""The SDC alarms are Metrics Insights alarms with a contributor per job: the workflow starts on
+a contributor's state change (the alarm-level change says only how many contributors are in
+ALARM, and stays in ALARM while any is)."""
 
 
 class AlarmRule(Construct):
-    """Matches exactly `alarms` entering ALARM; the event is the workflow's input.
+    """Matches exactly `alarms`' contributors entering ALARM; the event is the workflow's input.
 
     Events that cannot be delivered (throttling, a deleted state machine) go to an encrypted
     dead-letter queue after EventBridge's retries, instead of being lost.
@@ -49,7 +54,7 @@ class AlarmRule(Construct):
         self.rule = events.Rule(
             self,
             "Rule",
-            description="sdc-guard: SDC alarm state ALARM -> remediation workflow",
+            description="sdc-guard: an SDC alarm's job contributor in ALARM -> remediation workflow",
             event_pattern=events.EventPattern(
                 source=["aws.cloudwatch"],
                 detail_type=[DETAIL_TYPE],

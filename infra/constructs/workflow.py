@@ -1,10 +1,15 @@
 """The remediation workflow (docs/architecture.md, "The workflow"): a Standard state machine of Lambda steps.
 
-    Localize -> any suspects? -> Map over suspects:
-        Admit -> Cordon -> StartHealthCheck -> (Wait -> PollHealthCheck)* -> RequestApproval
-              -> Replace | Uncordon (rejected with release) | stay cordoned
-        Admit (shadow: the check x verdict is not enforced) -> RecordShadow, nothing touched
-              (with `shadowHealthCheck`: the deep health check first, on the uncordoned node)
+    Localize -> refused claims? RecordRefused -> any suspects or pending nodes? -> in parallel:
+        Map over suspects:
+            Admit -> Cordon -> StartHealthCheck -> (Wait -> PollHealthCheck)* -> RequestApproval
+                  -> Replace | Uncordon (rejected with release) | stay cordoned
+            Admit (shadow: the check x verdict is not enforced) -> RecordShadow, nothing touched
+                  (with `shadowHealthCheck` and room in the shadow guard: the deep health check
+                  first, on the uncordoned node)
+        Map over pending nodes (a series, no visible report yet):
+            LocalizeLate (retried while ReportNotYetVisible) -> the same chain, states "Late..."
+    The two Maps run side by side: a node whose report is late never holds the others up.
 
 Contracts this file keeps (docs/CONTRACT.md):
 - Each Map item's state starts as {alarm, suspect, execution}; each step's result is added under
@@ -130,9 +135,9 @@ class Workflow(Construct):
         )
         self._shadow_health_check = shadow_health_check
 
-        definition = self._definition(
-            approval_timeout=approval_timeout, health_check_poll=health_check_poll
-        )
+        self._approval_timeout = approval_timeout
+        self._health_check_poll = health_check_poll
+        definition = self._definition()
         self.log_group = logs.LogGroup(
             self,
             "Logs",
@@ -275,9 +280,7 @@ class Workflow(Construct):
 
     # ---- the definition ------------------------------------------------------------------------
 
-    def _definition(
-        self, *, approval_timeout: cdk.Duration, health_check_poll: cdk.Duration
-    ) -> sfn.IChainable:
+    def _definition(self) -> sfn.IChainable:
         execution_failed = sfn.Fail(
             self,
             "RemediationFailed",
@@ -293,82 +296,153 @@ class Workflow(Construct):
             "Localize",
             lambda_function=self._functions["localize"],
             payload=sfn.TaskInput.from_json_path_at("$"),
-            # The state becomes {alarm, suspects, ambiguous, reports}.
+            # The state becomes {alarm, suspects, pending, suspect_count, refused, ambiguous,
+            # reports}.
             output_path="$.Payload",
             retry_on_service_exceptions=False,
         )
         _retry_transient(localize)
         _catch_terminal(localize, record_failed)
 
-        remediate = sfn.Map(
-            self,
+        # The items' states are discarded: 64 of them beside localize's output would pass Step
+        # Functions' 256 KiB (States.DataLimitExceeded cannot be caught). Each item's outcome is
+        # in the ledger and in the execution history.
+        remediate = self._map(
             "RemediateSuspects",
-            items_path="$.suspects",
-            item_selector={
-                "alarm": sfn.JsonPath.object_at("$.alarm"),
-                "suspect": sfn.JsonPath.object_at("$$.Map.Item.Value"),
-                "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
-                # With the execution id, what keys this remediation whatever the steps return
-                # (one admission per instance per alarm; closing a remediation on any path).
-                "item": sfn.JsonPath.number_at("$$.Map.Item.Index"),
-                # admit refuses a whole alarm that names more nodes than the blast radius allows.
-                "suspects_in_alarm": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.suspects")),
-            },
-            # The items' states are discarded: 64 of them beside localize's output would pass
-            # Step Functions' 256 KiB (States.DataLimitExceeded cannot be caught). Each item's
-            # outcome is in the ledger and in the execution history.
-            result_path=sfn.JsonPath.DISCARD,
-            max_concurrency=MAP_MAX_CONCURRENCY,
-            comment="One remediation per suspect node, independent of the others",
+            "suspect",
+            "$.suspects",
+            "One remediation per suspect node, independent of the others",
         )
-        remediate.item_processor(self._remediate_one(approval_timeout, health_check_poll))
-        remediate.add_catch(record_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
+        remediate.item_processor(self._remediate_one(""))
+        late = self._map(
+            "RemediateLateNodes",
+            "pending",
+            "$.pending",
+            "A node with a series but no visible report yet: its report is looked for again "
+            "(retried as localize is), then it is remediated like any suspect",
+        )
+        late.item_processor(self._late_node())
+        both = sfn.Parallel(
+            self,
+            "RemediateInParallel",
+            result_path=sfn.JsonPath.DISCARD,
+            comment="The suspects and the late nodes side by side: neither waits for the other",
+        )
+        both.branch(remediate)
+        both.branch(late)
+        both.add_catch(record_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
 
         record_ambiguous = self._record("RecordAmbiguous", "ambiguous", notify=True)
         record_no_suspects = self._record("RecordNoSuspects", "no_suspects", notify=True)
-        for task in (record_ambiguous, record_no_suspects):
+        record_refused = self._record("RecordRefused", "refused", notify=True)
+        for task in (record_ambiguous, record_no_suspects, record_refused):
             _catch_terminal(task, record_failed)
+        refused_only = sfn.Succeed(
+            self,
+            "NothingElse",
+            comment="Every claim of the alarm was refused; the refusals are recorded and notified",
+        )
         suspects = (
             sfn.Choice(self, "AnySuspects")
+            .when(sfn.Condition.boolean_equals("$.ambiguous", True), record_ambiguous)
+            .when(
+                sfn.Condition.or_(
+                    sfn.Condition.is_present("$.suspects[0]"),
+                    sfn.Condition.is_present("$.pending[0]"),
+                ),
+                both,
+            )
+            .when(sfn.Condition.is_present("$.refused[0]"), refused_only)
+            .otherwise(record_no_suspects)
+        )
+        refusals = (
+            sfn.Choice(self, "AnyRefused")
             # A Choice on a missing path is a States.Runtime error no Catch sees: every path
             # the definition reads is checked for presence first.
             .when(
                 sfn.Condition.or_(
                     sfn.Condition.is_not_present("$.ambiguous"),
                     sfn.Condition.is_not_present("$.alarm"),
+                    sfn.Condition.is_not_present("$.suspect_count"),
                 ),
                 self._unexpected(
-                    "UnknownLocalization", "localize returned no ambiguous/alarm"
+                    "UnknownLocalization", "localize returned no ambiguous/alarm/suspect_count"
                 ).next(record_failed),
             )
-            .when(sfn.Condition.boolean_equals("$.ambiguous", True), record_ambiguous)
-            .when(sfn.Condition.is_not_present("$.suspects[0]"), record_no_suspects)
-            .otherwise(remediate)
+            .when(sfn.Condition.is_present("$.refused[0]"), record_refused)
+            .otherwise(suspects)
         )
-        return localize.next(suspects)
+        record_refused.next(suspects)
+        return localize.next(refusals)
 
-    def _remediate_one(
-        self, approval_timeout: cdk.Duration, health_check_poll: cdk.Duration
-    ) -> sfn.IChainable:
-        """The per-suspect chain (a Map item)."""
+    def _map(self, construct_id: str, key: str, items_path: str, comment: str) -> sfn.Map:
+        """A Map over localize's ``items_path``, each item's state starting as {alarm, <key>:
+        the item, execution, item, suspects_in_alarm}."""
+        return sfn.Map(
+            self,
+            construct_id,
+            items_path=items_path,
+            item_selector={
+                "alarm": sfn.JsonPath.object_at("$.alarm"),
+                key: sfn.JsonPath.object_at("$$.Map.Item.Value"),
+                "execution": sfn.JsonPath.string_at("$$.Execution.Id"),
+                # With the execution id, what keys this remediation whatever the steps return
+                # (one admission per instance per alarm; closing a remediation on any path).
+                "item": sfn.JsonPath.number_at("$$.Map.Item.Index"),
+                # admit refuses a whole alarm that names more nodes than the blast radius
+                # allows: the alarm's nodes, all of them.
+                "suspects_in_alarm": sfn.JsonPath.number_at("$.suspect_count"),
+            },
+            result_path=sfn.JsonPath.DISCARD,
+            max_concurrency=MAP_MAX_CONCURRENCY,
+            comment=comment,
+        )
+
+    def _late_node(self) -> sfn.IChainable:
+        """A pending node's item: look for its report again (retried while it is not visible,
+        as localize is), then the per-suspect chain; recorded as failed when it never shows."""
         item_failed = sfn.Fail(
             self,
-            "ItemFailed",
+            "LateNodeFailed",
             error="RemediationFailed",
             cause="Recording a failure failed; the node was left as it was.",
         )
-        record_failed = self._record("RecordItemFailed", "failed", notify=True, with_error=True)
+        record_failed = self._record("RecordLateNodeFailed", "failed", notify=True, with_error=True)
+        record_failed.add_catch(item_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
+        task, found = self._step("LocalizeLate", "localize", "suspect")
+        _catch_terminal(task, record_failed)
+        found.next(self._remediate_one("Late"))
+        return task
+
+    def _remediate_one(self, prefix: str) -> sfn.IChainable:
+        """The per-suspect chain (a Map item); its states' names start with `prefix` (the late
+        nodes' Map has its own copy of the chain: a state belongs to one Map only)."""
+        approval_timeout, health_check_poll = self._approval_timeout, self._health_check_poll
+
+        def n(name: str) -> str:
+            return f"{prefix}{name}"
+
+        item_failed = sfn.Fail(
+            self,
+            n("ItemFailed"),
+            error="RemediationFailed",
+            cause="Recording a failure failed; the node was left as it was.",
+        )
+        record_failed = self._record(n("RecordItemFailed"), "failed", notify=True, with_error=True)
         record_failed.add_catch(item_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
 
         def record(name: str, transition: str, *, notify: bool) -> tasks.LambdaInvoke:
-            task = self._record(name, transition, notify=notify)
+            task = self._record(n(name), transition, notify=notify)
             _catch_terminal(task, record_failed)
             return task
 
         def step(name: str, folder: str, key: str) -> tuple[tasks.LambdaInvoke, sfn.Pass]:
-            task, unwrap = self._step(name, folder, key)
+            task, unwrap = self._step(n(name), folder, key)
             _catch_terminal(task, record_failed)
             return task, unwrap
+
+        def unexpected(name: str, cause: str) -> sfn.Pass:
+            return self._unexpected(n(name), cause)
 
         # Admit: dedupe and the blast-radius guard, before anything touches the node.
         admit, admitted = step("Admit", "admit", "admission")
@@ -379,10 +453,10 @@ class Workflow(Construct):
         uncordon, uncordoned = step("Uncordon", "uncordon", "uncordon")
 
         admitted.next(
-            sfn.Choice(self, "AdmissionDecision")
+            sfn.Choice(self, n("AdmissionDecision"))
             .when(
                 sfn.Condition.is_not_present("$.admission.decision"),
-                self._unexpected("NoAdmission", "admit returned no decision").next(record_failed),
+                unexpected("NoAdmission", "admit returned no decision").next(record_failed),
             )
             .when(
                 sfn.Condition.string_equals("$.admission.decision", "duplicate"),
@@ -398,11 +472,12 @@ class Workflow(Construct):
                 # notified ("would have cordoned"), and nothing touches the node. Choices
                 # stop at the first match, so `mode` is read only when present (an admit
                 # from before modes existed returns none: enforced).
-                sfn.Choice(self, "AdmissionMode")
+                sfn.Choice(self, n("AdmissionMode"))
                 .when(sfn.Condition.is_not_present("$.admission.mode"), cordon)
                 .when(
                     sfn.Condition.string_equals("$.admission.mode", "shadow"),
                     self._shadow(
+                        prefix,
                         record("RecordShadow", "shadow", notify=True),
                         step,
                         record_failed,
@@ -411,26 +486,26 @@ class Workflow(Construct):
                 )
                 .when(sfn.Condition.string_equals("$.admission.mode", "enforce"), cordon)
                 .otherwise(
-                    self._unexpected("UnknownMode", "admit returned an unknown mode").next(
-                        record_failed
-                    )
+                    unexpected("UnknownMode", "admit returned an unknown mode").next(record_failed)
                 ),
             )
             .otherwise(
-                self._unexpected("UnknownAdmission", "admit returned an unknown decision").next(
+                unexpected("UnknownAdmission", "admit returned an unknown decision").next(
                     record_failed
                 )
             )
         )
 
         # Cordon, then the deep health check and its poll loop.
-        wait = sfn.Wait(self, "WaitForHealthCheck", time=sfn.WaitTime.duration(health_check_poll))
+        wait = sfn.Wait(
+            self, n("WaitForHealthCheck"), time=sfn.WaitTime.duration(health_check_poll)
+        )
         cordoned.next(record("RecordCordoned", "cordoned", notify=True)).next(start_check)
         started.next(
-            sfn.Choice(self, "HealthCheckStarted")
+            sfn.Choice(self, n("HealthCheckStarted"))
             .when(sfn.Condition.is_present("$.health.status"), wait)
             .otherwise(
-                self._unexpected("NoStartStatus", "start_health_check returned no status").next(
+                unexpected("NoStartStatus", "start_health_check returned no status").next(
                     record_failed
                 )
             )
@@ -439,7 +514,10 @@ class Workflow(Construct):
 
         # Approval: the decision comes back as the task's output at $.approval.
         approval = request_approval_task(
-            self, self._functions["request_approval"], timeout=approval_timeout
+            self,
+            self._functions["request_approval"],
+            timeout=approval_timeout,
+            name=n("RequestApproval"),
         )
         _retry_transient(approval)
         approval.add_catch(
@@ -453,10 +531,10 @@ class Workflow(Construct):
         )
 
         polled.next(
-            sfn.Choice(self, "HealthCheckStatus")
+            sfn.Choice(self, n("HealthCheckStatus"))
             .when(
                 sfn.Condition.is_not_present("$.health.status"),
-                self._unexpected("NoHealthStatus", "poll_health_check returned no status").next(
+                unexpected("NoHealthStatus", "poll_health_check returned no status").next(
                     record_failed
                 ),
             )
@@ -488,7 +566,7 @@ class Workflow(Construct):
                 ),
             )
             .otherwise(
-                self._unexpected(
+                unexpected(
                     "UnknownHealthStatus", "poll_health_check returned an unknown status"
                 ).next(record_failed)
             )
@@ -496,13 +574,13 @@ class Workflow(Construct):
 
         record_rejected = record("RecordRejected", "rejected", notify=True)
         approval.next(
-            sfn.Choice(self, "ApprovalDecision")
+            sfn.Choice(self, n("ApprovalDecision"))
             .when(
                 sfn.Condition.or_(
                     sfn.Condition.is_not_present("$.approval.decision"),
                     sfn.Condition.is_not_present("$.approval.approver"),
                 ),
-                self._unexpected(
+                unexpected(
                     "IncompleteDecision", "the approval carried no decision or no approver"
                 ).next(record_failed),
             )
@@ -528,9 +606,9 @@ class Workflow(Construct):
             )
             .when(sfn.Condition.string_equals("$.approval.decision", "reject"), record_rejected)
             .otherwise(
-                self._unexpected(
-                    "UnknownDecision", "the approval carried an unknown decision"
-                ).next(record_failed)
+                unexpected("UnknownDecision", "the approval carried an unknown decision").next(
+                    record_failed
+                )
             )
         )
         replaced.next(record("RecordReplaced", "replaced", notify=True))
@@ -539,37 +617,43 @@ class Workflow(Construct):
 
     def _shadow(
         self,
+        prefix: str,
         record_shadow: sfn.IChainable,
         step: Callable[[str, str, str], tuple[tasks.LambdaInvoke, sfn.Pass]],
         record_failed: sfn.IChainable,
         health_check_poll: cdk.Duration,
     ) -> sfn.IChainable:
-        """A shadowed alarm's path: straight to RecordShadow, or (`shadowHealthCheck`) the deep
-        health check and its poll loop first, so the shadow record and message carry its
-        verdict (the "health check optional" of shadow mode). Nothing is cordoned either way."""
+        """A shadowed alarm's path: straight to RecordShadow, or (`shadowHealthCheck`, when the
+        shadow guard admitted the check: `$.admission.shadow_health_check`) the deep health
+        check and its poll loop first, so the shadow record and message carry its verdict (the
+        "health check optional" of shadow mode). Nothing is cordoned either way."""
         if not self._shadow_health_check:
             return record_shadow
+
+        def n(name: str) -> str:
+            return f"{prefix}{name}"
+
         start, started = step("ShadowStartHealthCheck", "start_health_check", "health")
         poll, polled = step("ShadowPollHealthCheck", "poll_health_check", "health")
         wait = sfn.Wait(
-            self, "ShadowWaitForHealthCheck", time=sfn.WaitTime.duration(health_check_poll)
+            self, n("ShadowWaitForHealthCheck"), time=sfn.WaitTime.duration(health_check_poll)
         )
         started.next(
-            sfn.Choice(self, "ShadowHealthCheckStarted")
+            sfn.Choice(self, n("ShadowHealthCheckStarted"))
             .when(sfn.Condition.is_present("$.health.status"), wait)
             .otherwise(
                 self._unexpected(
-                    "ShadowNoStartStatus", "start_health_check returned no status"
+                    n("ShadowNoStartStatus"), "start_health_check returned no status"
                 ).next(record_failed)
             )
         )
         wait.next(poll)
         polled.next(
-            sfn.Choice(self, "ShadowHealthCheckStatus")
+            sfn.Choice(self, n("ShadowHealthCheckStatus"))
             .when(
                 sfn.Condition.is_not_present("$.health.status"),
                 self._unexpected(
-                    "ShadowNoHealthStatus", "poll_health_check returned no status"
+                    n("ShadowNoHealthStatus"), "poll_health_check returned no status"
                 ).next(record_failed),
             )
             .when(sfn.Condition.string_equals("$.health.status", "in_progress"), wait)
@@ -577,7 +661,19 @@ class Workflow(Construct):
             # evidence: recorded and notified with it, never acted on.
             .otherwise(record_shadow)
         )
-        return start
+        # The shadow guard decides whether this alarm's check may run (a fraction of the
+        # cluster, its own budget): without room it is recorded with no health check.
+        return (
+            sfn.Choice(self, n("ShadowHealthCheckAdmitted"))
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.is_present("$.admission.shadow_health_check"),
+                    sfn.Condition.boolean_equals("$.admission.shadow_health_check", True),
+                ),
+                start,
+            )
+            .otherwise(record_shadow)
+        )
 
 
 def _retry_transient(task: sfn.TaskStateBase) -> None:

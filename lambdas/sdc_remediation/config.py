@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import urllib.parse
 from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from typing import Literal
@@ -33,8 +34,10 @@ from sdc_contract.metrics import DEFAULT_NAMESPACE, report_log_group
 from sdc_contract.modes import Mode, mode_for, parse_modes
 from sdc_contract.names import (
     DEFAULT_HEALTH_CHECKS,
+    DEFAULT_JOB_LABEL,
     HEALTH_CHECK_TYPES,
     REPLACE_MODES,
+    is_label_key,
     is_label_name,
 )
 
@@ -172,6 +175,16 @@ class Settings:
             )
         return value
 
+    @property
+    def job_label(self) -> str:
+        """JOB_LABEL: the pod label naming a pod's training job, by which localize corroborates
+        that a report's job ran on the node it names (default the Kubeflow training operator's
+        ``training.kubeflow.org/job-name``)."""
+        value = self._optional(contract.JOB_LABEL) or DEFAULT_JOB_LABEL
+        if not is_label_key(value):
+            raise ConfigurationError(f"JOB_LABEL must be a Kubernetes label key, got {value!r}")
+        return value
+
     # -- ledger, approvals, notifications -----------------------------------------------------
 
     @property
@@ -199,18 +212,13 @@ class Settings:
 
     @property
     def approval_url(self) -> str | None:
-        """APPROVAL_URL: the approve function's AWS_IAM URL, quoted in approval messages
-        (optional: without it the message names the approvals table, the direct path)."""
+        """APPROVAL_URL: the approve function's AWS_IAM URL, quoted in approval messages, and
+        what request_approval calls to settle a canary's approval (optional: without it the
+        message names the approvals table, the direct path)."""
         value = self._optional(contract.APPROVAL_URL)
-        if value is not None and not value.startswith("https://"):
-            raise ConfigurationError(f"APPROVAL_URL must be an https:// URL, got {value!r}")
+        if value is not None:
+            check_approval_url(value, contract.APPROVAL_URL)
         return value
-
-    @property
-    def approve_function(self) -> str | None:
-        """APPROVE_FUNCTION: the approve function's name, which request_approval invokes to
-        settle a canary's approval (set on request_approval only, when the canary is on)."""
-        return self._optional(contract.APPROVE_FUNCTION)
 
     @property
     def approval_ttl_seconds(self) -> int:
@@ -319,6 +327,25 @@ class Settings:
             raise ConfigurationError(f"AUTO_APPROVE: {exc}") from None
 
     @property
+    def shadow_health_check(self) -> bool:
+        """SHADOW_HEALTH_CHECK: `true` runs a shadowed alarm's deep health check (through the
+        shadow guard) before it is recorded (default false; context key shadowHealthCheck)."""
+        raw = (self._optional(contract.SHADOW_HEALTH_CHECK) or "false").lower()
+        if raw in _TRUE:
+            return True
+        if raw in _FALSE:
+            return False
+        raise ConfigurationError(f"SHADOW_HEALTH_CHECK must be 'true' or 'false', got {raw!r}")
+
+    @property
+    def canary_timeout_seconds(self) -> int:
+        """CANARY_TIMEOUT_SECONDS: how long a canary run may take (``canaryTimeout``; set on the
+        canary function); a run's report and approval are refused after that."""
+        return self._int(
+            contract.CANARY_TIMEOUT_SECONDS, contract.DEFAULT_CANARY_TIMEOUT_SECONDS, minimum=60
+        )
+
+    @property
     def dry_run(self) -> bool:
         """DRY_RUN: `true` runs every step but only logs cordon, uncordon and replace."""
         raw = (self._optional(contract.DRY_RUN) or "false").lower()
@@ -337,6 +364,18 @@ class Settings:
         """These settings with DRY_RUN forced on (what every step of a canary runs under,
         whatever the deployment's own DRY_RUN)."""
         return Settings(ChainMap({contract.DRY_RUN: "true"}, dict(self._env)))
+
+
+def check_approval_url(url: str, what: str = "the approval URL") -> None:
+    """An approval URL is https, or plain http to a loopback stand-in only: a signed request is
+    replayable for minutes, so it never travels in clear text off this host
+    (ConfigurationError otherwise)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    loopback = url.startswith("http://") and host in ("127.0.0.1", "localhost", "::1")
+    if not (url.startswith("https://") or loopback):
+        raise ConfigurationError(
+            f"{what} must be an https:// URL (http:// only to a loopback stand-in), got {url!r}"
+        )
 
 
 def settings() -> Settings:

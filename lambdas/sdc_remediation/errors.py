@@ -124,3 +124,11 @@ class NodeNotHeld(RemediationError):
 
 
 __all__ += ["NodeNotHeld"]
+
+
+class NodeStillCordoned(RemediationError):
+    """``sdc-remediation release``: the node is still cordoned; uncordon (or replace) it first,
+    or the guard would count it in service while it is not."""
+
+
+__all__ += ["NodeStillCordoned"]

@@ -18,4 +18,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """Start HyperPod's deep health check on the suspect instance."""
     state = parse_step(event, ItemState)
     current = settings()
-    return steps.start_health_check(state, current).model_dump(mode="json")
+    return steps.start_health_check(state, current, steps.kube_factory(current)).model_dump(
+        mode="json"
+    )

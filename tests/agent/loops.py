@@ -37,7 +37,7 @@ class RecordingPublisher:
             names = {d["Name"] for d in entry["Dimensions"]}
             if "NodeName" in names:
                 self.per_node_series += 1
-            else:
+            elif names == {"ClusterName"}:
                 self.cluster_series += 1
 
     def publish_liveness(self, step: int, audit_passes: int, weight_check_passes: int) -> None:

@@ -167,8 +167,25 @@ def sensed_run(
     optimizer.register_step_post_hook(after_update)
     alarm = guard.train(batch_of(s, dist.get_rank()) for s in range(steps))
     return {
+        **sensed_outcome(guard, alarm, updates, injected, publisher),
         "digests": digests,
         "final_digest": state_digest(module, optimizer),
+        "last_audit_pass": guard.last_audit_pass,
+        "dp_rank": guard.dp_rank,
+    }
+
+
+def sensed_outcome(
+    guard: sdc.Guard,
+    alarm: sdc.Alarm | None,
+    updates: list[int],
+    injected: list[Any],
+    publisher: SensorCountingPublisher,
+) -> dict[str, Any]:
+    """What every sensor job reports: the alarm, the steps applied, the faults fired here, the
+    unconfirmed candidates (counted and published), the alarms and audit passes published, and
+    the sensors' coverage."""
+    return {
         "alarm": alarm.to_dict() if alarm else None,
         "updates": updates,
         "fired": sum(f.fired for f in injected),
@@ -176,7 +193,5 @@ def sensed_run(
         "published_unconfirmed": publisher.unconfirmed,
         "alarms_published": len(publisher.alarms),
         "audit_passes": publisher.audit_passes,
-        "last_audit_pass": guard.last_audit_pass,
         "coverage": guard.coverage()["checks"]["online_sensors"],
-        "dp_rank": guard.dp_rank,
     }

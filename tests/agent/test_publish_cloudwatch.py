@@ -138,13 +138,15 @@ def test_alarm_publishes_its_metrics_and_report_and_the_rank_map(tmp_path):
         assert report == {**alarm.to_dict(), "cluster": "ml", "job": "llama"}
         assert datetime.fromisoformat(time_field).tzinfo is not None and time_field.endswith("Z")
 
-        # And exactly one PutMetricData: the cluster series and one series per named node,
-        # high resolution, unit Count, the alarm's count (2 mismatched pairs)
+        # And exactly one PutMetricData: the cluster series, the job series (what the per-job
+        # alarms watch) and one series per named node, high resolution, unit Count, the
+        # alarm's count (2 mismatched pairs)
         (call,) = calls
         assert call["Namespace"] == "SDC"
         data = call["MetricData"]
         assert [d["Dimensions"] for d in data] == [
             [{"Name": "ClusterName", "Value": "ml"}],
+            [{"Name": "ClusterName", "Value": "ml"}, {"Name": "JobName", "Value": "llama"}],
             [
                 {"Name": "ClusterName", "Value": "ml"},
                 {"Name": "JobName", "Value": "llama"},

@@ -68,7 +68,8 @@ def test_persistent_5xx_is_retried_then_only_the_unsent_part_is_spooled(tmp_path
     spool = publisher.spool
     (record,) = [spool.read(p) for p in spool.records()]
     assert record.message is None
-    assert [m["MetricName"] for m in record.metrics] == ["sdc_nonfinite_grad"] * 2
+    # the cluster, job and node series
+    assert [m["MetricName"] for m in record.metrics] == ["sdc_nonfinite_grad"] * 3
     publisher.close(1)
 
 
@@ -85,7 +86,7 @@ def test_a_refusal_is_not_retried_and_the_alarm_is_kept(tmp_path):
     # ... and the metrics wait in the spool for a fixed role
     spool = publisher.spool
     (record,) = [spool.read(p) for p in spool.records()]
-    assert record.message is None and len(record.metrics) == 2
+    assert record.message is None and len(record.metrics) == 3
     publisher.close(1)
 
 
@@ -146,6 +147,6 @@ def test_an_alarm_aws_rejects_as_invalid_is_kept_aside_and_not_sent_again(tmp_pa
     assert publisher.spool.records() == []
     (kept,) = publisher.spool.rejected_directory.glob("*.jsonl")
     record = publisher.spool.read(kept)
-    assert record.message is None and len(record.metrics) == 2
+    assert record.message is None and len(record.metrics) == 3
     assert "InvalidParameterValue" in kept.with_name(kept.name + ".reason").read_text()
     publisher.close(1)

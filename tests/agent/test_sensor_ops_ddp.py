@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sdc_agent.drills.launch import launch
-from tests.agent.outcomes import the_alarm
+from tests.agent.outcomes import assert_one_sensor_named_it, the_alarm
 from tests.agent.sensor_scenarios import x1_1_once
 
 # One launch for every scenario: on a busy 2-core machine it can outlast the default 300 s.
@@ -73,18 +73,9 @@ def results() -> dict[str, list[dict[str, Any]]]:
 def test_a_one_step_fault_beyond_gemms_is_a_candidate_that_step_confirmed_transient(results, name):
     # Given x1.1 on one element of a norm's output or input gradient, a residual add's sum or a
     # softmax's output, on rank R at step 8 only (no audit)
-    layer, op, kind = FAULTS[name]
-    alarm = the_alarm(results, name)
-    # Then that op's sensor, and only it, raises a candidate at step 8 naming R
-    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (8, "compute", [R])
-    candidates = alarm["sensor_candidates"]
-    assert [(c["rank"], c["layer"], c["gemm"], c["kind"]) for c in candidates] == [
-        (R, layer, op, kind)
-    ]
-    assert candidates[0]["ratio"] > candidates[0]["threshold"]
-    # And the replays on the third GPU and on R confirm it transient; the step is not applied
-    assert alarm["verdicts"] == [{"pair": [R, R], "third": 5, "suspect": R, "kind": "transient"}]
-    assert all(r["updates"] == list(range(8)) for r in results[name])
+    # Then that op's sensor, and only it, raises a candidate at step 8 naming R, which the
+    # replays on the third GPU and on R confirm transient; the step is not applied
+    assert_one_sensor_named_it(results, name, sensor=FAULTS[name], rank=R, third=5, step=8)
     assert results[name][0]["alarms_published"] == 1
 
 

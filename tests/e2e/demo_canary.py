@@ -12,6 +12,7 @@ and that its not-completed alarm stays OK, and prints what `sdc-remediation cana
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -48,9 +49,14 @@ def _line(call: Invocation) -> str | None:
     if call.folder == "poll_health_check":
         return None if r.get("status") == "in_progress" else f"deep health check: {r.get('status')}"
     if call.folder == "request_approval":
-        return "approval requested; approve function invoked to settle it (nobody paged)"
+        return "approval requested; settled through the approve function's URL (nobody paged)"
     if call.folder == "approve":
-        return f"approve (direct canary event): {r.get('decision')} recorded, approver {r.get('approver')}"
+        # Reached through its URL: the result is the HTTP response, the decision its body.
+        body = json.loads(r.get("body") or "{}") if isinstance(r, dict) else {}
+        return (
+            f"approve (canary, through its URL, HTTP {r.get('statusCode')}): "
+            f"{body.get('decision')} recorded, approver {body.get('approver')}"
+        )
     if call.folder == "replace":
         return f"replace: {r.get('detail')}"
     if call.folder == "record":

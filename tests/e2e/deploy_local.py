@@ -25,6 +25,7 @@ from typing import Any
 
 from infra.app import STACK_ID
 from infra.config import KEYS
+from tests.e2e.harness.account import Cluster, create_hyperpod_cluster
 from tests.e2e.harness.deployment import (
     WORK_DIR,
     CdkCli,
@@ -110,6 +111,9 @@ def rehearse(args: argparse.Namespace) -> None:
         cli.synth(context)
         print("cdk bootstrap ...", flush=True)
         cli.bootstrap()
+        # The HyperPod cluster exists before the stack (the stack looks its ARN up at deploy).
+        print(f"HyperPod cluster {context['hyperPodClusterName']} (4 nodes) ...", flush=True)
+        create_hyperpod_cluster(aws.client, _example_cluster(context))
         print(f"cdk deploy {stack} ...", flush=True)
         cli.deploy(stack)
         created = stack_resources(aws, stack)
@@ -134,6 +138,15 @@ def rehearse(args: argparse.Namespace) -> None:
             print(f"destroyed; kept (DeletionPolicy Retain): {', '.join(tables) or 'nothing'}")
         if args.serve:
             serve(aws)
+
+
+def _example_cluster(context: dict[str, Any]) -> Cluster:
+    """The cluster the context names, as a small HyperPod cluster of the embedded account."""
+    return Cluster(
+        hyperpod_name=context["hyperPodClusterName"],
+        eks_name=context["eksClusterName"],
+        instance_ids=[f"i-{n:017x}" for n in range(4)],
+    )
 
 
 def serve(aws: EmbeddedAws) -> None:

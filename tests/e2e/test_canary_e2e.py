@@ -58,14 +58,19 @@ def test_a_canary_run_walks_the_chain_and_closes_itself():
         assert [a["approver"]["S"] for a in approvals] == [
             "sdc-guard canary (no person: a synthetic event on the reserved canary node)"
         ]
-        # ... settled by the approve function (the only sender of task results), which
-        # request_approval invoked with the canary's direct event for that one approval
+        # ... settled by the approve function (the only sender of task results), reached
+        # through its URL (no role may invoke it otherwise), with the canary's own action for
+        # that one approval, signed by request_approval's credentials
         (approval,) = approvals
         settled = [c for c in p.invocations if c.folder == "approve"]
-        assert [(c.payload, c.error) for c in settled] == [
-            (canary_mod.settle_event(approval["approval_id"]["S"]), None)
-        ]
-        assert settled[0].result["approver"] == canary_mod.APPROVER
+        assert [c.error for c in settled] == [None]
+        (event,) = p.function_url.events
+        assert json.loads(event["body"]) == {
+            "action": canary_mod.SETTLE_ACTION,
+            "approval_id": approval["approval_id"]["S"],
+        }
+        assert event["requestContext"]["authorizer"]["iam"]["userArn"].startswith("arn:aws:")
+        assert json.loads(settled[0].result["body"])["approver"] == canary_mod.APPROVER
         # ... nothing touched a node: no Kubernetes write, no HyperPod call
         assert p.kube.patches == []
         assert p.hyperpod.calls == []

@@ -74,8 +74,8 @@ def test_the_canary_demo_closes_the_canary_through_the_approve_function(capsys):
     assert status == 0, out
     stages = [
         "schedule -> canary function: run c-",
-        "approval requested; approve function invoked to settle it (nobody paged)",
-        "approve (direct canary event): approve recorded, approver sdc-guard canary",
+        "approval requested; settled through the approve function's URL (nobody paged)",
+        "approve (canary, through its URL, HTTP 200): approve recorded, approver sdc-guard canary",
         "ledger: approved (canary: no notification)",
         "workflow SUCCEEDED; ledger for the reserved node: cordoned -> health_check_passed -> "
         "awaiting_approval -> approved -> replaced",

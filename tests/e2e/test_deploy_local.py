@@ -15,7 +15,9 @@ import botocore.exceptions
 import pytest
 
 from infra.app import STACK_ID
+from infra.template import STEP_HANDLER_SUFFIX
 from tests.e2e.harness import moto_cloudformation
+from tests.e2e.harness.account import create_hyperpod_cluster
 from tests.e2e.harness.deployed import DeployedChain
 from tests.e2e.harness.deployment import (
     ACCOUNT,
@@ -100,6 +102,8 @@ def assert_key_properties(
     lam = aws.client("lambda")
     (layer_id,) = resources_of(template, "AWS::Lambda::LayerVersion")
     for logical_id, props in resources_of(template, "AWS::Lambda::Function").items():
+        if not props["Handler"].endswith(STEP_HANDLER_SUFFIX):
+            continue  # CDK's provider of the cluster-ARN lookup: not ours
         config = lam.get_function_configuration(FunctionName=physical[logical_id])
         deployed_env = config["Environment"]["Variables"]
         for key, value in props["Environment"]["Variables"].items():
@@ -147,8 +151,10 @@ def test_cdk_deploys_updates_and_destroys_the_stack_and_the_deployed_chain_runs(
         cli.synth(CONTEXT)
         template = json.loads((tmp_path / "cdk.out" / f"{STACK}.template.json").read_text())
 
-        # When the pinned CDK CLI bootstraps the account and deploys it
+        # When the pinned CDK CLI bootstraps the account and deploys it (the HyperPod cluster
+        # exists first: the stack looks its ARN up at deploy time)
         cli.bootstrap()
+        create_hyperpod_cluster(aws.client, CLUSTER)
         cli.deploy(STACK)
 
         # Then every resource exists with the template's key properties, and every output is set
@@ -196,6 +202,8 @@ def test_cdk_deploys_updates_and_destroys_the_stack_and_the_deployed_chain_runs(
         for r in stack_resources(aws, STACK).values():
             if r["type"] == "AWS::Lambda::Function":
                 env = lam.get_function_configuration(FunctionName=r["physical_id"])
+                if not env["Handler"].endswith(STEP_HANDLER_SUFFIX):
+                    continue  # CDK's provider of the cluster-ARN lookup: not ours
                 assert env["Environment"]["Variables"]["MAX_NODES_PER_HOUR"] == "3"
 
         # When the stack is destroyed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 from tests.e2e.harness.alarms import AlarmSpec, LocalAlarmEvaluator
@@ -81,3 +82,128 @@ def test_below_the_threshold_nothing_fires():
     ev = evaluator([(T0 + MINUTE, 0.0)])
     assert ev.evaluate(now=T0 + 5 * MINUTE) == []
     assert ev.cloudwatch.states == []
+
+
+# --- per-job alarms (Metrics Insights, one contributor per job) -------------------------------
+
+QUERY = (
+    'SELECT SUM(sdc_replay_mismatch) FROM SCHEMA("SDC", ClusterName, JobName) '
+    "WHERE ClusterName = 'c' AND JobName != 'sdc-canary' GROUP BY JobName ORDER BY SUM() DESC"
+)
+
+
+class SeriesCloudWatch:
+    """ListMetrics and GetMetricData over fixed datapoints of several series (each keyed by its
+    dimensions), as the agent publishes them: the per-node series and the cluster series."""
+
+    def __init__(self) -> None:
+        self.series: dict[tuple[tuple[str, str], ...], list[tuple[datetime.datetime, float]]] = {}
+        self.states: list[str] = []
+
+    def put(self, at: datetime.datetime, job: str, node: str) -> None:
+        for dims in (
+            {"ClusterName": "c", "JobName": job, "NodeName": node},
+            {"ClusterName": "c", "JobName": job},
+            {"ClusterName": "c"},
+        ):
+            self.series.setdefault(tuple(sorted(dims.items())), []).append((at, 1.0))
+
+    def list_metrics(self, *, Dimensions: list[dict[str, str]], **_: Any) -> dict[str, Any]:
+        wanted = {(d["Name"], d["Value"]) for d in Dimensions}
+        return {
+            "Metrics": [
+                {"Dimensions": [{"Name": n, "Value": v} for n, v in key]}
+                for key in self.series
+                if wanted <= set(key)
+            ]
+        }
+
+    def get_metric_data(
+        self, *, MetricDataQueries: list[dict[str, Any]], StartTime: Any, EndTime: Any, **_: Any
+    ) -> dict[str, Any]:
+        dims = MetricDataQueries[0]["MetricStat"]["Metric"]["Dimensions"]
+        key = tuple(sorted((d["Name"], d["Value"]) for d in dims))
+        buckets: dict[datetime.datetime, float] = {}
+        for t, v in self.series.get(key, []):
+            if StartTime <= t < EndTime:
+                minute = t.replace(second=0, microsecond=0)
+                buckets[minute] = buckets.get(minute, 0.0) + v
+        times = sorted(buckets)
+        return {"MetricDataResults": [{"Timestamps": times, "Values": [buckets[t] for t in times]}]}
+
+    def set_alarm_state(self, *, StateValue: str, **_: Any) -> None:
+        self.states.append(StateValue)
+
+
+def _per_job(cw: SeriesCloudWatch) -> LocalAlarmEvaluator:
+    alarm = AlarmSpec.from_properties(
+        {
+            "AlarmName": "sdc-guard-c-sdc_replay_mismatch",
+            "Metrics": [{"Id": "m1", "Expression": QUERY, "Period": 60, "ReturnData": True}],
+            "Threshold": 1,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "EvaluationPeriods": 1,
+            "DatapointsToAlarm": 1,
+        }
+    )
+    return LocalAlarmEvaluator(
+        cloudwatch=cw,
+        alarms=[alarm],
+        rule_pattern={"detail-type": ["CloudWatch Alarm Contributor State Change"]},
+        deliver=lambda event: None,
+        evaluated_until=T0,
+    )
+
+
+def _cluster_level(cw: SeriesCloudWatch) -> LocalAlarmEvaluator:
+    """The alarm the stack deployed before per-job alarms: one alarm on {ClusterName}."""
+    alarm = AlarmSpec(
+        name="cluster",
+        namespace="SDC",
+        metric_name="sdc_replay_mismatch",
+        dimensions={"ClusterName": "c"},
+        period=60,
+        statistic="Sum",
+        threshold=1.0,
+        comparison="GreaterThanOrEqualToThreshold",
+    )
+    return LocalAlarmEvaluator(
+        cloudwatch=cw,
+        alarms=[alarm],
+        rule_pattern={"source": ["aws.cloudwatch"]},
+        deliver=lambda event: None,
+        evaluated_until=T0,
+    )
+
+
+def test_one_job_holding_its_contributor_in_alarm_cannot_hide_another_jobs_finding():
+    # Given one pod of attacker-job putting a datum every minute, and, at minute 5, a genuine
+    # finding of victim-job on another node
+    cw = SeriesCloudWatch()
+    for minute in range(10):
+        cw.put(T0 + minute * MINUTE + datetime.timedelta(seconds=5), "attacker-job", "node-a")
+    cw.put(T0 + 5 * MINUTE + datetime.timedelta(seconds=7), "victim-job", "node-b")
+    per_job, cluster = _per_job(cw), _cluster_level(cw)
+
+    # When both alarms are evaluated every minute, as CloudWatch would
+    fired_per_job, fired_cluster = [], []
+    for minute in range(1, 11):
+        fired_per_job += per_job.evaluate(now=T0 + minute * MINUTE + datetime.timedelta(seconds=30))
+        fired_cluster += cluster.evaluate(now=T0 + minute * MINUTE + datetime.timedelta(seconds=30))
+
+    # Then the per-job alarm delivers the victim's finding as its own contributor's event
+    jobs = [e["detail"]["alarmContributor"]["attributes"]["JobName"] for e in fired_per_job]
+    assert jobs == ["attacker-job", "victim-job"]
+    (victim,) = [
+        e for e in fired_per_job if "victim" in json.dumps(e["detail"]["alarmContributor"])
+    ]
+    assert victim["detail-type"] == "CloudWatch Alarm Contributor State Change"
+    assert victim["detail"]["configuration"]["metrics"][0]["expression"] == QUERY
+    # ... while the cluster-level alarm, held in ALARM by the attacker, said nothing of it
+    assert len(fired_cluster) == 1
+
+
+def test_the_canary_job_is_not_a_contributor_of_a_training_alarm():
+    cw = SeriesCloudWatch()
+    cw.put(T0 + MINUTE, "sdc-canary", "hyperpod-i-0000000000000c0de")
+    assert _per_job(cw).evaluate(now=T0 + 3 * MINUTE) == []

@@ -98,13 +98,20 @@ def _lines(statements: Iterable[Mapping[str, Any]], *, atomic: bool) -> list[str
     return sorted(set(out)) if atomic else sorted(out)
 
 
+CDK_PROVIDERS = {"index": "cdk-aws-custom-resource"}
+"""Functions that are CDK's own (not a folder of lambdas/), by their handler's module: the
+AwsCustomResource provider that looks the HyperPod cluster's ARN up at deploy time."""
+
+
 def _function_roles(resources: Mapping[str, Any]) -> dict[str, str]:
-    """Role logical id -> the folder of the function that runs as it."""
-    return {
-        fn["Properties"]["Role"]["Fn::GetAtt"][0]: fn["Properties"]["Handler"].split(".", 1)[0]
-        for fn in resources.values()
-        if fn["Type"] == "AWS::Lambda::Function" and "Fn::GetAtt" in fn["Properties"]["Role"]
-    }
+    """Role logical id -> the folder of the function that runs as it (or CDK's provider)."""
+    out = {}
+    for fn in resources.values():
+        if fn["Type"] != "AWS::Lambda::Function" or "Fn::GetAtt" not in fn["Properties"]["Role"]:
+            continue
+        module = fn["Properties"]["Handler"].split(".", 1)[0]
+        out[fn["Properties"]["Role"]["Fn::GetAtt"][0]] = CDK_PROVIDERS.get(module, module)
+    return out
 
 
 def _lambda_permission(props: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from infra.template import function_logical_ids
+
 
 def resources(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
     """Logical id -> resource, for one resource type."""
@@ -32,12 +34,28 @@ def definition(template: dict[str, Any]) -> dict[str, Any]:
     return json.loads(flatten(machine["Properties"]["DefinitionString"]))
 
 
+def all_states(states: dict[str, Any]) -> dict[str, Any]:
+    """Every state of an ASL `States` map by name, with those nested in a Map's ItemProcessor
+    or a Parallel's Branches (state names are unique across the whole definition)."""
+    out: dict[str, Any] = {}
+    for name, state in states.items():
+        out[name] = state
+        nested = [state.get("ItemProcessor"), state.get("Iterator"), *state.get("Branches", [])]
+        for graph in nested:
+            if graph:
+                out.update(all_states(graph["States"]))
+    return out
+
+
+def item_states(asl: dict[str, Any], map_name: str = "RemediateSuspects") -> dict[str, Any]:
+    """The states of one Map's item processor (the per-suspect chain by default)."""
+    return all_states(asl["States"])[map_name]["ItemProcessor"]["States"]
+
+
 def function_ids(template: dict[str, Any]) -> dict[str, str]:
-    """Step folder (from the handler string) -> the function's logical id."""
-    return {
-        fn["Properties"]["Handler"].split(".")[0]: logical_id
-        for logical_id, fn in resources(template, "AWS::Lambda::Function").items()
-    }
+    """Step folder (from the handler string) -> the function's logical id; the project's
+    functions only (not CDK's cluster-ARN lookup provider)."""
+    return function_logical_ids(template)
 
 
 def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, Any]]:
@@ -52,3 +70,28 @@ def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, An
 def as_list(value: Any) -> list[Any]:
     """An IAM Action/Resource value as a list."""
     return value if isinstance(value, list) else [value]
+
+
+def _matches(pattern: str, value: str) -> bool:
+    """IAM's wildcard match (``*`` any run of characters, ``?`` one), case-sensitive."""
+    import fnmatch
+
+    return fnmatch.fnmatchcase(value, pattern.replace("[", "[[]"))
+
+
+def evaluate(statements: list[dict[str, Any]], action: str, resource: str) -> bool:
+    """Whether ``statements`` (rendered with ``flatten``) allow ``action`` on ``resource``:
+    an explicit Deny matching both wins, else any Allow matching both (conditions are not
+    evaluated: a conditioned statement counts as matching, the strict reading for a test that
+    something is NOT allowed)."""
+
+    def covers(statement: dict[str, Any]) -> bool:
+        actions = as_list(statement.get("Action", []))
+        resources = [flatten(r) for r in as_list(statement.get("Resource", []))]
+        return any(_matches(a.lower(), action.lower()) for a in actions) and any(
+            _matches(r, resource) for r in resources
+        )
+
+    if any(s.get("Effect") == "Deny" and covers(s) for s in statements):
+        return False
+    return any(s.get("Effect", "Allow") == "Allow" and covers(s) for s in statements)

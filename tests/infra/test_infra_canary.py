@@ -117,12 +117,12 @@ def test_the_steps_write_canary_progress_only_on_canary_items(default_synth: Syn
 def test_the_canary_alarm_takes_the_stacks_one_rule(default_synth: Synth) -> None:
     template = default_synth.template
     alarm_id, alarm = _alarm(template, f"{PREFIX}-{contract.CANARY_ALARM_SUFFIX}")
-    # Then it watches the canary job's series, like an SDC alarm, with no action of its own
-    assert alarm["Namespace"] == "SDC" and alarm["MetricName"] == contract.CANARY_METRIC
-    assert alarm["Dimensions"] == [
-        {"Name": "ClusterName", "Value": CLUSTER},
-        {"Name": "JobName", "Value": contract.CANARY_JOB},
-    ]
+    # Then it is a per-job alarm like an SDC alarm, on the canary job's contributor only, with
+    # no action of its own
+    (query,) = alarm["Metrics"]
+    assert query["Expression"] == contract.job_alarm_query(
+        "SDC", contract.CANARY_METRIC, CLUSTER, only_job=contract.CANARY_JOB
+    )
     assert "AlarmActions" not in alarm
     # And the one rule routes it into the workflow beside the real alarms
     (rule,) = resources(template, "AWS::Events::Rule").values()

@@ -19,7 +19,7 @@ def test_shipped_cdk_json_gives_the_documented_defaults() -> None:
     assert config.hyperpod_cluster_name.startswith("example-")
     assert config.eks_cluster_name.startswith("example-")
     assert config.namespace == "SDC"
-    assert config.alarm_period_seconds == 10
+    assert config.alarm_period_seconds == 60
     assert config.approval_timeout_seconds == 24 * 3600
     assert config.max_nodes_per_hour == 2
     assert config.max_fraction == 0.05
@@ -95,7 +95,8 @@ def test_partial_thresholds_keep_the_default_for_the_others() -> None:
             "not a HyperPod cluster ARN",
             "hyperPodClusterArn",
         ),
-        ("alarmPeriod", "15s", "10, 30 or a multiple of 60", "alarmPeriod"),
+        ("alarmPeriod", "15s", "whole minutes", "alarmPeriod"),
+        ("alarmPeriod", "10s", "10 s and 30 s are no longer possible", "alarmPeriod"),
         ("alarmThresholds", {"sdc_typo": 1}, "unknown metric", "alarmThresholds"),
         ("approvalTimeout", "10s", "outside 1 minute", "approvalTimeout"),
         ("approvalTimeout", "one day", "expected seconds or a duration", "approvalTimeout"),

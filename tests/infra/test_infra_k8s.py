@@ -53,13 +53,32 @@ def test_every_group_an_access_entry_uses_is_bound_to_its_own_role() -> None:
 
 def test_the_reader_only_reads_and_the_writers_only_get_and_patch_nodes() -> None:
     roles = _by_kind("rbac.yaml", "ClusterRole")
-    assert _rules(roles["sdc-reader"]) == {"nodes": {"get", "list"}, "pods": {"get"}}
+    # Cluster-wide, the reader reads nodes only; no role reads pods of every namespace
+    assert _rules(roles["sdc-reader"]) == {"nodes": {"get", "list"}}
     assert _rules(roles["sdc-cordoner"]) == {"nodes": {"get", "patch"}}
     assert _rules(roles["sdc-replacer"]) == {"nodes": {"get", "patch"}}
     # No role reaches a subresource (nodes/status) or anything but nodes and pods
     assert all(
         "/" not in r for role in roles.values() for rule in role["rules"] for r in rule["resources"]
     )
+
+
+def test_the_reader_gets_and_lists_pods_in_the_training_namespace_only() -> None:
+    # Given the namespaced Role and its binding (placed by `kubectl apply -n <namespace>`)
+    (role,) = _by_kind("rbac.yaml", "Role").values()
+    (binding,) = _by_kind("rbac.yaml", "RoleBinding").values()
+    # Then the reader may get and list pods there (localize corroborates a report by the job's
+    # pods on a node), nothing else, and the objects carry no namespace of their own
+    assert _rules(role) == {"pods": {"get", "list"}}
+    assert "namespace" not in role["metadata"] and "namespace" not in binding["metadata"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "sdc-reader"}
+    ]
 
 
 def test_the_admission_policy_limits_the_writers_on_every_node_update() -> None:

@@ -14,7 +14,13 @@ import json
 
 import pytest
 
-from tests.infra.iam_permissions import PINNED, diff, pinned_principals, statement_lines
+from tests.infra.iam_permissions import (
+    CDK_PROVIDERS,
+    PINNED,
+    diff,
+    pinned_principals,
+    statement_lines,
+)
 from tests.infra.infra_synth import Synth
 
 
@@ -41,9 +47,10 @@ def test_the_pinned_table_covers_every_function_and_both_managed_policies(
     # Given the default stack's functions (their handler folders)
     template = default_synth.template
     folders = {
-        r["Properties"]["Handler"].split(".", 1)[0]
+        CDK_PROVIDERS.get(module, module)
         for r in template["Resources"].values()
         if r["Type"] == "AWS::Lambda::Function"
+        for module in [r["Properties"]["Handler"].split(".", 1)[0]]
     }
     # Then each has a pinned role, and the operators' and agent's policies are pinned too
     pinned = json.loads(PINNED.read_text(encoding="utf-8"))["default"]

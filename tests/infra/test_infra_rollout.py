@@ -35,8 +35,9 @@ def _role_of(template: dict[str, Any], folder: str) -> str:
 
 def test_modes_and_policy_reach_every_function(rollout_synth: Synth) -> None:
     # Then every function carries the same validated settings
-    for function in resources(rollout_synth.template, "AWS::Lambda::Function").values():
-        env = function["Properties"]["Environment"]["Variables"]
+    functions = resources(rollout_synth.template, "AWS::Lambda::Function")
+    for logical_id in function_ids(rollout_synth.template).values():
+        env = functions[logical_id]["Properties"]["Environment"]["Variables"]
         assert json.loads(env["CHECK_MODES"]) == {"*": "shadow", "compute/persistent": "enforce"}
         assert json.loads(env["AUTO_APPROVE"]) == {
             "onHealthCheckFailed": True,

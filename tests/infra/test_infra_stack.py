@@ -14,11 +14,15 @@ from aws_cdk.assertions import Match, Template
 import sdc_contract as contract
 from infra.config import METRIC_NAMES
 from infra.constructs.functions import SERVICES, STEPS
+from infra.template import STEP_HANDLER_SUFFIX
+from sdc_contract.metrics import job_alarm_query
 from tests.infra.infra_template import (
+    all_states,
     as_list,
     definition,
     flatten,
     function_ids,
+    item_states,
     resources,
     role_statements,
 )
@@ -65,8 +69,9 @@ def test_cfn_lint_is_clean(which: str, request: pytest.FixtureRequest) -> None:
 def test_resource_counts(default_synth: Any) -> None:
     # Given the default stack / Then it holds exactly the pipeline's resources
     template = Template.from_json(default_synth.template)
-    # steps + services + the canary (on by default)
-    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES) + 1)
+    # steps + services + the canary (on by default) + CDK's provider of the deploy-time
+    # cluster-ARN lookup (no hyperPodClusterArn in the default config)
+    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES) + 1 + 1)
     template.resource_count_is("AWS::Lambda::LayerVersion", 1)
     template.resource_count_is("AWS::StepFunctions::StateMachine", 1)
     template.resource_count_is("AWS::Events::Rule", 1)
@@ -81,25 +86,40 @@ def test_resource_counts(default_synth: Any) -> None:
     template.resource_count_is("AWS::IAM::ManagedPolicy", 2)  # operators, agent
 
 
+def query_metric(alarm: dict[str, Any]) -> str | None:
+    """The SDC metric a per-job alarm's Metrics Insights query sums (None: not such an alarm)."""
+    for query in alarm.get("Metrics", []):
+        expression = str(query.get("Expression", ""))
+        for name in METRIC_NAMES:
+            if expression.startswith(f"SELECT SUM({name}) "):
+                return name
+    return None
+
+
 def sdc_alarms(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
-        alarm["Properties"]["MetricName"]: alarm["Properties"]
+        query_metric(alarm["Properties"]): alarm["Properties"]
         for alarm in resources(template, "AWS::CloudWatch::Alarm").values()
-        if alarm["Properties"].get("MetricName") in METRIC_NAMES
+        if query_metric(alarm["Properties"])
         and "canary" not in alarm["Properties"]["AlarmName"]  # the canary's: test_infra_canary
     }
 
 
-def test_one_high_resolution_alarm_per_sdc_metric_on_the_cluster_series(default_synth: Any) -> None:
+def test_one_per_job_alarm_per_sdc_metric(default_synth: Any) -> None:
     # Given the default stack
     alarms = sdc_alarms(default_synth.template)
-    # Then each SDC metric has one alarm on {ClusterName}, 10 s, missing data = healthy
+    # Then each SDC metric has one Metrics Insights alarm summing the per-node series of each
+    # job of this cluster (one contributor per job, the canary job left out), per minute,
+    # missing data = healthy. (Superseded: one 10 s alarm on the {ClusterName} series, which
+    # one job's data could hold in ALARM for every other job.)
     assert set(alarms) == set(METRIC_NAMES)
     for name, alarm in alarms.items():
-        assert alarm["Namespace"] == "SDC"
-        assert alarm["Dimensions"] == [{"Name": "ClusterName", "Value": "example-hyperpod-cluster"}]
-        assert alarm["Period"] == 10
-        assert alarm["Statistic"] == "Sum"
+        (query,) = alarm["Metrics"]
+        assert query["Expression"] == job_alarm_query(
+            "SDC", name, "example-hyperpod-cluster", except_job="sdc-canary"
+        )
+        assert "GROUP BY JobName" in query["Expression"]
+        assert query["Period"] == 60 and query["ReturnData"] is True
         assert alarm["Threshold"] == 1
         assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
         assert alarm["EvaluationPeriods"] == 1
@@ -126,12 +146,12 @@ def test_rule_matches_exactly_our_alarms_entering_alarm_and_starts_the_workflow(
     alarm_ids = {
         logical_id
         for logical_id, alarm in resources(template, "AWS::CloudWatch::Alarm").items()
-        if alarm["Properties"].get("MetricName") in METRIC_NAMES
+        if query_metric(alarm["Properties"])
     }
-    # Then it matches the CloudWatch state change of these alarms (the three SDC alarms and
-    # the canary's, which watches one of their metrics) to ALARM only
+    # Then it matches one job's contributor of these alarms (the three SDC alarms and the
+    # canary's) entering ALARM only
     assert pattern["source"] == ["aws.cloudwatch"]
-    assert pattern["detail-type"] == ["CloudWatch Alarm State Change"]
+    assert pattern["detail-type"] == ["CloudWatch Alarm Contributor State Change"]
     assert pattern["detail"] == {"state": {"value": ["ALARM"]}}
     assert {res["Fn::GetAtt"][0] for res in pattern["resources"]} == alarm_ids
     # And its one target is the state machine, with retries and a dead-letter queue
@@ -154,15 +174,11 @@ def test_state_machine_is_standard_logged_and_traced(default_synth: Any) -> None
     assert props["LoggingConfiguration"]["IncludeExecutionData"] is False
 
 
-def item_states(asl: dict[str, Any]) -> dict[str, Any]:
-    return asl["States"]["RemediateSuspects"]["ItemProcessor"]["States"]
-
-
 def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> None:
     # Given the default stack's definition
     asl = definition(default_synth.template)
     ids = function_ids(default_synth.template)
-    states = {**asl["States"], **item_states(asl)}
+    states = all_states(asl["States"])
     expected = {
         "Localize": "localize",
         "Admit": "admit",
@@ -183,7 +199,7 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         assert state["Parameters"]["FunctionName"] == f"<{ids[folder]}.Arn>"
     # And the Map iterates the suspects, each item starting as {alarm, suspect, execution,
     # item} (the last two: what keys the remediation whatever the steps return)
-    remediate = asl["States"]["RemediateSuspects"]
+    remediate = all_states(asl["States"])["RemediateSuspects"]
     assert remediate["Type"] == "Map"
     assert remediate["ItemsPath"] == "$.suspects"
     assert remediate["ItemSelector"] == {
@@ -191,8 +207,19 @@ def test_definition_has_each_step_invoking_its_function(default_synth: Any) -> N
         "suspect.$": "$$.Map.Item.Value",
         "execution.$": "$$.Execution.Id",
         "item.$": "$$.Map.Item.Index",
-        "suspects_in_alarm.$": "States.ArrayLength($.suspects)",
+        # Every node the alarm names counts: the late ones and those beyond the listed 64.
+        "suspects_in_alarm.$": "$.suspect_count",
     }
+    # And the late nodes' Map runs beside it, each item looking for its report again first
+    late = all_states(asl["States"])["RemediateLateNodes"]
+    assert late["ItemsPath"] == "$.pending"
+    assert late["ItemProcessor"]["StartAt"] == "LocalizeLate"
+    parallel = asl["States"]["RemediateInParallel"]
+    assert parallel["Type"] == "Parallel"
+    assert [b["StartAt"] for b in parallel["Branches"]] == [
+        "RemediateSuspects",
+        "RemediateLateNodes",
+    ]
 
 
 def test_step_results_land_under_their_contract_keys(default_synth: Any) -> None:
@@ -221,9 +248,7 @@ def test_step_results_land_under_their_contract_keys(default_synth: Any) -> None
 def test_every_task_retries_transient_errors_and_catches_terminal_ones(default_synth: Any) -> None:
     # Given every Lambda task of the definition
     asl = definition(default_synth.template)
-    tasks = {
-        name: s for name, s in {**asl["States"], **item_states(asl)}.items() if s["Type"] == "Task"
-    }
+    tasks = {name: s for name, s in all_states(asl["States"]).items() if s["Type"] == "Task"}
     assert len(tasks) >= 20
     terminal = {
         "InvalidAlarmEvent",
@@ -247,7 +272,9 @@ def test_every_task_retries_transient_errors_and_catches_terminal_ones(default_s
         caught = [catcher["ErrorEquals"] for catcher in task["Catch"]]
         assert caught[-1] == ["States.ALL"], name
         assert all(catcher["ResultPath"] == "$.error" for catcher in task["Catch"]), name
-        if name not in ("RecordFailed", "RecordItemFailed"):  # these end in a Fail state
+        # these end in a Fail state
+        if name not in ("RecordFailed", "RecordItemFailed", "LateRecordItemFailed",
+                        "RecordLateNodeFailed"):  # fmt: skip
             assert terminal <= {e for errors in caught for e in errors}, name
 
 
@@ -334,15 +361,14 @@ def test_decision_branches(default_synth: Any) -> None:
 def test_record_payloads_use_the_contract_transitions(default_synth: Any) -> None:
     # Given every Record task
     asl = definition(default_synth.template)
-    records = [
-        s for n, s in {**asl["States"], **item_states(asl)}.items() if n.startswith("Record")
-    ]
+    records = [s for n, s in all_states(asl["States"]).items() if "Record" in n]
     transitions = {r["Parameters"]["Payload"]["transition"] for r in records}
     # Then each uses a transition name of docs/CONTRACT.md and passes the whole state
     contract = {
         "ambiguous", "no_suspects", "duplicate", "circuit_open", "cordoned", "health_check_passed",
         "health_check_failed", "health_check_timed_out", "replaced_by_hyperpod", "awaiting_approval",
         "approved", "rejected", "released", "approval_timed_out", "replaced", "failed", "shadow",
+        "refused",
     }  # fmt: skip
     assert transitions == contract
     for record in records:
@@ -356,7 +382,11 @@ def test_record_payloads_use_the_contract_transitions(default_synth: Any) -> Non
 
 def test_functions_share_the_defaults_and_the_contract_environment(default_synth: Any) -> None:
     # Given the nine functions
-    functions = resources(default_synth.template, "AWS::Lambda::Function")
+    functions = {
+        k: fn
+        for k, fn in resources(default_synth.template, "AWS::Lambda::Function").items()
+        if fn["Properties"]["Handler"].endswith(STEP_HANDLER_SUFFIX)  # not CDK's lookup provider
+    }
     handlers = sorted(fn["Properties"]["Handler"] for fn in functions.values())
     # Then one per contract folder, handler <folder>.handler.handler
     folders = {**STEPS, **SERVICES, "canary": None}  # the canary is on by default
@@ -369,12 +399,12 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert props["LoggingConfig"]["LogFormat"] == "JSON"
         assert len(props["Layers"]) == 1
         env = props["Environment"]["Variables"]
-        # request_approval alone also names the approve function (the canary, on by default)
-        own = (
-            {contract.APPROVE_FUNCTION}
-            if props["Handler"].startswith("request_approval.")
-            else set()
-        )
+        # request_approval alone also names the approve function's URL (its messages quote it,
+        # and the canary's approval is settled through it)
+        own = {
+            "request_approval": {contract.APPROVAL_URL},
+            "canary": {contract.CANARY_TIMEOUT_SECONDS},  # how long a run stays open
+        }.get(props["Handler"].split(".")[0], set())
         assert set(env) == CONTRACT_ENV | own
         assert env["REPORT_LOG_GROUP"] == "/sdc/example-hyperpod-cluster"
         assert env["MAX_NODES_PER_HOUR"] == "2"
@@ -565,7 +595,15 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
     assert by_step["record"]["sns:Publish"] == [f"<{topic_id}>"]
     # And eks:DescribeCluster is on the named cluster, for the Kubernetes-facing steps only
     eks_users = {f for f, acts in by_step.items() if "eks:DescribeCluster" in acts}
-    assert eks_users == {"localize", "cordon", "uncordon", "poll_health_check", "replace"}
+    assert eks_users == {
+        "localize",
+        "cordon",
+        "uncordon",
+        "poll_health_check",
+        "replace",
+        "start_health_check",  # a shadowed node's label, before its check
+        "approve",  # release reads the node first
+    }
     assert all(r.endswith(":cluster/ml-prod-eks") for r in by_step["cordon"]["eks:DescribeCluster"])
     # And no step may write to the approvals table except request_approval
     assert {f for f, acts in by_step.items() if "dynamodb:PutItem" in acts} == {
@@ -594,9 +632,13 @@ def test_eks_access_entries_put_each_kubernetes_step_in_its_own_group(
             found[roles[props["PrincipalArn"]["Fn::GetAtt"][0]]] = props["KubernetesGroups"]
         return found
 
-    # Then localize (which parses untrusted reports) and poll only read; cordon and uncordon
-    # may cordon; only replace, in label mode, is in the group that may trigger a replacement
-    reading = {"localize": ["sdc-reader"], "poll_health_check": ["sdc-reader"]}
+    # Then localize (which parses untrusted reports), the health check's start and poll, and
+    # approve (release reads the node first) only read; cordon and uncordon may cordon; only
+    # replace, in label mode, is in the group that may trigger a replacement
+    reading = {
+        step: ["sdc-reader"]
+        for step in ("localize", "poll_health_check", "start_health_check", "approve")
+    }
     cordoning = {"cordon": ["sdc-cordoner"], "uncordon": ["sdc-cordoner"]}
     assert entries(default_synth.template) == reading | cordoning
     assert entries(variant_synth.template) == reading | cordoning | {"replace": ["sdc-replacer"]}
@@ -612,8 +654,16 @@ def test_only_kubernetes_steps_run_in_the_configured_vpc(variant_synth: Any) -> 
         for fn in functions
         if "VpcConfig" in fn["Properties"]
     }
-    # Then exactly the steps calling the EKS API are placed in its subnets
-    assert in_vpc == {"localize", "cordon", "uncordon", "poll_health_check", "replace"}
+    # Then exactly the functions calling the EKS API are placed in its subnets
+    assert in_vpc == {
+        "localize",
+        "cordon",
+        "uncordon",
+        "poll_health_check",
+        "replace",
+        "start_health_check",
+        "approve",
+    }
     for fn in functions:
         if "VpcConfig" in fn["Properties"]:
             assert fn["Properties"]["VpcConfig"]["SubnetIds"] == [
@@ -676,8 +726,8 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
                 )
     approve_role = template["Resources"][approve_id]["Properties"]["Role"]["Fn::GetAtt"][0]
     assert senders == {approve_role}
-    # And RequestApproval may invoke the approve function alone (to settle the canary's
-    # approval), and knows its name
+    # And RequestApproval reaches the approve function as operators do, through its URL only
+    # (to settle the canary's approval), and knows the URL
     request_id = function_ids(template)["request_approval"]
     request_role = template["Resources"][request_id]["Properties"]["Role"]["Fn::GetAtt"][0]
     invokes = [
@@ -687,11 +737,52 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]
         if any(a.startswith("lambda:") for a in as_list(statement["Action"]))
     ]
-    assert [(as_list(s["Action"]), s["Resource"]) for s in invokes] == [
-        (["lambda:InvokeFunction"], {"Fn::GetAtt": [approve_id, "Arn"]})
+    assert sorted((tuple(as_list(s["Action"])), json.dumps(s["Condition"])) for s in invokes) == [
+        (("lambda:InvokeFunction",), '{"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}'),
+        (
+            ("lambda:InvokeFunctionUrl",),
+            '{"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}',
+        ),
     ]
     request_env = template["Resources"][request_id]["Properties"]["Environment"]["Variables"]
-    assert request_env["APPROVE_FUNCTION"] == {"Ref": approve_id}
+    (url_id,) = resources(template, "AWS::Lambda::Url")
+    assert request_env["APPROVAL_URL"] == {"Fn::GetAtt": [url_id, "FunctionUrl"]}
+
+
+def _grants_on(statement: dict[str, Any], action: str, resource_id: str) -> bool:
+    """Whether ``statement`` allows ``action`` (or a wildcard covering it) on the resource
+    with logical id ``resource_id`` (or on ``*``)."""
+    actions = as_list(statement.get("Action", []))
+    covers = any(a == action or (a.endswith("*") and action.startswith(a[:-1])) for a in actions)
+    names = [flatten(r) for r in as_list(statement.get("Resource", []))]
+    return (
+        statement.get("Effect", "Allow") == "Allow"
+        and covers
+        and any(resource_id in r or r == "*" for r in names)
+    )
+
+
+def test_no_role_may_invoke_approve_except_through_its_url(default_synth: Any) -> None:
+    # Given every IAM statement of the stack (inline policies and managed policies), and every
+    # resource-based permission on the approve function
+    template = default_synth.template
+    approve_id = function_ids(template)["approve"]
+    statements = [
+        statement
+        for kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
+        for policy in resources(template, kind).values()
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    invokes = [s for s in statements if _grants_on(s, "lambda:InvokeFunction", approve_id)]
+    # Then each grant of lambda:InvokeFunction on it is conditioned on coming through the URL
+    # (a handler cannot tell a direct invoke with a made-up requestContext from a URL request;
+    # superseded: request_approval could invoke it directly while the canary was on)
+    assert invokes, "operators and request_approval reach it through the URL"
+    for statement in invokes:
+        assert statement["Condition"] == {"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}
+    # And no resource-based permission lets any principal invoke it
+    permissions = resources(template, "AWS::Lambda::Permission").values()
+    assert not [p for p in permissions if approve_id in flatten(p["Properties"]["FunctionName"])]
 
 
 def test_the_approve_function_has_an_aws_iam_url(default_synth: Any) -> None:

@@ -54,10 +54,20 @@ def fast_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     return synthesize(tmp_path_factory, "fast", {"healthCheckPollInterval": "1s"})
 
 
-def localized(suspects: list[dict[str, Any]], ambiguous: bool = False) -> Any:
+def localized(
+    suspects: list[dict[str, Any]],
+    ambiguous: bool = False,
+    *,
+    pending: list[dict[str, Any]] | None = None,
+    refused: list[dict[str, Any]] | None = None,
+) -> Any:
     return lambda event: {
         "alarm": ALARM,
         "suspects": suspects,
+        "pending": pending or [],
+        "suspect_count": len(suspects) + len(pending or []),
+        "refused": refused or [],
+        "refused_count": len(refused or []),
         "ambiguous": ambiguous,
         "reports": 1,
     }
@@ -281,9 +291,9 @@ def test_each_suspect_is_remediated_independently(fast_synth: Synth) -> None:
 def test_approval_timeout_leaves_the_node_cordoned_and_notifies(fast_synth: Synth) -> None:
     # Given the approval wait shortened to 1 s (the config's minimum is a minute)
     def shorten(asl: dict[str, Any]) -> None:
-        asl["States"]["RemediateSuspects"]["ItemProcessor"]["States"]["RequestApproval"][
-            "TimeoutSeconds"
-        ] = 1
+        from tests.infra.infra_template import item_states
+
+        item_states(asl)["RequestApproval"]["TimeoutSeconds"] = 1
 
     with workflow(fast_synth.template, happy_steps(["passed"]), patch_definition=shorten) as (
         sfn,
@@ -385,13 +395,13 @@ def test_an_untrusted_report_ends_notified_with_nothing_cordoned(fast_synth: Syn
 
 def test_storms_are_bounded_and_retries_jittered(fast_synth: Synth) -> None:
     # Given the synthesized definition
-    from tests.infra.infra_template import definition
+    from tests.infra.infra_template import all_states, definition
 
     asl = definition(fast_synth.template)
-    remediate = asl["States"]["RemediateSuspects"]
-    states = {**asl["States"], **remediate["ItemProcessor"]["States"]}
-    # Then the Map runs a bounded number of suspects at once
-    assert 1 <= remediate["MaxConcurrency"] <= 20
+    states = all_states(asl["States"])
+    # Then each Map runs a bounded number of suspects at once
+    for name in ("RemediateSuspects", "RemediateLateNodes"):
+        assert 1 <= states[name]["MaxConcurrency"] <= 20
     # And every retry is fully jittered, so the items that lost a race do not retry together
     retries = [r for s in states.values() for r in s.get("Retry", [])]
     assert retries and all(r.get("JitterStrategy") == "FULL" for r in retries)
@@ -483,3 +493,106 @@ def test_a_50_node_storm_runs_through_the_definition_without_a_failure_per_node(
     assert sorted(r["state"]["item"] for r in run.inputs("record")) == list(range(50))
     assert {r["state"]["suspects_in_alarm"] for r in run.inputs("record")} == {50}
     assert run.inputs("cordon") == []
+
+
+REFUSAL = {
+    "error": "UntrustedReport",
+    "field": "job",
+    "reason": "job: job attacker names node hyperpod-i-0aaaaaaaaaaaaaaa1, but no pod of it ran there",
+    "job": "attacker",
+    "node_name": "hyperpod-i-0aaaaaaaaaaaaaaa1",
+}
+LATE = {"job": "llama", "node_name": "hyperpod-i-0fedcba9876543210"}
+
+
+class ReportNotYetVisible(Exception):
+    """Stands in for sdc_remediation.errors.ReportNotYetVisible (retried by name)."""
+
+
+def _late_localize(found_after: int | None) -> Any:
+    """localize's stand-in: the alarm's output (SUSPECT, one pending node), then for the pending
+    node's item ReportNotYetVisible `found_after` times before its suspect (None: never)."""
+    calls = {"late": 0}
+    first = localized([SUSPECT], pending=[LATE])
+
+    def handler(payload: dict[str, Any]) -> Any:
+        if "pending" not in payload:
+            return first(payload)
+        calls["late"] += 1
+        if found_after is None or calls["late"] <= found_after:
+            raise ReportNotYetVisible(f"no report names {payload['pending']['node_name']} yet")
+        return {**SUSPECT, "node_name": LATE["node_name"], "instance_id": "i-0fedcba9876543210"}
+
+    return handler
+
+
+def _short_retries(asl: dict[str, Any]) -> None:
+    from tests.infra.infra_template import all_states
+
+    for state in all_states(asl["States"]).values():
+        for retry in state.get("Retry", []):
+            retry["IntervalSeconds"], retry["BackoffRate"] = 1, 1.0
+
+
+def test_refused_claims_are_recorded_once_and_the_other_suspects_go_on(fast_synth: Synth) -> None:
+    # Given localize refused one claim and named one genuine suspect
+    steps = happy_steps(["replaced_by_hyperpod"])
+    steps["localize"] = localized([SUSPECT], refused=[REFUSAL])
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "refused"))
+    # Then the refusal is recorded and notified first, and the genuine suspect is remediated
+    assert result["status"] == "SUCCEEDED"
+    assert run.transitions() == ["refused", "cordoned", "replaced_by_hyperpod"]
+    (refused,) = [r for r in run.inputs("record") if r["transition"] == "refused"]
+    assert refused["notify"] is True and refused["state"]["refused"] == [REFUSAL]
+
+
+def test_an_alarm_whose_only_claim_was_refused_ends_after_recording_it(fast_synth: Synth) -> None:
+    steps = {"localize": localized([], refused=[REFUSAL])}
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "only-refused"))
+    assert result["status"] == "SUCCEEDED"
+    assert run.transitions() == ["refused"]  # not a second message for "no suspects"
+
+
+def test_a_late_node_is_remediated_once_its_report_shows_without_holding_up_the_others(
+    fast_synth: Synth,
+) -> None:
+    # Given one suspect and one node whose report shows only on the third look
+    steps = happy_steps(["replaced_by_hyperpod", "replaced_by_hyperpod"])
+    steps["localize"] = _late_localize(found_after=2)
+    with workflow(fast_synth.template, steps, patch_definition=_short_retries) as (
+        sfn,
+        machine,
+        run,
+    ):
+        result = finish(sfn, start(sfn, machine, EVENT, "late"))
+    # Then both are cordoned (the late one after its report showed), each in its own item
+    assert result["status"] == "SUCCEEDED"
+    cordoned = sorted(s["suspect"]["instance_id"] for s in run.inputs("cordon"))
+    assert cordoned == sorted([SUSPECT["instance_id"], "i-0fedcba9876543210"])
+    late_looks = [p for p in run.inputs("localize") if "pending" in p]
+    assert len(late_looks) == 3 and late_looks[0]["pending"] == LATE
+    assert all(s["suspects_in_alarm"] == 2 for s in run.inputs("admit"))
+
+
+def test_a_late_node_that_never_shows_is_recorded_and_the_others_are_not_held(
+    fast_synth: Synth,
+) -> None:
+    steps = happy_steps(["replaced_by_hyperpod"])
+    steps["localize"] = _late_localize(found_after=None)
+    with workflow(fast_synth.template, steps, patch_definition=_short_retries) as (
+        sfn,
+        machine,
+        run,
+    ):
+        result = finish(sfn, start(sfn, machine, EVENT, "late-never"), timeout=120)
+    # Then the genuine suspect was remediated, and the late node's retries ended (bounded) in
+    # a recorded, notified failure naming it
+    assert result["status"] == "SUCCEEDED"
+    assert [s["suspect"]["instance_id"] for s in run.inputs("cordon")] == [SUSPECT["instance_id"]]
+    (failed,) = [r for r in run.inputs("record") if r["transition"] == "failed"]
+    assert failed["error"]["Error"] == "ReportNotYetVisible" and failed["notify"] is True
+    assert failed["state"]["pending"] == LATE
+    late_looks = [p for p in run.inputs("localize") if "pending" in p]
+    assert len(late_looks) == 1 + 6  # the first look and the workflow's 6 retries

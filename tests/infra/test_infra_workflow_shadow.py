@@ -47,7 +47,7 @@ def region(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_REGION", REGION)
 
 
-def _settings(modes: dict[str, str]) -> Settings:
+def _settings(modes: dict[str, str], *, shadow_health_check: bool = False) -> Settings:
     return Settings(
         {
             "HYPERPOD_CLUSTER_NAME": CLUSTER,
@@ -55,6 +55,7 @@ def _settings(modes: dict[str, str]) -> Settings:
             "TOPIC_ARN": TOPIC,
             "CHECK_MODES": json.dumps(modes),
             "DRY_RUN": "false",
+            "SHADOW_HEALTH_CHECK": "true" if shadow_health_check else "false",
         }
     )
 
@@ -93,13 +94,16 @@ def _moto_account() -> None:
     )
 
 
-def _real_steps(modes: dict[str, str]) -> dict[str, Any]:
+def _real_steps(modes: dict[str, str], *, shadow_health_check: bool = False) -> dict[str, Any]:
     """The happy path's stand-ins, with the real admit and record steps on moto."""
-    settings = _settings(modes)
+    settings = _settings(modes, shadow_health_check=shadow_health_check)
     handlers = happy_steps(["failed"])
     handlers["localize"] = lambda event: {
         "alarm": ALARM,
         "suspects": [SUSPECT_REAL],
+        "pending": [],
+        "suspect_count": 1,
+        "refused": [],
         "ambiguous": False,
         "reports": 1,
     }

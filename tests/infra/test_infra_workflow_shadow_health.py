@@ -39,7 +39,7 @@ def test_shadow_runs_the_health_check_when_asked_and_still_touches_nothing(
     shadow_check_synth: Synth,
 ) -> None:
     # Given compute/persistent in shadow, and a health check that fails on its first poll
-    handlers = _real_steps({"compute/persistent": "shadow"})
+    handlers = _real_steps({"compute/persistent": "shadow"}, shadow_health_check=True)
 
     # When its alarm runs through the definition synthesized with shadowHealthCheck
     with workflow(shadow_check_synth.template, handlers) as (sfn, machine, run):

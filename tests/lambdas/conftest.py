@@ -26,11 +26,13 @@ from remediation_factories import (  # noqa: E402
     APPROVALS,
     CLUSTER,
     EKS_CLUSTER,
+    JOB,
     LEDGER,
     NODES,
     REGION,
     TOPIC,
     TRAINING_NAMESPACE,
+    job_pods,
 )
 
 from sdc_remediation import aws  # noqa: E402
@@ -70,6 +72,7 @@ _OWNED_VARS = [
     "ALARM_ACCOUNT_ID",
     "ALARM_NAME_PREFIX",
     "TRAINING_NAMESPACE",
+    "JOB_LABEL",
     "CHECK_MODES",
     "AUTO_APPROVE",
     "AWS_PROFILE",
@@ -214,6 +217,14 @@ def k8s(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandIn]:
         monkeypatch.setenv("K8S_API_ENDPOINT", api.url)
         monkeypatch.setenv("K8S_API_CA_DATA", api.ca_b64)
         yield api
+
+
+@pytest.fixture
+def cluster_pods(cloud: Cloud, k8s: KubeStandIn) -> KubeStandIn:
+    """The training job ``JOB`` runs a pod on every node of the cluster (in the training
+    namespace, with its job-name label): what localize's corroboration finds."""
+    job_pods(k8s, cloud.nodes, JOB)
+    return k8s
 
 
 @dataclass

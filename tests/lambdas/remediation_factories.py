@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import sdc_contract as contract
 
 CLUSTER = "hp-test"
 EKS_CLUSTER = "eks-test"
@@ -33,13 +37,20 @@ def alarm_event(
     namespace: str = NAMESPACE,
     alarm_name: str = "sdc-replay-mismatch-hp-test",
     account: str = "123456789012",
+    job: str = JOB,
 ) -> dict[str, Any]:
-    """An EventBridge "CloudWatch Alarm State Change" event as CloudWatch sends it."""
+    """The EventBridge event of one job's contributor of a per-job SDC alarm (a Metrics
+    Insights query grouped by JobName) changing state, as CloudWatch sends it."""
     stamp = time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "+0000"
+    scope = (
+        {"only_job": contract.CANARY_JOB}
+        if job == contract.CANARY_JOB
+        else {"except_job": contract.CANARY_JOB}
+    )
     return {
         "version": "0",
         "id": "c4c1c1c9-6542-e61b-6ef0-8c4d36933a92",
-        "detail-type": "CloudWatch Alarm State Change",
+        "detail-type": "CloudWatch Alarm Contributor State Change",
         "source": "aws.cloudwatch",
         "account": account,
         "time": iso(time),
@@ -47,28 +58,21 @@ def alarm_event(
         "resources": [f"arn:aws:cloudwatch:{REGION}:{account}:alarm:{alarm_name}"],
         "detail": {
             "alarmName": alarm_name,
+            "alarmContributor": {"id": "6d442278dba546f6", "attributes": {"JobName": job}},
             "state": {
                 "value": state,
-                "reason": "Threshold Crossed: 1 datapoint [1.0] was greater than the threshold (0.0).",
-                "reasonData": "{}",
+                "reason": "Threshold Crossed: 1 datapoint was greater than or equal to the "
+                "threshold (1.0). The most recent datapoint which crossed the threshold: [1.0].",
                 "timestamp": stamp,
             },
-            "previousState": {"value": "OK", "reason": "", "timestamp": stamp},
             "configuration": {
                 "description": "SDC",
                 "metrics": [
                     {
                         "id": "m1",
-                        "metricStat": {
-                            "metric": {
-                                "namespace": namespace,
-                                "name": metric,
-                                "dimensions": {"ClusterName": cluster},
-                            },
-                            "period": 10,
-                            "stat": "Maximum",
-                        },
+                        "expression": contract.job_alarm_query(namespace, metric, cluster, **scope),
                         "returnData": True,
+                        "period": 60,
                     }
                 ],
             },
@@ -84,7 +88,8 @@ def rank(
     with_node: bool = True,
 ) -> dict[str, Any]:
     """One entry of a report's ``ranks``."""
-    out: dict[str, Any] = {"gpu_uuid": f"GPU-{node}-{local_rank}", "local_rank": local_rank}
+    gpu = re.sub(r"[^A-Za-z0-9._:-]", "_", f"GPU-{node}-{local_rank}")
+    out: dict[str, Any] = {"gpu_uuid": gpu, "local_rank": local_rank}
     if with_node:
         out["node_name"] = node
     if instance:
@@ -154,7 +159,8 @@ def put_node_metric(
     job: str = JOB,
     cluster: str = CLUSTER,
 ) -> None:
-    """The per-node series and the cluster series, as the agent publishes them."""
+    """The per-node series, the job series and the cluster series, as the agent publishes
+    them."""
     cw.put_metric_data(
         Namespace=NAMESPACE,
         MetricData=[
@@ -164,6 +170,17 @@ def put_node_metric(
                     {"Name": "ClusterName", "Value": cluster},
                     {"Name": "JobName", "Value": job},
                     {"Name": "NodeName", "Value": node},
+                ],
+                "Timestamp": at,
+                "Value": value,
+                "Unit": "Count",
+                "StorageResolution": 1,
+            },
+            {
+                "MetricName": metric,
+                "Dimensions": [
+                    {"Name": "ClusterName", "Value": cluster},
+                    {"Name": "JobName", "Value": job},
                 ],
                 "Timestamp": at,
                 "Value": value,
@@ -182,6 +199,13 @@ def put_node_metric(
     )
 
 
+def job_pods(k8s: Any, instance_ids: list[str], job: str = JOB) -> None:
+    """A pod of ``job`` (its job-name label) on each of these nodes, in the training namespace:
+    the cluster's corroboration that the job runs there."""
+    for instance_id in instance_ids:
+        k8s.add_job_pod(job, f"hyperpod-{instance_id}", TRAINING_NAMESPACE)
+
+
 def alarm_state(time: datetime | None = None) -> dict[str, Any]:
     """localize's ``alarm`` object."""
     t = time or datetime.now(UTC)
@@ -196,6 +220,7 @@ def alarm_state(time: datetime | None = None) -> dict[str, Any]:
         "cluster_name": CLUSTER,
         "window_start": iso(t - timedelta(seconds=600)),
         "window_end": iso(t + timedelta(seconds=120)),
+        "job": JOB,
     }
 
 
@@ -234,3 +259,17 @@ def item_state(instance_id: str, execution: str = "exec-1", **results: Any) -> d
         "execution": execution,
         **results,
     }
+
+
+def grow_cluster(total: int) -> list[str]:
+    """Add nodes to the moto HyperPod cluster up to ``total``; all instance ids, in order."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    cluster = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER]
+    template = next(iter(cluster.nodes.values()))
+    for index in range(len(cluster.nodes), total):
+        node = copy.copy(template)
+        node.instance_id = f"i-{index + 1:017x}"
+        cluster.nodes[node.instance_id] = node
+    return list(cluster.nodes)

@@ -184,9 +184,12 @@ def test_a_request_without_an_authenticated_caller_is_refused(cloud, invoke):
     assert json.loads(out["body"])["error"] == "NotAuthenticated"
 
 
-def test_release_through_the_url_records_the_authenticated_principal(cloud, invoke, function_url):
-    # Given a node kept cordoned after a rejection
+def test_release_through_the_url_records_the_authenticated_principal(
+    cloud, k8s, invoke, function_url
+):
+    # Given a node kept cordoned after a rejection, which the operator has since uncordoned
     node = cloud.nodes[0]
+    k8s.add_node(f"hyperpod-{node}")
     admission = invoke("admit", item_state(node, execution="e1"))
     invoke(
         "record",

@@ -38,7 +38,7 @@ def _seed_outcomes(right: int, wrong: int) -> None:
     for n in range(right + wrong):
         at = start + timedelta(days=n)
         pk = f"i-{0xA00 + n:017x}"
-        steps = ["cordoned", "health_check_failed" if n < right else "rejected"]
+        steps = ["admitted", "cordoned", "health_check_failed" if n < right else "rejected"]
         for k, transition in enumerate(steps):
             moment = clock.iso(at + timedelta(minutes=k))
             item = {
@@ -54,6 +54,7 @@ def _seed_outcomes(right: int, wrong: int) -> None:
             }
             if transition == "rejected":
                 item["decision"] = "reject"
+                item["approver"] = "arn:aws:iam::123456789012:user/alice"
             ddb.put_item(TableName="sdc-ledger", Item=to_item(item))
 
 
@@ -114,7 +115,10 @@ def test_precision_at_or_above_the_threshold_is_approved(cloud, invoke, monkeypa
     (stored,) = _approvals()
     assert stored["status"] == "approved"
     assert stored["approver"] == "policy:sdc-guard-auto-approve/precision"
-    assert "compute/persistent precision 0.950 (19 right of 20 decided" in stored["reason"]
+    assert (
+        "compute/persistent precision 0.950 (19 right of 20 decided, one per job"
+        in stored["reason"]
+    )
     assert "minPrecision=0.9, minEvents=20" in stored["reason"]
 
 
@@ -122,7 +126,7 @@ def test_precision_at_or_above_the_threshold_is_approved(cloud, invoke, monkeypa
     ("right", "wrong", "why"),
     [
         (17, 3, "below the auto-approval threshold: compute/persistent precision 0.850"),
-        (9, 0, "has 9 decided remediation(s), fewer than minEvents=20"),
+        (9, 0, "has 9 decided remediation(s) of distinct jobs, fewer than minEvents=20"),
     ],
 )
 def test_precision_below_the_threshold_or_too_few_events_is_refused(

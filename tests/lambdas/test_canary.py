@@ -11,9 +11,9 @@ import pytest
 from remediation_factories import CLUSTER, alarm_event, put_node_metric, put_report, rank, report
 
 import sdc_contract as contract
+from sdc_remediation import aws
 from sdc_remediation.config import Settings
 from sdc_remediation.dal.canary_runs import RunStore
-from sdc_remediation.errors import UntrustedReport
 from sdc_remediation.logic import canary
 from sdc_remediation.models.canary import Run
 
@@ -22,14 +22,8 @@ CANARY_ALARM = f"sdc-{contract.CANARY_ALARM_SUFFIX}"  # the test environment's p
 
 
 def canary_alarm_event(time: datetime) -> dict:
-    """The canary alarm's state change: its metric is the canary job's series."""
-    event = alarm_event(time=time, alarm_name=CANARY_ALARM)
-    (query,) = event["detail"]["configuration"]["metrics"]
-    query["metricStat"]["metric"]["dimensions"] = {
-        "ClusterName": CLUSTER,
-        "JobName": contract.CANARY_JOB,
-    }
-    return event
+    """The canary alarm's contributor (the canary job) entering ALARM."""
+    return alarm_event(time=time, alarm_name=CANARY_ALARM, job=contract.CANARY_JOB)
 
 
 def run_steps(run_id: str) -> list[str]:
@@ -65,9 +59,13 @@ def test_a_canary_report_naming_a_real_node_is_refused(cloud, invoke):
     cloud.client("logs").delete_log_stream(logGroupName=GROUP, logStreamName=contract.CANARY_JOB)
     put_report(cloud.client("logs"), GROUP, forged, t, stream=contract.CANARY_JOB)
 
-    # When / Then: localize refuses it, naming the rank; a canary never names a real node
-    with pytest.raises(UntrustedReport, match=r"ranks\.0.*reserved canary node"):
-        invoke("localize", canary_alarm_event(t))
+    # When
+    out = invoke("localize", canary_alarm_event(t))
+
+    # Then: localize refuses it, naming the rank; a canary never names a real node
+    assert out["suspects"] == []
+    (refused,) = out["refused"]
+    assert refused["field"] == "ranks.0" and "reserved canary node" in refused["reason"]
 
 
 def test_a_pod_cannot_pass_itself_off_as_a_canary(cloud, invoke):
@@ -78,9 +76,12 @@ def test_a_pod_cannot_pass_itself_off_as_a_canary(cloud, invoke):
     put_report(cloud.client("logs"), GROUP, fake, t, stream=contract.CANARY_JOB)
     put_node_metric(cloud.client("cloudwatch"), contract.CANARY_NODE_NAME, t, job="sdc-canary")
 
-    # When / Then
-    with pytest.raises(UntrustedReport, match="not an open canary run"):
-        invoke("localize", canary_alarm_event(t))
+    # When
+    out = invoke("localize", canary_alarm_event(t))
+
+    # Then
+    assert out["suspects"] == []
+    assert "not an open canary run" in out["refused"][0]["reason"]
 
 
 def test_a_training_report_naming_the_canary_node_is_refused(cloud, invoke):
@@ -91,12 +92,15 @@ def test_a_training_report_naming_the_canary_node_is_refused(cloud, invoke):
     put_report(cloud.client("logs"), GROUP, body, t)
     put_node_metric(cloud.client("cloudwatch"), node, t)
 
-    # When / Then: refused before HyperPod or Kubernetes are asked
-    with pytest.raises(UntrustedReport, match="reserved canary node"):
-        invoke("localize", alarm_event(time=t))
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: refused before HyperPod or Kubernetes are asked
+    assert out["suspects"] == []
+    assert "reserved canary node" in out["refused"][0]["reason"]
 
 
-def test_a_real_alarm_never_picks_up_a_canary(cloud, invoke):
+def test_a_real_alarm_never_picks_up_a_canary(cloud, cluster_pods, invoke):
     # Given a canary run in flight and, in the same window, a real finding on a real node
     invoke("canary", {"action": "start"})
     t = datetime.now(UTC)
@@ -225,3 +229,28 @@ def test_the_cli_shows_the_newest_run_and_where_it_stopped(cloud, invoke):
     assert f"canary run {started['run']}" in result.output
     assert "stopped at alarm" in result.output
     assert "published" in result.output and "closed" in result.output
+
+
+def test_a_canary_run_expires_after_its_timeout(cloud, invoke, monkeypatch):
+    # Given a canary run started (it is open for CANARY_TIMEOUT_SECONDS, an hour by default)
+    from datetime import timedelta as td
+
+    from sdc_remediation import clock
+
+    started = invoke("canary", {"action": "start"})
+    run = RunStore(Settings().ledger_table, CLUSTER).get(started["run"])
+    assert run is not None and run.open_until is not None
+    # When its alarm is localized two hours later (superseded: a run stayed open forever, and
+    # an old run's report or approval could be replayed)
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + td(hours=2))
+    out = invoke("localize", canary_alarm_event(datetime.now(UTC)))
+    # Then its report is refused: the run expired
+    assert out["suspects"] == []
+    assert "not an open canary run" in out["refused"][0]["reason"]
+    # And the ledger will remove the run's item (TTL) a month after it started
+    item = aws.client("dynamodb").get_item(
+        TableName=Settings().ledger_table,
+        Key={"pk": {"S": f"CANARY#{CLUSTER}"}, "sk": {"S": f"RUN#{started['run']}"}},
+    )["Item"]
+    assert int(item["expires_at"]["N"]) > int(item["open_until"]["N"])

@@ -151,9 +151,10 @@ def test_the_same_instance_alarming_again_makes_a_repeat_offender(cloud, invoke)
     # When the ledger is summarised with the default window
     first, second = outcomes.mark_recurrences(outcomes.summarise(Ledger(LEDGER).events(node)))
 
-    # Then the rejected one was a repeat offender: the alarm was right after all
+    # Then the rejected one was a repeat offender; a person's rejection still decides it
+    # (superseded: a recurrence made it "right", and a pod can write another report at will)
     assert first.repeat_same_instance and first.repeat
-    assert outcomes.classify(first) == "right"
+    assert outcomes.classify(first) == "wrong"
     assert not second.repeat
 
 
@@ -195,31 +196,36 @@ def _seeded_ledger() -> None:
     """8 remediations with known outcomes (see each line); R8 is 40 days old."""
     base = clock.now() - timedelta(days=20)
     reject = ("rejected", {"decision": "reject", "approver": ALICE})
+    approve = ("approved", {"decision": "approve", "approver": ALICE})
     cp = ("compute", "persistent")
+    # Every remediation starts with the admission the guard wrote (only admitted ones count).
     # R1 job-a2: health check failed, replaced -> right (confirmed, replaced)
     _seed_remediation("i-00000000000000001", "r1", base, *cp, "job-a2",
-                      ["cordoned", "health_check_failed", "approved", "replaced"])  # fmt: skip
-    # R2 job-a: replaced, then R3 (another node of job-a) a day later -> wrong, repeat offender
+                      ["admitted", "cordoned", "health_check_failed", approve, "replaced"])  # fmt: skip
+    # R2 job-a: approved, replaced, then R3 (another node of job-a) a day later -> wrong, repeat
     _seed_remediation("i-00000000000000002", "r2", base, *cp, "job-a",
-                      ["cordoned", "health_check_passed", "approved", "replaced"])  # fmt: skip
+                      ["admitted", "cordoned", "health_check_passed", approve, "replaced"])  # fmt: skip
     # R3 job-a: rejected, never again -> wrong
     _seed_remediation("i-00000000000000003", "r3", base + timedelta(days=1), *cp, "job-a",
-                      ["cordoned", "health_check_passed", reject])  # fmt: skip
-    # R4 job-b: rejected, but the same node alarms again 3 days later (R5) -> right, repeat
+                      ["admitted", "cordoned", "health_check_passed", reject])  # fmt: skip
+    # R4 job-b: rejected, and the same node alarms again 3 days later (R5) -> a repeat offender,
+    # still wrong: a person decided, and a recurrence never makes an alarm right
     _seed_remediation("i-00000000000000004", "r4", base + timedelta(days=2), *cp, "job-b",
-                      ["cordoned", reject])  # fmt: skip
+                      ["admitted", "cordoned", reject])  # fmt: skip
     # R5 job-b: approval timed out -> undecided
     _seed_remediation("i-00000000000000004", "r5", base + timedelta(days=5), *cp, "job-b",
-                      ["cordoned", "approval_timed_out"])  # fmt: skip
+                      ["admitted", "cordoned", "approval_timed_out"])  # fmt: skip
     # R6 compute/transient: rejected with release -> wrong (released)
     _seed_remediation("i-00000000000000005", "r6", base, "compute", "transient", "job-c",
-                      ["cordoned", ("released", {"decision": "reject", "approver": ALICE})])  # fmt: skip
+                      ["admitted", "cordoned",
+                       ("released", {"decision": "reject", "approver": ALICE})])  # fmt: skip
     # R7 compute/transient: failed -> undecided
     _seed_remediation("i-00000000000000006", "r7", base, "compute", "transient", "job-c",
-                      ["failed"])  # fmt: skip
-    # R8 reduced_gradient/culprit, 40 days ago: replaced -> right
+                      ["admitted", "failed"])  # fmt: skip
+    # R8 reduced_gradient/culprit, 40 days ago: a person approved, replaced -> right
     _seed_remediation("i-00000000000000007", "r8", clock.now() - timedelta(days=40),
-                      "reduced_gradient", "culprit", "job-d", ["cordoned", "replaced"])  # fmt: skip
+                      "reduced_gradient", "culprit", "job-d",
+                      ["admitted", "cordoned", approve, "replaced"])  # fmt: skip
     # A cluster-level event names no node: not a remediation
     _seed(f"CLUSTER#{CLUSTER}", "x-e9", base, "ambiguous")
 
@@ -237,19 +243,20 @@ def test_stats_counts_a_seeded_ledger_exactly(cloud):
     # When
     rows = _stats()
 
-    # Then per check x verdict: the counts, the repeat offenders and the precision
+    # Then per check x verdict: the counts, the repeat offenders and the precision (superseded:
+    # R4 counted "right" by its recurrence alone)
     persistent = rows["compute/persistent"]
     assert {k: persistent[k] for k in (
         "alarms", "confirmed", "replaced", "rejected", "released", "timed_out",
-        "repeat_offenders", "right", "wrong", "decided",
+        "repeat_offenders", "right", "wrong", "decided", "jobs",
     )} == {
         "alarms": 5, "confirmed": 1, "replaced": 2, "rejected": 2, "released": 0,
-        "timed_out": 1, "repeat_offenders": 2, "right": 2, "wrong": 2, "decided": 4,
+        "timed_out": 1, "repeat_offenders": 2, "right": 1, "wrong": 3, "decided": 4, "jobs": 3,
     }  # fmt: skip
-    assert persistent["precision"] == 0.5
-    # Wilson 95 % for 2 of 4: 0.150 .. 0.850, and 4 decided events are "few"
-    assert persistent["low"] == pytest.approx(0.1500, abs=5e-4)
-    assert persistent["high"] == pytest.approx(0.8500, abs=5e-4)
+    assert persistent["precision"] == 0.25
+    # Wilson 95 % for 1 of 4: 0.046 .. 0.699, and 4 decided events are "few"
+    assert persistent["low"] == pytest.approx(0.0456, abs=5e-4)
+    assert persistent["high"] == pytest.approx(0.6994, abs=5e-4)
     assert persistent["few_events"] is True
     transient = rows["compute/transient"]
     assert (transient["alarms"], transient["released"], transient["rejected"]) == (2, 1, 1)
@@ -282,7 +289,7 @@ def test_stats_prints_a_table_with_the_definition_and_a_few_events_warning(cloud
     lines = result.output.splitlines()
     row = next(line for line in lines if line.startswith("compute") and "persistent" in line)
     assert row.split()[:12] == [
-        "compute", "persistent", "5", "1", "2", "2", "0", "1", "0", "2", "50%", "15%-85%",
+        "compute", "persistent", "5", "1", "2", "2", "0", "1", "0", "2", "25%", "5%-70%",
     ]  # fmt: skip
     assert "few events (4 decided < 10)" in row
     assert (
@@ -321,7 +328,7 @@ def test_history_of_a_node_shows_each_remediation_with_its_transitions(cloud):
         ("r4", "rejected", True),
         ("r5", "approval_timed_out", False),
     ]
-    assert [t["transition"] for t in rows[0]["transitions"]] == ["cordoned", "rejected"]
+    assert [t["transition"] for t in rows[0]["transitions"]] == ["admitted", "cordoned", "rejected"]
 
 
 def test_record_counts_outcomes_per_check_and_verdict_for_the_dashboard(cloud, invoke, capsys):

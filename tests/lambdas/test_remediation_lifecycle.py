@@ -4,6 +4,7 @@ approval, or an execution that is no longer running never leaves the node open (
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 from click.testing import CliRunner
@@ -102,9 +103,10 @@ def test_a_failure_of_the_second_naming_of_a_node_does_not_close_the_first(cloud
     assert _item(node, "STATE")["open"] is True
 
 
-def test_release_records_the_callers_identity_and_frees_the_guard(cloud, invoke):
-    # Given a node kept cordoned after a rejection
+def test_release_records_the_callers_identity_and_frees_the_guard(cloud, k8s, invoke):
+    # Given a node kept cordoned after a rejection, which the operator has since uncordoned
     node = cloud.nodes[0]
+    k8s.add_node(f"hyperpod-{node}")
     admission = invoke("admit", item_state(node, execution="e1"))
     invoke(
         "record",
@@ -128,6 +130,61 @@ def test_release_records_the_callers_identity_and_frees_the_guard(cloud, invoke)
     # And a second release is a clear one-line error
     assert again.exit_code == 1
     assert "NodeNotHeld" in again.output
+
+
+def test_release_refuses_a_node_that_is_still_cordoned(cloud, k8s, invoke):
+    # Given a node kept cordoned after a rejection, still cordoned in Kubernetes
+    node = cloud.nodes[0]
+    k8s.add_node(f"hyperpod-{node}", unschedulable=True)
+    admission = invoke("admit", item_state(node, execution="e1"))
+    invoke(
+        "record",
+        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
+    )
+
+    # When an operator releases it before uncordoning it
+    args = ["--ledger-table", LEDGER, "release", f"hyperpod-{node}"]
+    refused = CliRunner().invoke(main, args)
+
+    # Then it is refused (superseded: release freed the guard whatever the node's state), and
+    # the guard still holds the node
+    assert refused.exit_code == 1 and "NodeStillCordoned" in refused.output
+    assert [h["instance_id"] for h in ledger.Ledger(LEDGER).held(CLUSTER)] == [node]
+
+    # And once the node is gone from Kubernetes (replaced), it is released
+    k8s.remove_node(f"hyperpod-{node}")
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert ledger.Ledger(LEDGER).held(CLUSTER) == []
+
+
+def test_the_sweeper_reminds_once_a_day_of_nodes_held_longer_than_a_day(cloud, invoke, monkeypatch):
+    # Given a node admitted (and cordoned) two days ago and never released
+    from sdc_remediation import clock
+
+    node = cloud.nodes[0]
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() - timedelta(days=2))
+    admission = invoke("admit", item_state(node, execution="e1"))
+    invoke(
+        "record",
+        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
+    )
+    monkeypatch.setattr(clock, "now", real_now)
+
+    # When the sweeper runs twice (every 15 minutes)
+    first = invoke("sweeper", {})
+    second = invoke("sweeper", {})
+
+    # Then the first sweep reminds the on-call, naming the node; the second does not repeat it
+    assert first["reminded"] == [f"hyperpod-{node}"] and second["reminded"] == []
+    (message,) = [m for m in cloud.sns_messages() if "reminder" in m["subject"]]
+    assert (
+        f"hyperpod-{node}" in message["message"] and "sdc-remediation release" in message["message"]
+    )
+
+    # And a day later it reminds again
+    monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(days=1, minutes=1))
+    assert invoke("sweeper", {})["reminded"] == [f"hyperpod-{node}"]
 
 
 def test_a_50_node_storm_ends_with_circuit_open_and_one_message(cloud, invoke):

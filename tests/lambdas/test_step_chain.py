@@ -22,7 +22,7 @@ from sdc_remediation import aws
 from sdc_remediation.cli import main
 
 
-def test_alarm_to_approved_replacement(cloud, k8s, invoke):
+def test_alarm_to_approved_replacement(cloud, k8s, cluster_pods, invoke):
     # Given a report naming rank 3 on a node of the cluster
     t = datetime.now(UTC).replace(microsecond=0)
     instance = cloud.nodes[5]

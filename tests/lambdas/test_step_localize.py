@@ -5,14 +5,17 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from remediation_factories import CLUSTER, alarm_event, put_node_metric, put_report, rank, report
-
-from sdc_remediation.errors import (
-    InstanceNotInCluster,
-    InvalidAlarmEvent,
-    NodeNotFound,
-    ReportNotYetVisible,
+from remediation_factories import (
+    CLUSTER,
+    TRAINING_NAMESPACE,
+    alarm_event,
+    put_node_metric,
+    put_report,
+    rank,
+    report,
 )
+
+from sdc_remediation.errors import InvalidAlarmEvent, ReportNotYetVisible
 
 GROUP = f"/sdc/{CLUSTER}"
 
@@ -21,7 +24,7 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def test_localize_names_the_reported_node_with_its_instance_group(cloud, invoke):
+def test_localize_names_the_reported_node_with_its_instance_group(cloud, cluster_pods, invoke):
     # Given: the agent published a per-node series and a report naming rank 3 on workers-1
     t = _now()
     instance = cloud.nodes[1]
@@ -47,6 +50,8 @@ def test_localize_names_the_reported_node_with_its_instance_group(cloud, invoke)
     assert suspect["ranks"]["3"]["gpu_uuid"] == f"GPU-{node}-3"
     assert out["alarm"]["cluster_name"] == CLUSTER
     assert out["alarm"]["metric_name"] == "sdc_replay_mismatch"
+    assert out["alarm"]["job"] == "llama-pretrain"
+    assert out["refused"] == [] and out["pending"] == [] and out["suspect_count"] == 1
 
 
 def test_localize_maps_rank_to_node_through_the_pod_when_the_report_lacks_it(cloud, k8s, invoke):
@@ -54,7 +59,7 @@ def test_localize_maps_rank_to_node_through_the_pod_when_the_report_lacks_it(clo
     t = _now()
     instance = cloud.nodes[2]
     node = f"hyperpod-{instance}"
-    k8s.add_pod("trainer-worker-1", node, namespace="training")
+    k8s.add_job_pod("llama-pretrain", node, TRAINING_NAMESPACE, name="trainer-worker-1")
     body = report(
         time=t,
         suspects=[5],
@@ -70,10 +75,16 @@ def test_localize_maps_rank_to_node_through_the_pod_when_the_report_lacks_it(clo
     [suspect] = out["suspects"]
     assert suspect["node_name"] == node
     assert suspect["instance_id"] == instance
-    assert [r.path for r in k8s.requests] == ["/api/v1/namespaces/training/pods/trainer-worker-1"]
+    paths = [r.path.split("?")[0] for r in k8s.requests]
+    assert paths == [
+        "/api/v1/namespaces/training/pods/trainer-worker-1",
+        "/api/v1/namespaces/training/pods",  # the corroboration: the job's pods on the node
+    ]
 
 
-def test_localize_uses_the_rank_map_when_the_report_has_no_entry_for_the_rank(cloud, invoke):
+def test_localize_uses_the_rank_map_when_the_report_has_no_entry_for_the_rank(
+    cloud, cluster_pods, invoke
+):
     # Given: a rank-map event from job start, and a report that names rank 7 without details
     t = _now()
     instance = cloud.nodes[3]
@@ -110,7 +121,7 @@ def test_localize_reports_ambiguous_when_no_report_names_anybody(cloud, invoke):
     assert out["suspects"] == []
 
 
-def test_localize_rejects_an_instance_hyperpod_does_not_know(cloud, invoke):
+def test_localize_refuses_an_instance_hyperpod_does_not_know(cloud, cluster_pods, invoke):
     # Given: a report naming a node whose instance is not in the HyperPod cluster
     t = _now()
     body = report(
@@ -120,20 +131,30 @@ def test_localize_rejects_an_instance_hyperpod_does_not_know(cloud, invoke):
     )
     put_report(cloud.client("logs"), GROUP, body, t)
 
-    # When / Then: an error, never a guess
-    with pytest.raises(InstanceNotInCluster, match="i-0badbadbadbadbad0"):
-        invoke("localize", alarm_event(time=t))
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: refused with the reason, never a guess (and not ambiguous: it named somebody)
+    assert out["suspects"] == [] and out["ambiguous"] is False
+    (refused,) = out["refused"]
+    assert refused["error"] == "InstanceNotInCluster"
+    assert "i-0badbadbadbadbad0" in refused["reason"]
+    assert refused["node_name"] == "hyperpod-i-0badbadbadbadbad0"
 
 
-def test_localize_fails_when_the_pod_is_unknown_to_kubernetes(cloud, k8s, invoke):
+def test_localize_refuses_a_rank_whose_pod_kubernetes_does_not_know(cloud, k8s, invoke):
     # Given: the report only knows a pod that Kubernetes does not have
     t = _now()
     body = report(time=t, suspects=[2], ranks={"2": {"pod_name": "gone-pod", "local_rank": 2}})
     put_report(cloud.client("logs"), GROUP, body, t)
 
-    # When / Then
-    with pytest.raises(NodeNotFound, match="gone-pod"):
-        invoke("localize", alarm_event(time=t))
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then
+    (refused,) = out["refused"]
+    assert refused["error"] == "NodeNotFound" and "gone-pod" in refused["reason"]
+    assert out["suspects"] == []
 
 
 def test_localize_waits_for_a_report_that_is_not_visible_yet(cloud, invoke):
@@ -148,7 +169,9 @@ def test_localize_waits_for_a_report_that_is_not_visible_yet(cloud, invoke):
         invoke("localize", alarm_event(time=t))
 
 
-def test_localize_waits_when_a_node_has_a_series_but_no_report_names_it(cloud, invoke):
+def test_a_node_whose_report_is_not_visible_yet_does_not_hold_up_the_others(
+    cloud, cluster_pods, invoke
+):
     # Given: two nodes have non-zero series, the only visible report names one of them
     t = _now()
     a, b = (f"hyperpod-{i}" for i in cloud.nodes[:2])
@@ -162,12 +185,51 @@ def test_localize_waits_when_a_node_has_a_series_but_no_report_names_it(cloud, i
         t,
     )
 
-    # When / Then
-    with pytest.raises(ReportNotYetVisible, match=b):
-        invoke("localize", alarm_event(time=t))
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: the named node is a suspect now; the other one is pending (looked for again in its
+    # own Map item), and both count towards the alarm's size
+    assert [s["node_name"] for s in out["suspects"]] == [a]
+    assert out["pending"] == [{"job": "llama-pretrain", "node_name": b}]
+    assert out["suspect_count"] == 2
 
 
-def test_localize_treats_a_node_a_report_mentions_but_does_not_blame_as_explained(cloud, invoke):
+def test_a_pending_node_is_localized_once_its_report_is_visible(cloud, cluster_pods, invoke):
+    # Given: a pending node of the alarm's job, and (later) the report naming it
+    t = _now()
+    node = f"hyperpod-{cloud.nodes[1]}"
+    located = {
+        "alarm": alarm_event_state(t),
+        "pending": {"job": "llama-pretrain", "node_name": node},
+        "execution": "exec-1",
+    }
+    with pytest.raises(ReportNotYetVisible, match=node):
+        invoke("localize", located)
+    put_report(
+        cloud.client("logs"),
+        GROUP,
+        report(time=t, suspects=[4], ranks={"4": rank(node, cloud.nodes[1], 4)}),
+        t,
+    )
+
+    # When
+    suspect = invoke("localize", located)
+
+    # Then: its suspect, checked and corroborated as every other
+    assert suspect["node_name"] == node and suspect["instance_group"] == "workers"
+
+
+def alarm_event_state(t: datetime) -> dict:
+    """localize's ``alarm`` for an event at ``t`` (what a pending node's Map item carries)."""
+    from remediation_factories import alarm_state
+
+    return alarm_state(t)
+
+
+def test_localize_treats_a_node_a_report_mentions_but_does_not_blame_as_explained(
+    cloud, cluster_pods, invoke
+):
     # Given: a non-finite rank whose batch a third GPU also failed on (bad data): the report
     # lists the rank and its node but blames nobody, and an older agent still published a
     # per-node series for that node
@@ -200,6 +262,35 @@ def test_localize_ignores_reports_outside_the_alarm_window(cloud, invoke):
         invoke("localize", alarm_event(time=t))
 
 
+def _without_contributor() -> dict:
+    event = alarm_event(time=datetime(2026, 1, 1, tzinfo=UTC))
+    event["detail-type"] = "CloudWatch Alarm State Change"
+    del event["detail"]["alarmContributor"]
+    return event
+
+
+def _cluster_metric_alarm() -> dict:
+    """A single-metric alarm on the cluster series (what the stack deployed before per-job
+    alarms): one job's data would hold it in ALARM for every other job."""
+    event = _without_contributor()
+    event["detail"]["configuration"]["metrics"] = [
+        {
+            "id": "m1",
+            "metricStat": {
+                "metric": {
+                    "namespace": "SDC",
+                    "name": "sdc_replay_mismatch",
+                    "dimensions": {"ClusterName": CLUSTER},
+                },
+                "period": 10,
+                "stat": "Sum",
+            },
+            "returnData": True,
+        }
+    ]
+    return event
+
+
 @pytest.mark.parametrize(
     ("event", "match"),
     [
@@ -208,13 +299,19 @@ def test_localize_ignores_reports_outside_the_alarm_window(cloud, invoke):
         (alarm_event(time=datetime(2026, 1, 1, tzinfo=UTC), state="OK"), "not ALARM"),
         (
             alarm_event(time=datetime(2026, 1, 1, tzinfo=UTC), cluster="someone-else"),
-            "someone-else",
+            "no per-job SDC query",
         ),
         (
             alarm_event(time=datetime(2026, 1, 1, tzinfo=UTC), metric="CPUUtilization"),
-            "no SDC metric",
+            "no per-job SDC query",
         ),
-        (alarm_event(time=datetime(2026, 1, 1, tzinfo=UTC), namespace="AWS/EC2"), "no SDC metric"),
+        (
+            alarm_event(time=datetime(2026, 1, 1, tzinfo=UTC), namespace="AWS/EC2"),
+            "no per-job SDC query",
+        ),
+        (_without_contributor(), "names no contributor"),
+        (alarm_event(time=datetime(2026, 1, 1, tzinfo=UTC), job="evil\nBcc: x"), "not a job"),
+        (_cluster_metric_alarm(), "no per-job SDC query"),
     ],
     ids=[
         "not-eventbridge",
@@ -223,6 +320,9 @@ def test_localize_ignores_reports_outside_the_alarm_window(cloud, invoke):
         "other-cluster",
         "other-metric",
         "other-namespace",
+        "no-contributor",
+        "job-not-a-name",
+        "cluster-level-alarm",
     ],
 )
 def test_localize_rejects_malformed_and_foreign_events(invoke, event, match):

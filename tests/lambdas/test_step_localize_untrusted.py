@@ -1,5 +1,6 @@
 """localize does not trust the agent's report: names, ids, pods and the alarm's origin are checked
-against HyperPod, Kubernetes and this stack before any node is named a suspect."""
+against HyperPod, Kubernetes and this stack before any node is named a suspect. A claim that
+does not hold is refused (``refused``, with the field), and nothing acts on it."""
 
 from __future__ import annotations
 
@@ -13,17 +14,14 @@ from remediation_factories import (
     REGION,
     TRAINING_NAMESPACE,
     alarm_event,
+    grow_cluster,
+    job_pods,
     put_report,
     rank,
     report,
 )
 
-from sdc_remediation.errors import (
-    InvalidAlarmEvent,
-    InvalidStepInput,
-    NodeNotFound,
-    UntrustedReport,
-)
+from sdc_remediation.errors import InvalidAlarmEvent, InvalidStepInput
 
 GROUP = f"/sdc/{CLUSTER}"
 
@@ -36,6 +34,14 @@ def _node(instance: str) -> str:
     return f"hyperpod-{instance}"
 
 
+def _refused(out: dict, error: str = "UntrustedReport") -> dict:
+    """The one refusal of a localize output, with no suspect named."""
+    assert out["suspects"] == []
+    (refused,) = out["refused"]
+    assert refused["error"] == error
+    return refused
+
+
 def test_a_node_name_with_a_path_in_it_is_refused(cloud, k8s, invoke):
     # Given a report whose rank names "../nodes/victim" (it would reach the Kubernetes URL path)
     t = _now()
@@ -44,13 +50,15 @@ def test_a_node_name_with_a_path_in_it_is_refused(cloud, k8s, invoke):
     body = report(time=t, suspects=[1], ranks={"1": rank("../nodes/victim", instance, 1)})
     put_report(cloud.client("logs"), GROUP, body, t)
 
-    # When / Then: a typed error naming the field; Kubernetes never asked anything
-    with pytest.raises(UntrustedReport, match=r"ranks\.1\.node_name"):
-        invoke("localize", alarm_event(time=t))
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: refused, naming the field; Kubernetes was never asked anything
+    assert _refused(out)["field"] == "ranks.1.node_name"
     assert k8s.requests == []
 
 
-def test_an_instance_id_that_is_not_the_nodes_is_refused(cloud, invoke):
+def test_an_instance_id_that_is_not_the_nodes_is_refused(cloud, cluster_pods, invoke):
     # Given a report that names node A but instance B (both real nodes of the cluster): an
     # approver would be asked about A while replace acts on B
     t = _now()
@@ -58,21 +66,22 @@ def test_an_instance_id_that_is_not_the_nodes_is_refused(cloud, invoke):
     body = report(time=t, suspects=[3], ranks={"3": rank(_node(a), b, 3)})
     put_report(cloud.client("logs"), GROUP, body, t)
 
-    # When / Then: the on-call is told which field lied
-    with pytest.raises(UntrustedReport, match=r"ranks\.3\.instance_id") as caught:
-        invoke("localize", alarm_event(time=t))
-    assert caught.value.field == "ranks.3.instance_id"
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: the on-call is told which field lied
+    assert _refused(out)["field"] == "ranks.3.instance_id"
 
 
-def test_a_malformed_instance_id_is_refused(cloud, invoke):
+def test_a_malformed_instance_id_is_refused(cloud, k8s, invoke):
     # Given an instance id that is no EC2 id (it would be sent to HyperPod as is)
     t = _now()
     body = report(time=t, suspects=[3], ranks={"3": rank(_node("i-0abc"), "workers-0/x", 3)})
     put_report(cloud.client("logs"), GROUP, body, t)
 
     # When / Then
-    with pytest.raises(UntrustedReport, match=r"ranks\.3\.instance_id"):
-        invoke("localize", alarm_event(time=t))
+    out = invoke("localize", alarm_event(time=t))
+    assert _refused(out)["field"] == "ranks.3.instance_id"
 
 
 def test_a_pod_of_another_namespace_does_not_name_a_node(cloud, k8s, invoke):
@@ -84,9 +93,11 @@ def test_a_pod_of_another_namespace_does_not_name_a_node(cloud, k8s, invoke):
     ranks = {"5": rank(victim, None, 5, pod="trainer-worker-5", with_node=False)}
     put_report(cloud.client("logs"), GROUP, report(time=t, suspects=[5], ranks=ranks), t)
 
-    # When / Then: the pod is looked up in the job's namespace only, so nobody is named
-    with pytest.raises(NodeNotFound, match=TRAINING_NAMESPACE):
-        invoke("localize", alarm_event(time=t))
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: the pod is looked up in the job's namespace only, so nobody is named
+    assert TRAINING_NAMESPACE in _refused(out, "NodeNotFound")["reason"]
     assert all(f"/namespaces/{TRAINING_NAMESPACE}/pods/" in r.path for r in k8s.requests)
 
 
@@ -94,20 +105,20 @@ def test_a_pod_on_another_node_than_the_report_says_is_refused(cloud, k8s, invok
     # Given the report puts rank 5 (pod trainer-worker-5) on node A; Kubernetes runs it on B
     t = _now()
     a, b = cloud.nodes[0], cloud.nodes[1]
-    k8s.add_pod("trainer-worker-5", _node(b), namespace=TRAINING_NAMESPACE)
+    k8s.add_job_pod("llama-pretrain", _node(b), TRAINING_NAMESPACE, name="trainer-worker-5")
     ranks = {"5": rank(_node(a), a, 5, pod="trainer-worker-5")}
     put_report(cloud.client("logs"), GROUP, report(time=t, suspects=[5], ranks=ranks), t)
 
     # When / Then
-    with pytest.raises(UntrustedReport, match=r"ranks\.5\.node_name"):
-        invoke("localize", alarm_event(time=t))
+    out = invoke("localize", alarm_event(time=t))
+    assert _refused(out)["field"] == "ranks.5.node_name"
 
 
 def test_a_pod_of_the_job_on_the_reported_node_is_accepted(cloud, k8s, invoke):
     # Given the report and Kubernetes agree on rank 5's pod and node
     t = _now()
     a = cloud.nodes[0]
-    k8s.add_pod("trainer-worker-5", _node(a), namespace=TRAINING_NAMESPACE)
+    k8s.add_job_pod("llama-pretrain", _node(a), TRAINING_NAMESPACE, name="trainer-worker-5")
     ranks = {"5": rank(_node(a), a, 5, pod="trainer-worker-5")}
     put_report(cloud.client("logs"), GROUP, report(time=t, suspects=[5], ranks=ranks), t)
 
@@ -118,7 +129,7 @@ def test_a_pod_of_the_job_on_the_reported_node_is_accepted(cloud, k8s, invoke):
     assert [s["instance_id"] for s in out["suspects"]] == [a]
 
 
-def test_one_suspect_per_instance_with_the_ranks_merged(cloud, invoke):
+def test_one_suspect_per_instance_with_the_ranks_merged(cloud, cluster_pods, invoke):
     # Given two reports name ranks 3 and 4 of the same instance, one by node name only
     t = _now()
     a = cloud.nodes[2]
@@ -172,7 +183,7 @@ def test_an_alarm_event_whose_arn_names_another_alarm_is_refused(cloud, invoke):
         (lambda body: body["ranks"].update({"three": body["ranks"]["3"]}), "ranks"),
     ],
 )
-def test_a_malformed_report_is_a_typed_error_before_anything_happens(cloud, invoke, edit, field):
+def test_a_malformed_report_is_refused_before_anything_happens(cloud, k8s, invoke, edit, field):
     # Given a report that parses as JSON but has no usable window, or a rank key that is no rank
     t = _now()
     a = cloud.nodes[0]
@@ -180,9 +191,12 @@ def test_a_malformed_report_is_a_typed_error_before_anything_happens(cloud, invo
     edit(body)
     put_report(cloud.client("logs"), GROUP, body, t)
 
-    # When / Then: refused at parse time, naming the field
-    with pytest.raises(UntrustedReport, match=field):
-        invoke("localize", alarm_event(time=t))
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: refused at parse time, naming the field; nothing asked of Kubernetes
+    assert _refused(out)["field"].startswith(field)
+    assert k8s.requests == []
 
 
 @pytest.mark.parametrize(
@@ -210,7 +224,7 @@ def test_a_step_refuses_a_malformed_suspect_before_touching_the_node(
     assert k8s.patches == []
 
 
-def test_a_rank_map_split_in_parts_keeps_every_part(cloud, invoke):
+def test_a_rank_map_split_in_parts_keeps_every_part(cloud, cluster_pods, invoke):
     # Given a large job's rank map written as two events of one time (the 1 MiB event limit),
     # and a report naming a rank of each part without details
     t = _now()
@@ -240,25 +254,12 @@ def _item(instance: str) -> dict:
     return copy.deepcopy(item_state(instance))
 
 
-def _grow_cluster(total: int) -> list[str]:
-    """Add nodes to the moto HyperPod cluster up to ``total``; all instance ids, in order."""
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.sagemaker.models import sagemaker_backends
-
-    cluster = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER]
-    template = next(iter(cluster.nodes.values()))
-    for index in range(len(cluster.nodes), total):
-        node = copy.copy(template)
-        node.instance_id = f"i-{index + 1:017x}"
-        cluster.nodes[node.instance_id] = node
-    return list(cluster.nodes)
-
-
-def test_the_largest_alarm_stays_far_under_the_workflow_payload_limit(cloud, invoke):
+def test_the_largest_alarm_stays_far_under_the_workflow_payload_limit(cloud, k8s, invoke):
     # Given the largest alarm the agent can produce: a 1,024-rank job on 64 nodes, every rank
     # named, hundreds of divergent tensors with long names
     t = _now()
-    instances = _grow_cluster(64)[:64]
+    instances = grow_cluster(64)[:64]
+    job_pods(k8s, instances)
     ranks = {
         str(r): rank(_node(instances[r // 16]), instances[r // 16], r % 16, pod=None)
         for r in range(1024)
@@ -310,30 +311,23 @@ def test_replace_refuses_a_suspect_whose_node_is_not_its_instance(cloud, invoke)
         invoke("replace", state)
 
 
-def test_the_on_call_message_names_the_field_that_lied(cloud, invoke):
-    # Given localize refused a report (the workflow's Catch hands the Lambda error to record)
+def test_the_on_call_message_names_the_field_that_lied(cloud, cluster_pods, invoke):
+    # Given localize refused a report's claim (the workflow then records `refused`)
     t = _now()
     a, b = cloud.nodes[0], cloud.nodes[1]
     body = report(time=t, suspects=[3], ranks={"3": rank(_node(a), b, 3)})
     put_report(cloud.client("logs"), GROUP, body, t)
-    event = alarm_event(time=t)
-    with pytest.raises(UntrustedReport) as caught:
-        invoke("localize", event)
-    cause = json.dumps({"errorMessage": str(caught.value), "errorType": "UntrustedReport"})
+    located = invoke("localize", alarm_event(time=t))
+    assert located["refused"]
 
-    # When the failure is recorded and notified, as the workflow does
+    # When the refusal is recorded and notified, as the workflow does
     invoke(
         "record",
-        {
-            "transition": "failed",
-            "notify": True,
-            "state": event,
-            "error": {"Error": "UntrustedReport", "Cause": cause},
-        },
+        {"transition": "refused", "notify": True, "state": located, "execution": "exec-1"},
     )
 
     # Then the on-call reads which report field did not hold, and about which instances
     [msg] = cloud.sns_messages()
-    assert "UntrustedReport" in msg["message"]
+    assert "refused" in msg["subject"]
     assert "ranks.3.instance_id" in msg["message"]
     assert b in msg["message"]

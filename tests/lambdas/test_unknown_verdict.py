@@ -43,7 +43,7 @@ def _report_with_newer_kind(cloud, k8s, instance: str) -> datetime:
 
 @pytest.mark.filterwarnings("ignore:No application metrics")
 def test_a_newer_verdict_reaches_the_approval_and_the_metrics_as_unknown(
-    cloud, k8s, invoke, capsys
+    cloud, k8s, cluster_pods, invoke, capsys
 ):
     # Given a report whose confirmation kind is a newer agent's
     instance = cloud.nodes[4]
@@ -81,7 +81,9 @@ def test_a_newer_verdict_reaches_the_approval_and_the_metrics_as_unknown(
 
 
 @pytest.mark.filterwarnings("ignore:No application metrics")
-def test_the_mode_of_a_newer_verdict_is_the_mode_of_unknown(cloud, k8s, invoke, monkeypatch):
+def test_the_mode_of_a_newer_verdict_is_the_mode_of_unknown(
+    cloud, k8s, cluster_pods, invoke, monkeypatch
+):
     # Given verdicts this deployment does not know in shadow, everything else enforced
     monkeypatch.setenv("CHECK_MODES", json.dumps({"compute/unknown": "shadow"}))
     instance = cloud.nodes[6]

@@ -1,8 +1,9 @@
 """A loopback HTTPS Kubernetes API stand-in: real TLS with a CA made per test, EKS token checks.
 
-Serves the calls the remediation Lambdas make (GET/PATCH /api/v1/nodes/<name>, GET /api/v1/pods
-with a metadata.name field selector), records every request, and can fail on demand (status
-codes or a hang) so the error mapping is tested against a real HTTP stack. Reusable by the
+Serves the calls the remediation Lambdas make (GET/PATCH /api/v1/nodes/<name>, GET of one pod,
+and the pod list of a namespace with ``labelSelector``, ``fieldSelector``, ``limit`` and
+``continue`` as the API server takes them), records every request, and can fail on demand
+(status codes or a hang) so the error mapping is tested against a real HTTP stack. Reusable by the
 end-to-end harness: ``with KubeStandIn() as k8s: env K8S_API_ENDPOINT=k8s.url,
 K8S_API_CA_DATA=k8s.ca_b64``.
 """
@@ -30,6 +31,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 TOKEN_PREFIX = "k8s-aws-v1."
+JOB_LABEL = "training.kubeflow.org/job-name"
+"""The job-name label the Kubeflow training operator puts on every pod of a PyTorchJob."""
+POD_FIELDS = {
+    "metadata.name": lambda p: p["metadata"]["name"],
+    "metadata.namespace": lambda p: p["metadata"]["namespace"],
+    "spec.nodeName": lambda p: p["spec"].get("nodeName", ""),
+    "status.phase": lambda p: p.get("status", {}).get("phase", ""),
+}
+"""The pod fields this stand-in selects on (the API server supports a few more, e.g.
+spec.restartPolicy; any other field is a 400, as there)."""
 
 
 def make_ca_and_server_cert(hostname: str = "127.0.0.1") -> tuple[bytes, bytes, bytes]:
@@ -130,6 +141,44 @@ def token_is_valid(auth_header: str) -> bool:
     )
 
 
+class SelectorError(ValueError):
+    """A selector the API server would refuse (400 BadRequest)."""
+
+
+def _requirements(selector: str) -> list[tuple[str, str, str]]:
+    """``a=b,c!=d,e==f`` -> [(key, op, value)]: equality-based requirements, comma = AND."""
+    out = []
+    for part in filter(None, (p.strip() for p in selector.split(","))):
+        for op in ("!=", "==", "="):
+            key, sep, value = part.partition(op)
+            if sep:
+                out.append((key.strip(), "!=" if op == "!=" else "=", value.strip()))
+                break
+        else:
+            raise SelectorError(f"unable to parse requirement: {part!r}")
+    return out
+
+
+def matches_labels(labels: dict[str, str], selector: str) -> bool:
+    """Equality-based label selection as the API server does it (a missing label matches
+    ``!=`` and never ``=``)."""
+    for key, op, value in _requirements(selector):
+        present = labels.get(key)
+        if (op == "=") != (present == value):
+            return False
+    return True
+
+
+def matches_fields(pod: dict[str, Any], selector: str) -> bool:
+    """Field selection on the pod fields of ``POD_FIELDS``; another field is a SelectorError."""
+    for key, op, value in _requirements(selector):
+        if key not in POD_FIELDS:
+            raise SelectorError(f'"{key}" is not a known field selector')
+        if (op == "=") != (POD_FIELDS[key](pod) == value):
+            return False
+    return True
+
+
 def strategic_merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     """Enough of a strategic-merge patch for maps: nested merge, ``None`` deletes a key."""
     out = copy.deepcopy(target)
@@ -192,11 +241,54 @@ class KubeStandIn:
             if name in self.nodes:
                 self.nodes[name]["metadata"]["labels"].update(labels)
 
-    def add_pod(self, name: str, node: str, namespace: str = "default") -> None:
-        """Register a pod scheduled on ``node``."""
-        self.pods.append(
-            {"metadata": {"name": name, "namespace": namespace}, "spec": {"nodeName": node}}
-        )
+    def add_pod(
+        self,
+        name: str,
+        node: str,
+        namespace: str = "default",
+        *,
+        labels: dict[str, str] | None = None,
+        phase: str = "Running",
+        finished_at: str | None = None,
+    ) -> None:
+        """Register a pod scheduled on ``node`` (``phase`` Succeeded/Failed with the time its
+        container terminated, ``finished_at``, for a pod that ended)."""
+        status: dict[str, Any] = {"phase": phase}
+        if finished_at is not None:
+            status["containerStatuses"] = [
+                {"name": "trainer", "state": {"terminated": {"finishedAt": finished_at}}}
+            ]
+        with self.lock:
+            self.pods.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": name,
+                        "namespace": namespace,
+                        "labels": dict(labels or {}),
+                    },
+                    "spec": {"nodeName": node},
+                    "status": status,
+                }
+            )
+
+    def add_job_pod(
+        self,
+        job: str,
+        node: str,
+        namespace: str = "default",
+        *,
+        name: str | None = None,
+        label: str = JOB_LABEL,
+        **kwargs: Any,
+    ) -> str:
+        """Register a pod of training job ``job`` on ``node`` (its job-name ``label``, as the
+        Kubeflow training operator sets it); returns the pod's name."""
+        with self.lock:
+            name = name or f"{job}-worker-{len(self.pods)}"
+            self.add_pod(name, node, namespace, labels={label: job}, **kwargs)
+        return name
 
     @property
     def patches(self) -> list[Recorded]:
@@ -291,6 +383,39 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                 self._reply(200, api.nodes[name])
                 return
             if (
+                len(segments) == 5
+                and segments[:3] == ["api", "v1", "namespaces"]
+                and segments[4] == "pods"
+                and method == "GET"
+            ):
+                namespace = urllib.parse.unquote(segments[3])
+                query = urllib.parse.parse_qs(parts.query)
+                try:
+                    items = [
+                        p
+                        for p in api.pods
+                        if p["metadata"]["namespace"] == namespace
+                        and matches_labels(
+                            p["metadata"].get("labels") or {},
+                            query.get("labelSelector", [""])[0],
+                        )
+                        and matches_fields(p, query.get("fieldSelector", [""])[0])
+                    ]
+                except SelectorError as exc:
+                    self._status(400, f"BadRequest: {exc}")
+                    return
+                start = int(query.get("continue", ["0"])[0] or 0)
+                limit = int(query.get("limit", ["0"])[0] or 0) or len(items) or 1
+                page = items[start : start + limit]
+                metadata: dict[str, Any] = {"resourceVersion": "1"}
+                if start + limit < len(items):
+                    metadata["continue"] = str(start + limit)
+                self._reply(
+                    200,
+                    {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": page},
+                )
+                return
+            if (
                 len(segments) == 6
                 and segments[:3] == ["api", "v1", "namespaces"]
                 and segments[4] == "pods"
@@ -307,12 +432,6 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                     self._status(404, "NotFound")
                     return
                 self._reply(200, found[0])
-                return
-            if segments == ["api", "v1", "pods"] and method == "GET":
-                selector = urllib.parse.parse_qs(parts.query).get("fieldSelector", [""])[0]
-                wanted = selector.removeprefix("metadata.name=")
-                items = [p for p in api.pods if p["metadata"]["name"] == wanted]
-                self._reply(200, {"kind": "PodList", "items": items})
                 return
             self._status(404, "NotFound")
 

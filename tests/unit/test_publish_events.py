@@ -39,10 +39,11 @@ def nonfinite_alarm() -> Alarm:
     )
 
 
-def test_nonfinite_alarm_publishes_on_the_cluster_series_and_once_per_named_node():
+def test_nonfinite_alarm_publishes_on_the_cluster_and_job_series_and_once_per_named_node():
     # Given two non-finite ranks on the same node
     data = alarm_metric_data(nonfinite_alarm(), "c", "j")
-    # Then one datum on {ClusterName} and one on that node's {ClusterName, JobName, NodeName}
+    # Then one datum on {ClusterName}, one on the job's {ClusterName, JobName} (what the per-job
+    # alarms watch) and one on that node's {ClusterName, JobName, NodeName}
     assert data == [
         {
             "MetricName": "sdc_nonfinite_grad",
@@ -50,6 +51,16 @@ def test_nonfinite_alarm_publishes_on_the_cluster_series_and_once_per_named_node
             "Unit": "Count",
             "StorageResolution": 1,
             "Dimensions": [{"Name": "ClusterName", "Value": "c"}],
+        },
+        {
+            "MetricName": "sdc_nonfinite_grad",
+            "Value": 2.0,
+            "Unit": "Count",
+            "StorageResolution": 1,
+            "Dimensions": [
+                {"Name": "ClusterName", "Value": "c"},
+                {"Name": "JobName", "Value": "j"},
+            ],
         },
         {
             "MetricName": "sdc_nonfinite_grad",
@@ -106,12 +117,12 @@ def test_each_check_publishes_its_metric_count_and_nodes(alarm, name, value, nod
     assert data[0]["Dimensions"] == [{"Name": "ClusterName", "Value": "c"}]
 
 
-def test_a_named_rank_without_placement_still_publishes_the_cluster_series(caplog):
+def test_a_named_rank_without_placement_still_publishes_the_cluster_and_job_series(caplog):
     # Given an alarm naming rank 9 without its RankInfo
     alarm = Alarm(step=1, check="compute", nonfinite=[9], suspects=[9])
-    # Then no node series, a warning, and the cluster series
+    # Then no node series, a warning, and the cluster and job series
     assert named_nodes(alarm) == []
-    assert len(alarm_metric_data(alarm, "c", "j")) == 1
+    assert len(alarm_metric_data(alarm, "c", "j")) == 2
     assert "rank 9" in caplog.text
 
 
@@ -209,7 +220,11 @@ def test_a_nonfinite_rank_nobody_is_blamed_for_gets_no_per_node_series():
         suspect_window=(6, 7),
         ranks={"3": info(3, 1)},
     )
-    # Then only the cluster series is published: the pipeline is told, and looks for no node
+    # Then only the cluster and job series are published: the pipeline is told (the job's
+    # alarm fires), and looks for no node
     data = alarm_metric_data(alarm, "c", "j")
-    assert [d["Dimensions"] for d in data] == [[{"Name": "ClusterName", "Value": "c"}]]
+    assert [d["Dimensions"] for d in data] == [
+        [{"Name": "ClusterName", "Value": "c"}],
+        [{"Name": "ClusterName", "Value": "c"}, {"Name": "JobName", "Value": "j"}],
+    ]
     assert named_nodes(alarm) == []

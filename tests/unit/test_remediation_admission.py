@@ -43,16 +43,47 @@ def test_held_nodes_count_against_the_fraction_although_nothing_is_in_flight():
     assert "2 cordoned and not released" in out.reason
 
 
-def test_held_nodes_from_before_the_hour_still_count_against_the_hourly_cap():
-    held = [{"instance_id": "i-a", "remediation_id": "r-a", "at": _ago(5)}]
-    admissions = [{"instance_id": "i-b", "at": _ago(0.5)}]
-    out = decide(
-        _req(max_fraction=1.0),
-        GuardSnapshot(node=None, admissions=admissions, held=held),
+def test_held_nodes_count_against_the_fraction_only_never_the_hourly_rate():
+    # Given two nodes admitted three days ago and never released (superseded rule: held nodes
+    # counted against MAX_NODES_PER_HOUR too, so these two jammed every new alarm), and a
+    # cluster with room in its fraction
+    held = [
+        {"instance_id": "i-a", "remediation_id": "r-a", "at": _ago(72)},
+        {"instance_id": "i-b", "remediation_id": "r-b", "at": _ago(73)},
+    ]
+    # When a new node alarms
+    out = decide(_req(max_fraction=1.0), GuardSnapshot(node=None, held=held), NOW)
+    # Then it is admitted: the rate counts the rolling hour's admissions only
+    assert out.decision == "admitted"
+
+
+def test_the_hourly_rate_counts_the_admissions_of_the_rolling_hour():
+    admissions = [{"instance_id": "i-a", "at": _ago(0.5)}, {"instance_id": "i-b", "at": _ago(0.9)}]
+    out = decide(_req(max_fraction=1.0), GuardSnapshot(node=None, admissions=admissions), NOW)
+    assert out.decision == "circuit_open" and "MAX_NODES_PER_HOUR" in out.reason
+    # ... and an admission older than the hour no longer counts
+    older = [{"instance_id": "i-a", "at": _ago(0.5)}, {"instance_id": "i-b", "at": _ago(1.1)}]
+    assert (
+        decide(_req(max_fraction=1.0), GuardSnapshot(node=None, admissions=older), NOW).decision
+        == "admitted"
+    )
+
+
+def test_one_remediation_per_report():
+    # Given this report already raised remediation r-1 of the node (another execution: a second
+    # alarm on another metric of the same report, a flapping contributor)
+    claim = {"remediation_id": "r-1", "execution": "arn:exec:0", "item": 0}
+    out = decide(_req(report="job#120#compute#t"), GuardSnapshot(node=None, report=claim), NOW)
+    # Then it is a duplicate of r-1, not a second remediation
+    assert (out.decision, out.remediation_id) == ("duplicate", "r-1")
+    assert "one remediation per report" in out.reason
+    # ... while a retry of the execution and item that claimed it is that admission again
+    retry = decide(
+        _req(report="job#120#compute#t", execution="arn:exec:0", item=0),
+        GuardSnapshot(node=None, report=claim),
         NOW,
     )
-    assert out.decision == "circuit_open"
-    assert "MAX_NODES_PER_HOUR" in out.reason
+    assert retry.decision == "admitted"
 
 
 def test_a_node_that_is_itself_held_does_not_count_twice():

@@ -80,6 +80,7 @@ def test_protected_ops_keep_the_plain_modules_values_bit_for_bit(armed, bf16):
         "gate": "softmax",
         "add": "residual_add",
         "logp": "log_softmax",
+        "/mul": "mul",  # h * gate(h) in the forward: a function site (sensors/sites.py)
     }
     assert type(guarded.legacy) is nn.Softmax  # torch's implicit dim stays unchecked
     assert not board.take_flags()[0].any()

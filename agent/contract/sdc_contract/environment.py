@@ -29,12 +29,17 @@ ALARM_ACCOUNT_ID = "ALARM_ACCOUNT_ID"
 ALARM_NAME_PREFIX = "ALARM_NAME_PREFIX"
 # Read by the functions, not set by infra (each has a default or is optional; docs/CONTRACT.md).
 TRAINING_NAMESPACE = "TRAINING_NAMESPACE"
+SHADOW_HEALTH_CHECK = "SHADOW_HEALTH_CHECK"
+"""``true``: shadowed alarms run the deep health check, through the shadow guard (admit)."""
+JOB_LABEL = "JOB_LABEL"
+"""The pod label that names a pod's training job (default ``names.DEFAULT_JOB_LABEL``)."""
 APPROVAL_URL = "APPROVAL_URL"
 CHECK_MODES = "CHECK_MODES"
 AUTO_APPROVE = "AUTO_APPROVE"
-APPROVE_FUNCTION = "APPROVE_FUNCTION"
-"""Set on request_approval only, when the canary is on: the approve function it invokes to settle
-the canary's approval (docs/deploy.md, "The canary")."""
+CANARY_TIMEOUT_SECONDS = "CANARY_TIMEOUT_SECONDS"
+"""Set on the canary function only: how long a run may take (``canaryTimeout``); a run stays open,
+and its reports and approval acceptable, that long at most."""
+DEFAULT_CANARY_TIMEOUT_SECONDS = 3600
 
 FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     HYPERPOD_CLUSTER_NAME,
@@ -59,6 +64,8 @@ FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     CHECK_MODES,
     AUTO_APPROVE,
     TRAINING_NAMESPACE,
+    JOB_LABEL,
+    SHADOW_HEALTH_CHECK,
 )
 """What infra sets on every function (besides Powertools' own variables below)."""
 
@@ -105,10 +112,11 @@ __all__ = [
     "APPROVAL_TTL_MARGIN_SECONDS",
     "APPROVAL_TTL_SECONDS",
     "APPROVAL_URL",
-    "APPROVE_FUNCTION",
     "AUTO_APPROVE",
+    "CANARY_TIMEOUT_SECONDS",
     "CHECK_MODES",
     "DEFAULT_APPROVAL_TIMEOUT_SECONDS",
+    "DEFAULT_CANARY_TIMEOUT_SECONDS",
     "DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS",
     "DEFAULT_LOOKBACK_SECONDS",
     "DEFAULT_MAX_FRACTION",
@@ -119,6 +127,7 @@ __all__ = [
     "HEALTH_CHECKS",
     "HEALTH_CHECK_TIMEOUT_SECONDS",
     "HYPERPOD_CLUSTER_NAME",
+    "JOB_LABEL",
     "K8S_API_CA_DATA",
     "K8S_API_ENDPOINT",
     "LEDGER_TABLE",
@@ -134,6 +143,7 @@ __all__ = [
     "SDC_METRIC_NAMESPACE",
     "SDC_SPOOL_DIR",
     "SDC_SPOOL_MAX_BYTES",
+    "SHADOW_HEALTH_CHECK",
     "STATE_MACHINE_ARN",
     "TOPIC_ARN",
     "TRAINING_NAMESPACE",

@@ -36,9 +36,9 @@ CLUSTER_DIMENSION = "ClusterName"
 JOB_DIMENSION = "JobName"
 NODE_DIMENSION = "NodeName"
 CLUSTER_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION,)
-"""The series the deployed alarms watch."""
+"""The cluster's series of each SDC metric (the dashboard's)."""
 JOB_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION, JOB_DIMENSION)
-"""The liveness series."""
+"""A job's series: of each SDC metric (what the per-job alarms watch) and the liveness counts."""
 NODE_SERIES: tuple[str, ...] = (CLUSTER_DIMENSION, JOB_DIMENSION, NODE_DIMENSION)
 """The per-node series of every node an alarm names, which localize lists."""
 
@@ -53,16 +53,56 @@ OUTCOME_DIMENSIONS: tuple[str, ...] = (CLUSTER_DIMENSION, CHECK_DIMENSION, VERDI
 is always one of the contract's (``report.verdict_name``). Powertools adds ``service``."""
 
 
+ALARM_PERIOD_SECONDS = 60
+"""The period of the deployed SDC alarms: Metrics Insights evaluates minutes only (it
+aggregates high-resolution data to one minute)."""
+CONTRIBUTOR_EVENT = "CloudWatch Alarm Contributor State Change"
+"""The EventBridge detail-type of one contributor (one job) of a Metrics Insights alarm changing
+state: what starts the remediation workflow."""
+
+
+def job_alarm_query(
+    namespace: str,
+    metric: str,
+    cluster: str,
+    *,
+    only_job: str | None = None,
+    except_job: str | None = None,
+) -> str:
+    """The Metrics Insights query of a per-job SDC alarm: ``metric`` on each job's
+    {ClusterName, JobName} series of ``cluster``, one contributor per job (GROUP BY JobName).
+    The job series carries every finding, also one that names no node (which has no per-node
+    series).
+
+    Each job is its own contributor, with its own ALARM/OK state, so one job's data cannot hold
+    another job's alarm in ALARM. ``only_job`` / ``except_job`` keep one job to itself (the
+    canary) or out (every training alarm). infra builds the alarms from this, and localize
+    accepts an alarm event only when its query is exactly one of these.
+    """
+    where = [f"{CLUSTER_DIMENSION} = '{cluster}'"]
+    if only_job is not None:
+        where.append(f"{JOB_DIMENSION} = '{only_job}'")
+    if except_job is not None:
+        where.append(f"{JOB_DIMENSION} != '{except_job}'")
+    schema = ", ".join([f'"{namespace}"', *JOB_SERIES])
+    return (
+        f"SELECT SUM({metric}) FROM SCHEMA({schema}) WHERE {' AND '.join(where)} "
+        f"GROUP BY {JOB_DIMENSION} ORDER BY SUM() DESC"
+    )
+
+
 def report_log_group(cluster: str) -> str:
     """The log group of a cluster's reports and rank maps, unless configured otherwise."""
     return f"/sdc/{cluster}"
 
 
 __all__ = [
+    "ALARM_PERIOD_SECONDS",
     "AUDIT_PASS_METRIC",
     "CHECK_DIMENSION",
     "CLUSTER_DIMENSION",
     "CLUSTER_SERIES",
+    "CONTRIBUTOR_EVENT",
     "DEFAULT_NAMESPACE",
     "DIVERGENT_TENSORS_METRIC",
     "JOB_DIMENSION",
@@ -79,5 +119,6 @@ __all__ = [
     "UNCONFIRMED_SENSOR_FLAGS_METRIC",
     "VERDICT_DIMENSION",
     "WEIGHT_CHECK_PASS_METRIC",
+    "job_alarm_query",
     "report_log_group",
 ]

@@ -23,6 +23,19 @@ INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
 NODE_NAME_PREFIX = "hyperpod-"
 """HyperPod names an instance's Kubernetes node ``hyperpod-<instance id>``."""
 
+JOB_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+"""A training job's name as the pipeline accepts it in a report: a Kubernetes label value
+(at most ``MAX_JOB_NAME_CHARS``), because the pipeline corroborates a report by the job-name
+label of the job's pods (``DEFAULT_JOB_LABEL``), whose value the agent's job name follows."""
+MAX_JOB_NAME_CHARS = 63
+DEFAULT_JOB_LABEL = "training.kubeflow.org/job-name"
+"""The pod label that names a pod's training job: the Kubeflow training operator's, set on every
+pod of a PyTorchJob (context key ``jobLabel`` / ``JOB_LABEL`` names another)."""
+_LABEL_KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+GPU_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+"""A GPU's identifier in a report: ``GPU-<uuid>`` (NVIDIA), ``cuda:<n>`` or ``cpu`` as the agent
+writes it; at most 64 characters of letters, digits and ``. _ : -``."""
+
 HEALTH_CHECK_TYPES: tuple[str, ...] = (
     "InstanceStress",
     "InstanceConnectivity",
@@ -49,6 +62,25 @@ def is_instance_id(value: str) -> bool:
     return bool(INSTANCE_ID.match(value))
 
 
+def is_job_name(value: str) -> bool:
+    """Whether ``value`` is a job name the pipeline accepts (a Kubernetes label value)."""
+    return 0 < len(value) <= MAX_JOB_NAME_CHARS and bool(JOB_NAME.match(value))
+
+
+def is_label_key(value: str) -> bool:
+    """Whether ``value`` is a Kubernetes label key: ``[prefix/]name``, the prefix a DNS-1123
+    subdomain, the name at most 63 of letters, digits and ``- _ .``."""
+    prefix, _, name = value.rpartition("/")
+    if prefix and not is_subdomain_name(prefix):
+        return False
+    return 0 < len(name) <= MAX_LABEL_CHARS and bool(_LABEL_KEY_NAME.match(name))
+
+
+def is_gpu_uuid(value: str) -> bool:
+    """Whether ``value`` is a GPU identifier as a report may carry it (``GPU_UUID``)."""
+    return bool(GPU_UUID.match(value))
+
+
 def node_name_of(instance_id: str) -> str:
     """The Kubernetes node name HyperPod gives ``instance_id``."""
     return NODE_NAME_PREFIX + instance_id
@@ -56,15 +88,22 @@ def node_name_of(instance_id: str) -> str:
 
 __all__ = [
     "DEFAULT_HEALTH_CHECKS",
+    "DEFAULT_JOB_LABEL",
     "DNS1123_LABEL",
     "DNS1123_SUBDOMAIN",
+    "GPU_UUID",
     "HEALTH_CHECK_TYPES",
     "INSTANCE_ID",
+    "JOB_NAME",
+    "MAX_JOB_NAME_CHARS",
     "MAX_LABEL_CHARS",
     "MAX_SUBDOMAIN_CHARS",
     "NODE_NAME_PREFIX",
     "REPLACE_MODES",
+    "is_gpu_uuid",
     "is_instance_id",
+    "is_job_name",
+    "is_label_key",
     "is_label_name",
     "is_subdomain_name",
     "node_name_of",

@@ -9,6 +9,7 @@ what no check covers, so that an operator reads what protection a job really has
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NotRequired, TypedDict
 
 from .checks.replay.attribution import replay_target, third_gpu
@@ -23,9 +24,9 @@ BETWEEN_AUDITS = (
 
 BETWEEN_AUDITS_WITH_SENSORS = (
     "steps between audits, outside what the online sensors sample: a transient compute error "
-    "in a GEMM or LayerNorm the sensors do not check at that step (see online_sensors' rates "
-    "and blind list), or in any other op, is caught only if it makes a gradient non-finite or "
-    "leaves the replicas' weights different"
+    "in an op whose sensor does not check at that step (see online_sensors' families, rates "
+    "and blind list), or in an op without a sensor, is caught only if it makes a gradient "
+    "non-finite or leaves the replicas' weights different"
 )
 
 NOT_COVERED = [
@@ -65,6 +66,16 @@ NOT_COVERED_TP = [
     "named by check 1 on every rank of the group whose local gradient it reached",
 ]
 """What tensor parallelism leaves to the group rather than the GPU, or uncovered."""
+
+NOT_COVERED_PIPELINE = [
+    "a corruption between pipeline stages, in transit (what a stage sent is not what the next "
+    "one received): an audit sees replicas disagree with no stage diverging from the same "
+    "inputs, and reports it naming nobody; check 1 names nobody for a NaN that appears in "
+    "transit",
+    "online GEMM sensors: not run under a pipeline (a candidate's confirmation would need one "
+    "stage replayed without the others)",
+]
+"""What no check covers under pipeline parallelism, beyond the data-parallel lines."""
 
 
 class LayoutFacts(TypedDict):
@@ -116,12 +127,17 @@ def describe(
     param_dtypes: list[str],
     layout: LayoutFacts | None = None,
     sensors_on: bool = False,
+    replica_columns: Sequence[Sequence[int]] | None = None,
+    pipeline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The coverage description (see the module docstring); every value is JSON-ready.
 
     ``layout``: the parallelism adapter's ``coverage_facts()`` (which ranks hold copies of the
-    same weights); None: DDP over ``global_ranks``. ``sensors_on``: online sensors check
-    sampled GEMMs and LayerNorms between audits, so those steps are not wholly blind."""
+    same weights); None: DDP over ``global_ranks``. ``sensors_on``: online sensors check the
+    sampled ops (GEMMs, norms, the functions a forward calls) between audits, so those steps are
+    not wholly blind. ``replica_columns``: the adapter's rings of replicas
+    (``replica_columns()``; None: one ring over ``global_ranks``); ``pipeline``: the pipeline's
+    shape (``PipelineAdapter.pipeline_facts()``) when a pipeline schedule drives the model."""
     facts = layout if layout is not None else ddp_facts(global_ranks)
     sharded = facts["parallel"] != "ddp"
     world = len(global_ranks)
@@ -130,11 +146,12 @@ def describe(
     audits_on = schedule.audit_every > 0
     pairs = [
         {
-            "replayer": global_ranks[r],
-            "target": global_ranks[replay_target(r, world, offset)],
-            "third": global_ranks[third_gpu(replay_target(r, world, offset), world, offset)],
+            "replayer": ring[r],
+            "target": ring[replay_target(r, len(ring), offset)],
+            "third": ring[third_gpu(replay_target(r, len(ring), offset), len(ring), offset)],
         }
-        for r in range(world)
+        for ring in (replica_columns or [global_ranks])
+        for r in range(len(ring))
     ]
     weights_asked = (
         schedule.check_every > 0
@@ -157,11 +174,13 @@ def describe(
     not_covered = [between_audits if line is BETWEEN_AUDITS else line for line in NOT_COVERED]
     if sharded:
         not_covered.append(NOT_COVERED_SHARDED)
-    if not facts["weights_compared"] and facts["parallel"] in ("fsdp", "fsdp+tp"):
+    if not facts["weights_compared"] and facts["parallel"] in ("fsdp", "fsdp+tp", "pp+fsdp"):
         not_covered.append(NOT_COVERED_FULL_SHARDING)
     groups = facts.get("compute_groups")
     if groups:
         not_covered += NOT_COVERED_TP
+    if pipeline is not None:
+        not_covered += NOT_COVERED_PIPELINE
     confirm_why = (
         "a rank whose local gradient is non-finite has its micro-batches replayed on a third "
         "GPU on a third node and on itself"
@@ -194,12 +213,55 @@ def describe(
             "nobody (numerics or data); not reproduced: SDC, alarm naming the rank",
         }
     precision["parameter_dtypes"] = sorted(set(param_dtypes))
+    gradients_why = (
+        "every step: each rank's local gradient before the all-reduce (of the accumulated "
+        "micro-batches) and its reduced, clipped gradient after it"
+        if not sharded
+        else "every step: each rank's local, unsharded gradient before the reduce-scatter (of "
+        "the accumulated micro-batches) and its shard of the reduced, clipped gradient after it"
+    )
+    audit_why = (
+        f"every {schedule.audit_every} steps, each rank replays another rank's micro-batch on "
+        "another node"
+        + (
+            " (collectively: every rank at once, through the sharded module, gradient sync off)"
+            if sharded
+            else ""
+        )
+    )
+    compares = (
+        "loss bits and per-parameter gradient fingerprints"
+        if schedule.deterministic_audits
+        else "loss bits only (deterministic_audits=False)"
+    )
+    if pipeline is not None:
+        gradients_why = (
+            "every step: each rank's local gradient of its stage before the data-parallel "
+            "reduction (every micro-batch of each pipeline step) and its shard of the reduced, "
+            "clipped gradient after it (clipped by the norm over every stage); a NaN/Inf is "
+            "named on the stage where it started (finite inputs, non-finite outputs or "
+            "gradients), not on the stages it flowed to; every rank waits for each step's "
+            "flags, so the stages apply a step together or not at all"
+        )
+        audit_why = (
+            f"every {schedule.audit_every} steps, each replica replays another replica's "
+            "pipeline step on another node (every stage at once, through the sharded stages, "
+            "data-parallel reduction off); each rank is compared with the same stage of the "
+            "replica it replayed, and only a stage that diverged from the same inputs is named"
+        )
+        compares = (
+            "per stage: activations received and sent, the last stage's loss bits, gradients "
+            "received and sent back, and local parameter gradient fingerprints"
+            if schedule.deterministic_audits
+            else "per stage: activations received and sent and the last stage's loss bits "
+            "(deterministic_audits=False)"
+        )
     if groups:
         local = (
             "each TP group replays another group's micro-batch collectively, every rank its own "
             "slice of it (the ranks at the same tp coordinate compared)"
         )
-        replay_why = (
+        audit_why = (
             f"every {schedule.audit_every} steps, {local}, on another node, gradient sync off"
         )
         compares = (
@@ -234,30 +296,14 @@ def describe(
         "checks": {
             "nonfinite_gradients": {
                 "on": True,
-                "why": "every step: each rank's local gradient before the all-reduce (of the "
-                "accumulated micro-batches) and its reduced, clipped gradient after it"
-                if not sharded
-                else "every step: each rank's local, unsharded gradient before the "
-                "reduce-scatter (of the accumulated micro-batches) and its shard of the reduced, "
-                "clipped gradient after it",
+                "why": gradients_why,
                 "confirmation": {"on": can_confirm, "why": confirm_why},
             },
             "replay_audit": {
                 "on": audits_on,
-                "why": f"every {schedule.audit_every} steps, each rank replays another rank's "
-                "micro-batch on another node"
-                + (
-                    " (collectively: every rank at once, through the sharded module, gradient "
-                    "sync off)"
-                    if sharded
-                    else ""
-                )
-                if audits_on
-                else "Schedule.audit_every is 0",
+                "why": audit_why if audits_on else "Schedule.audit_every is 0",
                 "every": schedule.audit_every,
-                "compares": "loss bits and per-parameter gradient fingerprints"
-                if schedule.deterministic_audits
-                else "loss bits only (deterministic_audits=False)",
+                "compares": compares,
                 "pairs": pairs if audits_on else [],
                 "micro_batches": {
                     "per_step": n,
@@ -300,10 +346,7 @@ def describe(
     if "mesh" in facts:
         report["mesh"] = facts["mesh"]
     if groups:
-        checks = report["checks"]
-        checks["nonfinite_gradients"]["why"] = gradients_why
-        if audits_on:
-            checks["replay_audit"]["why"] = replay_why
-        checks["replay_audit"]["compares"] = compares
-        checks["replay_audit"]["compute_groups"] = groups
+        report["checks"]["replay_audit"]["compute_groups"] = groups
+    if pipeline is not None:
+        report["pipeline"] = pipeline
     return report

@@ -4,8 +4,10 @@ It starts 3 simulated nodes x 2 ranks on this machine (:mod:`sdc_agent.drills.la
 persistent fault into one rank's forward pass (:mod:`sdc_agent.drills.faults`), trains the drill
 job (:mod:`sdc_agent.drills.job`) and prints the alarm; ``--parallel fsdp|hsdp`` runs the same
 drill on a model sharded with FSDP2 (full sharding, or HSDP with replicas across nodes and
-shards within a node), and ``--parallel tp|fsdp+tp`` on a tensor-parallel model (TP groups
-inside a node, composed with HSDP replicas or FSDP2 shards across nodes).
+shards within a node), ``--parallel tp|fsdp+tp`` on a tensor-parallel model (TP groups
+inside a node, composed with HSDP replicas or FSDP2 shards across nodes), and ``--parallel pp``
+on a 2-stage pipeline per node whose stages are sharded over the replicas
+(``torch.distributed.pipelining`` with FSDP2).
 
 The drills live in :mod:`sdc_agent.drills`, which the guard never imports; the names this module
 had before they moved there (the drill job, the launcher) stay importable from here, for code
@@ -32,6 +34,7 @@ from .drills.job import (
     train_drill,
 )
 from .drills.launch import Job, launch, node_name
+from .drills.pipeline import STAGES
 
 __all__ = [
     "DrillModel",
@@ -95,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
     parser.add_argument(
         "--parallel",
-        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp"],
+        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp"],
         default="ddp",
         help="how the model is parallel: DDP, FSDP2 full sharding, HSDP (replicas across "
         "nodes, shards within a node), tp (tensor parallel inside a node, HSDP replicas across "
-        "nodes: a ('replicate', 'shard', 'tp') mesh) or fsdp+tp (tensor parallel inside a node, "
-        "FSDP2 across nodes: ('dp', 'tp'))",
+        "nodes: a ('replicate', 'shard', 'tp') mesh), fsdp+tp (tensor parallel inside a node, "
+        "FSDP2 across nodes: ('dp', 'tp')), or pp: a 2-stage pipeline per node, each stage a "
+        "whole copy per replica (HSDP), replicas across nodes",
     )
     args = parser.parse_args(argv)
     world = args.nodes * args.ranks_per_node
@@ -111,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         "tp": ("blocks.1.up", "blocks.0.up.weight"),
         "fsdp+tp": ("blocks.1.up", "blocks.0.up.weight"),
     }.get(args.parallel, ("blocks.1.norm", "blocks.0.fc.weight"))
+    # A pipeline rank holds one stage's layers (sdc_agent.drills.pipeline).
+    if args.parallel == "pp":
+        if args.ranks_per_node != STAGES:
+            parser.error(
+                f"--parallel pp puts one {STAGES}-stage pipeline on each node: "
+                f"--ranks-per-node {STAGES}"
+            )
+        stage = args.rank % STAGES
+        layer, weight = f"blocks.{stage}.norm", f"blocks.{stage}.fc.weight"
     faults = {
         "scale": [
             {
@@ -145,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         "audit_every": 5,
         "check_every": 5,
         "ckpt_every": 10,
-        "peer_offset": args.ranks_per_node,
+        # Under a pipeline the ring runs over replicas, one per node.
+        "peer_offset": 1 if args.parallel == "pp" else args.ranks_per_node,
     }
     print(
         f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks "
@@ -162,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                     "schedule": schedule,
                     "faults": faults,
                     "parallel": args.parallel,
-                    "shards": args.ranks_per_node,
+                    "shards": 1 if args.parallel == "pp" else args.ranks_per_node,
                 },
             )
         ],

@@ -51,6 +51,8 @@ from .alarm import Alarm, RankInfo
 from .checks.gradients.exchange import FlagExchange, GradientCheck
 from .checks.replay.audit import RebuildBatch, ring_audit_type
 from .checks.replay.environment import StepEnvironment
+from .checks.replay.pipeline import PipelineReplayer
+from .checks.replay.pipeline_audit import PipelineRingAudit
 from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
 from .checks.weights.check import weight_check
 from .coverage import describe
@@ -60,7 +62,7 @@ from .recording import open_alarm_log
 from .reporting import Reporter
 from .schedule import Schedule
 from .sensors.check import SensorCheck
-from .topology import TopologyError, rank_map, validate_placement
+from .topology import TopologyError, groups_on, rank_map, validate_placement
 
 logger = logging.getLogger("sdc_agent")
 
@@ -70,8 +72,8 @@ _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
 
 
 class Guard:
-    """Adds the three SDC checks to a DDP or FSDP2 training loop and names the GPU that
-    computed wrong.
+    """Adds the three SDC checks to a DDP, FSDP2 or pipeline-parallel training loop and names the
+    GPU that computed wrong.
 
     ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
     ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP;
@@ -87,6 +89,12 @@ class Guard:
     Construction is collective (it gathers the rank map and checks the topology) and registers
     check 1's hooks (DDP's comm hook, or FSDP2's gradient taps), so build the guard on every
     rank, before the first forward pass.
+
+    With ``pipeline=schedule`` (a ``torch.distributed.pipelining`` schedule driving ``model``,
+    this rank's stage, sharded with FSDP2 over the replicas) each step is the schedule's
+    ``step`` and ``rebuild_batch(step, rank)`` returns what global ``rank`` fed it (the first
+    stage's inputs, the last stage's targets); ``Schedule.peer_offset`` then counts replicas
+    (whole pipelines). See :mod:`sdc_agent.parallel.pp`.
     """
 
     def __init__(
@@ -94,7 +102,7 @@ class Guard:
         model: DistributedDataParallel | nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
-        compute_loss: ComputeLoss,
+        compute_loss: ComputeLoss | None = None,
         rebuild_batch: RebuildBatch,
         schedule: Schedule | None = None,
         dp_group: dist.ProcessGroup | None = None,
@@ -103,6 +111,7 @@ class Guard:
         alarm_dir: str | os.PathLike | None = None,
         allow_unsafe_resume: bool = False,
         divide_loss: bool = True,
+        pipeline: Any = None,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hook.
 
@@ -125,8 +134,20 @@ class Guard:
         the micro-batch's share of the step's loss and is back-propagated as is (the Hugging
         Face Trainer and torchtitan normalise each micro-batch's loss by the whole step's token
         count, so dividing again would change the gradient).
+
+        ``pipeline``: the ``torch.distributed.pipelining`` schedule (``ScheduleGPipe``,
+        ``Schedule1F1B``) that drives ``model``, this rank's pipeline stage, sharded with FSDP2
+        over the data-parallel dimension. The step is then the schedule's ``step``
+        (:meth:`GuardedStep.run_pipeline`), the loss its ``loss_fn`` (leave ``compute_loss``
+        out), and ``rebuild_batch(step, rank)`` returns what global ``rank`` fed the pipeline:
+        the first stage's inputs, the last stage's targets (:mod:`sdc_agent.parallel.pp`).
         """
-        self.parallel: ParallelAdapter = adapter_for(model, dp_group)
+        self.pipelined = pipeline is not None
+        """A pipeline schedule drives the model: each step runs its ``step``."""
+        schedule = schedule or Schedule()
+        if self.pipelined:  # before the adapter's collectives: every rank refuses alike
+            _check_pipeline_options(pipeline, compute_loss, scaler, schedule)
+        self.parallel: ParallelAdapter = adapter_for(model, dp_group, pipeline)
         """The parallelism-specific parts (the training model, the bare module, where check 1's
         taps go, check 2's replay unit, the replicas check 3 compares)."""
         if not isinstance(divide_loss, bool):
@@ -134,7 +155,11 @@ class Guard:
         self.divide_loss = divide_loss
         """Whether each micro-batch's loss is divided by ``Schedule.grad_accum`` before its
         backward (False: ``compute_loss`` returns the share already)."""
-        if not callable(compute_loss) or not callable(rebuild_batch):
+        if not self.pipelined and not callable(compute_loss):
+            raise TypeError(
+                "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
+            )
+        if not callable(rebuild_batch):
             raise TypeError(
                 "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
             )
@@ -150,15 +175,20 @@ class Guard:
         self.scaler = scaler
         """The fp16 loss scaler, or None (bf16/fp32: a reproducible NaN is an alarm naming nobody)."""
         a = self.parallel
-        self.decides_every_step = scaler is not None and a.unscale_is_collective
+        self.decides_every_step = (scaler is not None and a.unscale_is_collective) or (
+            self.pipelined
+        )
         """Every rank waits for each step's flags and judges a flagged step with the others:
         with a scaler whose ``step`` is a collective (FSDP2), no rank may skip an update that
-        another applies."""
+        another applies; under a pipeline, the stages of the model update together or not at
+        all (a NaN sent back to one stage reaches neither the later stages nor their
+        replicas, which would otherwise apply the step). A pipeline's ranks wait for each other
+        at every step anyway (its sends and receives), so the wait costs little."""
         self.model = model
         self.module: nn.Module = a.module
         self.optimizer = optimizer
         self.compute_loss = compute_loss
-        self.schedule = schedule or Schedule()
+        self.schedule = schedule
         self.dp_group = a.dp_group
         self.rank = a.rank
         self.dp_rank = a.dp_rank
@@ -170,9 +200,14 @@ class Guard:
 
         # Collective: every rank gathers the rank map at construction.
         self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
-        nodes = [self.ranks[g].node_name for g in self.global_ranks]
         try:
-            validate_placement(nodes, self.schedule.peer_offset, a.compute_groups)
+            # Along each ring of replicas (one per pipeline stage under a pipeline), with the
+            # ranks that compute together (tensor parallel) by their positions on that ring.
+            for column in a.replica_columns():
+                nodes = [self.ranks[g].node_name for g in column]
+                validate_placement(
+                    nodes, self.schedule.peer_offset, groups_on(column, a.compute_groups)
+                )
             can_confirm = True
         except TopologyError:
             # Audits need the placement; so does a scaler (an overflow is told from a faulty
@@ -193,16 +228,21 @@ class Guard:
         self.gradients = GradientCheck(self.params, a.dp_group, self.world)
         """Check 1: the gradient taps' statistics and the per-step flag exchange."""
         a.install_gradient_taps(self.gradients.hook_state)
-        # The audit for the adapter's replay unit (each rank alone, or every rank in lockstep).
-        self.audit = ring_audit_type(a)(
-            a,
-            a.make_replayer(
-                compute_loss,
-                self.gradients.hook_state,
-                grad_accum=self.schedule.grad_accum,
-                scaler=self.scaler,
-                divide_loss=divide_loss,
-            ),
+        replayer = a.make_replayer(
+            compute_loss,  # type: ignore[arg-type]
+            self.gradients.hook_state,
+            grad_accum=self.schedule.grad_accum,
+            scaler=self.scaler,
+            divide_loss=divide_loss,
+        )
+        # The audit for the adapter's replay unit: each rank alone, every rank in lockstep, or
+        # whole pipeline steps compared stage by stage.
+        audit_type = (
+            PipelineRingAudit if isinstance(replayer, PipelineReplayer) else ring_audit_type(a)
+        )
+        self.audit = audit_type(
+            a,  # type: ignore[arg-type]
+            replayer,  # type: ignore[arg-type]
             rebuild_batch,
             self.reporter,
             peer_offset=self.schedule.peer_offset,
@@ -214,7 +254,17 @@ class Guard:
         """Check 3: weight fingerprint comparisons."""
         # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
         # there, as check 2's do).
-        self.sensors = SensorCheck(self.module, self.schedule, adapter=a)
+        self.sensors = SensorCheck(
+            self.module,
+            self.schedule,
+            adapter=a,
+            unsupported=(
+                "pipeline parallelism: a candidate would be confirmed by replaying one stage, "
+                "which the pipeline cannot do without its other stages"
+                if self.pipelined
+                else None
+            ),
+        )
         """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
         replays. A do-nothing without protected layers."""
         self.sensors_planned = self.sensors.enabled
@@ -241,7 +291,9 @@ class Guard:
         """What this guard checks for this job, JSON-ready (the same on every rank).
 
         Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp``, ``hsdp``,
-        ``fsdp+tp`` or ``hsdp+tp``), ``mesh`` (sharded layouts: each dimension's role and size),
+        ``fsdp+tp`` or ``hsdp+tp``; ``pp+fsdp`` / ``pp+hsdp`` under a pipeline, which adds
+        ``pipeline``: its stages, schedule, micro-batches and the ranks holding each stage by
+        replica), ``mesh`` (sharded layouts: each dimension's role and size),
         ``sharding`` (replicas, shards, the ranks holding each shard, whether weights have a
         second copy), ``world``, ``ranks``, ``grad_accum``; ``checks`` with
         ``nonfinite_gradients`` (and its ``confirmation``), ``replay_audit`` (``pairs`` of
@@ -260,6 +312,8 @@ class Guard:
             param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
             layout=self.parallel.coverage_facts(),
             sensors_on=bool(sensors["on"]),
+            replica_columns=self.parallel.replica_columns(),
+            pipeline=self.parallel.pipeline_facts() if self.pipelined else None,  # type: ignore[attr-defined]
         )
         report["checks"]["online_sensors"] = sensors
         return report
@@ -351,6 +405,11 @@ class Guard:
         synchronised on the last (:meth:`GuardedStep.micro_batches`). With a ``scaler`` the
         loss is scaled and the update is ``scaler.step(optimizer); scaler.update()``.
 
+        With a ``pipeline`` each item is what this rank feeds the pipeline at that step (the
+        first stage's inputs, the last stage's targets, anything elsewhere; with
+        ``grad_accum`` = N > 1 a sequence of N of them, one per pipeline step), and the update
+        is ``optimizer.step()`` on every rank.
+
         Returns None when every batch was trained on, else the Alarm (the same on every rank);
         the failing step is not applied (by any rank whose gradient was bad; see :meth:`finish`).
         ``save_checkpoint(step, tags)`` is called on every rank when a checkpoint is due and
@@ -363,17 +422,21 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule.check_on_start and (alarm := self.check_weights(start_step)):
             return alarm
-        plain = self.schedule.grad_accum == 1 and self.scaler is None
+        plain = self.schedule.grad_accum == 1 and self.scaler is None and not self.pipelined
         for step, batch in zip(itertools.count(start_step), batches):
             with self.step(step) as guarded:
                 loss: torch.Tensor | None = None
-                if plain:
-                    loss = self.compute_loss(self.parallel.model, batch)
+                if self.pipelined:
+                    # One pipeline step (the schedule's micro-batches), or grad_accum of them.
+                    for feed in batch if self.schedule.grad_accum > 1 else [batch]:
+                        guarded.run_pipeline(feed)
+                elif plain:
+                    loss = self.compute_loss(self.parallel.model, batch)  # type: ignore[misc]
                     loss.backward()
                 else:
                     micros = batch if self.schedule.grad_accum > 1 else [batch]
                     for micro in guarded.micro_batches(micros):
-                        guarded.backward(self.compute_loss(self.parallel.model, micro))
+                        guarded.backward(self.compute_loss(self.parallel.model, micro))  # type: ignore[misc]
                 if alarm := guarded.check_gradients(loss):
                     return alarm
                 if guarded.update_allowed:
@@ -471,7 +534,8 @@ class Guard:
             passes.start_step = step
         # With accumulation the comm hook sees the accumulated gradient; the audited
         # micro-batch's own is fingerprinted by the audit's isolation instead.
-        capture = deterministic and self.schedule.grad_accum == 1
+        # A pipeline step's local gradient starts from none: each audited one captures its own.
+        capture = deterministic and (self.schedule.grad_accum == 1 or self.pipelined)
         self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
         if self.sensors_planned:
             self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
@@ -511,7 +575,7 @@ class Guard:
     def judge_flags(
         self,
         exchange: FlagExchange,
-        loss: torch.Tensor,
+        loss: torch.Tensor | None,
         *,
         deterministic: bool,
         audit: bool = True,
@@ -602,6 +666,29 @@ class Guard:
                     f"CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) set before training, got {value!r}; "
                     "or use Schedule(deterministic_audits=False)"
                 )
+
+
+def _check_pipeline_options(
+    pipeline: Any, compute_loss: ComputeLoss | None, scaler: Any, schedule: Schedule
+) -> None:
+    """Refuse what a pipeline-driven guard cannot honour, before any collective."""
+    if compute_loss is not None:
+        raise TypeError(
+            "sdc_agent.Guard: with a pipeline the loss is the schedule's loss_fn (on the last "
+            "stage); leave compute_loss out"
+        )
+    if scaler is not None:
+        raise ValueError(
+            "sdc_agent.Guard: a GradScaler with a pipeline schedule is not supported (the loss "
+            "is scaled inside the schedule, out of the guard's reach); train in bf16 or fp32"
+        )
+    if schedule.grad_accum > 1 and getattr(pipeline, "scale_grads", False):
+        raise ValueError(
+            f"sdc_agent.Guard: Schedule.grad_accum={schedule.grad_accum} runs that many pipeline "
+            "steps per optimizer step, and a schedule built with scale_grads=True divides the "
+            "accumulated gradient by its micro-batches at every one of them; build it with "
+            "scale_grads=False and scale the loss in loss_fn"
+        )
 
 
 class GuardedStep:
@@ -696,9 +783,25 @@ class GuardedStep:
         )
 
     # ------------------------------------------------------------------ micro-batches
+    def run_pipeline(self, feed: Any) -> list[torch.Tensor]:
+        """Run one step of the guard's pipeline schedule with what this rank feeds it (the
+        first stage's inputs, the last stage's targets); returns the last stage's losses, one
+        per micro-batch of the schedule (empty on the other stages). Call it ``grad_accum``
+        times per step (once without accumulation), then :meth:`check_gradients`."""
+        g = self.guard
+        if not g.pipelined:
+            raise RuntimeError(
+                "sdc_agent: GuardedStep.run_pipeline needs a guard built with pipeline=schedule"
+            )
+        with self.micro_batch(self._entered):
+            losses = g.parallel.run_pipeline_step(feed)  # type: ignore[attr-defined]
+        self._backwards += 1
+        return losses
+
     def micro_batches(self, micros: Iterable[Any]) -> Iterator[Any]:
         """Yield the step's ``grad_accum`` micro-batches in order, each inside
         :meth:`micro_batch`: call :meth:`backward` once for each."""
+        self._refuse_under_pipeline("micro_batches")
         micros = list(micros)
         if len(micros) != self.grad_accum:
             raise ValueError(
@@ -743,6 +846,7 @@ class GuardedStep:
         accumulation or with ``Guard(divide_loss=False)``), times the scaler's scale when the
         guard has one. Inside :meth:`micro_batch` (or :meth:`micro_batches`); without
         accumulation it may also be called on its own, once."""
+        self._refuse_under_pipeline("backward")
         self._expect_backward("backward")
         share = micro_batch_loss(loss, self.grad_accum if self.guard.divide_loss else 1)
         self._record_loss(share)
@@ -760,6 +864,7 @@ class GuardedStep:
         without accumulation or with ``Guard(divide_loss=False)``), so that a replay, which
         computes the same, compares bit for bit. ``scaler.scale(loss).backward()`` with the
         guard's scaler, or ``loss.backward()`` without one, must be what the framework ran."""
+        self._refuse_under_pipeline("record_backward")
         self._expect_backward("record_backward")
         self._record_loss(loss)
         self._backwards += 1
@@ -791,6 +896,11 @@ class GuardedStep:
                 f"check_gradients: step {self.step} back-propagated {self._backwards} of its "
                 f"{self.grad_accum} micro-batches through GuardedStep.backward"
             )
+        if g.pipelined and self._backwards != self.grad_accum:
+            raise RuntimeError(
+                f"check_gradients: step {self.step} ran {self._backwards} of its "
+                f"{self.grad_accum} pipeline steps through GuardedStep.run_pipeline"
+            )
         if self.grad_accum > 1 and not self._backwards:
             raise RuntimeError(
                 f"check_gradients: Schedule.grad_accum is {self.grad_accum}: run each "
@@ -798,7 +908,7 @@ class GuardedStep:
             )
         if self._backwards:
             loss = self._recorded_loss
-        if loss is None:
+        if loss is None and not g.pipelined:  # a pipeline's loss is in its last stage's rows
             raise TypeError("check_gradients needs the step's loss (or use guarded.backward)")
         g.gradients.require_reduction()
         # The previous step's exchanges ran during this step's forward and backward; every rank
@@ -882,6 +992,14 @@ class GuardedStep:
         return g.checkpoint_tags(self.step, verified=verified)
 
     # ------------------------------------------------------------------ internals
+    def _refuse_under_pipeline(self, name: str) -> None:
+        """A pipeline's step is its schedule's: the guard does not run its backward."""
+        if self.guard.pipelined:
+            raise RuntimeError(
+                f"sdc_agent: GuardedStep.{name} runs a micro-batch's backward; with a pipeline "
+                "the schedule runs them: call guarded.run_pipeline(feed)"
+            )
+
     def _expect_backward(self, name: str) -> None:
         """Refuse a second backward outside the micro-batches (``name``: the method called)."""
         if self._current is None and (self.grad_accum > 1 or self._backwards):

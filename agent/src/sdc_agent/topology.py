@@ -102,6 +102,14 @@ def replay_partners(dp_rank: int, world: int, peer_offset: int) -> tuple[int, in
     return dp_rank, (dp_rank - peer_offset) % world, (dp_rank + peer_offset) % world
 
 
+def groups_on(ring: Sequence[int], groups: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The ``groups`` of ranks that compute together (global ranks) whose ranks all lie on
+    ``ring`` (a ring of replicas, global ranks in ring order), as positions on it: what
+    :func:`validate_placement` checks along that ring."""
+    position = {rank: i for i, rank in enumerate(ring)}
+    return [[position[r] for r in group] for group in groups if all(r in position for r in group)]
+
+
 def validate_placement(
     nodes: list[str], peer_offset: int, groups: Sequence[Sequence[int]] = ()
 ) -> None:

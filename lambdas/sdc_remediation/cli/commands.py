@@ -20,13 +20,16 @@ from typing import Any
 import botocore.exceptions
 import click
 
-from .. import aws, clock
+from .. import aws, clock, text
 from ..clients.approval_url import ApprovalService
+from ..clients.kube import KubeApi
+from ..config import Settings
 from ..dal.approvals import Approvals, caller_arn
 from ..dal.canary_runs import RunStore
 from ..dal.ledger import Ledger
 from ..errors import ConfigurationError, NoCredentials, RemediationError
 from ..logic import outcomes
+from ..logic import release as release_logic
 from ..logic import stats as precision
 from .tables import canary_table, remediations_table, stats_table
 
@@ -58,6 +61,16 @@ def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
 
     return wrapper
+
+
+LINE_CHARS = 2000
+
+
+def _say(line: str) -> None:
+    """Print one line built from stored data: printable, no escape sequence reaches the
+    terminal (a report's or a request's text could hold one). ``--json`` prints JSON, which
+    escapes control characters itself."""
+    click.echo(text.printable(line, LINE_CHARS))
 
 
 def _approvals(ctx: click.Context) -> Approvals:
@@ -139,17 +152,17 @@ def pending(ctx: click.Context, as_json: bool) -> None:
     for item in items:
         ev = item["evidence"]
         health = (ev.get("health_check") or {}).get("status", "not run")
-        click.echo(
+        _say(
             f"{item['approval_id']}  {item['node_name']} ({item['instance_id']})  "
             f"check={ev.get('check')} step={ev.get('step')} verdict={ev.get('verdict')} "
             f"window={ev.get('suspect_window')} health={health} "
             f"earlier={len(ev.get('previous_remediations', []))}  requested {item['created_at']}"
         )
         if ev.get("resume"):
-            click.echo(f"    resume rule: {ev['resume'].get('sentence')}")
-        click.echo(f"    suggested: {ev.get('suggested_action', '')}")
+            _say(f"    resume rule: {ev['resume'].get('sentence')}")
+        _say(f"    suggested: {ev.get('suggested_action', '')}")
         if item.get("status") == "sending":
-            click.echo(
+            _say(
                 f"    {item.get('decision')} by {item.get('approver')} at {item.get('decided_at')} "
                 f"was sent but its outcome is unknown: repeat `{item.get('decision')}` to re-send it"
             )
@@ -259,13 +272,13 @@ def history(
     stated: set[str] = set()
     for e in events:
         who = f" by {e['approver']}" if e.get("approver") else ""
-        click.echo(
+        _say(
             f"{e['at']}  {e['pk']}  {e.get('node_name') or '-'}  {e['transition']}{who}  {e['remediation_id']}"
         )
         if e.get("resume") and e["remediation_id"] not in stated:
             # Once per remediation: the rule is the alarm's, the same on each of its events.
             stated.add(e["remediation_id"])
-            click.echo(f"    resume rule: {e['resume']}")
+            _say(f"    resume rule: {e['resume']}")
 
 
 @main.command()
@@ -276,17 +289,39 @@ def history(
 def release(ctx: click.Context, node: str, reason: str) -> None:
     """Tell the blast-radius guard that NODE (hyperpod-i-... or i-...) is back in service.
 
-    A node sdc-guard cordoned keeps counting against MAX_NODES_PER_HOUR and MAX_FRACTION until
-    released: after a rejection that kept it cordoned, an approval timeout, a failure or an
-    abandoned run. Uncordon it (kubectl uncordon) or replace it first; this command does not
-    touch Kubernetes. Your IAM identity is recorded as who released it.
+    A node sdc-guard cordoned keeps counting against MAX_FRACTION until released: after a
+    rejection that kept it cordoned, an approval timeout, a failure or an abandoned run.
+    Uncordon it (kubectl uncordon) or replace it first: release reads the node and refuses one
+    that is still cordoned (NodeStillCordoned); it does not change Kubernetes. Your IAM identity
+    is recorded as who released it.
     """
     service = _service(ctx)
     if service:
         instance_id = service.call("release", node=node, reason=reason)["released"]
     else:
-        instance_id = _ledger(ctx).release(None, node, released_by=caller_arn(), reason=reason)
+        instance_id = release_logic.release(
+            _ledger(ctx),
+            _direct_kube,
+            node,
+            released_by=caller_arn(),
+            reason=reason,
+        )
     click.echo(f"Released {instance_id}: it no longer counts against the blast-radius guard.")
+
+
+def _direct_kube() -> KubeApi:
+    """The Kubernetes API for the direct path's release check (EKS_CLUSTER_NAME, or the
+    K8S_API_ENDPOINT / K8S_API_CA_DATA overrides, as the functions read them)."""
+    settings = Settings()
+    if not (settings.k8s_api_endpoint and settings.k8s_api_ca_data):
+        try:
+            _ = settings.eks_cluster_name  # raises when it is not set
+        except ConfigurationError:
+            raise ConfigurationError(
+                "release checks that the node is uncordoned: set EKS_CLUSTER_NAME (the cluster "
+                "whose node it is), or release through --approval-url"
+            ) from None
+    return KubeApi.from_settings(settings)
 
 
 def _remediation_json(r: outcomes.Remediation) -> dict[str, Any]:

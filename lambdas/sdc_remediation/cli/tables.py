@@ -1,6 +1,8 @@
 """Terminal tables of the operator CLI (``stats``, ``history NODE``), laid out by ``tabulate``.
 
-Only the CLI imports this module: the Lambda handlers never render tables.
+Only the CLI imports this module: the Lambda handlers never render tables. Every cell that
+comes from the ledger passes through ``cell`` (``text.printable``): a job name, a reason or an
+approver's text may hold an escape sequence, and a terminal would run it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Iterable
 
 from tabulate import tabulate
 
+from .. import text
 from ..logic.outcomes import Remediation, classify
 from ..logic.stats import FEW_EVENTS, PRECISION_DEFINITION, CheckStats
 from ..models.canary import STEPS, Run
@@ -31,6 +34,15 @@ _STATS_HEADERS = (
 )
 
 
+CELL_CHARS = 120
+"""A cell longer than this is cut (the JSON output has everything)."""
+
+
+def cell(value: object) -> str:
+    """A ledger value as a table cell: printable, one line, bounded."""
+    return text.printable(value, CELL_CHARS)
+
+
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
@@ -47,8 +59,8 @@ def stats_table(rows: Iterable[CheckStats], *, scope: str) -> str:
             note = f"{row.decided} decided"
         body.append(
             (
-                row.check,
-                row.verdict,
+                cell(row.check),
+                cell(row.verdict),
                 row.alarms,
                 row.confirmed,
                 row.replaced,
@@ -75,22 +87,22 @@ def stats_table(rows: Iterable[CheckStats], *, scope: str) -> str:
 
 
 def _step(transition: dict[str, object]) -> str:
-    text = str(transition["transition"])
+    line = str(transition["transition"])
     if transition.get("approver"):
-        text += f" by {transition['approver']}"
+        line += f" by {transition['approver']}"
     if transition.get("reason"):
-        text += f" ({transition['reason']})"
-    return text
+        line += f" ({transition['reason']})"
+    return cell(line)
 
 
 def remediations_table(remediations: Iterable[Remediation]) -> str:
     """``history NODE``: one row per remediation of the node with its transitions in order."""
     body = [
         (
-            r.first_at,
-            r.remediation_id,
-            f"{r.check}/{r.verdict}",
-            r.job or "-",
+            cell(r.first_at),
+            cell(r.remediation_id),
+            cell(f"{r.check}/{r.verdict}"),
+            cell(r.job or "-"),
             r.outcome + (" (dry run)" if r.dry_run else ""),
             classify(r),
             "\n".join(_step(t) for t in r.transitions),
@@ -119,9 +131,9 @@ def canary_table(run: Run | None) -> str:
     if run is None:
         return "No canary run recorded for this cluster (is canarySchedule off?)."
     reached = {s["step"]: s["at"] for s in run.steps}
-    rows = [(name, reached.get(name, "-"), what) for name, what in STEPS]
+    rows = [(name, cell(reached.get(name, "-")), what) for name, what in STEPS]
     if "failed" in reached:
-        rows.append(("failed", reached["failed"], run.error or "-"))
+        rows.append(("failed", cell(reached["failed"]), cell(run.error or "-")))
     if run.completed:
         status = "completed"
     elif run.stopped_at:
@@ -129,7 +141,7 @@ def canary_table(run: Run | None) -> str:
     else:
         status = "in progress (or stopped: the canary alarm names the step once its window ends)"
     table = tabulate(rows, headers=("step", "reached at", "what it proves"), tablefmt="simple_grid")
-    return f"canary run {run.run_id}, started {run.started_at}: {status}\n{table}"
+    return f"canary run {cell(run.run_id)}, started {cell(run.started_at)}: {status}\n{table}"
 
 
 __all__ = ["canary_table", "remediations_table", "stats_table"]

@@ -23,6 +23,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSPreparedRequest, AWSRequest
 
 from .. import aws, errors
+from ..config import check_approval_url
 from ..errors import AwsApiUnavailable, ConfigurationError, NoCredentials, RemediationError
 
 _URL_REGION = re.compile(r"\.lambda-url\.([a-z0-9-]+)\.on\.aws$")
@@ -49,14 +50,8 @@ class ApprovalService:
     """Calls the approve function's URL as the caller's IAM identity."""
 
     def __init__(self, url: str, *, region: str | None = None, send: Transport | None = None):
+        check_approval_url(url)
         host = urlsplit(url).hostname or ""
-        loopback = url.startswith("http://") and host in ("127.0.0.1", "localhost", "::1")
-        if not (url.startswith("https://") or loopback):
-            # A signed request is replayable for minutes: never over plain HTTP off this host.
-            raise ConfigurationError(
-                f"the approval URL must be an https:// URL (http:// only to a loopback stand-in), "
-                f"got {url!r}"
-            )
         self.url = url
         match = _URL_REGION.search(host)
         self.region = (match.group(1) if match else None) or region or aws.session().region_name

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sdc_contract.metrics import CLUSTER_DIMENSION
+from sdc_contract.metrics import CLUSTER_DIMENSION, JOB_DIMENSION
 
 from .. import aws
 
@@ -20,17 +20,20 @@ def dimensions_of(metric: dict[str, Any]) -> dict[str, str]:
     return {d["Name"]: d["Value"] for d in metric.get("Dimensions", [])}
 
 
-def list_series(namespace: str, metric_names: Sequence[str], cluster: str) -> list[dict[str, Any]]:
-    """Every series of ``metric_names`` in ``namespace`` with this cluster's ClusterName
-    (ListMetrics; any other dimensions), as ListMetrics returns them."""
+def list_series(
+    namespace: str, metric_names: Sequence[str], cluster: str, *, job: str | None = None
+) -> list[dict[str, Any]]:
+    """Every series of ``metric_names`` in ``namespace`` with this cluster's ClusterName (and
+    ``job``'s JobName when given), any other dimensions, as ListMetrics returns them."""
     cw = aws.client("cloudwatch")
     series: list[dict[str, Any]] = []
+    dimensions = [{"Name": CLUSTER_DIMENSION, "Value": cluster}]
+    if job is not None:
+        dimensions.append({"Name": JOB_DIMENSION, "Value": job})
     with aws.aws_errors("cloudwatch:ListMetrics"):
         for name in metric_names:
             pages = cw.get_paginator("list_metrics").paginate(
-                Namespace=namespace,
-                MetricName=name,
-                Dimensions=[{"Name": CLUSTER_DIMENSION, "Value": cluster}],
+                Namespace=namespace, MetricName=name, Dimensions=dimensions
             )
             for page in pages:
                 series.extend(page.get("Metrics", []))

@@ -12,20 +12,23 @@ typed error here and nowhere else.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
 import urllib.parse
+from datetime import datetime
 from typing import Any
 
 import boto3
 import urllib3
 from botocore.signers import RequestSigner
 
-from sdc_contract.names import is_label_name, is_subdomain_name
+from sdc_contract.names import is_job_name, is_label_key, is_label_name, is_subdomain_name
 
 from .. import aws
+from ..clock import parse_iso
 from ..config import Settings
 from ..errors import (
     ClusterApiUnavailable,
@@ -39,6 +42,9 @@ _TOKEN_TTL_SECONDS = 60
 # (connect, read) seconds: a Lambda has minutes, but a stuck API should fail fast and be retried
 # by the workflow rather than eat the function's whole timeout.
 REQUEST_TIMEOUT = (5.0, 15.0)
+LIST_PAGE_SIZE = 100
+LIST_MAX_PAGES = 10
+"""A job's pods on one node are a handful; the pages bound what a list may cost."""
 
 
 def _segment(kind: str, name: str, valid: bool) -> str:
@@ -79,16 +85,34 @@ def eks_token(cluster_name: str, session: boto3.session.Session | None = None) -
 
 
 def _ca_file(ca_data_b64: str) -> str:
-    """Write the base64 PEM bundle to a file once per content (the client wants a path)."""
+    """Write the base64 PEM bundle to a file once per content (the client wants a path).
+
+    A file already at that path is used only when it holds exactly this bundle: the temporary
+    directory is shared, and a CA planted there would let anyone in the middle pose as the
+    cluster. Otherwise it is replaced atomically (a private temporary file, then a rename).
+    """
     try:
         pem = base64.b64decode(ca_data_b64, validate=True)
     except ValueError:
         raise ConfigurationError("the Kubernetes CA data is not valid base64") from None
     digest = hashlib.sha256(pem).hexdigest()[:16]
-    path = os.path.join(tempfile.gettempdir(), f"sdc-k8s-ca-{digest}.pem")
-    if not os.path.exists(path):
-        with open(path, "wb") as fh:
+    directory = tempfile.gettempdir()
+    path = os.path.join(directory, f"sdc-k8s-ca-{digest}.pem")
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(len(pem) + 1) == pem:
+                return path
+    except OSError:
+        pass  # absent or unreadable: write our own
+    fd, staged = tempfile.mkstemp(dir=directory, prefix="sdc-k8s-ca-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
             fh.write(pem)
+        os.replace(staged, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
     return path
 
 
@@ -201,23 +225,75 @@ class KubeApi:
         """Strategic-merge PATCH of a node (a ``None`` label value removes the label)."""
         return self._call(f"patch node {name!r}", "PATCH", self._node_path(name), body)
 
-    def node_of_pod(self, pod_name: str, namespace: str = "default") -> str:
-        """The node the pod ``namespace/pod_name`` is scheduled on (NodeNotFound if none).
+    @staticmethod
+    def _pods_path(namespace: str) -> str:
+        return (
+            "/api/v1/namespaces/"
+            + _segment("namespace", namespace, is_label_name(namespace))
+            + "/pods"
+        )
+
+    def get_pod(self, pod_name: str, namespace: str = "default") -> dict[str, Any]:
+        """The pod ``namespace/pod_name`` (NodeNotFound on 404).
 
         Looked up in that namespace only: a pod of the same name in another namespace is
         somebody else's workload, not the job's.
         """
         path = (
-            "/api/v1/namespaces/"
-            + _segment("namespace", namespace, is_label_name(namespace))
-            + "/pods/"
+            self._pods_path(namespace)
+            + "/"
             + _segment("pod", pod_name, is_subdomain_name(pod_name))
         )
-        pod = self._call(f"get pod {namespace}/{pod_name}", "GET", path)
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
-            raise NodeNotFound(f"pod {namespace}/{pod_name}: not scheduled on a node")
-        return node
+        return self._call(f"get pod {namespace}/{pod_name}", "GET", path)
+
+    def list_pods(
+        self, namespace: str, *, label_selector: dict[str, str], node_name: str
+    ) -> list[dict[str, Any]]:
+        """The pods in ``namespace`` carrying every label of ``label_selector`` (equality) and
+        scheduled on ``node_name``: the API's ``labelSelector`` and ``fieldSelector`` on
+        ``spec.nodeName``, so the server does the filtering, following ``continue`` tokens.
+
+        Every key and value is validated first (a label key, a label value, a node name): the
+        selectors are built from a report's job name.
+        """
+        for key, value in label_selector.items():
+            if not is_label_key(key) or not is_job_name(value):
+                raise InvalidStepInput(f"label selector {key}={value!r} is not a valid selector")
+        if not is_subdomain_name(node_name):
+            raise InvalidStepInput(f"node name {node_name!r} is not a valid Kubernetes name")
+        query = {
+            "labelSelector": ",".join(f"{k}={v}" for k, v in sorted(label_selector.items())),
+            "fieldSelector": f"spec.nodeName={node_name}",
+            "limit": str(LIST_PAGE_SIZE),
+        }
+        what = f"list pods in {namespace} on {node_name}"
+        pods: list[dict[str, Any]] = []
+        for _ in range(LIST_MAX_PAGES):
+            page = self._call(what, "GET", self._pods_path(namespace), query=query)
+            pods.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return pods
+            query = {**query, "continue": token}
+        return pods
+
+
+def pod_ran_since(pod: dict[str, Any], since: datetime) -> bool:
+    """Whether ``pod`` is live (not Succeeded or Failed), or ended at or after ``since``: its
+    containers' latest ``state.terminated.finishedAt``. A pod that ended without a recorded end
+    time does not count."""
+    status = pod.get("status") or {}
+    if status.get("phase") not in ("Succeeded", "Failed"):
+        return True
+    ends = []
+    for container in status.get("containerStatuses") or []:
+        finished = ((container.get("state") or {}).get("terminated") or {}).get("finishedAt")
+        if finished:
+            try:
+                ends.append(parse_iso(str(finished)))
+            except ValueError:
+                continue
+    return bool(ends) and max(ends) >= since
 
 
 def node_labels(node: dict[str, Any]) -> dict[str, str]:

@@ -102,6 +102,26 @@ class Approvals:
             return approval_id, not self.get(approval_id).get("notified", False)
         return approval_id, True
 
+    def withdraw(self, approval_id: str) -> bool:
+        """Remove a request whose announcement could not be sent (still ``pending``, never
+        ``notified``): nobody was told of it, so nobody may find it in ``pending`` and decide a
+        workflow that is about to retry the step (which stores and announces it again) or to
+        record the failure. False when it was announced or decided meanwhile (kept)."""
+        try:
+            with aws.aws_errors("dynamodb:DeleteItem"):
+                self._ddb.delete_item(
+                    TableName=self.table,
+                    Key=to_item({"approval_id": approval_id}),
+                    ConditionExpression="#s = :pending AND attribute_not_exists(notified)",
+                    ExpressionAttributeNames={"#s": "status"},
+                    ExpressionAttributeValues=to_item({":pending": PENDING}),
+                )
+        except botocore.exceptions.ClientError as exc:
+            if aws.error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
     def mark_notified(self, approval_id: str) -> None:
         """Remember that the request's message went out (a retry then does not send it again)."""
         with aws.aws_errors("dynamodb:UpdateItem"):

@@ -15,6 +15,9 @@ from ..models.canary import FAILED, STEP_NAMES, Run
 from .dynamo import from_item, to_item
 
 RUN_PREFIX = "RUN#"
+RUN_RETENTION_SECONDS = 30 * 86400
+"""A run's item is removed (the ledger table's TTL, ``expires_at``) this long after it started:
+``sdc-remediation canary`` shows the newest runs, not every run ever."""
 
 
 def run_pk(cluster: str) -> str:
@@ -36,10 +39,17 @@ class RunStore:
     def _key(self, run_id: str) -> dict[str, Any]:
         return to_item({"pk": run_pk(self.cluster), "sk": RUN_PREFIX + run_id})
 
-    def start(self, run_id: str, at: datetime) -> Run:
-        """Record a new run (its first step, ``scheduled``)."""
+    def start(self, run_id: str, at: datetime, open_seconds: int) -> Run:
+        """Record a new run (its first step, ``scheduled``), open for ``open_seconds`` (the
+        canary's timeout): after that its report and approval are refused."""
         stamp = clock.iso(at)
-        run = Run(run_id=run_id, started_at=stamp, steps=[{"step": "scheduled", "at": stamp}])
+        open_until = int(at.timestamp()) + open_seconds
+        run = Run(
+            run_id=run_id,
+            started_at=stamp,
+            steps=[{"step": "scheduled", "at": stamp}],
+            open_until=open_until,
+        )
         item = {
             "pk": run_pk(self.cluster),
             "sk": RUN_PREFIX + run_id,
@@ -48,6 +58,8 @@ class RunStore:
             "steps": run.steps,
             "last_step": "scheduled",
             "completed": False,
+            "open_until": open_until,
+            "expires_at": int(at.timestamp()) + RUN_RETENTION_SECONDS,
         }
         with aws.aws_errors("dynamodb:PutItem"):
             self._ddb.put_item(TableName=self.table, Item=to_item(item))

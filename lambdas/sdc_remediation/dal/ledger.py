@@ -9,6 +9,8 @@ Items (docs/CONTRACT.md, "DynamoDB tables"):
   ``pk=CLUSTER#<cluster>``.
 - ``pk=GUARD#<cluster>, sk=GUARD``: the guard's own item (``version``, ``admissions`` in the last
   hour, ``open_instances`` in flight, ``held``: nodes admitted and not released).
+- ``pk=<instance id>, sk=REPORT#<job>#<step>#<check>#<report time>``: the report that raised a
+  remediation of the node (one remediation per report), written in the admission's transaction.
 
 A remediation is open from its admission until ``record`` writes any terminal transition for
 it (released, replaced, replaced_by_hyperpod, rejected, approval_timed_out, failed) or the
@@ -56,6 +58,11 @@ def guard_pk(cluster: str) -> str:
     return f"GUARD#{cluster}"
 
 
+def report_sk(report: str) -> str:
+    """Sort key of the item that says which remediation a report raised on a node."""
+    return f"REPORT#{report}"[:1024]
+
+
 def cluster_pk(cluster: str) -> str:
     """Partition key for transitions that concern no single node."""
     return f"CLUSTER#{cluster}"
@@ -88,6 +95,12 @@ class Ledger:
         """The node's STATE item, if any."""
         return self._get(instance_id, STATE_SK)
 
+    def report_claim(self, req: AdmitRequest) -> dict[str, Any] | None:
+        """The remediation that already took ``req``'s report on this node, if any."""
+        if not req.report:
+            return None
+        return self._get(req.instance_id, report_sk(req.report))
+
     def guard(self, cluster: str) -> dict[str, Any]:
         """The cluster's guard item (a fresh one at version 0 when absent)."""
         item = self._get(guard_pk(cluster), GUARD_SK)
@@ -112,6 +125,7 @@ class Ledger:
                 admissions=guard["admissions"],
                 open_instances=guard["open_instances"],
                 held=guard["held"],
+                report=self.report_claim(req),
             )
             decision = decide(req, snapshot, now)
             if decision.decision != "admitted" or decision.remediation_id is not None:
@@ -132,8 +146,61 @@ class Ledger:
             admissions=guard["admissions"],
             open_instances=guard["open_instances"],
             held=guard["held"],
+            report=self.report_claim(req),
         )
         return decide(req, snapshot, clock.now())
+
+    def claim_report(self, req: AdmitRequest, remediation_id: str) -> dict[str, Any] | None:
+        """Claim ``req``'s report for ``remediation_id`` outside an admission (a shadowed
+        alarm, which claims nothing else): None when claimed now (or by this very execution and
+        item before: a retry), else the claim that took it first."""
+        if not req.report:
+            return None
+        item = self._report_item(req, remediation_id)
+        try:
+            with aws.aws_errors("dynamodb:PutItem"):
+                self._ddb.put_item(
+                    TableName=self.table,
+                    Item=to_item(item),
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+        except botocore.exceptions.ClientError as exc:
+            if aws.error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            claimed = self.report_claim(req) or {}
+            mine = claimed.get("execution") == req.execution and (
+                claimed.get("item") is None or req.item is None or claimed["item"] == req.item
+            )
+            return None if mine else claimed
+        return None
+
+    def release_report(self, instance_id: str, report: str, remediation_id: str) -> None:
+        """Give the report back after its remediation failed before anyone decided (cordon or
+        the health check could not run): the same evidence may be remediated again. Only the
+        claim ``remediation_id`` holds is removed."""
+        try:
+            with aws.aws_errors("dynamodb:DeleteItem"):
+                self._ddb.delete_item(
+                    TableName=self.table,
+                    Key=to_item({"pk": instance_id, "sk": report_sk(report)}),
+                    ConditionExpression="remediation_id = :rid",
+                    ExpressionAttributeValues=to_item({":rid": remediation_id}),
+                )
+        except botocore.exceptions.ClientError as exc:
+            if aws.error_code(exc) != "ConditionalCheckFailedException":
+                raise
+
+    @staticmethod
+    def _report_item(req: AdmitRequest, remediation_id: str) -> dict[str, Any]:
+        item = {
+            "pk": req.instance_id,
+            "sk": report_sk(req.report or "-"),
+            "remediation_id": remediation_id,
+            "execution": req.execution,
+            "item": req.item,
+            "at": clock.iso(clock.now()),
+        }
+        return {k: v for k, v in item.items() if v is not None}
 
     def _commit_admission(
         self,
@@ -189,7 +256,23 @@ class Ledger:
                 "ExpressionAttributeValues": to_item({":v": version}),
             }
         )
+        claim = (
+            [
+                {
+                    "Put": {
+                        "TableName": self.table,
+                        "Item": to_item(self._report_item(req, remediation_id)),
+                        # One remediation per report: a second admission of the same report
+                        # loses here and re-reads it as a duplicate.
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                    }
+                }
+            ]
+            if req.report
+            else []
+        )
         items = [
+            *claim,
             {
                 "Put": {
                     "TableName": self.table,
@@ -477,26 +560,57 @@ class Ledger:
             if aws.error_code(exc) != "ConditionalCheckFailedException":
                 raise
 
-    def first_notice(self, cluster: str, execution: str, transition: str) -> bool:
-        """Claim the one notification of ``transition`` for ``execution``: True the first time.
+    def first_in_episode(
+        self, cluster: str, episode: str, transition: str, quiet_seconds: int
+    ) -> bool:
+        """Whether this ``transition`` of ``episode`` (an alarm contributor) is the first of
+        its episode: True when none was recorded within the last ``quiet_seconds``.
 
-        A storm's items each record ``circuit_open``; the on-call gets one message per alarm,
-        not one per node.
+        Every call extends the episode (the same item, its ``until`` moved on), so an alarm
+        that flaps every 20 s is one episode and one message for as long as it flaps; one that
+        stays quiet for ``quiet_seconds`` starts a new one. The item expires a day after.
         """
-        if not execution:
-            return True
+        now = int(clock.now().timestamp())
+        until = now + quiet_seconds
+        with aws.aws_errors("dynamodb:UpdateItem"):
+            old = self._ddb.update_item(
+                TableName=self.table,
+                Key=to_item(
+                    {"pk": cluster_pk(cluster), "sk": f"NOTICE#{episode}#{transition}"[:1024]}
+                ),
+                UpdateExpression=(
+                    "SET #until = :until, expires_at = :expires, last_at = :at ADD occurrences :one"
+                ),
+                ExpressionAttributeNames={"#until": "until"},
+                ExpressionAttributeValues=to_item(
+                    {
+                        ":until": until,
+                        ":expires": until + 86400,
+                        ":at": clock.iso(clock.now()),
+                        ":one": 1,
+                    }
+                ),
+                # The whole item as it was: an attribute set to the value it already had is
+                # not "updated", so UPDATED_OLD may leave `until` out.
+                ReturnValues="ALL_OLD",
+            ).get("Attributes")
+        previous = from_item(old) or {}
+        return int(previous.get("until", 0)) < now
+
+    def due(self, cluster: str, what: str, every_seconds: int) -> bool:
+        """Claim the ``what`` that is due once every ``every_seconds`` (a reminder): True for
+        the first caller after the period ended, False for everyone until the next one."""
+        now = int(clock.now().timestamp())
         try:
-            with aws.aws_errors("dynamodb:PutItem"):
-                self._ddb.put_item(
+            with aws.aws_errors("dynamodb:UpdateItem"):
+                self._ddb.update_item(
                     TableName=self.table,
-                    Item=to_item(
-                        {
-                            "pk": cluster_pk(cluster),
-                            "sk": f"NOTICE#{execution}#{transition}",
-                            "at": clock.iso(clock.now()),
-                        }
+                    Key=to_item({"pk": cluster_pk(cluster), "sk": f"DUE#{what}"}),
+                    UpdateExpression="SET next_at = :next, last_at = :at",
+                    ConditionExpression="attribute_not_exists(next_at) OR next_at <= :now",
+                    ExpressionAttributeValues=to_item(
+                        {":next": now + every_seconds, ":now": now, ":at": clock.iso(clock.now())}
                     ),
-                    ConditionExpression="attribute_not_exists(pk)",
                 )
         except botocore.exceptions.ClientError as exc:
             if aws.error_code(exc) == "ConditionalCheckFailedException":

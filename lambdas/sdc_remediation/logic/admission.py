@@ -15,7 +15,14 @@ What counts against the limits is what is really out of service:
   ``MAX_NODES_PER_HOUR`` more nodes every hour, forever.
 
 ``MAX_FRACTION`` bounds in flight + held at once; ``MAX_NODES_PER_HOUR`` bounds the admissions
-of the last hour plus the held nodes admitted before it.
+of the rolling hour, a rate, and nothing else: a node held for days counts against the fraction
+(it is out of service) but not against the rate (counting it there made two forgotten nodes
+refuse every new alarm forever). The sweeper reminds once a day of nodes held longer than a day.
+
+One remediation per report: the same report read again (by a second alarm on another of its
+metrics, a flapping contributor, a retried execution) is a ``duplicate`` of the remediation it
+already raised (``GuardSnapshot.report``), so one pod's report never becomes several
+remediations, nor several "right" rows in the precision ledger.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ class AdmitRequest:
     item: int | None = None
     """The Map item's index in the execution (``$$.Map.Item.Index``): two items of one alarm
     naming the same instance are one admission, a retried Lambda of the same item is the same."""
+    report: str | None = None
+    """The identity of the report naming the node (``Suspect.report_key``: job, step, check,
+    report time); None: no identity (nothing dedupes by report)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,9 @@ class GuardSnapshot:
     open_instances: list[str] = field(default_factory=list)
     held: list[dict[str, Any]] = field(default_factory=list)
     """``{instance_id, remediation_id, at}`` of nodes admitted and not released."""
+    report: dict[str, Any] | None = None
+    """The report's claim on this node, if a remediation already took it (``remediation_id``,
+    ``execution``, ``item``)."""
 
 
 def max_open(cluster_nodes: int, max_fraction: float) -> int:
@@ -113,6 +126,15 @@ def decide(req: AdmitRequest, snapshot: GuardSnapshot, now: datetime) -> AdmitDe
             rid,
             f"node {req.node_name} already has open remediation {rid} ({node.get('status')})",
         )
+    claimed = snapshot.report
+    if claimed and not (claimed.get("execution") == req.execution and _same_item(claimed, req)):
+        rid = claimed.get("remediation_id")
+        return AdmitDecision(
+            "duplicate",
+            rid,
+            f"this report (job, step, check, time: {req.report}) already raised remediation "
+            f"{rid} of node {req.node_name}: one remediation per report",
+        )
     recent = recent_admissions(snapshot.admissions, now)
     twice = [
         a
@@ -142,17 +164,13 @@ def decide(req: AdmitRequest, snapshot: GuardSnapshot, now: datetime) -> AdmitDe
     held = [h for h in snapshot.held if h["instance_id"] != req.instance_id]
     in_flight = {i for i in snapshot.open_instances if i != req.instance_id}
     out_of_service = in_flight | {h["instance_id"] for h in held}
-    start = int((now - WINDOW).timestamp())
-    held_before_window = [h for h in held if int(h["at"]) <= start]
-    used = len(recent) + len(held_before_window)
-    if used >= req.max_nodes_per_hour:
+    if len(recent) >= req.max_nodes_per_hour:
         return AdmitDecision(
             "circuit_open",
             None,
-            f"{len(recent)} node(s) admitted in the last hour and {len(held_before_window)} "
-            f"earlier one(s) still cordoned, not released (MAX_NODES_PER_HOUR="
+            f"{len(recent)} node(s) admitted in the last hour (MAX_NODES_PER_HOUR="
             f"{req.max_nodes_per_hour}): many nodes at once is more likely software than "
-            "hardware; release repaired nodes with `sdc-remediation release NODE`",
+            "hardware",
         )
     if len(out_of_service) + 1 > limit_open:
         return AdmitDecision(

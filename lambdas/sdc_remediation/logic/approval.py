@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .. import clock
 from ..clients import sns
 from ..config import Settings
 from ..dal.approvals import Approvals
@@ -49,21 +50,38 @@ def auto_decision(
         return None
     check, verdict = state.suspect.check, state.suspect.verdict
     precision = None
+    rejected_at = None
     if policy.min_precision is not None:
         every = outcomes.mark_recurrences(outcomes.summarise(ledger.all_events()))
-        row = stats.check_stats(check, verdict, every)
-        precision = autoapprove.Precision(row.right, row.wrong, row.low, row.high)
+        # One decided remediation per job: no one job (a pod writes reports at will) makes up
+        # the evidence that lets the policy replace nodes with nobody deciding.
+        row = stats.check_stats(check, verdict, stats.one_per_job(every))
+        precision = autoapprove.Precision(row.right, row.wrong, row.low, row.high, row.jobs)
+        rejected_at = _rejected_recently(every, state.suspect.instance_id)
     decision = autoapprove.evaluate(
         policy,
         check=check,
         verdict=verdict,
         health_status=state.health.status if state.health else None,
         precision=precision,
+        rejected_at=rejected_at,
     )
     logger.info(
         "auto-approval policy", extra={"approve": decision.approve, "reason": decision.reason}
     )
     return decision
+
+
+def _rejected_recently(remediations: list[outcomes.Remediation], instance_id: str) -> str | None:
+    """When a person last rejected (or released) this node within the recurrence window."""
+    start = clock.now() - outcomes.DEFAULT_RECURRENCE_WINDOW
+    times = [
+        at
+        for r in remediations
+        if r.instance_id == instance_id and (at := r.person_rejected_at()) is not None
+        if clock.parse_iso(at) >= start
+    ]
+    return max(times, default=None)
 
 
 def ask_a_person(pending: PendingApproval, settings: Settings) -> None:
@@ -78,7 +96,18 @@ def ask_a_person(pending: PendingApproval, settings: Settings) -> None:
     subject, body = notify.approval_message(
         pending.approval_id, pending.evidence, prefix, dry_run=settings.dry_run
     )
-    sns.publish(settings.topic_arn, subject, body)
+    try:
+        sns.publish(settings.topic_arn, subject, body)
+    except Exception:
+        # Nobody was told of it: no pending request may be left for someone to find and
+        # decide. The step fails; its retry stores and announces it again, or the workflow
+        # records the failure (the node stays cordoned).
+        withdrawn = pending.approvals.withdraw(pending.approval_id)
+        logger.warning(
+            "approval announcement failed",
+            extra={"approval_id": pending.approval_id, "withdrawn": withdrawn},
+        )
+        raise
     pending.approvals.mark_notified(pending.approval_id)
 
 

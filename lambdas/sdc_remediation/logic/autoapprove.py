@@ -1,7 +1,13 @@
 """Opt-in auto-approval, applied: at RequestApproval, after the blast-radius guard admitted the
 node, it was cordoned and its health check ended, the policy (``sdc_contract.autoapprove``,
 ``AUTO_APPROVE``) may approve the replacement without a person. Pure: the caller reads the
-health check's status and the check x verdict's precision (``stats``) and passes them in.
+health check's status, the check x verdict's precision (``stats``) and whether a person
+rejected this node lately, and passes them in.
+
+The precision rule counts only evidence a pod cannot make up: remediations the guard admitted
+and the health check or a person decided, one per report, at most one per job (``stats.
+one_per_job``); and it never approves by precision alone a node a person rejected (or released)
+within the recurrence window.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ class Precision:
     wrong: int
     low: float | None
     high: float | None
+    jobs: int = 0
+    """Distinct jobs the decided remediations come from (one each, see the module docstring)."""
 
     @property
     def decided(self) -> int:
@@ -47,12 +55,15 @@ def evaluate(
     verdict: str,
     health_status: str | None,
     precision: Precision | None,
+    rejected_at: str | None = None,
 ) -> AutoDecision:
     """Apply the policy to one remediation waiting for approval; pure.
 
     The health-check rule comes first (it is evidence about this very node); the precision
-    rule needs ``min_events`` decided remediations of the same check x verdict, and compares
-    the point estimate with ``min_precision`` (the Wilson interval is part of the reason).
+    rule needs ``min_events`` decided remediations of the same check x verdict (from as many
+    distinct jobs), compares the point estimate with ``min_precision`` (the Wilson interval is
+    part of the reason), and never applies to a node a person rejected at ``rejected_at``
+    (within the recurrence window).
     """
     if policy.on_health_check_failed and health_status == "failed":
         return AutoDecision(
@@ -64,13 +75,20 @@ def evaluate(
     if policy.min_precision is None:
         return AutoDecision(False, "", "no auto-approval rule applies; a person decides")
     name = f"{check}/{verdict}"
+    if rejected_at is not None:
+        return AutoDecision(
+            False,
+            "",
+            f"a person rejected (or released) this node at {rejected_at}: the precision rule "
+            "never overrides a person's decision about the same node; a person decides",
+        )
     if precision is None or precision.decided < policy.min_events:
         seen = 0 if precision is None else precision.decided
         return AutoDecision(
             False,
             "",
-            f"{name} has {seen} decided remediation(s), fewer than minEvents="
-            f"{policy.min_events}: a person decides",
+            f"{name} has {seen} decided remediation(s) of distinct jobs, fewer than "
+            f"minEvents={policy.min_events}: a person decides",
         )
     estimate = precision.estimate or 0.0
     interval = (
@@ -80,7 +98,7 @@ def evaluate(
     )
     inputs = (
         f"{name} precision {estimate:.3f} ({precision.right} right of {precision.decided} "
-        f"decided, {interval}), minPrecision={policy.min_precision}, "
+        f"decided, one per job, {interval}), minPrecision={policy.min_precision}, "
         f"minEvents={policy.min_events}"
     )
     if estimate >= policy.min_precision:

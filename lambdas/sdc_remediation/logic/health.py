@@ -36,17 +36,29 @@ describe_node = hyperpod.describe_node
 __all__ = ["DHC_LABEL", "HEALTH_LABEL", "classify", "describe_node", "poll", "start"]
 
 
-def start(settings: Settings, suspect: Suspect, cordon: CordonResult | None = None) -> HealthResult:
+def start(
+    settings: Settings,
+    suspect: Suspect,
+    cordon: CordonResult | None = None,
+    kube: Callable[[], KubeApi] | None = None,
+) -> HealthResult:
     """Start the configured deep health checks on the suspect's instance (idempotent).
 
     ``cordon`` is the cordon step's result: its ``health_check_label`` (the verdict label left
     by an earlier check) becomes ``label_before``, so the poll does not mistake it for this
-    check's verdict.
+    check's verdict. Without a cordon (a shadowed alarm's check: the node is not cordoned) the
+    label is read here, through ``kube``: an old ``Failed`` label must not count as this
+    check's either.
     """
     cluster = settings.hyperpod_cluster_name
     checks = settings.health_checks
     started_at = clock.iso(clock.now())
-    label_before = cordon.health_check_label if cordon else None
+    if cordon is not None:
+        label_before = cordon.health_check_label
+    elif kube is not None:
+        label_before = _label(kube(), suspect.node_name).get(DHC_LABEL)
+    else:
+        label_before = None
     if settings.dry_run:
         logger.info(
             "dry run: would start deep health check",

@@ -226,6 +226,33 @@ def transition_message(inp: RecordInput, cluster: str, *, dry_run: bool = False)
     return subject[:100], json.dumps(body, indent=2, default=str)
 
 
+def refused_message(inp: RecordInput, cluster: str, *, dry_run: bool = False) -> tuple[str, str]:
+    """Subject and body telling the on-call which reports or claims localize refused, and why
+    (nothing acted on them; the alarm's other reports and nodes went on)."""
+    st = inp.state
+    count = max(st.refused_count, len(st.refused))
+    job = st.alarm.job if st.alarm and st.alarm.job else None
+    subject = f"{subject_prefix(dry_run)} refused: {count} untrusted claim(s)"
+    if job:
+        subject += f" of job {job}"
+    body: dict[str, Any] = {
+        "transition": "refused",
+        "summary": (
+            f"localize refused {count} report(s) or node claim(s) it could not verify; nothing "
+            "was cordoned for them. Each names the field that did not hold. The alarm's other "
+            "reports and nodes were handled as usual."
+        ),
+        "cluster": cluster,
+        "execution": st.execution or inp.execution,
+        "refused": [r.model_dump(exclude_none=True) for r in st.refused],
+    }
+    if count > len(st.refused):
+        body["not_listed"] = count - len(st.refused)
+    if st.alarm:
+        body["alarm"] = {"name": st.alarm.alarm_name, "time": st.alarm.time, "job": job}
+    return subject, json.dumps(body, indent=2, default=str)
+
+
 def auto_approval_message(
     approval_id: str, auto: AutoDecision, ev: dict[str, Any], *, dry_run: bool = False
 ) -> tuple[str, str]:

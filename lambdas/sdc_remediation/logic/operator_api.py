@@ -8,15 +8,18 @@ results to the state machine (unless the opt-in autoApprove policy is on) and to
 approvals table (task tokens), so the decision deadline and the single-use claim
 (``approvals.Approvals.decide``) hold for every decision.
 
-One event is not a URL request: ``{"action": "settle_canary_approval", "approval_id": ...}``,
-invoked directly (no ``requestContext``; a function URL event always has one) by request_approval,
-the only other role allowed lambda:InvokeFunction on this function. It approves that approval as
-the canary (``canary.APPROVER``) only if the record is the canary's (``canary.settle_approval``);
-anything else is refused (``CanaryApprovalRefused``) and nothing is sent.
+Every request comes through the URL: no role may invoke the function otherwise (IAM conditions
+every lambda:InvokeFunction grant on ``lambda:InvokedViaFunctionUrl``), because a handler cannot
+tell a direct invoke carrying a made-up ``requestContext`` from a URL request. The canary's
+approval takes its own action on the URL, ``settle_canary_approval`` (request_approval calls it,
+signed with its role): it approves as the canary (``canary.APPROVER``) only an approval whose
+record is the canary's (``canary.settle_approval``); anything else is refused
+(``CanaryApprovalRefused``, 403) and nothing is sent.
 
-Request: ``POST`` with a JSON body ``{"action": "pending" | "approve" | "reject" | "release",
-"approval_id": ..., "node": ..., "reason": ..., "release": bool}``. Response: JSON, 200 with the
-result, or 4xx/5xx with ``{"error": <exception class name>, "message": ...}``.
+Request: ``POST`` with a JSON body ``{"action": "pending" | "approve" | "reject" | "release" |
+"settle_canary_approval", "approval_id": ..., "node": ..., "reason": ..., "release": bool}``.
+Response: JSON, 200 with the result, or 4xx/5xx with ``{"error": <exception class name>,
+"message": ...}``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..clients.kube import KubeApi
 from ..config import Settings
 from ..dal.approvals import Approvals
 from ..dal.ledger import Ledger
@@ -38,16 +43,19 @@ from ..errors import (
     AwsApiUnavailable,
     InvalidStepInput,
     NodeNotHeld,
+    NodeStillCordoned,
     RemediationError,
 )
 from ..observability import logger
-from . import canary
+from . import canary, release
 
 STATUS_OF: dict[type[RemediationError], int] = {
     InvalidStepInput: 400,
+    canary.CanaryApprovalRefused: 403,
     ApprovalNotFound: 404,
     NodeNotHeld: 404,
     ApprovalAlreadyDecided: 409,
+    NodeStillCordoned: 409,
     ApprovalExpired: 410,
     AwsApiUnavailable: 503,
 }
@@ -63,7 +71,7 @@ class OperatorRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    action: Literal["pending", "approve", "reject", "release"]
+    action: Literal["pending", "approve", "reject", "release", "settle_canary_approval"]
     approval_id: str | None = Field(default=None, min_length=1, max_length=64)
     node: str | None = Field(default=None, min_length=1, max_length=253)
     reason: str = Field(default="", max_length=1000)
@@ -96,19 +104,31 @@ def parse_request(event: dict[str, Any]) -> OperatorRequest:
         raise InvalidStepInput(f"bad request body: {str(exc).splitlines()[0]}") from exc
 
 
-def perform(request: OperatorRequest, caller: str, settings: Settings) -> dict[str, Any]:
+def perform(
+    request: OperatorRequest, caller: str, settings: Settings, kube: Callable[[], KubeApi]
+) -> dict[str, Any]:
     """Do what the operator asked, as ``caller``; the JSON result."""
     if request.action == "pending":
         return {"pending": Approvals(settings.approvals_table).pending()}
     if request.action == "release":
         if not request.node:
             raise InvalidStepInput("release needs `node`")
-        instance_id = Ledger(settings.ledger_table).release(
-            None, request.node, released_by=caller, reason=request.reason
+        instance_id = release.release(
+            Ledger(settings.ledger_table),
+            kube,
+            request.node,
+            released_by=caller,
+            reason=request.reason,
         )
         return {"released": instance_id, "released_by": caller}
     if not request.approval_id:
         raise InvalidStepInput(f"{request.action} needs `approval_id`")
+    if request.action == canary.SETTLE_ACTION:
+        logger.info("canary approval", extra={"approval_id": request.approval_id})
+        settled = canary.settle_approval(settings, request.approval_id, caller)
+        if settled is None:
+            return {"approval_id": request.approval_id, "already_decided": True}
+        return settled.model_dump(mode="json")
     result = Approvals(settings.approvals_table).decide(
         request.approval_id,
         request.action,
@@ -119,47 +139,15 @@ def perform(request: OperatorRequest, caller: str, settings: Settings) -> dict[s
     return result.model_dump(mode="json")
 
 
-class CanaryEvent(BaseModel):
-    """The direct invocation's event: settle one canary approval (nothing else)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    action: Literal["settle_canary_approval"]
-    approval_id: str = Field(min_length=1, max_length=64)
-
-
-def is_direct_canary_event(event: dict[str, Any]) -> bool:
-    """Whether ``event`` is request_approval's direct invocation, not a function URL request:
-    no ``requestContext`` at all (a URL event, payload format 2.0, always has one) and the
-    canary's action. Any other event is read as a URL request (and refused if unauthenticated)."""
-    return "requestContext" not in event and event.get("action") == canary.SETTLE_ACTION
-
-
-def settle_canary(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """request_approval's direct invocation: approve one canary approval as the canary.
-
-    Raises (a function error, visible in the approve function's errors and logs) on a malformed
-    event (``InvalidStepInput``), a record that is not the canary's (``CanaryApprovalRefused``,
-    nothing sent) or a failed send (written on the canary run too).
-    """
-    try:
-        request = CanaryEvent.model_validate(event)
-    except ValidationError as exc:
-        raise InvalidStepInput(f"bad canary event: {str(exc).splitlines()[0]}") from exc
-    logger.info("canary approval", extra={"approval_id": request.approval_id})
-    result = canary.settle_approval(settings, request.approval_id)
-    if result is None:
-        return {"approval_id": request.approval_id, "already_decided": True}
-    return result.model_dump(mode="json")
-
-
-def handle(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def handle(
+    event: dict[str, Any], settings: Settings, kube: Callable[[], KubeApi]
+) -> dict[str, Any]:
     """A function URL event -> a function URL response (never raises a domain error)."""
     try:
         caller = caller_of(event)
         request = parse_request(event)
         logger.info("operator request", extra={"action": request.action, "caller": caller})
-        body, status = perform(request, caller, settings), 200
+        body, status = perform(request, caller, settings, kube), 200
     except NotAuthenticated as exc:
         body, status = {"error": type(exc).__name__, "message": str(exc)}, 403
     except RemediationError as exc:

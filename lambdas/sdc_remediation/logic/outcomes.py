@@ -8,10 +8,19 @@ turns events into :class:`Remediation` summaries, ``mark_recurrences`` finds rep
 and ``classify`` says whether the alarm was right, wrong, or not yet known (``stats`` counts
 them).
 
-Recurrence: the same instance alarming again within the window after a remediation, or, after
-a replacement, another instance of the same job alarming within the window. The ledger does not
-know which instance replaced which, so the second rule counts any other node of that job: a
-replacement that did not stop the job's alarms suggests the wrong node was blamed.
+What counts is what someone decided about a node the guard admitted: a failed deep health check
+(hardware confirmed), or a person's approval, rejection or release. Nothing a pod can produce
+decides: a shadowed alarm, a refused (``circuit_open``) or ``duplicate`` one, an approval by the
+auto-approval policy (it reads these numbers: counting its own decisions would feed itself), and
+a recurrence (a pod can write another report about the same node at will) decide nothing.
+
+Recurrence: among admitted remediations only, and from another report (the ledger admits one
+remediation per report and node; a report naming two nodes is one report): the same instance
+alarming again within the window, or, after a replacement, another instance of the same job
+alarming within the window. The ledger does not know which instance replaced which, so the
+second rule counts any other node of that job: a replacement that did not stop the job's alarms
+suggests the wrong node was blamed. It turns a person's approval into "wrong"; it never makes
+anything "right".
 """
 
 from __future__ import annotations
@@ -22,8 +31,12 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import sdc_contract as contract
+from sdc_contract.autoapprove import APPROVER_PREFIX
 
 from ..clock import parse_iso
+
+CANARY_APPROVER = "sdc-guard canary"
+"""How the canary's approval names its approver (``logic.canary.approval.APPROVER``): no person."""
 
 DEFAULT_RECURRENCE_WINDOW = timedelta(days=7)
 """How soon a second alarm must follow for the first remediation to count as a recurrence."""
@@ -56,6 +69,8 @@ class Remediation:
     instance_id: str
     node_name: str | None = None
     job: str | None = None
+    report: str | None = None
+    """The identity of the report that raised it (job, step, check, report time)."""
     check: str = UNKNOWN
     verdict: str = UNKNOWN
     first_at: str = ""
@@ -103,8 +118,43 @@ class Remediation:
 
     @property
     def admitted(self) -> bool:
-        """Whether the guard admitted it (not a duplicate or a circuit_open only)."""
-        return not self.names <= {"duplicate", "circuit_open"}
+        """Whether the blast-radius guard admitted it (enforced: the ledger wrote its
+        ``admitted`` event); shadowed, refused and duplicate alarms were not."""
+        return "admitted" in self.names
+
+    def _by_person(self, transition: dict[str, Any]) -> bool:
+        approver = str(transition.get("approver") or "")
+        return bool(approver) and not approver.startswith((APPROVER_PREFIX, CANARY_APPROVER))
+
+    @property
+    def person_approved(self) -> bool:
+        """A person (not the auto-approval policy) approved the replacement."""
+        return any(t.get("decision") == "approve" and self._by_person(t) for t in self.transitions)
+
+    @property
+    def person_rejected(self) -> bool:
+        """A person rejected the replacement, or released the node from the guard."""
+        return any(
+            (t.get("decision") == "reject" or t["transition"] == "released") and self._by_person(t)
+            for t in self.transitions
+        )
+
+    def person_rejected_at(self) -> str | None:
+        """When a person first rejected (or released) it, if one did."""
+        return next(
+            (
+                str(t.get("at"))
+                for t in self.transitions
+                if (t.get("decision") == "reject" or t["transition"] == "released")
+                and self._by_person(t)
+            ),
+            None,
+        )
+
+    @property
+    def decided(self) -> bool:
+        """Admitted, and decided by the health check or a person: what precision counts."""
+        return classify(self) != "undecided"
 
 
 def summarise(events: Iterable[Mapping[str, Any]]) -> list[Remediation]:
@@ -129,6 +179,7 @@ def summarise(events: Iterable[Mapping[str, Any]]) -> list[Remediation]:
         entry.last_at = str(event.get("at", entry.last_at))
         entry.node_name = entry.node_name or event.get("node_name")
         entry.job = entry.job or event.get("job")
+        entry.report = entry.report or event.get("report")
         if entry.check == UNKNOWN and event.get("check"):
             entry.check = str(event["check"])
         if entry.verdict == UNKNOWN and event.get("verdict"):
@@ -149,9 +200,11 @@ def summarise(events: Iterable[Mapping[str, Any]]) -> list[Remediation]:
 def mark_recurrences(
     remediations: list[Remediation], window: timedelta = DEFAULT_RECURRENCE_WINDOW
 ) -> list[Remediation]:
-    """Set ``repeat_same_instance`` / ``repeat_after_replacement`` on each remediation that a
-    later alarm followed within ``window``; returns the same list."""
-    admitted = [r for r in remediations if r.first_at]
+    """Set ``repeat_same_instance`` / ``repeat_after_replacement`` on each admitted remediation
+    that a later admitted one, from another report, followed within ``window``; returns the same
+    list. A shadowed, refused or duplicate alarm is no recurrence, nor is the same report read
+    again."""
+    admitted = [r for r in remediations if r.first_at and r.admitted]
     for index, earlier in enumerate(admitted):
         start = parse_iso(earlier.first_at)
         for later in admitted[index + 1 :]:
@@ -159,6 +212,8 @@ def mark_recurrences(
                 continue
             if parse_iso(later.first_at) - start > window:
                 break
+            if earlier.report and later.report == earlier.report:
+                continue
             if later.instance_id == earlier.instance_id:
                 earlier.repeat_same_instance = True
             elif earlier.replaced and earlier.job and later.job == earlier.job:
@@ -169,18 +224,21 @@ def mark_recurrences(
 def classify(remediation: Remediation) -> Verdict:
     """Whether the alarm that raised it was right (the node was bad), wrong, or undecided.
 
-    Right: the deep health check failed; or the same instance alarmed again (a repeat offender);
-    or it was replaced and the job's alarms stopped. Wrong: replaced and the job alarmed again
-    on another node within the window; or a person rejected it (kept or released) and it did not
-    come back. Undecided: anything else (in flight, timed out, failed, abandoned, shadow without
-    a health verdict, a duplicate or a circuit_open).
+    Only an admitted remediation is decided, by the health check or a person. Right: the deep
+    health check failed (or HyperPod replaced the node after it); or a person approved the
+    replacement and the job's alarms stopped. Wrong: a person rejected it or released the node;
+    or a person approved it and the job alarmed again on another node within the window.
+    Undecided: anything else (not admitted: shadow, refused, duplicate; in flight, timed out,
+    failed, abandoned; approved by the policy alone; a recurrence alone).
     """
-    if remediation.confirmed or remediation.repeat_same_instance:
+    if not remediation.admitted:
+        return "undecided"
+    if remediation.confirmed or "replaced_by_hyperpod" in remediation.names:
         return "right"
-    if remediation.replaced:
-        return "wrong" if remediation.repeat_after_replacement else "right"
-    if remediation.rejected or remediation.outcome == "released":
+    if remediation.person_rejected:
         return "wrong"
+    if remediation.person_approved:
+        return "wrong" if remediation.repeat_after_replacement else "right"
     return "undecided"
 
 

@@ -17,12 +17,15 @@ from pydantic import ValidationError
 
 from sdc_contract.metrics import (
     CLUSTER_DIMENSION,
+    JOB_DIMENSION,
     OUTCOME_DIMENSIONS,
     POWERTOOLS_METRICS_NAMESPACE,
 )
 
+from .. import text
 from ..clients import sns
 from ..config import Settings
+from ..dal import shadow_guard
 from ..dal.ledger import Ledger, cluster_pk, encode_detail
 from ..errors import InvalidStepInput
 from ..models import RecordInput, RecordResult, RecordState, StepError, Transition, parse_step
@@ -46,9 +49,12 @@ CLOSING_TRANSITIONS = {
 # Transitions about an alarm that was NOT admitted: recorded in the node's history, but they must
 # not overwrite the status of the remediation that is open on the node.
 NOT_ADMITTED = {"duplicate", "circuit_open"}
-# Transitions notified once per execution: every item of a storm records its own, one message
-# (the first item's, whose reason names the whole alarm) tells the on-call.
-ONCE_PER_EXECUTION = {"circuit_open"}
+# Transitions about the alarm rather than one admitted remediation, notified once per alarm
+# episode: every item of a storm records its own `circuit_open`, and an alarm that flaps starts
+# an execution every minute, each of which would otherwise send its own message. An episode is
+# one alarm contributor (the alarm and its job) until it was quiet for EPISODE_QUIET_SECONDS.
+ONCE_PER_EPISODE = {"circuit_open", "refused", "ambiguous", "no_suspects"}
+EPISODE_QUIET_SECONDS = 3600
 
 
 # Outcomes counted per check x verdict for the dashboard's table (CloudWatch dashboards cannot
@@ -141,6 +147,18 @@ def parse_record_input(event: Any) -> tuple[RecordInput, NodeKey | None]:
     return inp, node
 
 
+def episode_of(state: RecordState, execution: str) -> str:
+    """The alarm episode a cluster-level transition belongs to: the alarm and its contributor's
+    job (from localize's alarm, else the raw event); the execution when neither is known."""
+    if state.alarm is not None:
+        return f"{state.alarm.alarm_name}#{state.alarm.job or '-'}"
+    if state.detail is not None and state.detail.alarm_name:
+        contributor = state.detail.alarm_contributor
+        job = contributor.attributes.get(JOB_DIMENSION, "-") if contributor else "-"
+        return f"{state.detail.alarm_name}#{text.printable(job, 80, ascii_only=True)}"
+    return execution or "unknown"
+
+
 def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) -> RecordResult:
     """Record a transition: ledger event, metric, and a notification when asked.
 
@@ -166,6 +184,9 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     }
     if st.suspects:
         detail["suspects"] = [s.node_name for s in st.suspects]
+    if st.refused:
+        detail["refused"] = [r.model_dump(exclude_none=True) for r in st.refused]
+        detail["refused_count"] = max(st.refused_count, len(st.refused))
     resume = notify.resume_summary(st.suspect) if st.suspect else None
     attrs = {
         "cluster": cluster,
@@ -177,6 +198,9 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         "check": st.suspect.check if st.suspect else None,
         "verdict": st.suspect.verdict if st.suspect else None,
         "job": st.suspect.job if st.suspect else None,
+        # The report's identity: the precision ledger counts a report once (recurrences come
+        # from other reports only).
+        "report": st.suspect.report_key if st.suspect and st.suspect.report_time else None,
         "decision": st.approval.decision if st.approval else None,
         "approver": st.approval.approver if st.approval else None,
         "reason": st.approval.reason if st.approval else None,
@@ -209,6 +233,10 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
             closed = rid
         if closed is not None:
             remediation_id = closed
+            if inp.transition == "failed" and st.suspect and st.suspect.report_time:
+                # Nothing was decided about the node (a step could not run): its report may
+                # raise a remediation again, with the next alarm that reads it.
+                ledger.release_report(instance_id, st.suspect.report_key, closed)
     ledger.record(
         pk,
         remediation_id,
@@ -216,25 +244,49 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         attrs,
         update_status=own and inp.transition not in NOT_ADMITTED and closed is None,
     )
+    admission = st.admission
+    if (
+        admission is not None
+        and admission.mode == "shadow"
+        and admission.shadow_health_check
+        and instance_id
+        and inp.transition in ("shadow", "failed")
+    ):
+        # The shadowed alarm's health check is over: its slot of the shadow guard is free.
+        shadow_guard.release(ledger.table, cluster, instance_id, execution, st.item)
     if target.counts_on_dashboard:
-        metrics.add_dimension(name=CLUSTER_DIMENSION, value=cluster)
+        # Dimensions only from fixed values: the deployment's cluster (never the state's),
+        # the contract's check and verdict names (a verdict outside the list reads `unknown`).
+        metrics.add_dimension(name=CLUSTER_DIMENSION, value=settings.hyperpod_cluster_name)
         metrics.add_metric(name=inp.transition, unit="Count", value=1)
         if st.suspect is not None and inp.transition in OUTCOME_METRICS:
-            outcome_metric(cluster, st.suspect.check, st.suspect.verdict, inp.transition)
+            outcome_metric(
+                settings.hyperpod_cluster_name,
+                st.suspect.check,
+                st.suspect.verdict,
+                inp.transition,
+            )
     if st.suspect is not None:
         error = f"{inp.error.error}: {inp.error.cause[:500]}" if inp.error else None
         target.recorded(inp.transition, error, settings)
+    per_episode = inp.transition in ONCE_PER_EPISODE or (
+        inp.transition == "failed" and st.suspect is None and node is None
+    )
     notify_now = (
         target.pages
         and inp.notify
         and (
-            inp.transition not in ONCE_PER_EXECUTION
-            or ledger.first_notice(cluster, execution, inp.transition)
+            not per_episode
+            or ledger.first_in_episode(
+                cluster, episode_of(st, execution), inp.transition, EPISODE_QUIET_SECONDS
+            )
         )
     )
     if notify_now:
         if inp.transition == "shadow":
             subject, body = shadow.message(inp, cluster, dry_run=settings.dry_run)
+        elif inp.transition == "refused":
+            subject, body = notify.refused_message(inp, cluster, dry_run=settings.dry_run)
         else:
             subject, body = notify.transition_message(inp, cluster, dry_run=settings.dry_run)
         if node is not None:

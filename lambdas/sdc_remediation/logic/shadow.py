@@ -2,10 +2,17 @@
 localized, admitted as shadow, notified with its evidence and what sdc-guard would have done,
 and recorded; no node is cordoned, checked or replaced.
 
-A shadow admission claims nothing: the node's STATE and the blast-radius guard are only read,
-to say whether the guard would have admitted it. A noisy check in shadow therefore never uses
-the guard's budget that the enforced checks need. Its ``shadow`` outcome goes to the ledger
-like any other, so ``sdc-remediation stats`` shows the check's alarms before it is enforced.
+A shadow admission claims nothing of the enforced guard: the node's STATE and the blast-radius
+guard are only read, to say whether the guard would have admitted it. A noisy check in shadow
+therefore never uses the guard's budget that the enforced checks need. It does claim its report
+(one shadow record per report: a flapping alarm re-reading it is a duplicate). Its ``shadow``
+outcome goes to the ledger like any other, so ``sdc-remediation stats`` shows the check's alarms
+before it is enforced (never in its precision: nothing decided them).
+
+With ``shadowHealthCheck`` the deep health check runs on the uncordoned node, which disrupts
+what runs there: it goes through a guard of its own (``dal.shadow_guard``), a fraction of the
+cluster like the enforced guard's (``MAX_FRACTION``) and never the enforced checks' budget. An
+alarm naming more nodes than that fraction, or a node beyond it, is recorded without a check.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import hashlib
 import json
 from typing import Any
 
+from ..dal import shadow_guard
 from ..dal.ledger import Ledger
 from ..models import Admission, ItemState, RecordInput
 from . import notify
@@ -29,18 +37,35 @@ def remediation_id(req: AdmitRequest) -> str:
     return f"s-{hashlib.sha256(key).hexdigest()[:16]}"
 
 
-def admit(ledger: Ledger, req: AdmitRequest) -> Admission:
-    """Admit as shadow: say what the guard would have decided, claim nothing."""
+def admit(ledger: Ledger, req: AdmitRequest, *, health_check: bool = False) -> Admission:
+    """Admit as shadow: say what the guard would have decided, claim only the report (and, for
+    ``health_check``, a slot of the shadow guard)."""
+    rid = remediation_id(req)
+    taken = ledger.claim_report(req, rid)
+    if taken is not None:
+        return Admission(
+            decision="duplicate",
+            remediation_id=taken.get("remediation_id"),
+            reason=f"this report already raised {taken.get('remediation_id')}: one record per "
+            "report",
+            mode="shadow",
+        )
     would = ledger.would_admit(req)
     if would.decision == "admitted":
         verdict = "enforced, the blast-radius guard would have admitted it"
     else:
         verdict = f"enforced, the guard would have answered {would.decision}: {would.reason}"
+    check = False
+    note = ""
+    if health_check:
+        check, why = shadow_guard.admit(ledger.table, req)
+        note = f"; deep health check: {why}"
     return Admission(
         decision="admitted",
-        remediation_id=remediation_id(req),
-        reason=f"shadow mode: nothing is cordoned ({verdict})",
+        remediation_id=rid,
+        reason=f"shadow mode: nothing is cordoned ({verdict}){note}",
         mode="shadow",
+        shadow_health_check=check,
     )
 
 

@@ -24,12 +24,13 @@ FEW_EVENTS = 10
 """Below this many decided remediations a row is marked "few events"."""
 
 PRECISION_DEFINITION = (
-    "precision = right / (right + wrong) per check x verdict. Right: the deep health check "
-    "failed, the same instance alarmed again within the window, or the node was replaced and "
-    "its job's alarms stopped. Wrong: a person rejected (or released) the node and it did not "
-    "alarm again, or it was replaced and another node of the same job alarmed within the "
-    "window. Undecided (in flight, timed out, failed, abandoned, shadow without a health "
-    "verdict) counts in neither. Interval: Wilson score, 95 %."
+    "precision = right / (right + wrong) per check x verdict, over remediations the guard "
+    "admitted and the health check or a person decided. Right: the deep health check failed, "
+    "or a person approved the replacement and the job's alarms stopped. Wrong: a person "
+    "rejected (or released) the node, or approved and another node of the same job alarmed "
+    "within the window. Undecided (shadow, refused, duplicate, in flight, timed out, failed, "
+    "abandoned, approved by the policy alone, a recurrence alone) counts in neither. One report "
+    "is one remediation. Interval: Wilson score, 95 %."
 )
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
@@ -83,6 +84,8 @@ class CheckStats:
     precision: float | None
     low: float | None
     high: float | None
+    jobs: int = 0
+    """Distinct jobs among the decided remediations."""
 
     @property
     def decided(self) -> int:
@@ -105,6 +108,7 @@ def check_stats(check: str, verdict: str, remediations: Iterable[Remediation]) -
     kinds = [classify(r) for r in rows]
     right, wrong = kinds.count("right"), kinds.count("wrong")
     interval = wilson_interval(right, right + wrong)
+    jobs = {r.job for r, kind in zip(rows, kinds, strict=True) if kind != "undecided"}
     return CheckStats(
         check=check,
         verdict=verdict,
@@ -121,7 +125,20 @@ def check_stats(check: str, verdict: str, remediations: Iterable[Remediation]) -
         precision=right / (right + wrong) if right + wrong else None,
         low=interval[0] if interval else None,
         high=interval[1] if interval else None,
+        jobs=len(jobs),
     )
+
+
+def one_per_job(remediations: Iterable[Remediation]) -> list[Remediation]:
+    """The decided remediations with at most one per job (its latest): what the auto-approval
+    policy counts, so no one job (a pod that writes reports at will) makes up its evidence."""
+    latest: dict[str | None, Remediation] = {}
+    for r in remediations:
+        if classify(r) == "undecided":
+            continue
+        if r.job not in latest or r.first_at >= latest[r.job].first_at:
+            latest[r.job] = r
+    return list(latest.values())
 
 
 def table(remediations: Iterable[Remediation]) -> list[CheckStats]:
@@ -141,6 +158,7 @@ __all__ = [
     "PRECISION_DEFINITION",
     "CheckStats",
     "check_stats",
+    "one_per_job",
     "parse_duration",
     "table",
     "wilson_interval",

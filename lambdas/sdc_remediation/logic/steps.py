@@ -22,11 +22,13 @@ from ..models import (
     CordonResult,
     HealthResult,
     ItemState,
+    LateInput,
     LocalizeResult,
     PollInput,
     RecordInput,
     RecordResult,
     ReplaceResult,
+    Suspect,
 )
 from ..observability import logger
 from ..targets import KubeFactory, target_for
@@ -47,6 +49,11 @@ def localize(event: AlarmStateChangeEvent, settings: Settings, kube: KubeFactory
     return localize_mod.localize(event, settings, kube)
 
 
+def localize_late(state: LateInput, settings: Settings, kube: KubeFactory) -> Suspect:
+    """LocalizeLate step (a pending node's Map item): its suspect once its report is visible."""
+    return localize_mod.localize_late(state, settings, kube)
+
+
 def admit(state: ItemState, settings: Settings) -> Admission:
     """Admit step: one open remediation per node, under the blast-radius guard."""
     cluster = settings.hyperpod_cluster_name
@@ -60,6 +67,7 @@ def admit(state: ItemState, settings: Settings) -> Admission:
         max_fraction=settings.max_fraction,
         suspects_in_alarm=state.suspects_in_alarm,
         item=state.item,
+        report=state.suspect.report_key if state.suspect.report_time else None,
     )
     return target_for(state.suspect).admit(state, request, settings)
 
@@ -76,10 +84,11 @@ def uncordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonR
     return target_for(state.suspect).uncordon(state, state.approval.approver, settings, kube)
 
 
-def start_health_check(state: ItemState, settings: Settings) -> HealthResult:
-    """StartHealthCheck step."""
+def start_health_check(state: ItemState, settings: Settings, kube: KubeFactory) -> HealthResult:
+    """StartHealthCheck step (Kubernetes only for a shadowed node, which cordon did not read)."""
     settings = target_for(state.suspect).settings(settings)
-    return health.start(settings, state.suspect, state.cordon)
+    shadowed = state.admission is not None and state.admission.mode == "shadow"
+    return health.start(settings, state.suspect, state.cordon, kube if shadowed else None)
 
 
 def poll_health_check(state: PollInput, settings: Settings, kube: KubeFactory) -> HealthResult:
@@ -140,6 +149,7 @@ __all__ = [
     "cordon",
     "kube_factory",
     "localize",
+    "localize_late",
     "poll_health_check",
     "record",
     "replace",

@@ -7,20 +7,33 @@ schedule, asks Step Functions about the execution of every open remediation
 (DescribeExecution), and closes those whose execution ended as ``abandoned`` with the
 execution's status. The node stays cordoned and keeps counting against the guard until released
 (``sdc-remediation release``): nobody decided about it. One message per sweep lists them.
+
+Held nodes count against the guard's out-of-service fraction until released, so a forgotten one
+shrinks the room for real findings: once a day the sweeper reminds the on-call of every node held
+longer than a day (``REMIND_AFTER_SECONDS``), in one message.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+from sdc_contract.names import node_name_of
+
+from .. import clock
 from ..clients import sns
 from ..clients.stepfunctions import execution_status
 from ..config import Settings
 from ..dal.ledger import Ledger, encode_detail
 from ..observability import logger, metrics
 from . import notify
+
+REMIND_AFTER_SECONDS = 86400
+"""A node held longer than this is in the daily reminder."""
+REMIND_EVERY_SECONDS = 86400
+"""At most one reminder per this period."""
 
 
 @dataclass
@@ -30,10 +43,17 @@ class SweepResult:
     checked: int = 0
     abandoned: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    reminded: list[str] = field(default_factory=list)
+    """The long-held nodes this sweep reminded the on-call of (empty: no reminder due)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The handler's JSON answer."""
-        return {"checked": self.checked, "abandoned": self.abandoned, "skipped": self.skipped}
+        return {
+            "checked": self.checked,
+            "abandoned": self.abandoned,
+            "skipped": self.skipped,
+            "reminded": self.reminded,
+        }
 
 
 def sweep(settings: Settings) -> SweepResult:
@@ -98,5 +118,41 @@ def sweep(settings: Settings) -> SweepResult:
             "remediations": result.abandoned,
         }
         sns.publish(settings.topic_arn, subject[:100], json.dumps(body, indent=2))
+    result.reminded = remind_long_held(ledger, settings)
     logger.info("swept", extra=result.as_dict())
     return result
+
+
+def remind_long_held(ledger: Ledger, settings: Settings) -> list[str]:
+    """Once a day, one message naming every node held longer than a day (they still count
+    against MAX_FRACTION); the node names reminded (empty when none or not due)."""
+    cluster = settings.hyperpod_cluster_name
+    now = int(clock.now().timestamp())
+    long_held = [h for h in ledger.held(cluster) if now - int(h["at"]) > REMIND_AFTER_SECONDS]
+    if not long_held or not ledger.due(cluster, "held-reminder", REMIND_EVERY_SECONDS):
+        return []
+    nodes = [
+        {
+            "node": node_name_of(str(h["instance_id"])),
+            "held_since": clock.iso(datetime.fromtimestamp(int(h["at"]), UTC)),
+            "held_hours": round((now - int(h["at"])) / 3600, 1),
+            "remediation_id": h.get("remediation_id"),
+        }
+        for h in long_held
+    ]
+    subject = (
+        f"{notify.subject_prefix(settings.dry_run)} reminder: {len(nodes)} node(s) held by the "
+        "guard for more than a day"
+    )
+    body = {
+        "summary": (
+            "These nodes were cordoned by sdc-guard more than a day ago and nobody released "
+            "them: each counts against the blast-radius guard's out-of-service fraction "
+            "(MAX_FRACTION) until released. Uncordon (kubectl uncordon NODE) or replace each, "
+            "then `sdc-remediation release NODE`. This reminder comes once a day."
+        ),
+        "cluster": cluster,
+        "nodes": nodes,
+    }
+    sns.publish(settings.topic_arn, subject, json.dumps(body, indent=2))
+    return [n["node"] for n in nodes]

@@ -1,4 +1,11 @@
-"""The workflow's input: the EventBridge "CloudWatch Alarm State Change" event of an alarm."""
+"""The workflow's input: the EventBridge event of one of the stack's SDC alarms changing state.
+
+The SDC alarms are Metrics Insights alarms with one contributor per job (docs/deploy.md, "The
+alarms"): the event that starts the workflow is "CloudWatch Alarm Contributor State Change",
+whose ``alarmContributor.attributes`` name the job and whose metric is the alarm's query. A
+"CloudWatch Alarm State Change" event (a single-metric alarm) parses too; localize decides
+whether it is one of this stack's alarms.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +42,8 @@ class MetricQuery(_Model):
 
     id: str
     metric_stat: MetricStat | None = Field(default=None, alias="metricStat")
-    expression: str | None = None
+    expression: str | None = Field(default=None, max_length=2048)
+    period: int | None = None
 
 
 class AlarmConfiguration(_Model):
@@ -53,10 +61,19 @@ class AlarmStateValue(_Model):
     timestamp: datetime
 
 
-class AlarmDetail(_Model):
-    """``detail`` of a CloudWatch Alarm State Change event."""
+class AlarmContributor(_Model):
+    """``detail.alarmContributor`` of a contributor's state change: which time series (for the
+    SDC alarms: which job) changed state."""
 
-    alarm_name: str = Field(alias="alarmName")
+    id: str = Field(max_length=1024)
+    attributes: dict[str, str] = Field(default_factory=dict)
+
+
+class AlarmDetail(_Model):
+    """``detail`` of a CloudWatch Alarm (Contributor) State Change event."""
+
+    alarm_name: str = Field(alias="alarmName", max_length=255)
+    alarm_contributor: AlarmContributor | None = Field(default=None, alias="alarmContributor")
     state: AlarmStateValue
     previous_state: AlarmStateValue | None = Field(default=None, alias="previousState")
     configuration: AlarmConfiguration = Field(default_factory=AlarmConfiguration)
@@ -66,7 +83,9 @@ class AlarmStateChangeEvent(EventBridgeModel):
     """The workflow input: Powertools' EventBridge envelope with a typed alarm detail."""
 
     source: Literal["aws.cloudwatch"]
-    detail_type: Literal["CloudWatch Alarm State Change"] = Field(alias="detail-type")
+    detail_type: Literal[
+        "CloudWatch Alarm State Change", "CloudWatch Alarm Contributor State Change"
+    ] = Field(alias="detail-type")
     detail: AlarmDetail  # type: ignore[assignment]
 
 
@@ -82,6 +101,7 @@ def parse_alarm_event(event: Any) -> AlarmStateChangeEvent:
 
 __all__ = [
     "AlarmConfiguration",
+    "AlarmContributor",
     "AlarmDetail",
     "AlarmStateChangeEvent",
     "AlarmStateValue",

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from sdc_contract.environment import DEFAULT_CANARY_TIMEOUT_SECONDS
 
 STEPS: tuple[tuple[str, str], ...] = (
     ("scheduled", "the schedule started a canary run (the canary function recorded it)"),
@@ -59,6 +62,20 @@ class Run:
     completed: bool = False
     error: str | None = None
     stopped_at: str | None = None
+    open_until: int | None = None
+    """Epoch seconds after which the run is expired (its start plus ``canaryTimeout``): its
+    report and its approval are no longer accepted. None: a run recorded before runs expired,
+    open for the default timeout after its start."""
+
+    def is_open(self, now: datetime) -> bool:
+        """Not completed and not expired: a report or approval of it may still be accepted."""
+        if self.completed:
+            return False
+        until = self.open_until
+        if until is None:
+            started = datetime.fromisoformat(self.started_at.replace("Z", "+00:00"))
+            until = int(started.timestamp()) + DEFAULT_CANARY_TIMEOUT_SECONDS
+        return now.timestamp() < until
 
     @property
     def reached(self) -> list[str]:
@@ -75,6 +92,7 @@ class Run:
             completed=bool(item.get("completed")),
             error=item.get("error"),
             stopped_at=item.get("stopped_at"),
+            open_until=int(item["open_until"]) if item.get("open_until") is not None else None,
         )
 
 

@@ -7,9 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from .alarm_event import AlarmContributor
 from .base import Model as _Model
 from .results import StepResults
-from .state import Alarm, Suspect
+from .state import Alarm, PendingNode, Refusal, Suspect
 
 Transition = Literal[
     "ambiguous",
@@ -30,6 +31,7 @@ Transition = Literal[
     "failed",
     "abandoned",
     "shadow",
+    "refused",
 ]
 
 
@@ -40,14 +42,26 @@ class StepError(_Model):
     cause: str = Field(default="", alias="Cause")
 
 
+class EventDetail(_Model):
+    """What record reads of a raw alarm event (a failure before localize normalised it): the
+    alarm and its contributor, which name the alarm episode."""
+
+    alarm_name: str = Field(default="", alias="alarmName", max_length=255)
+    alarm_contributor: AlarmContributor | None = Field(default=None, alias="alarmContributor")
+
+
 class RecordState(StepResults):
     """The state record receives: a Map item's state, localize's output, or the raw event."""
 
     alarm: Alarm | None = None
     suspect: Suspect | None = None
     suspects: list[Suspect] = Field(default_factory=list)
+    pending: PendingNode | list[PendingNode] | None = None
+    refused: list[Refusal] = Field(default_factory=list)
+    refused_count: int = 0
     execution: str = ""
     item: int | None = None
+    detail: EventDetail | None = None
 
 
 class RecordInput(_Model):
@@ -67,4 +81,4 @@ class RecordResult(_Model):
     recorded: bool = True
 
 
-__all__ = ["RecordInput", "RecordResult", "RecordState", "StepError", "Transition"]
+__all__ = ["EventDetail", "RecordInput", "RecordResult", "RecordState", "StepError", "Transition"]

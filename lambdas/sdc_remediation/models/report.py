@@ -9,8 +9,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, StringConstraints
 
+from sdc_contract.names import (
+    MAX_JOB_NAME_CHARS,
+    MAX_SUBDOMAIN_CHARS,
+    is_gpu_uuid,
+    is_job_name,
+)
 from sdc_contract.report import (
     ALARM_SCHEMA,
     RANKMAP_SCHEMA,
@@ -32,14 +38,39 @@ def _window(value: list[int]) -> list[int]:
     return value
 
 
+def _job_name(value: str) -> str:
+    if not is_job_name(value):
+        raise ValueError(
+            f"{value[:80]!r} is not a job name the pipeline accepts: a Kubernetes label value "
+            f"(at most {MAX_JOB_NAME_CHARS} letters, digits, '-', '_', '.'), as the job-name "
+            "label of the job's pods"
+        )
+    return value
+
+
+def _gpu_uuid(value: str | None) -> str | None:
+    if value is not None and not is_gpu_uuid(value):
+        raise ValueError(f"{value[:80]!r} is not a GPU id (GPU-<uuid>, cuda:<n> or cpu)")
+    return value
+
+
+JobName = Annotated[str, AfterValidator(_job_name)]
+"""A report's ``job``: bounded and corroborated by the job-name label of the job's pods
+(``sdc_contract.names.JOB_NAME``)."""
+Name = Annotated[str, StringConstraints(max_length=MAX_SUBDOMAIN_CHARS)]
+"""A node, pod or instance name as a report carries it: bounded here, checked where it is used
+(localize checks each against Kubernetes and HyperPod)."""
+GpuUuid = Annotated[str | None, AfterValidator(_gpu_uuid)]
+
+
 class RankInfo(_Model):
     """Where one global rank runs, as the agent reports it."""
 
-    node_name: str | None = None
-    instance_id: str | None = None
-    gpu_uuid: str | None = None
-    local_rank: int | None = None
-    pod_name: str | None = None
+    node_name: Name | None = None
+    instance_id: Name | None = None
+    gpu_uuid: GpuUuid = None
+    local_rank: int | None = Field(default=None, ge=0, le=65535)
+    pod_name: Name | None = None
 
 
 RankMapping = Annotated[dict[str, RankInfo], AfterValidator(_rank_keyed)]
@@ -54,7 +85,7 @@ class VerdictEntry(_Model):
     pair: list[int]
     third: int | None = None
     suspect: int | None = None
-    kind: str
+    kind: str = Field(max_length=64)
     """How the confirmation settled (``sdc_contract.report.VERDICT_KINDS``). Kept as the agent
     wrote it: a newer agent's kind is not refused here, and whatever the pipeline derives from it
     reads ``unknown`` (``sdc_contract.report.verdict_name``)."""
@@ -71,8 +102,8 @@ class Report(_Model):
     """One ``sdc.alarm/v1`` log event, written by the agent next to the metrics."""
 
     report_schema: Literal[ALARM_SCHEMA] = Field(alias="schema")
-    cluster: str
-    job: str
+    cluster: str = Field(max_length=256)
+    job: JobName
     time: datetime
     step: int
     check: Check
@@ -89,7 +120,7 @@ class Report(_Model):
     metric: ReportMetric | None = None
     log_stream: str | None = Field(default=None, exclude=True)
     """Where localize read the report (not part of the agent's schema)."""
-    canary_run: str | None = None
+    canary_run: str | None = Field(default=None, max_length=64)
     """Set only by the canary function (``logic/canary/start.py``): the run this synthetic
     report belongs to, which localize checks against the run the canary recorded in the ledger."""
 
@@ -98,13 +129,16 @@ class RankMap(_Model):
     """The ``sdc.rankmap/v1`` event the agent writes at job start."""
 
     report_schema: Literal[RANKMAP_SCHEMA] = Field(alias="schema")
-    cluster: str
-    job: str
+    cluster: str = Field(max_length=256)
+    job: JobName
     time: datetime
     ranks: RankMapping = Field(default_factory=dict)
 
 
 __all__ = [
+    "GpuUuid",
+    "JobName",
+    "Name",
     "RankInfo",
     "RankMap",
     "RankMapping",

@@ -20,6 +20,9 @@ class Admission(_Model):
     mode: Mode = "enforce"
     """``shadow``: the check x verdict is not enforced (CHECK_MODES); the workflow records and
     notifies what it would have done and touches nothing. Nothing was claimed in the ledger."""
+    shadow_health_check: bool = False
+    """A shadowed alarm whose deep health check may run (``shadowHealthCheck`` on, and the
+    shadow guard had room): the workflow runs it before recording the shadow."""
 
 
 class CordonResult(_Model):

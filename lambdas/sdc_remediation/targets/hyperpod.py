@@ -34,7 +34,7 @@ class HyperPodNode:
         verdict only reads the guard."""
         ledger = Ledger(settings.ledger_table)
         if settings.mode_for(state.suspect.check, state.suspect.verdict) == "shadow":
-            return shadow.admit(ledger, request)
+            return shadow.admit(ledger, request, health_check=settings.shadow_health_check)
         decision = ledger.admit(request)
         logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})
         return Admission(

@@ -3,6 +3,7 @@ every rank's CloudWatchPublisher() reaches through AWS_ENDPOINT_URL."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,12 @@ def moto_endpoint() -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
+    endpoint = f"http://{host}:{port}"
+    # moto's backends are per process, not per server: a server started by another test file
+    # of this run kept its metrics (the cluster series every framework's job adds to). Start
+    # each file from an empty account.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))
+    yield endpoint
     server.stop()
 
 

@@ -67,16 +67,17 @@ def reset_embedded_aws(endpoint: str, *, timeout: float) -> None:
     ).raise_for_status()
 
 
-def create_cluster(
-    client: Callable[[str], Any],
-    hyperpod: HyperPodSimulator,
-    kube: KubeStandIn,
-    cluster: Cluster,
-) -> None:
-    """Create ``cluster`` in the embedded account (``client(service)`` gives its boto3 clients):
-    the HyperPod cluster with its instance ids, the EKS cluster, and each rank's pod on its node."""
+def create_hyperpod_cluster(client: Callable[[str], Any], cluster: Cluster) -> None:
+    """The HyperPod cluster itself, unless the account has it already: it exists before the
+    stack is deployed (the stack looks its ARN up at deploy time)."""
     c = cluster
-    client("sagemaker").create_cluster(
+    sagemaker = client("sagemaker")
+    try:
+        sagemaker.describe_cluster(ClusterName=c.hyperpod_name)
+        return
+    except sagemaker.exceptions.ClientError:
+        pass  # not there yet
+    sagemaker.create_cluster(
         ClusterName=c.hyperpod_name,
         InstanceGroups=[
             {
@@ -92,6 +93,19 @@ def create_cluster(
             }
         ],
     )
+
+
+def create_cluster(
+    client: Callable[[str], Any],
+    hyperpod: HyperPodSimulator,
+    kube: KubeStandIn,
+    cluster: Cluster,
+) -> None:
+    """Create ``cluster`` in the embedded account (``client(service)`` gives its boto3 clients):
+    the HyperPod cluster with its instance ids (or adopt it, when it was created before the
+    stack was deployed), the EKS cluster, and each rank's pod on its node."""
+    c = cluster
+    create_hyperpod_cluster(client, c)
     hyperpod.adopt_instance_ids(c.hyperpod_name, c.instance_ids)
     client("eks").create_cluster(
         name=c.eks_name,
@@ -101,4 +115,6 @@ def create_cluster(
     for node, instance_id in enumerate(c.instance_ids):
         for local in range(c.ranks_per_node):
             rank = node * c.ranks_per_node + local
-            kube.add_pod(c.pod_name(rank), c.node_name(instance_id))
+            # Each rank's pod carries the job's job-name label (the PyTorchJob's), which
+            # localize's corroboration looks for on the node a report names.
+            kube.add_job_pod(c.job, c.node_name(instance_id), name=c.pod_name(rank))

@@ -4,10 +4,19 @@ moto stores alarms and metrics but never evaluates an alarm, and its EventBridge
 Step Functions. This evaluator does both jobs for the alarms the CDK app synthesizes: it reads
 each alarm's metric from (moto's) CloudWatch with GetMetricData, applies the alarm's statistic,
 threshold, comparison and datapoints-to-alarm over its evaluation periods, records the state
-change on the alarm (SetAlarmState), builds the "CloudWatch Alarm State Change" event exactly as
-EventBridge delivers it, checks it against the rule's event pattern, and hands it to ``deliver``
-(which starts the state machine). What it cannot prove: CloudWatch's own evaluation timing,
-missing-data edge cases beyond "notBreaching", or EventBridge's retry/DLQ behaviour.
+change on the alarm (SetAlarmState), builds the state-change event exactly as EventBridge
+delivers it, checks it against the rule's event pattern, and hands it to ``deliver`` (which
+starts the state machine).
+
+The SDC alarms are Metrics Insights alarms grouped by JobName (one contributor per job). moto
+runs no Metrics Insights query, so the evaluator runs the stack's form of it
+(:class:`InsightsQuery`: ``SELECT <FN>(metric) FROM SCHEMA("ns", dims...) WHERE d = 'v' AND
+d != 'v' GROUP BY d``) over ListMetrics and GetMetricData itself, evaluates each contributor on
+its own, and delivers a "CloudWatch Alarm Contributor State Change" event per contributor that
+enters ALARM, with its ``alarmContributor`` (id, attributes), as AWS documents that event. The
+alarm's own state is ALARM while any contributor is. What it cannot prove: CloudWatch's own
+evaluation timing, missing-data edge cases beyond "notBreaching", Metrics Insights beyond that
+query form (and its 3-hour and 10,000-metric limits), or EventBridge's retry/DLQ behaviour.
 
 CloudWatch evaluates every period; this evaluator runs when a test calls it, however long after
 the datapoints arrived (a busy machine, a slow training job). So each call catches up on every
@@ -18,7 +27,9 @@ held DatapointsToAlarm breaching datapoints, never depending on how soon it was 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +57,62 @@ def matches_pattern(event: Any, pattern: Any) -> bool:
     return event == pattern
 
 
+_QUERY = re.compile(
+    r"^SELECT (?P<fn>SUM|MAX|MIN|AVG|COUNT)\((?P<metric>\w+)\) "
+    r'FROM SCHEMA\("(?P<namespace>[^"]+)"(?P<dims>(?:, \w+)*)\)'
+    r"(?: WHERE (?P<where>.+?))? GROUP BY (?P<group>\w+)(?: ORDER BY \w+\(\) (?:ASC|DESC))?$"
+)
+_CONDITION = re.compile(r"^(?P<dim>\w+) (?P<op>=|!=) '(?P<value>[^']*)'$")
+_AGGREGATE: dict[str, Callable[[list[float]], float]] = {
+    "SUM": sum,
+    "MAX": max,
+    "MIN": min,
+    "AVG": lambda values: sum(values) / len(values),
+    "COUNT": lambda values: float(len(values)),
+}
+
+
+@dataclass(frozen=True)
+class InsightsQuery:
+    """A Metrics Insights query of the form the stack's alarms use (see the module docstring)."""
+
+    function: str
+    metric: str
+    namespace: str
+    schema: tuple[str, ...]
+    conditions: tuple[tuple[str, str, str], ...]
+    """(dimension, "=" or "!=", value), all of which must hold."""
+    group_by: str
+
+    @classmethod
+    def parse(cls, text: str) -> InsightsQuery:
+        """Parse ``text``; ValueError for a query outside the supported form."""
+        match = _QUERY.match(text)
+        if not match:
+            raise ValueError(f"not a Metrics Insights query this evaluator runs: {text!r}")
+        conditions = []
+        for part in filter(None, (match["where"] or "").split(" AND ")):
+            cond = _CONDITION.match(part.strip())
+            if not cond:
+                raise ValueError(f"unsupported WHERE condition {part!r} in {text!r}")
+            conditions.append((cond["dim"], cond["op"], cond["value"]))
+        return cls(
+            function=match["fn"],
+            metric=match["metric"],
+            namespace=match["namespace"],
+            schema=tuple(d.strip() for d in match["dims"].split(",") if d.strip()),
+            conditions=tuple(conditions),
+            group_by=match["group"],
+        )
+
+    def selects(self, dimensions: dict[str, str]) -> bool:
+        """Whether a series with ``dimensions`` is in the query (SCHEMA: exactly those
+        dimensions; every WHERE condition holds)."""
+        if set(dimensions) != set(self.schema):
+            return False
+        return all((dimensions.get(d) == v) == (op == "=") for d, op, v in self.conditions)
+
+
 @dataclass
 class AlarmSpec:
     """The properties of one AWS::CloudWatch::Alarm that evaluation needs."""
@@ -61,23 +128,59 @@ class AlarmSpec:
     evaluation_periods: int = 1
     datapoints_to_alarm: int = 1
     state: str = "OK"
+    query: InsightsQuery | None = None
+    """A Metrics Insights alarm's query (None: a single-metric alarm)."""
+    expression: str = ""
+    """The query as the alarm holds it (what its events carry)."""
+    contributors: dict[str, str] = field(default_factory=dict)
+    """A Metrics Insights alarm's contributors by their GROUP BY value -> state."""
 
     @classmethod
     def from_properties(cls, props: dict[str, Any]) -> AlarmSpec:
-        """Build from a synthesized template's (resolved) alarm properties."""
+        """Build from a synthesized template's (resolved) alarm properties, or DescribeAlarms'
+        (the same names)."""
+        common = {
+            "name": props["AlarmName"],
+            "threshold": float(props["Threshold"]),
+            "comparison": props["ComparisonOperator"],
+            "evaluation_periods": int(props.get("EvaluationPeriods", 1)),
+            "datapoints_to_alarm": int(
+                props.get("DatapointsToAlarm") or props.get("EvaluationPeriods", 1)
+            ),
+        }
+        expressions = [m for m in props.get("Metrics", []) if m.get("Expression")]
+        if expressions:
+            (metric,) = expressions
+            query = InsightsQuery.parse(metric["Expression"])
+            return cls(
+                **common,
+                namespace=query.namespace,
+                metric_name=query.metric,
+                dimensions={},
+                period=int(metric["Period"]),
+                statistic=query.function.title(),
+                query=query,
+                expression=metric["Expression"],
+            )
         return cls(
-            name=props["AlarmName"],
+            **common,
             namespace=props["Namespace"],
             metric_name=props["MetricName"],
             dimensions={d["Name"]: d["Value"] for d in props.get("Dimensions", [])},
             period=int(props["Period"]),
             statistic=props.get("Statistic", "Sum"),
-            threshold=float(props["Threshold"]),
-            comparison=props["ComparisonOperator"],
-            evaluation_periods=int(props.get("EvaluationPeriods", 1)),
-            datapoints_to_alarm=int(
-                props.get("DatapointsToAlarm", props.get("EvaluationPeriods", 1))
-            ),
+        )
+
+    @staticmethod
+    def is_evaluated(props: dict[str, Any], namespace: str) -> bool:
+        """Whether an alarm of the template is one this evaluator runs: a metric alarm in the
+        SDC ``namespace``, or a Metrics Insights alarm on it."""
+        if props.get("Namespace") == namespace and "MetricName" in props:
+            return True
+        return any(
+            str(m.get("Expression", "")).startswith("SELECT ")
+            and f'"{namespace}"' in str(m.get("Expression", ""))
+            for m in props.get("Metrics", [])
         )
 
 
@@ -103,6 +206,24 @@ class LocalAlarmEvaluator:
     def create_in_cloudwatch(self) -> None:
         """Create the alarms in (moto's) CloudWatch so their state can be recorded there."""
         for a in self.alarms:
+            if a.query is not None:
+                self.cloudwatch.put_metric_alarm(
+                    AlarmName=a.name,
+                    Metrics=[
+                        {
+                            "Id": "m1",
+                            "Expression": a.expression,
+                            "Period": a.period,
+                            "ReturnData": True,
+                        }
+                    ],
+                    Threshold=a.threshold,
+                    ComparisonOperator=a.comparison,
+                    EvaluationPeriods=a.evaluation_periods,
+                    DatapointsToAlarm=a.datapoints_to_alarm,
+                    TreatMissingData="notBreaching",
+                )
+                continue
             self.cloudwatch.put_metric_alarm(
                 AlarmName=a.name,
                 Namespace=a.namespace,
@@ -123,6 +244,9 @@ class LocalAlarmEvaluator:
         since, self.evaluated_until = self.evaluated_until, now
         fired = []
         for alarm in self.alarms:
+            if alarm.query is not None:
+                fired += self._evaluate_contributors(alarm, since, now)
+                continue
             values, breaching, round_end = self._breaching_run(alarm, since, now)
             new_state = "ALARM" if breaching else "OK"
             if new_state == alarm.state:
@@ -145,6 +269,82 @@ class LocalAlarmEvaluator:
                 fired.append(event)
         return fired
 
+    def _evaluate_contributors(
+        self, alarm: AlarmSpec, since: datetime.datetime, now: datetime.datetime
+    ) -> list[dict[str, Any]]:
+        """One round of a Metrics Insights alarm: each contributor (a GROUP BY value) on its own;
+        an event per contributor entering ALARM, the alarm in ALARM while any contributor is."""
+        assert alarm.query is not None
+        period = datetime.timedelta(seconds=alarm.period)
+        span = period * max(alarm.evaluation_periods, 1)
+        groups = self._contributor_points(alarm, since - span, now)
+        fired = []
+        for group in sorted(set(groups) | set(alarm.contributors)):
+            points = groups.get(group, [])
+            _values, breaching, round_end = self._run_of(alarm, points, now)
+            new_state = "ALARM" if breaching else "OK"
+            if new_state == alarm.contributors.get(group, "OK"):
+                alarm.contributors[group] = new_state
+                continue
+            alarm.contributors[group] = new_state
+            if new_state != "ALARM":
+                continue
+            reason = (
+                f"Threshold Crossed: {len(breaching)} datapoint(s) {breaching[:5]} crossed the "
+                f"threshold ({alarm.threshold})"
+            )
+            event = self._contributor_event(alarm, group, reason, round_end)
+            if self.rule_enabled and matches_pattern(event, self.rule_pattern):
+                self.delivered.append(event)
+                self.deliver(event)
+                fired.append(event)
+        in_alarm = [g for g, state in alarm.contributors.items() if state == "ALARM"]
+        new_alarm_state = "ALARM" if in_alarm else "OK"
+        if new_alarm_state != alarm.state:
+            alarm.state = new_alarm_state
+            self.cloudwatch.set_alarm_state(
+                AlarmName=alarm.name,
+                StateValue=new_alarm_state,
+                StateReason=f"{len(in_alarm)} out of {len(alarm.contributors)} time series "
+                "evaluated to ALARM",
+            )
+        return fired
+
+    def _contributor_points(
+        self, alarm: AlarmSpec, start: datetime.datetime, now: datetime.datetime
+    ) -> dict[str, list[tuple[datetime.datetime, float]]]:
+        """GROUP BY value -> (timestamp, the query's function over that group's series) per
+        period: the query run over ListMetrics and GetMetricData."""
+        query = alarm.query
+        assert query is not None
+        equal = [{"Name": d, "Value": v} for d, op, v in query.conditions if op == "="]
+        listed = self.cloudwatch.list_metrics(
+            Namespace=query.namespace, MetricName=query.metric, Dimensions=equal
+        )["Metrics"]
+        by_group: dict[str, dict[datetime.datetime, list[float]]] = {}
+        for metric in listed:
+            dims = {d["Name"]: d["Value"] for d in metric.get("Dimensions", [])}
+            if not query.selects(dims):
+                continue
+            series = AlarmSpec(
+                name=alarm.name,
+                namespace=query.namespace,
+                metric_name=query.metric,
+                dimensions=dims,
+                period=alarm.period,
+                statistic="Sum" if query.function in ("SUM", "COUNT") else query.function.title(),
+                threshold=alarm.threshold,
+                comparison=alarm.comparison,
+            )
+            bucket = by_group.setdefault(dims[query.group_by], {})
+            for moment, value in self._datapoints(series, start, now):
+                bucket.setdefault(moment, []).append(value)
+        aggregate = _AGGREGATE[query.function]
+        return {
+            group: sorted((moment, aggregate(values)) for moment, values in points.items())
+            for group, points in by_group.items()
+        }
+
     def _breaching_run(
         self, alarm: AlarmSpec, since: datetime.datetime, now: datetime.datetime
     ) -> tuple[list[float], list[float], datetime.datetime]:
@@ -153,7 +353,17 @@ class LocalAlarmEvaluator:
         the end of the round that saw that run (``now`` when none did)."""
         period = datetime.timedelta(seconds=alarm.period)
         span = period * max(alarm.evaluation_periods, 1)
-        points = self._datapoints(alarm, since - span, now)
+        return self._run_of(alarm, self._datapoints(alarm, since - span, now), now)
+
+    def _run_of(
+        self,
+        alarm: AlarmSpec,
+        points: list[tuple[datetime.datetime, float]],
+        now: datetime.datetime,
+    ) -> tuple[list[float], list[float], datetime.datetime]:
+        """``_breaching_run`` over given datapoints."""
+        period = datetime.timedelta(seconds=alarm.period)
+        span = period * max(alarm.evaluation_periods, 1)
         breaching = [
             (t, v) for t, v in points if _COMPARISONS[alarm.comparison](v, alarm.threshold)
         ]
@@ -192,6 +402,51 @@ class LocalAlarmEvaluator:
         series = result["MetricDataResults"][0]
         return sorted(zip(series["Timestamps"], (float(v) for v in series["Values"]), strict=True))
 
+    def _envelope(
+        self, detail_type: str, alarm: AlarmSpec, now: datetime.datetime
+    ) -> dict[str, Any]:
+        """The EventBridge envelope of one of ``alarm``'s state-change events."""
+        return {
+            "version": "0",
+            "id": str(uuid.uuid4()),
+            "detail-type": detail_type,
+            "source": "aws.cloudwatch",
+            "account": self.account_id,
+            "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": self.region,
+            "resources": [f"arn:aws:cloudwatch:{self.region}:{self.account_id}:alarm:{alarm.name}"],
+        }
+
+    def _contributor_event(
+        self, alarm: AlarmSpec, group: str, reason: str, now: datetime.datetime
+    ) -> dict[str, Any]:
+        """The "CloudWatch Alarm Contributor State Change" event EventBridge delivers for one
+        contributor entering ALARM (AWS documents this shape: no previousState, no
+        reasonData)."""
+        assert alarm.query is not None
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "+0000"
+        attributes = {alarm.query.group_by: group}
+        contributor_id = hashlib.sha256(json.dumps(attributes).encode()).hexdigest()[:16]
+        return {
+            **self._envelope("CloudWatch Alarm Contributor State Change", alarm, now),
+            "detail": {
+                "alarmName": alarm.name,
+                "alarmContributor": {"id": contributor_id, "attributes": attributes},
+                "state": {"value": "ALARM", "reason": reason, "timestamp": stamp},
+                "configuration": {
+                    "metrics": [
+                        {
+                            "id": "m1",
+                            "expression": alarm.expression,
+                            "returnData": True,
+                            "period": alarm.period,
+                        }
+                    ],
+                    "description": "",
+                },
+            },
+        }
+
     def _event(
         self,
         alarm: AlarmSpec,
@@ -203,14 +458,7 @@ class LocalAlarmEvaluator:
         """The event EventBridge delivers for an alarm state change (AWS documents this shape)."""
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "+0000"
         return {
-            "version": "0",
-            "id": str(uuid.uuid4()),
-            "detail-type": "CloudWatch Alarm State Change",
-            "source": "aws.cloudwatch",
-            "account": self.account_id,
-            "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "region": self.region,
-            "resources": [f"arn:aws:cloudwatch:{self.region}:{self.account_id}:alarm:{alarm.name}"],
+            **self._envelope("CloudWatch Alarm State Change", alarm, now),
             "detail": {
                 "alarmName": alarm.name,
                 "state": {

@@ -30,9 +30,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from infra.app import STACK_ID
+from infra.template import STEP_HANDLER_SUFFIX
 from tests.support.kube_standin import KubeStandIn
 
-from .account import Cluster, create_cluster
+from .account import Cluster, create_cluster, create_hyperpod_cluster
 from .alarms import AlarmSpec, LocalAlarmEvaluator
 from .deployment import (
     ACCOUNT,
@@ -76,18 +77,16 @@ class DeployedChain(Driver):
         self.kube = self._exit.enter_context(KubeStandIn())
         self.hyperpod = HyperPodSimulator(self.kube, account_id=ACCOUNT, region=REGION).install()
         self._exit.callback(self.hyperpod.uninstall)
+        # Served first: a function whose environment names the deployed URL calls the stand-in.
+        self._start_function_url()
         self._start_runtime(
             {
                 name: Function(
                     name=name,
                     arn=config["FunctionArn"],
                     handler=config["Handler"],
-                    # The deployed environment, plus the Kubernetes stand-in's endpoint.
-                    environment={
-                        **config["Environment"]["Variables"],
-                        "K8S_API_ENDPOINT": self.kube.url,
-                        "K8S_API_CA_DATA": self.kube.ca_b64,
-                    },
+                    # The deployed environment, plus the stand-ins' endpoints.
+                    environment=self._with_standins(config["Environment"]["Variables"]),
                 )
                 for name, config in self.functions.items()
             }
@@ -95,8 +94,24 @@ class DeployedChain(Driver):
         self._create_cluster()
         self.evaluator = self._deployed_evaluator()
         self._subscribe_deployed_inbox()
-        self._start_function_url()
         self._close_on_exit()
+
+    def _with_standins(self, variables: dict[str, str]) -> dict[str, str]:
+        """A deployed environment with the stand-ins' endpoints: the Kubernetes API's, and the
+        approval URL's in place of the deployed URL it names (checked to be that URL)."""
+        env = {
+            **variables,
+            "K8S_API_ENDPOINT": self.kube.url,
+            "K8S_API_CA_DATA": self.kube.ca_b64,
+        }
+        if "APPROVAL_URL" in env:
+            if env["APPROVAL_URL"] != self.deployed_approval_url:
+                raise ValueError(
+                    f"a function's APPROVAL_URL is {env['APPROVAL_URL']!r}, not the stack's "
+                    f"approval URL {self.deployed_approval_url!r}"
+                )
+            env["APPROVAL_URL"] = self.approval_url
+        return env
 
     def client(self, service: str) -> Any:
         """A boto3 client for the embedded AWS the stack was deployed to."""
@@ -108,12 +123,18 @@ class DeployedChain(Driver):
         return self.aws.environment
 
     def _deployed_functions(self) -> dict[str, dict[str, Any]]:
-        """Function name -> its deployed configuration (GetFunctionConfiguration)."""
+        """Function name -> its deployed configuration (GetFunctionConfiguration); the steps
+        only, not the function CDK brings along for the cluster-ARN lookup."""
         lam = self.aws.client("lambda")
-        return {
+        configs = {
             r["physical_id"]: lam.get_function_configuration(FunctionName=r["physical_id"])
             for r in self.resources.values()
             if r["type"] == "AWS::Lambda::Function"
+        }
+        return {
+            name: config
+            for name, config in configs.items()
+            if config["Handler"].endswith(STEP_HANDLER_SUFFIX)
         }
 
     def _create_cluster(self) -> None:
@@ -134,21 +155,11 @@ class DeployedChain(Driver):
             if r["type"] == "AWS::CloudWatch::Alarm"
         ]
         cloudwatch = self.aws.client("cloudwatch")
+        namespace = self.namespace
         specs = [
-            AlarmSpec(
-                name=a["AlarmName"],
-                namespace=a["Namespace"],
-                metric_name=a["MetricName"],
-                dimensions={d["Name"]: d["Value"] for d in a.get("Dimensions", [])},
-                period=int(a["Period"]),
-                statistic=a["Statistic"],
-                threshold=float(a["Threshold"]),
-                comparison=a["ComparisonOperator"],
-                evaluation_periods=int(a["EvaluationPeriods"]),
-                datapoints_to_alarm=int(a.get("DatapointsToAlarm") or a["EvaluationPeriods"]),
-            )
+            AlarmSpec.from_properties(a)
             for a in cloudwatch.describe_alarms(AlarmNames=alarm_names)["MetricAlarms"]
-            if a.get("MetricName") and a.get("Statistic")
+            if AlarmSpec.is_evaluated(a, namespace)
         ]
         return LocalAlarmEvaluator(
             cloudwatch=cloudwatch,
@@ -237,6 +248,8 @@ def deployed(
         cli = CdkCli(aws)
         cli.synth(full)
         cli.bootstrap()
+        # The cluster exists before the stack: the stack looks its ARN up when it is deployed.
+        create_hyperpod_cluster(aws.client, cluster)
         cli.deploy(stack)
         with DeployedChain(aws, stack, cluster, quiet_handlers=quiet_handlers) as chain:
             yield chain

@@ -123,19 +123,24 @@ class Driver:
 
     def _serve_approval_url(self, function: str) -> None:
         """Serve the approve function's URL on a loopback address (``approval_url``; the
-        stand-in is ``function_url``), running ``function`` (its name or ARN) on the runtime."""
-        assert self.runtime is not None
+        stand-in is ``function_url``), running ``function`` (its name or ARN) on the runtime
+        once it runs (the URL is served first: request_approval's environment names it)."""
         self.approvals = self._exit.enter_context(
             ApprovalUrl(
                 endpoint=self.endpoint,
                 region=REGION,
                 account=ACCOUNT,
                 function=function,
-                invoke=self.runtime.invoke,
+                invoke=self._invoke_via_url,
             )
         )
         self.function_url = self.approvals.standin
         self.approval_url = self.approvals.url
+
+    def _invoke_via_url(self, function: str, body: Any, headers: dict[str, str]) -> bytes:
+        if self.runtime is None:
+            raise RuntimeError("the approval URL was called before the Lambda runtime started")
+        return self.runtime.invoke_url(function, body, headers)
 
     def operator_environment(self, role: str, session: str) -> dict[str, str]:
         """Credentials of an operator who assumed ``role`` (for a CLI in its own process): the

@@ -651,8 +651,98 @@ def create_state_machines_in_the_executing_backend() -> None:
     sfn_models.stepfunctions_backends = BackendChosenByConfig()  # type: ignore[assignment]
 
 
+CLUSTER_ARN_LOOKUP = "Custom::HyperPodClusterArn"
+"""infra/constructs/hyperpod.py's deploy-time lookup of the HyperPod cluster's ARN."""
+
+
+def look_up_the_cluster_arn_in_moto() -> None:
+    """Gap: moto runs every ``Custom::`` resource through its provider Lambda, here CDK's
+    Node.js AwsCustomResource provider, which only a container could run (and its SDK call
+    would need moto's endpoint). The stack's one custom resource, the cluster-ARN lookup, makes
+    the provider's one SDK call instead: SageMaker DescribeCluster on moto's backend, with the
+    parameters the template gives the provider, and answers its output path (``ClusterArn``).
+    A cluster that does not exist fails the stack, as the provider would."""
+    from moto.cloudformation import parsing
+    from moto.core.common_models import CloudFormationModel
+    from moto.sagemaker.models import sagemaker_backends
+
+    class HyperPodClusterArnLookup(CloudFormationModel):
+        def __init__(self, physical_id: str, attributes: dict[str, str]) -> None:
+            self.physical_id, self.attributes = physical_id, attributes
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return CLUSTER_ARN_LOOKUP
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return ""
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.physical_id
+
+        @classmethod
+        def has_cfn_attr(cls, attr: str) -> bool:
+            return attr == "ClusterArn"
+
+        def get_cfn_attribute(self, attribute_name: str) -> str:
+            return self.attributes[attribute_name]
+
+        @classmethod
+        def create_from_cloudformation_json(  # type: ignore[override]
+            cls,
+            resource_name: str,
+            cloudformation_json: dict[str, Any],
+            account_id: str,
+            region_name: str,
+            **kwargs: Any,
+        ) -> Any:
+            call = json.loads(cloudformation_json["Properties"]["Create"])
+            if (call["service"], call["action"]) != ("SageMaker", "describeCluster"):
+                raise ValueError(f"the cluster-ARN lookup makes no {call['action']!r} call here")
+            described = sagemaker_backends[account_id][region_name].describe_cluster(
+                call["parameters"]["ClusterName"]
+            )
+            attributes = {path: described[path] for path in call["outputPaths"]}
+            return cls(call["physicalResourceId"]["id"], attributes)
+
+        @classmethod
+        def update_from_cloudformation_json(  # type: ignore[override]
+            cls,
+            original_resource: Any,
+            new_resource_name: str,
+            cloudformation_json: dict[str, Any],
+            account_id: str,
+            region_name: str,
+        ) -> Any:
+            return cls.create_from_cloudformation_json(
+                new_resource_name, cloudformation_json, account_id, region_name
+            )
+
+        @classmethod
+        def delete_from_cloudformation_json(  # type: ignore[override]
+            cls, resource_name: str, cloudformation_json: Any, account_id: str, region_name: str
+        ) -> None:
+            """Nothing to delete: the lookup created nothing."""
+
+        def delete(self, account_id: str, region_name: str) -> None:
+            """Nothing to delete: the lookup created nothing."""
+
+    def make(original: Callable[[str], Any]) -> Callable[[str], Any]:
+        def resource_class_from_type(resource_type: str) -> Any:
+            if resource_type == CLUSTER_ARN_LOOKUP:
+                return HyperPodClusterArnLookup
+            return original(resource_type)
+
+        return resource_class_from_type
+
+    _patch(parsing, "resource_class_from_type", make)
+
+
 PATCHES: tuple[Callable[[], Any], ...] = (
     register_missing_resource_models,
+    look_up_the_cluster_arn_in_moto,
     keep_outputs_of_change_set_stacks,
     answer_unknown_change_sets_as_not_found,
     reuse_raw_previous_parameter_values,

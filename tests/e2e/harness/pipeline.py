@@ -87,7 +87,8 @@ def compress_timings(
 
     def visit(states: dict[str, Any]) -> None:
         for name, state in states.items():
-            if approval_timeout_seconds and name == "RequestApproval":
+            # The late nodes' Map has its own copy of the chain ("LateRequestApproval").
+            if approval_timeout_seconds and name.endswith("RequestApproval"):
                 state["TimeoutSeconds"] = approval_timeout_seconds
             if retry_interval_seconds:
                 for retry in state.get("Retry", []):
@@ -96,6 +97,8 @@ def compress_timings(
             for nested in ("ItemProcessor", "Iterator"):
                 if nested in state:
                     visit(state[nested]["States"])
+            for branch in state.get("Branches", []):
+                visit(branch["States"])
 
     visit(definition["States"])
     return definition
@@ -140,6 +143,7 @@ class LocalPipeline(Driver):
         self._clients_lock = threading.Lock()
         self._physical: dict[str, str] = {}
         self._arns: dict[str, str] = {}
+        self._urls: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
@@ -186,11 +190,14 @@ class LocalPipeline(Driver):
         self._exit.callback(self.hyperpod.uninstall)
         self._create_cluster()
         self._create_resources()
+        # Served before the functions' environments are resolved: request_approval's names it.
+        # A function's name is its folder here (what the runtime dispatches on).
+        self._serve_approval_url("approve")
+        for logical_id in self._resources("AWS::Lambda::Url"):
+            self._urls[logical_id] = self.approval_url
         self._start_runtime(self._template_functions())
         self._create_state_machine()
         self._create_evaluator()
-        # A function's name is its folder here (what the runtime dispatches on).
-        self._serve_approval_url("approve")
         self._close_on_exit()
 
     @property
@@ -249,6 +256,8 @@ class LocalPipeline(Driver):
                 return pseudo.get(arg) or self._physical[arg]
             if fn == "Fn::GetAtt" and arg[1] == "Arn" and arg[0] in self._arns:
                 return self._arns[arg[0]]
+            if fn == "Fn::GetAtt" and arg[1] == "FunctionUrl" and arg[0] in self._urls:
+                return self._urls[arg[0]]  # the URL's stand-in
             if fn == "Fn::Join":
                 return arg[0].join(str(self.resolve(p)) for p in arg[1])
             raise ValueError(f"the local pipeline cannot resolve {value!r}")
@@ -295,8 +304,7 @@ class LocalPipeline(Driver):
             "approvals": next(v for k, v in self._physical.items() if k.startswith("Approvals")),
         }
         for folder, logical_id in function_logical_ids(self.template).items():
-            # A function's name is its folder here (what the runtime dispatches on), e.g. the
-            # approve function request_approval invokes for the canary (APPROVE_FUNCTION).
+            # A function's name is its folder here (what the runtime dispatches on).
             self._physical[logical_id] = folder
             self._arns[logical_id] = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{folder}"
 
@@ -340,7 +348,7 @@ class LocalPipeline(Driver):
         specs = []
         for alarm in self._resources("AWS::CloudWatch::Alarm").values():
             raw = alarm["Properties"]
-            if raw.get("Namespace") != self.namespace or "MetricName" not in raw:
+            if not AlarmSpec.is_evaluated(raw, self.namespace):
                 continue  # the pipeline's own health alarms (failed executions, DLQ)
             props = {
                 k: self.resolve(v) for k, v in alarm["Properties"].items() if k != "AlarmActions"

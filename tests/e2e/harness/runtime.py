@@ -46,6 +46,11 @@ QUIESCE_SECONDS = 120.0
 _INVOKE_LOCK = threading.RLock()
 """Invocations are serialised process-wide: the handlers share Powertools' metrics and logger
 singletons, and one Lambda execution environment never runs two invocations at once either."""
+_URL_INVOKE_LOCK = threading.RLock()
+"""Invocations through a function URL (the approve function's) are serialised among themselves
+only: a function may call that URL and wait for the answer (request_approval settles the
+canary's approval so), which under the one lock above would wait for itself. The function
+behind the URL uses no Powertools metrics, so the logger is all it shares with the others."""
 
 
 @contextlib.contextmanager
@@ -197,9 +202,19 @@ class LambdaRuntime:
         finally:
             self._exit()
 
+    def invoke_url(self, function_name: str, body: Any, response_headers: dict[str, str]) -> bytes:
+        """A synchronous invoke through a function URL (see ``_URL_INVOKE_LOCK``): as
+        :meth:`invoke`, beside the workflow's invocations rather than after them."""
+        if not self._enter():
+            return function_error(response_headers, self.closed_error, "the driver closed")
+        try:
+            return self._run(function_name, body, response_headers, lock=_URL_INVOKE_LOCK)
+        finally:
+            self._exit()
+
     def invoke_event(self, function_name: str, body: Any) -> bytes:
-        """An asynchronous invoke (``InvocationType=Event``, how request_approval asks the
-        approve function to settle a canary's approval): answered at once (moto answers 202),
+        """An asynchronous invoke (``InvocationType=Event``, as an alarm action or a schedule
+        may invoke): answered at once (moto answers 202),
         and run afterwards on a thread of its own, as Lambda queues it and runs it once the
         caller went on. Counted as running from now, so closing waits for it. Its outcome is
         only in ``invocations`` (a function error there, as in the function's logs); Lambda's
@@ -227,7 +242,14 @@ class LambdaRuntime:
             raise RuntimeError(f"{function_name} failed: {out['errorType']}: {out['errorMessage']}")
         return out
 
-    def _run(self, function_name: str, body: Any, response_headers: dict[str, str]) -> bytes:
+    def _run(
+        self,
+        function_name: str,
+        body: Any,
+        response_headers: dict[str, str],
+        *,
+        lock: Any = _INVOKE_LOCK,
+    ) -> bytes:
         name = function_name.rsplit(":", 1)[-1]
         function = self.functions.get(name)
         if function is None:
@@ -236,7 +258,7 @@ class LambdaRuntime:
             )
         payload = json.loads(body) if body else {}
         call = Invocation(folder=function.folder, payload=payload, started=time.time())
-        with _INVOKE_LOCK, self._config.environment(function.environment):
+        with lock, self._config.environment(function.environment):
             try:
                 module = importlib.import_module(function.module)
                 handler: Callable[..., Any] = getattr(module, function.handler.rsplit(".", 1)[1])

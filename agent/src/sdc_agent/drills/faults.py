@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CompensatingWeightChange",
     "Fault",
+    "FlipCallBit",
     "FlipGemmBit",
     "FlipOpBit",
     "FlipOutputBit",
@@ -49,6 +50,7 @@ __all__ = [
     "NaNOutputElement",
     "NaNReducedGradient",
     "OutputNoise",
+    "ScaleCallElement",
     "ScaleGemmElement",
     "ScaleInputGradElement",
     "ScaleOpElement",
@@ -390,11 +392,13 @@ class _GemmFault(Fault):
     another protected op), before its check."""
 
     def __init__(self, layer: str, *, gemm: str = "forward", index: int = 0, **when: Any) -> None:
-        """``layer``: the protected layer's qualified name; ``gemm``: ``forward``, ``dgrad``
-        (input gradient) or ``wgrad`` (weight gradient) of a protected linear layer; for the
-        other protected layers (norm, residual add, softmax, log-softmax) ``forward`` is the op's
-        output and ``dgrad`` its input gradient, where it has one (``sensor_ops`` says);
-        ``index``: the flat element (modulo the result's size)."""
+        """``layer``: the protected layer's qualified name, or a function site's sensor name
+        (``"model.layers.0.mlp.act_fn/silu"``: :mod:`sdc_agent.sensors.sites`); ``gemm``:
+        ``forward``, ``dgrad`` (input gradient) or ``wgrad`` (weight gradient) of a protected
+        linear layer; for the other protected layers and sites (norms, adds, softmax,
+        activations, attention, the loss) ``forward`` is the op's output and ``dgrad`` its input
+        gradient, where it has one (``sensor_ops`` says); ``index``: the flat element (modulo
+        the result's size)."""
         from ..sensors import GEMMS
 
         if gemm not in GEMMS:
@@ -405,7 +409,7 @@ class _GemmFault(Fault):
         self.layer, self.gemm, self.index = layer, gemm, index
 
     def _install(self, guard: Guard) -> None:
-        module = self._submodule(guard, self.layer)
+        module = _sensor_target(guard, self.layer)
         ops = getattr(module, "sensor_ops", None)
         if ops is None:
             raise ValueError(
@@ -477,3 +481,124 @@ class FlipOpBit(FlipGemmBit):
     """:class:`FlipGemmBit` by the name that fits the ops beyond GEMMs: flip one bit of one
     element of a protected op's result or input gradient. The bit must exist in the result's
     dtype (0-31 for fp32, 0-15 for a bf16 output)."""
+
+
+def _sensor_target(guard: Guard, layer: str | nn.Module) -> Any:
+    """What a sensor fault taps: a protected module, or a function site (a name with ``/``)."""
+    from ..sensors.sites import SEPARATOR, find_sites
+
+    if not isinstance(layer, str) or SEPARATOR not in layer:
+        return Fault._submodule(guard, layer)
+    sites = find_sites(guard.module)
+    if sites is None:
+        raise ValueError(
+            f"site {layer!r}: the model's function calls are not protected; call "
+            "sdc_agent.sensors.protect(model) (functions=True) before building the guard"
+        )
+    site = sites.lookup(layer)
+    if site.function == "recompute":
+        raise ValueError(
+            f"site {layer!r}: a recompute comparison has no result of its own to corrupt; "
+            "corrupt an op inside the checkpointed block instead"
+        )
+    return site
+
+
+# ---------------------------------------------------------------- any function call in a forward
+class _CallFault(Fault):
+    """Corrupts the result of one call of a torch function inside a module's forward: ops that
+    have no module and no sensor of their own (the SwiGLU product ``mul``, a fused
+    ``scaled_dot_product_attention``, ``embedding``), which only the checks downstream (or a
+    recompute comparison) can see."""
+
+    def __init__(
+        self, layer: str, *, function: str, call: int = 0, index: int = 0, **when: Any
+    ) -> None:
+        """``layer``: the module in whose own forward the call runs (calls inside its
+        submodules do not count);
+        ``function``: the torch function's name (``mul``, ``scaled_dot_product_attention``,
+        ``embedding``, ...); ``call``: which of its calls in that forward (0: the first);
+        ``index``: the flat element of its result (modulo the result's size)."""
+        if call < 0 or index < 0:
+            raise ValueError(f"call and index must be >= 0, got call={call}, index={index}")
+        if not function:
+            raise ValueError("function must name a torch function, e.g. 'mul'")
+        super().__init__(**when)
+        self.layer, self.function, self.call, self.index = layer, function, call, index
+
+    def _install(self, guard: Guard) -> None:
+        from torch.overrides import TorchFunctionMode
+
+        target = self._submodule(guard, self.layer)
+        fault = self
+        state = {"depth": 0, "seen": 0}  # modules entered below the target; its own calls
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                out = func(*args, **(kwargs or {}))
+                # Only the target's own calls, not those of its submodules (whose internals,
+                # checks included, are theirs).
+                if state["depth"] != 1 or getattr(func, "__name__", None) != fault.function:
+                    return out
+                state["seen"] += 1
+                if state["seen"] - 1 != fault.call or not isinstance(out, torch.Tensor):
+                    return out
+                if not out.is_floating_point() or not fault._should_fire():
+                    return out
+                out = out.clone()
+                with torch.no_grad():
+                    fault.corrupt_(out, fault.index)
+                return out
+
+        modes: list[_Mode] = []
+
+        def enter(module: nn.Module, args: Any) -> None:
+            state["depth"] += 1
+            if module is target:
+                state["seen"] = 0
+                modes.append(_Mode())
+                modes[-1].__enter__()
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            state["depth"] -= 1
+            if module is target and modes:
+                modes.pop().__exit__(None, None, None)
+
+        for module in target.modules():
+            self._handles.append(module.register_forward_pre_hook(enter))
+            self._handles.append(module.register_forward_hook(leave, always_call=True))
+
+    @abstractmethod
+    def corrupt_(self, result: torch.Tensor, index: int) -> None:
+        """Change element ``index`` (modulo the size) of the call's result, in place."""
+
+
+class ScaleCallElement(_CallFault):
+    """Multiply one element of a function call's result by ``factor`` (default x1.1)."""
+
+    def __init__(self, layer: str, *, factor: float = 1.1, **kw: Any) -> None:
+        super().__init__(layer, **kw)
+        self.factor = factor
+
+    def corrupt_(self, result: torch.Tensor, index: int) -> None:
+        """Scale the element."""
+        flat = result.reshape(-1)
+        flat[index % flat.numel()] *= self.factor
+        if flat.data_ptr() != result.data_ptr():
+            result.copy_(flat.view_as(result))
+
+
+class FlipCallBit(_CallFault):
+    """Flip one bit of one element of a function call's result (in the result's dtype)."""
+
+    def __init__(self, layer: str, *, bit: int = 22, **kw: Any) -> None:
+        super().__init__(layer, **kw)
+        self.bit = bit
+
+    def corrupt_(self, result: torch.Tensor, index: int) -> None:
+        """Flip the bit."""
+        flat = result.reshape(-1).contiguous()
+        _flip_bit_(flat, index % flat.numel(), self.bit)
+        result.copy_(flat.view_as(result))

@@ -19,6 +19,8 @@ from torch import nn
 
 from . import checkpoints
 from . import tp as tp_drill
+from .batches import make_batch
+from .pipeline import build_pipeline, make_feed
 from .sharded import ShardedDrillModel, shard
 
 
@@ -42,12 +44,6 @@ class DrillModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits."""
         return self.net(x)
-
-
-def make_batch(step: int, rank: int, *, seed: int = 0, batch: int = 8, d_in: int = 16) -> tuple:
-    """The micro-batch ``rank`` trains on at ``step``: a pure function, so any rank can rebuild it."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
-    return torch.randn(batch, d_in, generator=g), torch.randint(0, 4, (batch,), generator=g)
 
 
 def make_step_batch(step: int, rank: int, *, seed: int = 0, grad_accum: int = 1) -> Any:
@@ -239,15 +235,21 @@ def train_drill(
     sequence_parallel: bool = False,
     run_dir: str | None = None,
     resume: bool = False,
+    pipeline_data: str = "hsdp",
+    pipeline_schedule: str = "gpipe",
 ) -> dict[str, Any]:
     """Train the drill model for ``steps`` steps under the guard; report what happened here.
 
     ``publisher``: keyword arguments of ``sdc_agent.publish.CloudWatchPublisher`` to publish
     to CloudWatch (or an endpoint such as the local demo's); None publishes nothing.
     ``parallel``: ``ddp`` (the default), or ``fsdp`` / ``hsdp`` (FSDP2, ``shards`` ranks per
-    replica under HSDP; ``activation_checkpointing`` applies to the sharded model's blocks), or
+    replica under HSDP; ``activation_checkpointing`` applies to the sharded model's blocks),
     ``tp`` / ``fsdp+tp`` (tensor parallel in groups of ``shards`` ranks, composed with HSDP or
-    FSDP2: :mod:`.tp`; ``sequence_parallel``: torchtitan's sequence-parallel plan).
+    FSDP2: :mod:`.tp`; ``sequence_parallel``: torchtitan's sequence-parallel plan), or
+    ``pp`` (2 pipeline stages per replica, :mod:`.pipeline`: each stage sharded over the
+    replicas as ``pipeline_data``, ``fsdp`` or ``hsdp`` with ``shards`` ranks per shard
+    group, driven by ``pipeline_schedule``, ``gpipe`` or ``1f1b``; ``peer_offset`` then counts
+    replicas).
     ``run_dir`` (DDP only): rank 0 saves each due checkpoint there with the guard's tags
     (:mod:`.checkpoints`), and the guard records its alarms there
     (``alarm_dir``). ``resume``: the restart after a stop: load the checkpoint of ``run_dir``
@@ -275,7 +277,18 @@ def train_drill(
         start_step = 0 if decision["step"] is None else decision["step"] + 1
         decision["loaded_tags"] = None if state is None else state["sdc"]
     tp = parallel in tp_drill.TP_KINDS
-    if parallel == "ddp":
+    if parallel == "pp":
+        _, _, optimizer, guard = build_pipeline(
+            schedule,
+            data=pipeline_data,
+            shards=shards,
+            pipeline=pipeline_schedule,
+            seed=seed,
+            autocast_bf16=autocast_bf16,
+            activation_checkpointing=activation_checkpointing,
+            publisher=sink,
+        )
+    elif parallel == "ddp":
         _, optimizer, guard = build(
             schedule,
             seed=seed,
@@ -325,10 +338,11 @@ def train_drill(
             checkpoints.save_checkpoint(run_dir, step, guard.module, optimizer, tags)
 
     grad_accum = guard.schedule.grad_accum
+    feed = make_feed if parallel == "pp" else make_step_batch
     batches = (
         tp_drill.tp_batches(s, dist.get_rank(), tp=shards, seed=seed, grad_accum=grad_accum)
         if tp
-        else make_step_batch(s, dist.get_rank(), seed=seed, grad_accum=grad_accum)
+        else feed(s, dist.get_rank(), seed=seed, grad_accum=grad_accum)
         for s in range(start_step, start_step + steps)
     )
     alarm = guard.train(batches, save_checkpoint=save, start_step=start_step)

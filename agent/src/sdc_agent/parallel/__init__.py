@@ -10,7 +10,10 @@ the adapter from the model:
   Accelerate's names for it), learned from the parameters;
 * :mod:`.tp`: :class:`TensorParallelAdapter`, tensor parallelism (``ColwiseParallel``,
   ``RowwiseParallel``, ``SequenceParallel``) composed with FSDP2 or HSDP on a ``("dp", "tp")``
-  or ``("replicate", "shard", "tp")`` mesh.
+  or ``("replicate", "shard", "tp")`` mesh;
+* :mod:`.pp`: :class:`PipelineAdapter`, when a ``torch.distributed.pipelining`` schedule drives
+  the model (``Guard(..., pipeline=schedule)``): this rank's stage, sharded with FSDP2 over the
+  replicas; how it answers each question below is its module docstring.
 
 :mod:`.mesh` learns the mesh and every dimension's role (replicate, shard, tp) from the
 parameters' DTensor placements, sub-meshes included, and refuses what it cannot check (context
@@ -34,9 +37,9 @@ What each check asks, and how DDP and FSDP2 answer:
   replicas along ``replicate``, the shard group to agree on one verdict; full sharding: one
   copy, nothing to compare).
 
-How tensor parallelism answers them (:mod:`.tp`), and room for pipeline parallelism
-(``pp.py``), as further dimensions of the same device mesh, each adapter answering the
-questions above for its dimension, composed with the data-parallel one:
+How tensor parallelism (:mod:`.tp`) and pipeline parallelism (:mod:`.pp`) answer them, as
+further dimensions of the same device mesh, each adapter answering the questions above for its
+dimension, composed with the data-parallel one:
 
 * The job: the ranks of a TP group (a PP group too, for the pipeline) compute ONE micro-batch
   together (``rebuild_batch(step, rank)`` returns the micro-batch of global ``rank``'s group),
@@ -58,6 +61,8 @@ questions above for its dimension, composed with the data-parallel one:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -66,12 +71,14 @@ from .adapter import ParallelAdapter, WeightReplicas
 from .ddp import DDPAdapter
 from .fsdp import FSDP2Adapter, is_fsdp2
 from .mesh import ShardedLayout, ShardingLayoutError, learn_layout
+from .pp import PipelineAdapter
 from .tp import TensorParallelAdapter
 
 __all__ = [
     "DDPAdapter",
     "FSDP2Adapter",
     "ParallelAdapter",
+    "PipelineAdapter",
     "ShardedLayout",
     "ShardingLayoutError",
     "TensorParallelAdapter",
@@ -80,9 +87,15 @@ __all__ = [
 ]
 
 
-def adapter_for(model: nn.Module, dp_group: dist.ProcessGroup | None) -> ParallelAdapter:
-    """The adapter for ``model``: :class:`TensorParallelAdapter` for an FSDP2 module whose mesh
-    has a tensor-parallel dimension, :class:`FSDP2Adapter` for another FSDP2 module, else DDP's."""
+def adapter_for(
+    model: nn.Module, dp_group: dist.ProcessGroup | None, pipeline: Any = None
+) -> ParallelAdapter:
+    """The adapter for ``model``: :class:`PipelineAdapter` when a ``pipeline`` schedule drives
+    it (``model`` is then this rank's stage module), :class:`TensorParallelAdapter` for an FSDP2
+    module whose mesh has a tensor-parallel dimension, :class:`FSDP2Adapter` for another FSDP2
+    module, else DDP's."""
+    if pipeline is not None:
+        return PipelineAdapter(model, pipeline, dp_group)
     if is_fsdp2(model):
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         _, layout = learn_layout(trainable)

@@ -43,6 +43,9 @@ class WeightReplicas:
     """Per shard (one when not sharded): the global ranks holding a copy of it, by replica."""
     collective_device: torch.device
     """Where tensors for the comparison's collectives must live."""
+    names_of_shard: tuple[tuple[str, ...], ...] | None = None
+    """Per shard: the names of the weights its copies hold, when shards hold different weights
+    (the stages of a pipeline); None: every shard holds :attr:`named_weights`' names."""
 
     @property
     def replicas(self) -> int:
@@ -109,6 +112,12 @@ class ParallelAdapter(Protocol):
         step runs with (:func:`~sdc_agent.checks.replay.environment.step_seed`): its own, or the
         first rank of the group it computes with (a TP group draws one RNG stream, as its
         replicated activations need), so that a replay on another rank draws the same numbers."""
+        ...
+
+    def replica_columns(self) -> tuple[tuple[int, ...], ...]:
+        """Check 2's rings: per coordinate of the model that replicas hold (one under data
+        parallelism alone; one per pipeline stage), the global ranks holding it, by replica.
+        Each replays and is compared along its ring; the placement rule holds on each."""
         ...
 
     def coverage_facts(self) -> LayoutFacts:

@@ -90,6 +90,10 @@ class DDPAdapter(ParallelAdapter):
         """Each rank's computation runs with its own seed."""
         return rank
 
+    def replica_columns(self) -> tuple[tuple[int, ...], ...]:
+        """One ring over every DP rank: each holds the whole model (or replays it whole)."""
+        return (tuple(self.global_ranks),)
+
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Register check 1's comm hook writing into ``stats``; DDP takes one comm hook per
         model."""

@@ -87,11 +87,23 @@ def is_fsdp2(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def _layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, ShardedLayout]:
+def _layout(
+    params: list[tuple[str, nn.Parameter]], mesh_size: int | None = None
+) -> tuple[DeviceMesh, ShardedLayout]:
     """The mesh and its layout, learned from the parameters (:func:`.mesh.learn_layout`); raises
-    when unsupported, or when the mesh does not cover every rank of the job."""
+    when unsupported, or when the mesh does not cover the ranks it must.
+
+    ``mesh_size``: the ranks the mesh must cover (None: every rank of the job; a pipeline
+    stage's data-parallel mesh covers the ranks of its stage)."""
     mesh, layout = learn_layout(params)
-    if mesh.size() != dist.get_world_size():
+    if mesh_size is not None:
+        if mesh.size() != mesh_size:
+            raise ShardingLayoutError(
+                f"sdc_agent.Guard: the stage's FSDP2 mesh has {mesh.size()} ranks, expected "
+                f"{mesh_size} (the job's ranks divided by the pipeline's); shard each stage over "
+                "the data-parallel dimension of the job's mesh"
+            )
+    elif mesh.size() != dist.get_world_size():
         raise ShardingLayoutError(
             f"sdc_agent.Guard: the FSDP2 mesh has {mesh.size()} ranks but the job has "
             f"{dist.get_world_size()}; every rank must hold a slice of the model on it: with "
@@ -124,8 +136,17 @@ class FSDP2Adapter(ParallelAdapter):
     tensor_parallel = False
     """Whether this adapter checks a tensor-parallel dimension (:mod:`.tp`'s does)."""
 
-    def __init__(self, model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
-        """Check the layout and learn the mesh from the parameters (``dp_group`` must be None)."""
+    def __init__(
+        self,
+        model: nn.Module,
+        dp_group: dist.ProcessGroup | None,
+        *,
+        mesh_size: int | None = None,
+    ) -> None:
+        """Check the layout and learn the mesh from the parameters (``dp_group`` must be None).
+
+        ``mesh_size``: the mesh covers this many ranks, not the whole job (a pipeline stage,
+        sharded over the data-parallel dimension; :mod:`.pp` builds the job's view around it)."""
         if not is_fsdp2(model):
             raise TypeError(f"FSDP2Adapter needs a fully_shard module, got {type(model).__name__}")
         if dp_group is not None:
@@ -134,7 +155,7 @@ class FSDP2Adapter(ParallelAdapter):
                 "data-parallel mesh from the parameters (DTensor device_mesh)"
             )
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.mesh, self.layout = _layout(trainable)
+        self.mesh, self.layout = _layout(trainable, mesh_size)
         if self.layout.tensor_parallel and not self.tensor_parallel:
             raise ShardingLayoutError(
                 f"sdc_agent: {type(self).__name__} does not check tensor parallel layouts "
@@ -221,6 +242,10 @@ class FSDP2Adapter(ParallelAdapter):
     def seed_rank(self, rank: int) -> int:
         """Each rank's computation runs with its own seed."""
         return rank
+
+    def replica_columns(self) -> tuple[tuple[int, ...], ...]:
+        """One ring over every DP rank: each holds the whole model (or replays it whole)."""
+        return (tuple(self.global_ranks),)
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Install check 1's taps writing into ``stats``: FSDP2 has no comm hook, so they are

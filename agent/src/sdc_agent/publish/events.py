@@ -99,9 +99,11 @@ def rankmap_events(
 def alarm_metric_data(alarm: Alarm, cluster: str, job: str) -> list[dict[str, Any]]:
     """PutMetricData entries (without Timestamp) for one alarm.
 
-    The alarm's count on the {ClusterName} series, which the deployed CloudWatch alarms watch,
-    and the same count on {ClusterName, JobName, NodeName} for every node the alarm names, which
-    the localize step lists. High resolution (1 s) so a 10 s alarm period sees it.
+    The alarm's count on the {ClusterName} series (the dashboard's), on the job's
+    {ClusterName, JobName} series, which the deployed per-job alarms watch (one contributor per
+    job: one job's findings never hold another's alarm), and on {ClusterName, JobName,
+    NodeName} for every node the alarm names, which the localize step lists. High resolution
+    (1 s): the dashboard reads it at 10 s.
     """
     base = {
         "MetricName": alarm.metric_name,
@@ -109,7 +111,16 @@ def alarm_metric_data(alarm: Alarm, cluster: str, job: str) -> list[dict[str, An
         "Unit": "Count",
         "StorageResolution": 1,
     }
-    data = [{**base, "Dimensions": [{"Name": CLUSTER_DIMENSION, "Value": cluster}]}]
+    data = [
+        {**base, "Dimensions": [{"Name": CLUSTER_DIMENSION, "Value": cluster}]},
+        {
+            **base,
+            "Dimensions": [
+                {"Name": CLUSTER_DIMENSION, "Value": cluster},
+                {"Name": JOB_DIMENSION, "Value": job},
+            ],
+        },
+    ]
     for node in named_nodes(alarm):
         dimensions = [
             {"Name": CLUSTER_DIMENSION, "Value": cluster},

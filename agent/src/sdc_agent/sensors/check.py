@@ -48,6 +48,7 @@ from ..checks.gradients.exchange import FlagTable
 from ..checks.replay.attribution import FAILED_ROW, ROW_WIDTH, Outcome, is_failed, third_gpu
 from ..schedule import Schedule
 from .board import SEPARATION, SensorBoard
+from .families import describe_families
 from .linear import find_board
 from .plan import SensorPlan, plan_sensors
 
@@ -59,17 +60,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sdc_agent")
 
 BLIND = (
-    "corrupted inputs or weights of a protected GEMM (its product is self-consistent; checks 2 "
-    "and 3 cover them)",
+    "corrupted inputs or weights of a checked op (its result is self-consistent; checks 2 and 3 "
+    "cover them)",
     "a corruption after the check (the rounding to bf16/fp16, a later memory write)",
-    "GEMMs of layers not protected (nn.Linear subclasses, fused attention, convolutions)",
-    "activations (GELU, ...), the loss and the optimizer; norm layers other than nn.LayerNorm "
-    "(BatchNorm, RMSNorm), residual adds not written as sensors.ResidualAdd, and softmax not "
-    "called through nn.Softmax/nn.LogSoftmax (F.softmax in a forward, fused attention)",
-    "faults below rounding: a 16-bit output's own rounding hides a 10% change of one element "
-    "from the row sums of norms, adds and softmax (bit flips in the exponent still show)",
-    "ops not sampled at a step after the burn-in (see each layer's rate), and faults smaller "
-    "than the threshold in force (the first-check threshold until the ranks agree on theirs)",
+    "ops that only move data (reshape, transpose, concatenation, dtype casts), the loss's "
+    "reduction to a scalar, the optimizer",
+    "the fused scaled_dot_product_attention kernel (protect(attention='fused'), the default): "
+    "its forward only through the recompute comparison of an activation-checkpointed block, its "
+    "backward not at all; protect(attention='checked') checks both",
+    "functions not routed to a site: other activations, in-place adds, subtractions, matmuls "
+    "outside the checked attention (eager attention), F.softmax in a forward, a loss computed "
+    "outside the protected model's forward (only F.cross_entropy inside it is checked)",
+    "GEMMs of layers not protected (nn.Linear subclasses, convolutions); norms other than "
+    "nn.LayerNorm and the RMSNorms the probe recognises (BatchNorm, Gemma's (1 + w))",
+    "faults below rounding: a 16-bit value's own rounding hides a 10% change of one element from "
+    "row sums (LayerNorm, softmax, ResidualAdd modules); element-wise checks see it",
+    "ops not sampled at a step after the burn-in (at the default budget every sensor checks on "
+    "one step in `period`, none between; see each layer's rate), function sites first met "
+    "after the plan was made, and faults smaller than the threshold in force (the first-check "
+    "threshold until the ranks agree on theirs)",
 )
 """What the online sensors do not see (``Guard.coverage()`` reports it)."""
 
@@ -534,6 +543,7 @@ class SensorCheck:
             },
             "layers": layers,
             "kinds": dict(self.board.layers),
+            "families": describe_families(self.board, plan),
             "blind": list(BLIND),
         }
 

@@ -1,10 +1,15 @@
-"""``protect()``: turn every layer of a model that has a sensor into its protected twin, in place.
+"""``protect()``: put a sensor on every op of a model that has one, in place, without changing
+the model's code or values.
 
 The GEMMs of ``nn.Linear`` and the ``nn.LayerNorm`` norms are swapped by
 :func:`.linear.protect`; this adds the op families beyond GEMMs that live in modules of their
 own: ``nn.Softmax``/``nn.LogSoftmax`` (:mod:`.softmax`) and the residual adds a model writes as
-:class:`~.residual.ResidualAdd` (:mod:`.residual`). Every protected layer registers its sensors on
-one board, in module order (linear layers and norms first), which the guard finds.
+:class:`~.residual.ResidualAdd` (:mod:`.residual`); RMSNorm modules of any class (:mod:`.rmsnorm`,
+by hooks); and the functions a model calls in its forward (activations, residual adds written
+as ``+``, scaled-dot-product attention, the cross-entropy loss) and activation checkpointing's
+recomputations (:mod:`.sites`, :mod:`.recompute`). Every protected layer registers its sensors
+on one board, in module order (linear layers and norms first, then the other modules, then the
+function sites as they first run), which the guard finds.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from collections.abc import Callable
 
 from torch import nn
 
+from . import rmsnorm
 from .board import SensorBoard, SensorConfig
 from .linear import protect as protect_linear_and_norms
 from .residual import ProtectedResidualAdd, ResidualAdd
+from .sites import FunctionSensors
 from .softmax import ProtectedLogSoftmax, ProtectedSoftmax
 
 OP_SWAPS: dict[type, type] = {
@@ -33,20 +40,35 @@ def protect(
     include: Callable[[str, nn.Module], bool] | None = None,
     norms: bool = True,
     ops: bool = True,
+    functions: bool = True,
+    attention: str = "fused",
+    recompute: bool = True,
 ) -> SensorBoard:
     """Protect ``model``'s layers in place; returns their sensor board.
 
-    ``nn.Linear`` (its three GEMMs), with ``norms`` ``nn.LayerNorm`` (output and input gradient),
-    and with ``ops`` ``nn.Softmax``/``nn.LogSoftmax`` with an explicit ``dim`` (output and input
-    gradient) and :class:`~.residual.ResidualAdd` (its sum). Only modules of exactly these types
-    are protected. Call it before building :class:`sdc_agent.Guard`; ``config``: the sensors'
-    thresholds; ``include(name, module)`` selects layers (default: all). Raises ValueError when
-    the model has no ``nn.Linear`` or is protected already (see :func:`.linear.protect`).
+    ``nn.Linear`` (its three GEMMs); with ``norms`` ``nn.LayerNorm`` (output and input gradient)
+    and every RMSNorm module (``nn.RMSNorm``, Hugging Face's ``LlamaRMSNorm`` and any module
+    computing ``x * rsqrt(mean(x²) + eps) * w``: :mod:`.rmsnorm`); with ``ops``
+    ``nn.Softmax``/``nn.LogSoftmax`` with an explicit ``dim`` (output and input gradient) and
+    :class:`~.residual.ResidualAdd` (its sum); with ``functions`` the functions called in the
+    model's forward: ``F.silu``/``F.gelu`` (output and input gradient), adds of two same-shaped
+    tensors (``x + f(x)``), ``F.cross_entropy`` (log-probabilities and the loss gradient), and,
+    with ``attention="checked"``, ``F.scaled_dot_product_attention`` by an unfused checked path
+    instead of the fused kernel (``"fused"``, the default, leaves it alone: the checked path
+    stores the attention probabilities and runs several times slower than a fused kernel on a
+    GPU at long context; docs/performance.md); with ``recompute`` (and ``functions``) the
+    recomputation of activation-checkpointed blocks is compared with their first forward
+    (:mod:`.recompute`). Linear, LayerNorm and softmax modules of exactly these types are
+    protected. Call it before building :class:`sdc_agent.Guard` (and before wrapping the model in
+    DDP or FSDP2); ``config``: the sensors' thresholds; ``include(name, module)`` selects layers
+    and the modules whose function calls are checked (default: all). Raises ValueError when the
+    model has no ``nn.Linear``, is protected already (see :func:`.linear.protect`), or
+    ``attention`` is not ``"fused"`` or ``"checked"``.
     """
+    if attention not in ("fused", "checked"):
+        raise ValueError(f"protect: attention must be 'fused' or 'checked', got {attention!r}")
     board = protect_linear_and_norms(model, config=config, include=include, norms=norms)
-    if not ops:
-        return board
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if ops else ():
         protected = OP_SWAPS.get(type(module))
         if protected is None or (include is not None and not include(name, module)):
             continue
@@ -55,4 +77,14 @@ def protect(
         # Swapping the class keeps the module object, its hooks and state_dict keys.
         module.__class__ = protected
         module._attach(board, name)  # type: ignore[attr-defined]
+    for name, module in model.named_modules() if norms else ():
+        if getattr(module, "sensor_board", None) is not None:
+            continue  # protected already (a linear layer, a layer norm, a softmax)
+        if include is None or include(name, module):
+            rmsnorm.attach(module, board, name)
+    if functions:
+        # After every module sensor: the sites register on the board as they first run.
+        FunctionSensors(
+            model, board, attention_mode=attention, recompute=recompute, include=include
+        )
     return board

@@ -21,6 +21,8 @@ rounding summed over the row: a bit flip in the exponent, not a 10% change of on
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -130,3 +132,19 @@ def autocast_mirrored(device: str) -> bool:
     """Whether the protected ops mirror autocast's policy on ``device`` (CUDA and the CPU);
     under another device's autocast they run the plain op, unchecked."""
     return not torch.is_autocast_enabled(device) or device in ("cuda", "cpu")
+
+
+@contextmanager
+def outside_function_modes() -> Iterator[None]:
+    """Run a sensor's own arithmetic outside every ``TorchFunctionMode`` on this thread (the
+    sensors' own, which routes a model's function calls to their sites, and any of the user's or
+    a fault drill's): a check computed in a module hook is not the model's computation and must
+    not be routed, counted or corrupted as if it were. The modes are put back as they were."""
+    modes = []
+    while torch._C._len_torch_function_stack() > 0:
+        modes.append(torch._C._pop_torch_function_stack())
+    try:
+        yield
+    finally:
+        for mode in reversed(modes):
+            torch._C._push_on_torch_function_stack(mode)

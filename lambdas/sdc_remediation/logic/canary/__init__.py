@@ -33,7 +33,6 @@ from .approval import (
     ask_approve,
     canary_run_of,
     settle_approval,
-    settle_event,
 )
 from .start import canary_report, start_run
 from .watch import Stop, check, stopped_at
@@ -48,7 +47,6 @@ __all__ = [
     "canary_run_of",
     "check",
     "settle_approval",
-    "settle_event",
     "start_run",
     "stopped_at",
 ]

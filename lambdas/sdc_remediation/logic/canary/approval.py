@@ -1,8 +1,13 @@
-"""The canary's approval, settled by the approve function: request_approval stores it as for a
-person and asks the approve function (``ask_approve``) to approve it as the canary
-(``settle_approval``), through the same claim and SendTaskSuccess a person's decision takes.
-So the approve function stays the only one that sends task results, and the canary proves it
-works."""
+"""The canary's approval, settled through the approve function's URL: request_approval stores it
+as for a person and calls the URL (``ask_approve``: a SigV4-signed request with its own role's
+credentials, the canary's own action ``settle_canary_approval``); the approve function approves it
+as the canary (``settle_approval``) through the same claim and SendTaskSuccess a person's decision
+takes, and only if the record is the canary's.
+
+So no role invokes the approve function except through its URL (IAM conditions every grant on
+``lambda:InvokedViaFunctionUrl``: a direct invoke could carry a made-up ``requestContext``), the
+approve function stays the only one that sends task results, and the canary proves the URL, its
+authentication and the function work."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from typing import Any
 
 import sdc_contract as contract
 
-from ...clients import functions
+from ... import clock
+from ...clients.approval_url import ApprovalService
 from ...config import Settings
 from ...dal.approvals import Approvals
 from ...dal.canary_runs import RunStore
@@ -22,8 +28,8 @@ from ...observability import logger
 
 APPROVER = "sdc-guard canary (no person: a synthetic event on the reserved canary node)"
 SETTLE_ACTION = "settle_canary_approval"
-"""The ``action`` of the event request_approval invokes the approve function with (directly, not
-through its URL): ``{"action": SETTLE_ACTION, "approval_id": ...}``."""
+"""The canary's own action on the approve function's URL: ``{"action": SETTLE_ACTION,
+"approval_id": ...}``, which settles a canary approval and nothing else."""
 CANARY_REMEDIATION_PREFIX = "c-"
 """A canary remediation's id starts with this (``targets.canary.CanaryNode.admit``)."""
 
@@ -33,33 +39,25 @@ class CanaryApprovalRefused(RemediationError):
     nothing is sent, the record is unchanged."""
 
 
-def settle_event(approval_id: str) -> dict[str, str]:
-    """The event request_approval invokes the approve function with."""
-    return {"action": SETTLE_ACTION, "approval_id": approval_id}
-
-
 def ask_approve(settings: Settings, approval_id: str) -> None:
-    """Invoke the approve function (asynchronously, ``Event``) to settle the canary's approval.
+    """Ask the approve function, through its URL, to settle the canary's approval.
 
-    Asynchronously: the approve function sends SendTaskSuccess after this step returned, the
-    order a person's decision takes, and neither function's timeout depends on the other's. An
-    invoke Lambda refuses (denied, no such function) raises here and fails the step; an approve
-    function that fails writes its error on the run (``settle_approval``), and the run then
-    stops at ``approved``, which the canary alarm's message names.
+    Synchronous: the URL answers when the approve function has sent the decision (the workflow
+    then resumes). A refusal or a failure raises here and fails the step; the approve function
+    writes its own failure on the run (``settle_approval``), so the run stops at ``approved``,
+    which the canary alarm's message names.
     """
-    function = settings.approve_function
-    if not function:
+    url = settings.approval_url
+    if not url:
         raise ConfigurationError(
-            f"{contract.APPROVE_FUNCTION} is not set: request_approval cannot ask the approve "
-            "function to settle the canary's approval (infra sets it when the canary is on)"
+            f"{contract.APPROVAL_URL} is not set: request_approval cannot ask the approve "
+            "function to settle the canary's approval (infra sets it on request_approval)"
         )
-    status = functions.invoke_event(function, settle_event(approval_id))
-    if status != 202:
-        raise ConfigurationError(
-            f"the approve function {function} did not queue the canary approval {approval_id} "
-            f"(status {status})"
-        )
-    logger.info("canary approval sent to the approve function", extra={"approval_id": approval_id})
+    result = ApprovalService(url).call(SETTLE_ACTION, approval_id=approval_id)
+    logger.info(
+        "canary approval settled through the approve function's URL",
+        extra={"approval_id": approval_id, "already_decided": result.get("already_decided")},
+    )
 
 
 def canary_run_of(item: dict[str, Any], settings: Settings) -> str:
@@ -86,24 +84,29 @@ def canary_run_of(item: dict[str, Any], settings: Settings) -> str:
             "remediation"
         )
     run = RunStore(settings.ledger_table, settings.hyperpod_cluster_name).get(run_id)
-    if run is None or run.completed:
-        raise CanaryApprovalRefused(f"{refused}: run {run_id!r} is not an open canary run")
+    if run is None or not run.is_open(clock.now()):
+        raise CanaryApprovalRefused(
+            f"{refused}: run {run_id!r} is not an open canary run (completed, or expired "
+            "after canaryTimeout)"
+        )
     return run.run_id
 
 
-def settle_approval(settings: Settings, approval_id: str) -> ApprovalDecision | None:
+def settle_approval(
+    settings: Settings, approval_id: str, caller: str = ""
+) -> ApprovalDecision | None:
     """The approve function's side: approve the canary's approval ``approval_id`` as
-    ``APPROVER``, through the same claim and SendTaskSuccess a person's decision takes.
+    ``APPROVER``, through the same claim and SendTaskSuccess a person's decision takes;
+    ``caller`` (the principal the URL authenticated) goes into the reason.
 
     ``CanaryApprovalRefused`` (nothing sent) unless the record is the canary's. None when it was
-    already decided (a retried invoke). Any other failure is written on the run, then raised.
+    already decided (a retried call). Any other failure is written on the run, then raised.
     """
     approvals = Approvals(settings.approvals_table)
     run_id = canary_run_of(approvals.get(approval_id), settings)
+    reason = f"canary run {run_id}" + (f", settled through the URL by {caller}" if caller else "")
     try:
-        return approvals.decide(
-            approval_id, "approve", reason=f"canary run {run_id}", approver=APPROVER
-        )
+        return approvals.decide(approval_id, "approve", reason=reason, approver=APPROVER)
     except ApprovalAlreadyDecided:
         logger.info("canary approval already decided", extra={"approval_id": approval_id})
         return None
@@ -127,5 +130,4 @@ __all__ = [
     "ask_approve",
     "canary_run_of",
     "settle_approval",
-    "settle_event",
 ]

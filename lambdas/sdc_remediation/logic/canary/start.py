@@ -68,7 +68,7 @@ def start_run(settings: Settings) -> Run:
     now = clock.now()
     cluster = settings.hyperpod_cluster_name
     store = RunStore(settings.ledger_table, cluster)
-    run = store.start(new_run_id(now), now)
+    run = store.start(new_run_id(now), now, settings.canary_timeout_seconds)
     # localize reads one stream per job, named after the job
     logs.put_event(
         settings.report_log_group,

@@ -1,13 +1,15 @@
-"""The alarm event, checked and normalised: this stack's alarm, in this stack's account, on one
-of the agent's SDC metrics in this cluster; and which jobs' data the alarm may read."""
+"""The alarm event, checked and normalised: one job's contributor of this stack's per-job SDC
+alarm, in this stack's account, on one of the agent's SDC metrics in this cluster; and which
+job's data the alarm may read (that job's only)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import sdc_contract as contract
+from sdc_contract.names import is_job_name
 
-from ... import clock
+from ... import clock, text
 from ...config import Settings
 from ...errors import InvalidAlarmEvent
 from ...models import Alarm, AlarmStateChangeEvent
@@ -47,56 +49,86 @@ def check_source(event: AlarmStateChangeEvent, settings: Settings) -> str:
     return found[0]
 
 
+def alarm_queries(settings: Settings) -> dict[str, tuple[str, bool]]:
+    """This stack's per-job alarm queries (``sdc_contract.metrics.job_alarm_query``): query ->
+    (metric name, whether it is the canary's alarm)."""
+    namespace, cluster = settings.metric_namespace, settings.hyperpod_cluster_name
+    queries = {
+        contract.job_alarm_query(namespace, metric, cluster, except_job=contract.CANARY_JOB): (
+            metric,
+            False,
+        )
+        for metric in contract.SDC_ALARM_METRICS
+    }
+    canary = contract.job_alarm_query(
+        namespace, contract.CANARY_METRIC, cluster, only_job=contract.CANARY_JOB
+    )
+    queries[canary] = (contract.CANARY_METRIC, True)
+    return queries
+
+
 def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
-    """Normalise the alarm event; reject non-ALARM states, foreign metrics and other clusters."""
+    """Normalise the alarm event: one job's contributor of one of this stack's per-job SDC
+    alarms entering ALARM. Anything else is ``InvalidAlarmEvent``: another state, another
+    query (metric, namespace, cluster), an event without a contributor, a contributor whose
+    job is not a job name (its attributes come from PutMetricData, which any pod can call)."""
     alarm_arn = check_source(event, settings)
     detail = event.detail
+    name = detail.alarm_name
     if detail.state.value != "ALARM":
+        raise InvalidAlarmEvent(f"alarm {name!r} changed to {detail.state.value}, not ALARM")
+    known = alarm_queries(settings)
+    matched = [known[q.expression] for q in detail.configuration.metrics if q.expression in known]
+    if not matched:
         raise InvalidAlarmEvent(
-            f"alarm {detail.alarm_name!r} changed to {detail.state.value}, not ALARM"
+            f"alarm {name!r} watches no per-job SDC query of namespace "
+            f"{settings.metric_namespace!r} and cluster {settings.hyperpod_cluster_name!r} "
+            "(this stack's alarms are Metrics Insights queries grouped by JobName)"
         )
-    namespace = settings.metric_namespace
-    ours = [
-        q.metric_stat.metric
-        for q in detail.configuration.metrics
-        if q.metric_stat is not None
-        and q.metric_stat.metric.namespace == namespace
-        and q.metric_stat.metric.name in contract.SDC_ALARM_METRICS
-    ]
-    if not ours:
+    metric_name, canary = matched[0]
+    contributor = detail.alarm_contributor
+    if contributor is None:
         raise InvalidAlarmEvent(
-            f"alarm {detail.alarm_name!r} watches no SDC metric in namespace {namespace!r}"
+            f"alarm {name!r}: the event names no contributor; the workflow starts on one job's "
+            f"contributor entering ALARM ({contract.CONTRIBUTOR_EVENT})"
         )
-    clusters = {m.dimensions.get(contract.CLUSTER_DIMENSION) for m in ours}
-    expected = settings.hyperpod_cluster_name
-    if clusters != {expected}:
+    job = contributor.attributes.get(contract.JOB_DIMENSION, "")
+    if not is_job_name(job):
         raise InvalidAlarmEvent(
-            f"alarm {detail.alarm_name!r} is for cluster(s) {sorted(map(str, clusters))}, "
-            f"this workflow guards {expected!r}"
+            f"alarm {name!r}: the contributor's {contract.JOB_DIMENSION} {job[:80]!r} is not a "
+            "job name (a Kubernetes label value)"
         )
-    names = {m.name for m in ours}
-    jobs = {m.dimensions.get(contract.JOB_DIMENSION) for m in ours}
+    if canary != (job == contract.CANARY_JOB):
+        raise InvalidAlarmEvent(
+            f"alarm {name!r}: job {job!r} is not this alarm's (the canary's alarm is the canary "
+            "job's only, and no training alarm watches the canary job)"
+        )
     end = detail.state.timestamp
     start = end - timedelta(seconds=settings.lookback_seconds)
     return Alarm(
-        alarm_name=detail.alarm_name,
+        alarm_name=name,
         alarm_arn=alarm_arn,
         state=detail.state.value,
-        reason=detail.state.reason,
+        reason=text.printable(detail.state.reason, 2000),
         time=clock.iso(end),
-        metric_name=names.pop() if len(names) == 1 else None,
-        namespace=namespace,
-        cluster_name=expected,
+        metric_name=metric_name,
+        namespace=settings.metric_namespace,
+        cluster_name=settings.hyperpod_cluster_name,
         window_start=clock.iso(start),
         window_end=clock.iso(end + timedelta(seconds=GRACE_SECONDS)),
-        canary=jobs == {contract.CANARY_JOB},
+        canary=canary,
+        job=job,
     )
 
 
 def belongs_to(alarm: Alarm, job: str) -> bool:
-    """The canary's alarm reads only the canary job; every other alarm only training jobs, so
-    a canary never joins a real remediation (nor counts against its blast radius)."""
+    """Whether ``job``'s data is this alarm's: the contributor's job only (one job's data never
+    joins, blocks or counts against another's remediation). The canary's alarm reads only the
+    canary job, every other alarm only training jobs, so a canary never joins a real
+    remediation (nor counts against its blast radius)."""
+    if alarm.job is not None and job != alarm.job:
+        return False
     return (job == contract.CANARY_JOB) == alarm.canary
 
 
-__all__ = ["GRACE_SECONDS", "alarm_from_event", "belongs_to", "check_source"]
+__all__ = ["GRACE_SECONDS", "alarm_from_event", "alarm_queries", "belongs_to", "check_source"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sdc_contract as contract
 
+from ... import clock
 from ...config import Settings
 from ...dal.canary_runs import RunStore
 from ...errors import UntrustedReport
@@ -36,10 +37,10 @@ def verify_report(report: Report, settings: Settings) -> str:
                 field=f"ranks.{rank}",
             )
     run = RunStore(settings.ledger_table, settings.hyperpod_cluster_name).get(report.canary_run)
-    if run is None or run.completed:
+    if run is None or not run.is_open(clock.now()):
         raise UntrustedReport(
             f"{where}: run {report.canary_run!r} is not an open canary run in the ledger "
-            "(only the canary function starts runs)",
+            "(only the canary function starts runs, and a run expires after canaryTimeout)",
             field="canary_run",
         )
     return run.run_id

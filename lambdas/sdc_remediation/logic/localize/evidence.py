@@ -1,14 +1,16 @@
 """What localize reads, in the alarm window: the per-node series with non-zero values, the
-``sdc.alarm/v1`` reports, and a job's rank map.
+``sdc.alarm/v1`` reports, and a job's rank map; all of the alarm's job only.
 
 Reports are parsed one event at a time (``parse_event``): the one place a report is accepted or
-refused, so what a refused report does to the others is decided there.
+refused. A refused report is set aside with why (a ``Refusal``) and the others go on: one
+malformed report can neither hide nor block another's finding.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,7 +20,8 @@ import sdc_contract as contract
 from ... import clock
 from ...clients import cloudwatch, logs
 from ...errors import UntrustedReport
-from ...models import Alarm, RankInfo, RankMap, Report
+from ...models import Alarm, RankInfo, RankMap, Refusal, Report
+from ...observability import logger
 from .alarm import belongs_to
 
 
@@ -27,7 +30,9 @@ def nonzero_node_series(alarm: Alarm) -> dict[tuple[str, str], float]:
     metric_names = [alarm.metric_name] if alarm.metric_name else list(contract.SDC_ALARM_METRICS)
     series = [
         metric
-        for metric in cloudwatch.list_series(alarm.namespace, metric_names, alarm.cluster_name)
+        for metric in cloudwatch.list_series(
+            alarm.namespace, metric_names, alarm.cluster_name, job=alarm.job
+        )
         if set(cloudwatch.dimensions_of(metric)) == set(contract.NODE_SERIES)
     ]
     if not series:
@@ -42,25 +47,56 @@ def nonzero_node_series(alarm: Alarm) -> dict[tuple[str, str], float]:
     return found
 
 
-def read_reports(alarm: Alarm, group: str, jobs: Iterable[str] | None = None) -> list[Report]:
-    """The ``sdc.alarm/v1`` reports of this cluster in the alarm window, oldest first.
+@dataclass
+class Reading:
+    """The alarm's reports that hold, oldest first, and the ones refused (with why)."""
 
-    A report that claims the schema but does not validate (an empty ``suspect_window``, a rank
-    key that is not a number) is ``UntrustedReport``: acting on part of it is not an option, and
-    skipping it would hide the node it names.
+    reports: list[Report] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+
+
+def read_reports(alarm: Alarm, group: str, jobs: Iterable[str] | None = None) -> Reading:
+    """The ``sdc.alarm/v1`` reports of this cluster and the alarm's job in the alarm window.
+
+    Each is validated alone: one that claims the schema but does not hold (a reversed
+    ``suspect_window``, a job that is not a job name, an unbounded name) is refused with the
+    field and the reason, and the others go on.
     """
     start = int(clock.parse_iso(alarm.window_start).timestamp() * 1000)
     end = int(clock.parse_iso(alarm.window_end).timestamp() * 1000)
-    reports = []
+    reading = Reading()
     for event in logs.filter_events(group, f'"{contract.ALARM_SCHEMA}"', jobs, start, end):
-        report = parse_event(event, Report, contract.ALARM_SCHEMA)
+        try:
+            report = parse_event(event, Report, contract.ALARM_SCHEMA)
+        except UntrustedReport as exc:
+            reading.refused.append(refusal(exc, stream=event.get("logStreamName")))
+            continue
         if (
             report is not None
             and report.cluster == alarm.cluster_name
             and belongs_to(alarm, report.job)
         ):
-            reports.append(report.model_copy(update={"log_stream": event.get("logStreamName")}))
-    return sorted(reports, key=lambda r: r.time)
+            stream = event.get("logStreamName")
+            reading.reports.append(report.model_copy(update={"log_stream": stream}))
+    reading.reports.sort(key=lambda r: r.time)
+    return reading
+
+
+def refusal(
+    exc: Exception, *, stream: object = None, job: str | None = None, node: str | None = None
+) -> Refusal:
+    """A refused report or node, as localize's output carries it (bounded, printable)."""
+    logger.warning(
+        "refused", extra={"error": type(exc).__name__, "reason": str(exc)[:500], "job": job}
+    )
+    return Refusal(
+        error=type(exc).__name__,
+        field=getattr(exc, "field", ""),
+        reason=str(exc),
+        job=job,
+        stream=None if stream is None else str(stream),
+        node_name=node,
+    )
 
 
 def latest_rank_map(group: str, job: str) -> RankMap | None:
@@ -70,10 +106,13 @@ def latest_rank_map(group: str, job: str) -> RankMap | None:
     (the agent splits it under the 1 MiB event limit): all parts of the newest map are merged.
     """
     schema = contract.RANKMAP_SCHEMA
-    maps = [
-        parse_event(e, RankMap, schema)
-        for e in logs.filter_events(group, f'"{schema}"', [job], None, None)
-    ]
+    maps = []
+    for event in logs.filter_events(group, f'"{schema}"', [job], None, None):
+        try:
+            maps.append(parse_event(event, RankMap, schema))
+        except UntrustedReport as exc:
+            # A damaged map part is left out; a rank only it placed is then refused on its own.
+            logger.warning("rank map part refused", extra={"job": job, "reason": str(exc)[:300]})
     valid = [m for m in maps if m is not None and m.job == job]
     if not valid:
         return None
@@ -99,11 +138,19 @@ def parse_event(event: dict[str, Any], model: type[Report] | type[RankMap], sche
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        stream = str(event.get("logStreamName"))[:120]
         raise UntrustedReport(
-            f"{schema} event in stream {event.get('logStreamName')!r} at "
-            f"{event.get('timestamp')} is malformed: {first['msg']}",
-            field=where,
+            f"{schema} event in stream {stream!r} at {event.get('timestamp')} is malformed: "
+            f"{str(first['msg'])[:300]}",
+            field=where[:120],
         ) from exc
 
 
-__all__ = ["latest_rank_map", "nonzero_node_series", "parse_event", "read_reports"]
+__all__ = [
+    "Reading",
+    "latest_rank_map",
+    "nonzero_node_series",
+    "parse_event",
+    "read_reports",
+    "refusal",
+]

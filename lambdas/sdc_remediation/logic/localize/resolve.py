@@ -1,12 +1,15 @@
 """From a rank the report names to the node, instance and instance group it runs on, with
 every claim of the report checked: names well-formed, the node HyperPod's name of the instance,
-a named pod the job's (in TRAINING_NAMESPACE) and on that node, the instance in the cluster.
-Anything else is ``UntrustedReport`` (or ``InstanceNotInCluster``, ``NodeNotFound``) naming the
-field, before any node is touched."""
+a named pod the job's (in TRAINING_NAMESPACE) and on that node, the instance in the cluster, and
+the cluster's corroboration that the job ran on that node (``RankResolver.corroborate``: a pod
+of the job, by its job-name label, on the node, live or ended within the lookback). Anything
+else is ``UntrustedReport`` (or ``InstanceNotInCluster``, ``NodeNotFound``) naming the field,
+before any node is touched."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 
 from sdc_contract.names import (
     NODE_NAME_PREFIX,
@@ -15,8 +18,9 @@ from sdc_contract.names import (
     node_name_of,
 )
 
+from ... import clock
 from ...clients import hyperpod
-from ...clients.kube import KubeApi
+from ...clients.kube import KubeApi, pod_ran_since
 from ...config import Settings
 from ...errors import InstanceNotInCluster, NodeNotFound, UntrustedReport
 from ...models import RankInfo, RankMap, Report
@@ -35,6 +39,7 @@ class RankResolver:
         self._kube: KubeApi | None = None
         self._rank_maps: dict[str, RankMap | None] = {}
         self._groups: dict[str, str] = {}
+        self._corroborated: dict[tuple[str, str], bool] = {}
 
     def rank_info(self, report: Report, rank: int) -> RankInfo:
         """Where the report puts ``rank``, completed from the job's rank map."""
@@ -74,7 +79,7 @@ class RankResolver:
                 field=f"ranks.{rank}.instance_id",
             )
         if pod is not None:
-            node = self._verified_pod_node(pod, node, where, rank)
+            node = self._verified_pod_node(pod, node, where, rank, job)
         if node is None:
             raise NodeNotFound(
                 f"{where}: neither the report nor the rank map gives its node or pod"
@@ -94,15 +99,18 @@ class RankResolver:
             )
         return node, instance_id
 
-    def _verified_pod_node(self, pod: str, node: str | None, where: str, rank: int) -> str:
-        """The node the job's pod runs on; it must be the node the report names, if any."""
+    def _verified_pod_node(
+        self, pod: str, node: str | None, where: str, rank: int, job: str
+    ) -> str:
+        """The node the job's pod runs on; it must be the node the report names, if any, and
+        carry the job's job-name label."""
         namespace = self._settings.training_namespace
         if not is_subdomain_name(pod):
             raise UntrustedReport(
                 f"{where}: {pod!r} is not a pod name", field=f"ranks.{rank}.pod_name"
             )
         try:
-            pod_node = self._kube_api().node_of_pod(pod, namespace)
+            found = self._kube_api().get_pod(pod, namespace)
         except NodeNotFound as exc:
             if node is None:
                 raise NodeNotFound(
@@ -113,6 +121,19 @@ class RankResolver:
             # instance are still checked against each other and against HyperPod.
             logger.info("reported pod no longer exists", extra={"pod": pod, "node": node})
             return node
+        label = self._settings.job_label
+        pod_job = ((found.get("metadata") or {}).get("labels") or {}).get(label)
+        if pod_job != job:
+            raise UntrustedReport(
+                f"{where}: pod {namespace}/{pod} is not job {job}'s (its {label} label is "
+                f"{str(pod_job)[:80]!r})",
+                field=f"ranks.{rank}.pod_name",
+            )
+        pod_node = (found.get("spec") or {}).get("nodeName")
+        if not pod_node:
+            if node is None:
+                raise NodeNotFound(f"{where}: pod {namespace}/{pod} is not scheduled on a node")
+            return node
         if node is not None and node != pod_node:
             raise UntrustedReport(
                 f"{where}: the report puts pod {namespace}/{pod} on node {node!r}, Kubernetes "
@@ -120,6 +141,27 @@ class RankResolver:
                 field=f"ranks.{rank}.node_name",
             )
         return pod_node
+
+    def corroborate(self, job: str, node: str, since: datetime) -> None:
+        """The cluster confirms that ``job`` ran on ``node``: a pod in TRAINING_NAMESPACE on
+        that node whose job-name label (JOB_LABEL) is the job, running, or ended at or after
+        ``since`` (the alarm's lookback). Otherwise ``UntrustedReport`` (field ``job``): a report
+        is a claim by a pod, and a job may not name a node it did not run on."""
+        key = (job, node)
+        if key not in self._corroborated:
+            namespace, label = self._settings.training_namespace, self._settings.job_label
+            pods = self._kube_api().list_pods(
+                namespace, label_selector={label: job}, node_name=node
+            )
+            self._corroborated[key] = any(pod_ran_since(pod, since) for pod in pods)
+        if not self._corroborated[key]:
+            namespace, label = self._settings.training_namespace, self._settings.job_label
+            raise UntrustedReport(
+                f"job {job} names node {node}, but no pod of it ({label}={job}) ran there in "
+                f"namespace {namespace} since {clock.iso(since)}: a job may only name nodes "
+                "it runs on",
+                field="job",
+            )
 
     def instance_group(self, instance_id: str) -> str:
         """The instance's group; ``InstanceNotInCluster`` when HyperPod does not know it."""

@@ -1,19 +1,41 @@
 """From reports to suspects: one per instance any report names, with the evidence that names it,
 bounded (``models.state``: at most ``MAX_RANKS_PER_SUSPECT`` ranks and ``MAX_TENSOR_NAMES``
-tensor names, and where the full report is in CloudWatch Logs)."""
+tensor names, and where the full report is in CloudWatch Logs).
+
+Every claim is checked on its own: a report naming a node it cannot be trusted about (a node of
+another job, an instance HyperPod does not have, a pod on another node) loses that node only,
+as a ``Refusal``; its other nodes, and every other report, go on."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import sdc_contract as contract
+from sdc_contract.names import is_subdomain_name
 
+from ... import clock
 from ...clients.kube import KubeApi
 from ...config import Settings
-from ...models import RankInfo, Report, Suspect
+from ...errors import InstanceNotInCluster, NodeNotFound, UntrustedReport
+from ...models import Alarm, RankInfo, Refusal, Report, Suspect
 from ...models.state import MAX_RANKS_PER_SUSPECT, MAX_TENSOR_NAME_CHARS, MAX_TENSOR_NAMES
 from . import canary
+from .evidence import refusal
 from .resolve import RankResolver
+
+REFUSED_CLAIMS = (UntrustedReport, InstanceNotInCluster, NodeNotFound)
+"""What makes localize refuse one claim of a report (and go on with the rest)."""
+
+
+@dataclass
+class Resolution:
+    """The suspects the reports name, the claims refused, and the nodes the reports mention."""
+
+    suspects: list[Suspect] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+    mentioned: set[str] = field(default_factory=set)
+    """Nodes a report places a rank on, blamed or not (a node it mentions is explained)."""
 
 
 def verdict_for(report: Report, rank: int) -> str:
@@ -39,22 +61,46 @@ def tensor_names(report: Report) -> list[str]:
 
 
 def suspects_from_reports(
-    reports: list[Report], settings: Settings, kube: Callable[[], KubeApi]
-) -> list[Suspect]:
+    reports: list[Report], settings: Settings, kube: Callable[[], KubeApi], alarm: Alarm
+) -> Resolution:
     """One suspect per instance named by any report (the newest report's evidence wins; the
-    ranks of every report naming the instance are merged)."""
+    ranks of every report naming the instance are merged). Each node must be corroborated:
+    a pod of the report's job ran on it (``RankResolver.corroborate``); a claim that does not
+    hold is refused alone."""
     resolver = RankResolver(settings, kube)
+    since = clock.parse_iso(alarm.window_start)
     by_instance: dict[str, Suspect] = {}
+    out = Resolution()
     for report in reports:  # oldest first, so later reports overwrite the evidence
+        stream = report.log_stream
+        out.mentioned.update(info.node_name for info in report.ranks.values() if info.node_name)
         if report.job == contract.CANARY_JOB or report.canary_run is not None:
-            suspect = canary_suspect(report, settings)
+            try:
+                suspect = canary_suspect(report, settings)
+            except UntrustedReport as exc:
+                out.refused.append(refusal(exc, stream=stream, job=report.job))
+                continue
             by_instance[suspect.instance_id] = suspect
             continue
-        canary.refuse_reserved_node(report)
+        try:
+            canary.refuse_reserved_node(report)
+        except UntrustedReport as exc:
+            out.refused.append(refusal(exc, stream=stream, job=report.job))
+            continue
         for rank in sorted(set(report.suspects or [])):
-            info = resolver.rank_info(report, rank)
-            node, instance_id = resolver.verified_node(info, rank, report.job)
-            group = resolver.instance_group(instance_id)
+            node_hint: str | None = None
+            try:
+                info = resolver.rank_info(report, rank)
+                node_hint = info.node_name
+                node, instance_id = resolver.verified_node(info, rank, report.job)
+                node_hint = node
+                group = resolver.instance_group(instance_id)
+                resolver.corroborate(report.job, node, since)
+            except REFUSED_CLAIMS as exc:
+                out.refused.append(
+                    refusal(exc, stream=stream, job=report.job, node=_node_name(node_hint))
+                )
+                continue
             previous = by_instance.get(instance_id)
             ranks = dict(previous.ranks) if previous else {}
             named = (previous.rank_count if previous else 0) + (str(rank) not in ranks)
@@ -79,8 +125,15 @@ def suspects_from_reports(
                 nonfinite_count=len(report.nonfinite),
                 report_log_group=settings.report_log_group,
                 report_log_stream=report.log_stream,
+                report_time=clock.iso(report.time),
             )
-    return sorted(by_instance.values(), key=lambda s: s.node_name)
+    out.suspects = sorted(by_instance.values(), key=lambda s: s.node_name)
+    return out
+
+
+def _node_name(value: str | None) -> str | None:
+    """A node name fit to carry in a refusal (a well-formed one; None otherwise)."""
+    return value if value and is_subdomain_name(value) else None
 
 
 def canary_suspect(report: Report, settings: Settings) -> Suspect:
@@ -101,8 +154,16 @@ def canary_suspect(report: Report, settings: Settings) -> Suspect:
         suspect_window=list(report.suspect_window),
         report_log_group=settings.report_log_group,
         report_log_stream=report.log_stream,
+        report_time=clock.iso(report.time),
         canary_run=run_id,
     )
 
 
-__all__ = ["canary_suspect", "suspects_from_reports", "tensor_names", "verdict_for"]
+__all__ = [
+    "REFUSED_CLAIMS",
+    "Resolution",
+    "canary_suspect",
+    "suspects_from_reports",
+    "tensor_names",
+    "verdict_for",
+]

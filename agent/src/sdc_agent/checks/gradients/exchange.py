@@ -186,30 +186,42 @@ class FlagExchange:
         return self._table
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_gradients(
+    params: list[torch.nn.Parameter],
+    max_norm: float,
+    stage_of: dist.ProcessGroup | bool | None = False,
+) -> torch.Tensor:
     """``clip_grad_norm_`` of ``params`` to ``max_norm``; returns the total norm, the same on
-    every rank (collective under FSDP2: every rank reaches it at the same point).
+    every rank (collective under FSDP2 and pipelines: every rank reaches it at the same point).
 
     FSDP2: the norm of the sharded gradients is a DTensor, reduced over its mesh here. Under
     tensor parallelism the parameters of modules left out of the TP plan live on a sub-mesh
     without the tp dimension, and ``clip_grad_norm_`` cannot stack norms of several meshes: each
     mesh's gradients' norm is reduced over its own mesh (a module replicated across a TP group
-    counts once), the norms combined, and the gradients scaled by that total."""
+    counts once), the norms combined, and the gradients scaled by that total.
+
+    ``stage_of``: the group holding the other stages of this rank's pipeline (None: WORLD), when
+    ``params`` are one stage of the model (:attr:`~.stats.GradStatsState.stage_of`); the model's
+    norm then sums the stages' squares (as torchtitan's ``clip_grad_norm_`` does over its
+    pipeline mesh) and every stage clips by it. False: ``params`` are the whole model."""
     grads = [p.grad for p in params if p.grad is not None]
     meshes: list[Any] = []
     for g in grads:
         if isinstance(g, DTensor) and not any(g.device_mesh == m for m in meshes):
             meshes.append(g.device_mesh)
-    if len(meshes) <= 1:
+    if stage_of is False and len(meshes) <= 1:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
-    norms = []
-    for mesh in meshes:
-        part = torch.nn.utils.get_total_norm(
-            [g for g in grads if isinstance(g, DTensor) and g.device_mesh == mesh]
-        )
-        norms.append(part.full_tensor() if isinstance(part, DTensor) else part)
-    total = torch.linalg.vector_norm(torch.stack(norms))
+    total = _total_norm(grads, meshes)
+    if stage_of is not False:
+        squared = total.double().square()
+        dist.all_reduce(squared, group=stage_of)  # type: ignore[arg-type]
+        total = squared.sqrt().to(total.dtype)
+        scale = max_norm / (float(total) + 1e-6)
+        if scale < 1.0:  # a non-finite total leaves the gradient as it is: check 1 flags it
+            for g in grads:
+                g.mul_(scale)
+        return total
     # Scaled mesh by mesh (one foreach call cannot mix meshes), each by the same coefficient.
     with implicit_replication():  # the plain total scales each mesh's DTensor gradients
         for mesh in meshes:
@@ -219,6 +231,22 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
                 total,
             )
     return total
+
+
+def _total_norm(grads: list[torch.Tensor], meshes: list[Any]) -> torch.Tensor:
+    """The L2 norm of ``grads`` (a plain tensor, the same on every rank): each mesh's part
+    reduced over its own mesh, then combined (plain tensors outside any mesh count as one)."""
+    parts = [[g for g in grads if isinstance(g, DTensor) and g.device_mesh == m] for m in meshes]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    norms = []
+    for part in [*parts, plain]:
+        if not part:
+            continue
+        norm = torch.nn.utils.get_total_norm(part)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 class GradientCheck:
@@ -269,11 +297,19 @@ class GradientCheck:
     def require_reduction(self) -> None:
         """Raise when the hook did not run this step (no all-reduce: nothing to judge)."""
         state = self.hook_state
-        if not state.local_flags or len(state.reduced_sums) != len(state.local_flags):
+        # One reduced sum per local flag, or more: a pipeline schedule reduces its stage's
+        # gradient at the end of each of a step's pipeline steps (gradient accumulation).
+        if not state.local_flags or len(state.reduced_sums) < len(state.local_flags):
             raise RuntimeError(
                 "check_gradients: DDP's all-reduce did not run this step; call it after "
                 "loss.backward() on the DDP model, outside no_sync()"
             )
+
+    def clip(self, max_grad_norm: float) -> torch.Tensor:
+        """Clip the reduced gradient to ``max_grad_norm`` by the model's total L2 norm; returns
+        that norm (collective under FSDP2 and pipelines; every rank reaches it at one point):
+        :func:`clip_gradients`, over every stage of a pipeline."""
+        return clip_gradients(self.params, max_grad_norm, self.hook_state.stage_of)
 
     def exchange(
         self,
@@ -295,11 +331,14 @@ class GradientCheck:
         local_flags = state.local_flags
         reduced = torch.stack(state.reduced_sums)
         if max_grad_norm is not None:
-            norm = clip_gradients(self.params, max_grad_norm)
+            norm = self.clip(max_grad_norm)
             reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
         parts = [*local_flags, reduced]
         if sensor_flag is not None:  # SENSORS: one more int64 in the same per-step reduction
             parts.append(sensor_flag.reshape(1).to(reduced))
+        origin = state.local_origin
+        if origin is not None:  # a pipeline stage: where a non-finite value started
+            parts.append(origin.flags().reshape(-1).to(reduced))
         # One host read of every value this rank judges (on a GPU, the sync the GradScaler
         # makes too); the verdicts are then Python, and the reduction's integers are made once.
         values = torch.cat(parts).tolist()
@@ -308,6 +347,10 @@ class GradientCheck:
         end = count + reduced.numel()
         reduced_bad = not all(map(math.isfinite, values[count:end]))
         sensor_bad = sensor_flag is not None and bool(values[end])
+        if origin is not None:
+            # Flag this rank's local gradient only when the non-finite value started here,
+            # not when it arrived from another stage (that stage is flagged instead).
+            local_bad = origin.started_here(local_bad, values[end + (sensor_flag is not None) :])
         exchange = FlagExchange(
             step, (local_bad, reduced_bad, sensor_bad), self.dp_group, self.world, device=device
         )

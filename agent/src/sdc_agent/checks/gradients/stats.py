@@ -9,12 +9,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from ...fingerprint import fingerprints
+
 ReducedTap = Callable[[dist.GradBucket, torch.Tensor], None]
 """``tap(bucket, reduced)``: sees each reduced bucket (DDP) or reduced shard (FSDP2)."""
+
+
+class LocalOrigin(Protocol):
+    """Where a non-finite value started, when a rank's local gradient can be non-finite because
+    of what it RECEIVED (a pipeline stage: activations from the stage before, gradients from
+    the stage after). Check 1 then names only the rank where the non-finite value began."""
+
+    def flags(self) -> torch.Tensor:
+        """This step's flags (float32, on the gradients' device), read with check 1's own."""
+        ...
+
+    def started_here(self, gradient_bad: bool, flags: list[float]) -> bool:
+        """Whether a non-finite value started on this rank, from the values of :meth:`flags`
+        and whether its local gradient was non-finite."""
+        ...
 
 
 @dataclass
@@ -46,12 +64,25 @@ class GradStatsState:
     that capture fingerprints when :attr:`records_events`; else None."""
     local_event_keys: list[tuple[int, int] | None] = field(default_factory=list)
     """Per local event: (group, order) for a gradient of one module's parameters, else None."""
+    local_origin: LocalOrigin | None = None
+    """Says where a non-finite local gradient started (pipeline stages); None: on this rank."""
+    stage_of: dist.ProcessGroup | bool | None = False
+    """The group whose ranks hold the other stages of this rank's pipeline (None: WORLD), when
+    this rank holds one stage of a model (its gradient norm is then one part of the model's);
+    False: this rank's gradient is the whole model's."""
+    flagged_rows: set[int] = field(default_factory=set)
+    """Rows whose local gradient already raised this step's flag (a pipeline's micro-batches
+    each back-propagate into the same parameters: one entry per row and step, not per pass)."""
+    fingerprinted_rows: set[int] = field(default_factory=set)
+    """Rows already fingerprinted since the capture began: a later pass folds into the row."""
 
     def arm(self, *, capture_fingerprints: bool, device: torch.device) -> None:
         """Reset the per-step statistics before a forward pass."""
         self.local_flags = []
         self.reduced_sums = []
+        self.flagged_rows = set()
         self.capture_fingerprints = capture_fingerprints
+        self.fingerprinted_rows = set()
         self.local_fingerprints = (
             torch.zeros((len(self.param_index), 2), dtype=torch.int64, device=device)
             if capture_fingerprints
@@ -94,3 +125,27 @@ class GradStatsState:
         if not self.local_events:
             return torch.zeros((0, 2), dtype=torch.int64)
         return torch.stack(self.local_events)
+
+    def restart_fingerprints(self, device: torch.device) -> None:
+        """Capture the local gradients' fingerprints from now on into a fresh table (a pipeline
+        step audited under accumulation: its own backward passes only)."""
+        self.capture_fingerprints = True
+        self.fingerprinted_rows = set()
+        self.local_fingerprints = torch.zeros(
+            (len(self.param_index), 2), dtype=torch.int64, device=device
+        )
+
+    def record_local_fingerprint(self, row: int, fingerprint: torch.Tensor) -> None:
+        """Write ``fingerprint`` ([2] int64) as ``row``'s, or, when the row was fingerprinted
+        already in this capture (a pipeline schedule's micro-batches each reach the
+        parameters), fold it in: the row becomes the fingerprint of (previous, new), which
+        depends on every pass and on their order, the same in training and in a replay."""
+        table = self.local_fingerprints
+        if table is None:
+            return
+        fingerprint = fingerprint.to(table.device)
+        if row in self.fingerprinted_rows:
+            fingerprint = fingerprints([torch.stack([table[row], fingerprint])])[0]
+        else:
+            self.fingerprinted_rows.add(row)
+        table[row] = fingerprint

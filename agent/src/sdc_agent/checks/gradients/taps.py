@@ -127,10 +127,14 @@ class ShardedGradientTaps:
                 mark_non_finite([grad], self._carried_flag(state.local_flags, grad.device))
                 return
             if state.capture_fingerprints and state.local_fingerprints is not None:
-                fingerprint = fingerprints([grad])[0].to(state.local_fingerprints.device)
-                state.local_fingerprints[row] = fingerprint
+                fingerprint = fingerprints([grad])[0]
+                state.record_local_fingerprint(row, fingerprint)
                 # in the order autograd ran, a module's parameters in row order
-                state.add_local_event(fingerprint, group=self._module_of_row[row], order=row)
+                state.add_local_event(
+                    fingerprint.to(state.local_fingerprints.device),
+                    group=self._module_of_row[row],
+                    order=row,
+                )
             flags = state.local_flags
             # One flag per step, raised in place by every tap (one fused pass per
             # parameter, no temporaries, nothing read back: see sdc_agent.checks.gradients.finiteness). It is
@@ -138,6 +142,12 @@ class ShardedGradientTaps:
             # sums, because GradientCheck pairs the two lists to tell that the reduction ran.
             # Only these taps append to ``local_flags`` under FSDP2, so its last entry, when
             # there is one, is this step's flag (a replay records into a state of its own).
+            # A pipeline schedule back-propagates each of its micro-batches into the same
+            # parameters: every pass is checked, into the one flag, appended once per row.
+            if row in state.flagged_rows and flags and flags[-1].device == grad.device:
+                mark_non_finite([grad], flags[-1])
+                return
+            state.flagged_rows.add(row)
             if flags and flags[-1].device == grad.device:
                 flag = flags[-1]
             elif self._carried is not None and self._carried[0] is flags:

@@ -10,8 +10,9 @@ both times: it is the culprit. A single mismatch is settled by a confirmation: t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ...alarm import VerdictKind
 
@@ -65,14 +66,26 @@ def third_gpu(target: int, world: int, offset: int) -> int:
 
 
 def find_mismatches(
-    own: list[Outcome], replayed: list[Outcome], offset: int, *, compare_grads: bool
+    own: Sequence[Any],
+    replayed: Sequence[Any],
+    offset: int,
+    *,
+    compare_grads: bool,
+    differs: Callable[[Any, Any], bool] | None = None,
 ) -> list[tuple[int, int]]:
-    """(target, replayer) pairs whose results differ; ``replayed[r]`` is r's replay of its target."""
+    """(target, replayer) pairs whose results differ; ``replayed[r]`` is r's replay of its target.
+
+    ``differs(own, replayed)``: when two results count as different (default: not
+    :meth:`Outcome.matches`; a pipeline stage's compares only what it computed itself)."""
     world = len(own)
     pairs = []
     for replayer in range(world):
         target = replay_target(replayer, world, offset)
-        if not own[target].matches(replayed[replayer], compare_grads=compare_grads):
+        if differs is not None:
+            mismatched = differs(own[target], replayed[replayer])
+        else:
+            mismatched = not own[target].matches(replayed[replayer], compare_grads=compare_grads)
+        if mismatched:
             pairs.append((target, replayer))
     return sorted(pairs)
 

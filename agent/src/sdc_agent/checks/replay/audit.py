@@ -210,7 +210,16 @@ class RingAudit:
                 )
         finally:
             self.current_micro_batch = None
+        return self.combine(outcomes)
+
+    def combine(self, outcomes: list[Any]) -> Any:
+        """One outcome for the replays of several micro-batches of a step
+        (:func:`~.replayer.combine_outcomes`)."""
         return combine_outcomes(outcomes)
+
+    def failed_row(self) -> list[int]:
+        """The row a replay that raised sends instead of an outcome (:data:`FAILED_ROW`)."""
+        return list(FAILED_ROW)
 
     def replay_row(
         self, step: int, target_dp: int, deterministic: bool, whole_step: bool = False
@@ -359,7 +368,7 @@ class RingAudit:
             verdicts.append(
                 Verdict(
                     pair=(a.global_rank(target), a.global_rank(replayer)),
-                    third=a.global_rank(third_gpu(target, a.world, offset)),
+                    third=self.third_rank(target),
                     suspect=a.global_rank(suspect) if suspect is not None else None,
                     kind=kind,
                 )
@@ -424,6 +433,11 @@ class RingAudit:
         ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+
+    def third_rank(self, target_dp: int) -> int:
+        """The global rank of the GPU that settles a dispute over DP rank ``target_dp``'s batch."""
+        a = self.adapter
+        return a.global_rank(third_gpu(target_dp, a.world, self.peer_offset))
 
     # ------------------------------------------------------------------ check 1's confirmation
     def judge_nonfinite(self, table: FlagTable, *, deterministic: bool) -> Alarm | None:
@@ -503,7 +517,7 @@ class RingAudit:
                     else ("unclear", "target")
                 )
                 suspect = a.global_rank(target) if who else None
-                third_rank = a.global_rank(third_gpu(target, a.world, self.peer_offset))
+                third_rank = self.third_rank(target)
                 pair = (a.global_rank(target), a.global_rank(target))
                 verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
                 if suspect is not None:
@@ -544,8 +558,17 @@ class CollectiveRingAudit(RingAudit):
         """Every rank replays one rank's micro-batch(es) (its own target's) at the same time; a
         batch that cannot be rebuilt on any rank makes every rank send FAILED_ROW before any
         forward. ``whole_step``: every micro-batch of the step, as RingAudit's."""
+        return self.lockstep_row(
+            step, self.adapter.global_rank(target_dp), deterministic, whole_step
+        )
+
+    def lockstep_row(
+        self, step: int, target: int, deterministic: bool, whole_step: bool = False
+    ) -> list[int]:
+        """Replay global rank ``target``'s micro-batch(es) as a row, every rank at once (each
+        its own target's): rebuilt first, and a failure on any rank makes every rank send
+        :meth:`failed_row` before any forward (collective)."""
         a = self.adapter
-        target = a.global_rank(target_dp)
         micros: list[Any] = []
         failed = 0
         try:
@@ -561,7 +584,7 @@ class CollectiveRingAudit(RingAudit):
         flag = torch.tensor([failed], dtype=torch.int64, device=a.collective_device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=a.dp_group)  # nobody starts alone
         if int(flag.item()):
-            return list(FAILED_ROW)
+            return self.failed_row()
         try:
             # Every rank replays the same number of micro-batches (grad_accum is the job's), so
             # FSDP2's all-gathers pair up.
@@ -573,7 +596,7 @@ class CollectiveRingAudit(RingAudit):
                 step,
                 a.rank,
             )
-            return list(FAILED_ROW)
+            return self.failed_row()
         return outcome.to_row()
 
     def fill_confirmations(

@@ -78,14 +78,22 @@ class ShardedDivergenceCheck(ReplicaComparison):
             ).hexdigest()
             self._report = DivergenceReport(digest=combined)
             return self._report
-        gathered = [torch.empty_like(self._table) for _ in range(layout.ranks)]
-        dist.all_gather(gathered, self._table, group=layout.group)
+        names_of_shard = layout.names_of_shard or (tuple(self._names),) * layout.shards
+        # Pipeline stages hold different weights: pad every table to the longest.
+        table = self._table
+        longest = max(len(names) for names in names_of_shard)
+        if len(table) < longest:
+            table = torch.cat([table, table.new_zeros((longest - len(table), *table.shape[1:]))])
+        gathered = [torch.empty_like(table) for _ in range(layout.ranks)]
+        dist.all_gather(gathered, table, group=layout.group)
         tables = torch.stack(gathered).cpu()
         ranks: set[int] = set()
         tensors: list[str] = []
         unattributable = False
-        for copies in layout.replicas_of_shard:
-            shard_report = name_minority_copies(tables[list(copies)], self._names, list(copies))
+        for copies, names in zip(layout.replicas_of_shard, names_of_shard, strict=True):
+            shard_report = name_minority_copies(
+                tables[list(copies), : len(names)], list(names), list(copies)
+            )
             ranks.update(shard_report.ranks)
             tensors += [t for t in shard_report.tensors if t not in tensors]
             unattributable = unattributable or shard_report.unattributable

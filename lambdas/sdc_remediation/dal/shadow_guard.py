@@ -1,0 +1,125 @@
+"""The shadow guard: which shadowed alarms may run a deep health check on an uncordoned node.
+
+``shadowHealthCheck`` runs the deep health check of a shadowed alarm on the node as it is (not
+cordoned), which disrupts what runs there. The enforced guard's budget is not used for it (a
+noisy check in shadow must never keep a real finding from being admitted), so the shadow checks
+have a guard of their own, a fraction of the cluster like the enforced one: at most
+``max(1, floor(MAX_FRACTION x nodes))`` shadow checks at once, and none for an alarm that names
+more nodes than that (a storm).
+
+One item per cluster, ``pk=GUARD#<cluster>, sk=SHADOW``: ``version`` and ``running`` (``{instance_id,
+execution, item, at}``), rewritten under its version. The record step frees a slot when it records
+the shadow; a slot older than ``SLOT_SECONDS`` counts no more (an execution that ended without
+its record).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import botocore.exceptions
+
+from .. import aws, clock
+from ..errors import AwsApiUnavailable
+from ..logic.admission import AdmitRequest, max_open
+from .dynamo import from_item, to_item
+
+SHADOW_SK = "SHADOW"
+SLOT_SECONDS = 4 * 3600
+"""A slot older than this no longer counts (longer than a health check's timeout, 150 min by
+default, plus its polls)."""
+_ATTEMPTS = 8
+
+
+def _key(cluster: str) -> dict[str, Any]:
+    return to_item({"pk": f"GUARD#{cluster}", "sk": SHADOW_SK})
+
+
+def _read(table: str, cluster: str) -> dict[str, Any]:
+    with aws.aws_errors("dynamodb:GetItem"):
+        item = aws.client("dynamodb").get_item(
+            TableName=table, Key=_key(cluster), ConsistentRead=True
+        )
+    return from_item(item.get("Item")) or {"version": 0, "running": []}
+
+
+def _write(table: str, cluster: str, version: int, running: list[dict[str, Any]]) -> bool:
+    """Rewrite the slots under ``version``; False when another writer changed them first."""
+    condition: dict[str, Any] = (
+        {"ConditionExpression": "attribute_not_exists(pk)"}
+        if version == 0
+        else {
+            "ConditionExpression": "version = :v",
+            "ExpressionAttributeValues": to_item({":v": version}),
+        }
+    )
+    item = {"pk": f"GUARD#{cluster}", "sk": SHADOW_SK, "version": version + 1, "running": running}
+    try:
+        with aws.aws_errors("dynamodb:PutItem"):
+            aws.client("dynamodb").put_item(TableName=table, Item=to_item(item), **condition)
+    except botocore.exceptions.ClientError as exc:
+        if aws.error_code(exc) == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
+
+
+def _current(running: list[dict[str, Any]], now: int) -> list[dict[str, Any]]:
+    return [r for r in running if now - int(r["at"]) < SLOT_SECONDS]
+
+
+def _same(slot: dict[str, Any], req: AdmitRequest) -> bool:
+    return slot.get("execution") == req.execution and slot.get("item") == req.item
+
+
+def admit(table: str, req: AdmitRequest) -> tuple[bool, str]:
+    """Whether the shadowed alarm of ``req`` may run its deep health check now, and why."""
+    limit = max_open(req.cluster_nodes, req.max_fraction)
+    if req.suspects_in_alarm > limit:
+        return False, (
+            f"not run: the alarm names {req.suspects_in_alarm} nodes, more than the shadow "
+            f"checks' fraction of the cluster allows ({limit})"
+        )
+    for _ in range(_ATTEMPTS):
+        now = int(clock.now().timestamp())
+        guard = _read(table, req.cluster)
+        running = _current(list(guard.get("running") or []), now)
+        if any(_same(r, req) for r in running):
+            return True, "run (its slot of the shadow guard)"  # a retried admit
+        if any(r["instance_id"] == req.instance_id for r in running):
+            return False, "not run: a shadow check already runs on this node"
+        if len(running) >= limit:
+            return False, (
+                f"not run: {len(running)} shadow check(s) already run, the shadow guard's "
+                f"limit (a fraction of the cluster: {limit})"
+            )
+        slot = {"instance_id": req.instance_id, "execution": req.execution, "at": now}
+        if req.item is not None:
+            slot["item"] = req.item
+        if _write(table, req.cluster, int(guard.get("version", 0)), [*running, slot]):
+            return True, f"run ({len(running) + 1} of at most {limit} shadow checks at once)"
+    raise AwsApiUnavailable(f"the shadow guard of {req.cluster} lost {_ATTEMPTS} races; retry")
+
+
+def release(table: str, cluster: str, instance_id: str, execution: str, item: int | None) -> None:
+    """Free the slot this execution's item holds on ``instance_id`` (nothing if none)."""
+    for _ in range(_ATTEMPTS):
+        guard = _read(table, cluster)
+        running = list(guard.get("running") or [])
+        kept = [
+            r
+            for r in running
+            if not (
+                r["instance_id"] == instance_id
+                and r.get("execution") == execution
+                and (item is None or r.get("item") in (None, item))
+            )
+        ]
+        if len(kept) == len(running):
+            return
+        if _write(table, cluster, int(guard.get("version", 0)), kept):
+            return
+    raise AwsApiUnavailable(f"freeing a shadow check slot of {cluster} lost {_ATTEMPTS} races")
+
+
+__all__ = ["SHADOW_SK", "SLOT_SECONDS", "admit", "release"]

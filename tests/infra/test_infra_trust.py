@@ -1,0 +1,119 @@
+"""What the template lets a pod, an operator or a step do, read from the IAM it grants: the agent
+cannot write the canary's stream, no role may mutate every HyperPod cluster of the account, and
+the cluster's ARN is looked up at deploy time when the config does not name it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import sdc_contract as contract
+from tests.infra.infra_template import (
+    as_list,
+    evaluate,
+    flatten,
+    function_ids,
+    resources,
+    role_statements,
+)
+
+pytestmark = pytest.mark.slow
+
+GROUP = "arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:/sdc/example-hyperpod-cluster"
+READ_ONLY = ("sagemaker:Describe", "sagemaker:List")
+
+
+def _agent_statements(template: dict[str, Any]) -> list[dict[str, Any]]:
+    (agent,) = [
+        p["Properties"]
+        for p in resources(template, "AWS::IAM::ManagedPolicy").values()
+        if "agent" in p["Properties"]["Description"]
+    ]
+    return agent["PolicyDocument"]["Statement"]
+
+
+def test_the_agent_may_write_training_jobs_streams_but_never_the_canarys(default_synth) -> None:
+    # Given the agent's managed policy (what every training pod's role gets)
+    statements = _agent_statements(default_synth.template)
+    canary = f"{GROUP}:log-stream:{contract.CANARY_JOB}"
+    job = f"{GROUP}:log-stream:llama-pretrain"
+    # Then a job's own stream may be created and written
+    assert evaluate(statements, "logs:CreateLogStream", job)
+    assert evaluate(statements, "logs:PutLogEvents", job)
+    # And the canary's may not (superseded: any stream of the group): a pod that could write it
+    # could forge canary reports, or page the on-call with a false "canary stopped"
+    assert not evaluate(statements, "logs:CreateLogStream", canary)
+    assert not evaluate(statements, "logs:PutLogEvents", canary)
+    (deny,) = [s for s in statements if s.get("Effect") == "Deny"]
+    assert deny["Sid"] == "NotTheCanarysStream"
+
+
+def _sagemaker_grants(template: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    roles = {logical_id: r for logical_id, r in resources(template, "AWS::IAM::Role").items()}
+    return [
+        (role_id, statement)
+        for role_id in roles
+        for statement in role_statements(template, role_id)
+        if any(a.startswith("sagemaker:") for a in as_list(statement["Action"]))
+    ]
+
+
+@pytest.mark.parametrize("synth", ["default_synth", "variant_synth"])
+def test_no_mutating_sagemaker_action_on_every_cluster(synth: str, request) -> None:
+    # Given every SageMaker statement of every role (the cluster ARN given or not)
+    template = request.getfixturevalue(synth).template
+    grants = _sagemaker_grants(template)
+    assert grants
+    # Then an action that changes something (StartClusterHealthCheck, BatchReplaceClusterNodes)
+    # is granted on one cluster only; only the deploy-time lookup reads cluster/* (superseded:
+    # without hyperPodClusterArn every HyperPod role had cluster/* of the account)
+    for role_id, statement in grants:
+        resources_ = [flatten(r) for r in as_list(statement["Resource"])]
+        mutating = [a for a in as_list(statement["Action"]) if not a.startswith(READ_ONLY)]
+        if mutating:
+            assert not any("cluster/*" in r for r in resources_), (role_id, statement)
+    wide = [
+        (role_id, s)
+        for role_id, s in grants
+        if any("cluster/*" in flatten(r) for r in as_list(s["Resource"]))
+    ]
+    assert all(as_list(s["Action"]) == ["sagemaker:DescribeCluster"] for _, s in wide), wide
+
+
+def test_without_the_arn_the_cluster_is_looked_up_at_deploy_time(default_synth) -> None:
+    # Given the default stack (no hyperPodClusterArn)
+    template = default_synth.template
+    (lookup_id, lookup) = next(iter(resources(template, "Custom::HyperPodClusterArn").items()))
+    # Then a custom resource calls SageMaker DescribeCluster with the cluster's name at deploy
+    assert '"action":"describeCluster"' in lookup["Properties"]["Create"]
+    assert '"ClusterName":"example-hyperpod-cluster"' in lookup["Properties"]["Create"]
+    # And the health-check and replace roles act on its answer, the one cluster
+    ids = function_ids(template)
+    for folder in ("start_health_check", "replace"):
+        role = template["Resources"][ids[folder]]["Properties"]["Role"]["Fn::GetAtt"][0]
+        (statement,) = [
+            s
+            for s in role_statements(template, role)
+            if any(a.startswith("sagemaker:") for a in as_list(s["Action"]))
+        ]
+        assert statement["Resource"] == {"Fn::GetAtt": [lookup_id, "ClusterArn"]}
+
+
+def test_with_the_arn_nothing_is_looked_up(variant_synth) -> None:
+    assert resources(variant_synth.template, "Custom::HyperPodClusterArn") == {}
+
+
+def test_canary_runs_expire(default_synth) -> None:
+    # Given the ledger table and the canary function
+    template = default_synth.template
+    (ledger,) = [
+        t["Properties"]
+        for t in resources(template, "AWS::DynamoDB::Table").values()
+        if len(t["Properties"]["KeySchema"]) == 2
+    ]
+    canary = template["Resources"][function_ids(template)["canary"]]["Properties"]
+    # Then the ledger removes what carries expires_at (canary runs, alarm-episode notices), and
+    # the canary function knows how long a run stays open (canaryTimeout)
+    assert ledger["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert canary["Environment"]["Variables"][contract.CANARY_TIMEOUT_SECONDS] == "3600"
