@@ -20,7 +20,7 @@ from sdc_agent.checks.replay.attribution import (
 from sdc_agent.drills.faults import ScaleWeightGradElement
 from sdc_agent.drills.tp import TPDrillModel, tp_plan
 from sdc_agent.parallel import FSDP2Adapter, TensorParallelAdapter, adapter_for, learn_layout
-from sdc_agent.topology import TopologyError, validate_placement
+from sdc_agent.topology import TopologyError, groups_on, validate_placement
 from tests.unit import test_fsdp_adapter
 
 one_rank = test_fsdp_adapter.one_rank
@@ -179,6 +179,39 @@ def test_a_12_rank_hsdp_x_tp_mesh_lays_out_replicas_slices_and_tp_groups(one_ran
     validate_placement(nodes, 4, layout.tp_groups)
     with pytest.raises(TopologyError, match=r"three\s+different nodes"):
         validate_placement(nodes, 2, layout.tp_groups)
+
+
+def test_tp_groups_inside_pipeline_stages_are_placed_along_each_stages_ring(one_rank):
+    # Given TP x PP x HSDP on 12 ranks: a ("replicate", "shard", "pp", "tp") mesh of 3 x 1 x 2 x
+    # 2 (one replica's 2 stages x TP 2 on each node of 4), each stage's parameters on the
+    # ("replicate", "shard", "tp") mesh of its stage
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from sdc_agent.parallel.mesh import _layout_of
+
+    grid = torch.arange(12).reshape(3, 1, 2, 2)
+    nodes = [f"n{r // 4}" for r in range(12)]
+    stage_0 = DeviceMesh(
+        "cpu", grid[:, :, 0, :], mesh_dim_names=("replicate", "shard", "tp"), _init_backend=False
+    )
+    layout = _layout_of(stage_0, ("replicate", "shard", "tp"), "hsdp+tp")
+    # (rank 0 sees stage 0's TP groups; stage 1's are its ranks' pairs the same way)
+    assert layout.tp_groups == ((0, 1), (4, 5), (8, 9))
+    tp_groups = [*layout.tp_groups, (2, 3), (6, 7), (10, 11)]
+    for stage in range(2):
+        # Then each stage's ring of pipelines holds its ranks in pipeline order, and its TP
+        # groups are consecutive positions on that ring (the other stage's are not on it)
+        ring = grid[:, :, stage, :].flatten().tolist()
+        positions = groups_on(ring, tp_groups)
+        assert positions == [[0, 1], [2, 3], [4, 5]]
+        # And an offset of 2 pipelines (one node's TP group) replays each group on the next
+        # node, slice by slice; an offset of 1 would split a TP group: refused
+        validate_placement([nodes[r] for r in ring], 2, positions)
+        with pytest.raises(TopologyError, match="multiple of the TP degree"):
+            validate_placement([nodes[r] for r in ring], 1, positions)
+    # And groups whose ranks are not on a ring are not that ring's
+    assert groups_on([0, 4, 8], [(0, 1), (4, 5)]) == []
+    assert groups_on([0, 1, 4, 5], [(0, 1), (8, 9)]) == [[0, 1]]
 
 
 def test_a_modules_parameter_gradients_are_recorded_in_row_order_whatever_autograd_chose():

@@ -77,6 +77,15 @@ NOT_COVERED_PIPELINE = [
 ]
 """What no check covers under pipeline parallelism, beyond the data-parallel lines."""
 
+NOT_COVERED_PIPELINE_TP = [
+    "tensor parallel inside a pipeline stage: check 2 compares each rank's stage boundaries "
+    "(what it received, sent and sent back) and its local gradient slices, not the ordered local "
+    "results of a TP job, so a forward fault in one rank's TP slice, which the TP all-reduce "
+    "carries to its partners before the stage sends it, names the stage's whole TP group (its "
+    "node, never another); a fault only in one rank's local weight gradient names that rank",
+]
+"""What tensor parallelism inside pipeline stages leaves to the stage's TP group."""
+
 
 class LayoutFacts(TypedDict):
     """What a parallel layout lets check 3 see (``ParallelAdapter.coverage_facts()``)."""
@@ -174,13 +183,20 @@ def describe(
     not_covered = [between_audits if line is BETWEEN_AUDITS else line for line in NOT_COVERED]
     if sharded:
         not_covered.append(NOT_COVERED_SHARDED)
-    if not facts["weights_compared"] and facts["parallel"] in ("fsdp", "fsdp+tp", "pp+fsdp"):
+    if not facts["weights_compared"] and facts["parallel"] in (
+        "fsdp",
+        "fsdp+tp",
+        "pp+fsdp",
+        "pp+fsdp+tp",
+    ):
         not_covered.append(NOT_COVERED_FULL_SHARDING)
     groups = facts.get("compute_groups")
     if groups:
         not_covered += NOT_COVERED_TP
     if pipeline is not None:
         not_covered += NOT_COVERED_PIPELINE
+        if pipeline.get("tp_groups"):
+            not_covered += NOT_COVERED_PIPELINE_TP
     confirm_why = (
         "a rank whose local gradient is non-finite has its micro-batches replayed on a third "
         "GPU on a third node and on itself"

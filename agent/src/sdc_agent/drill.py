@@ -98,13 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
     parser.add_argument(
         "--parallel",
-        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp"],
+        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp", "3d"],
         default="ddp",
         help="how the model is parallel: DDP, FSDP2 full sharding, HSDP (replicas across "
         "nodes, shards within a node), tp (tensor parallel inside a node, HSDP replicas across "
         "nodes: a ('replicate', 'shard', 'tp') mesh), fsdp+tp (tensor parallel inside a node, "
-        "FSDP2 across nodes: ('dp', 'tp')), or pp: a 2-stage pipeline per node, each stage a "
-        "whole copy per replica (HSDP), replicas across nodes",
+        "FSDP2 across nodes: ('dp', 'tp')), pp: a 2-stage pipeline per node, each stage a "
+        "whole copy per replica (HSDP), replicas across nodes, or 3d: the same pipeline with "
+        "each stage tensor parallel inside the node (TP x PP x HSDP; --ranks-per-node 4 or "
+        "another multiple of 2 stages x TP >= 2)",
     )
     args = parser.parse_args(argv)
     world = args.nodes * args.ranks_per_node
@@ -124,6 +126,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         stage = args.rank % STAGES
         layer, weight = f"blocks.{stage}.norm", f"blocks.{stage}.fc.weight"
+    tp = args.ranks_per_node // STAGES
+    if args.parallel == "3d":
+        if args.ranks_per_node % STAGES or tp < 2:
+            parser.error(
+                f"--parallel 3d puts one {STAGES}-stage pipeline on each node with TP groups of "
+                f">= 2 ranks per stage: --ranks-per-node {2 * STAGES} (or another multiple of "
+                f"{STAGES} from {2 * STAGES})"
+            )
+        # The fault in one rank's column-parallel GEMM output, in its own stage's block.
+        stage = (args.rank // tp) % STAGES
+        layer, weight = f"blocks.{stage}.up", f"blocks.{stage}.up.weight"
     faults = {
         "scale": [
             {
@@ -158,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "audit_every": 5,
         "check_every": 5,
         "ckpt_every": 10,
-        # Under a pipeline the ring runs over replicas, one per node.
-        "peer_offset": 1 if args.parallel == "pp" else args.ranks_per_node,
+        # Under a pipeline the ring runs over pipelines: one per node, or one per TP rank of a
+        # stage (3d), so the offset moves each to the next node.
+        "peer_offset": {"pp": 1, "3d": tp}.get(args.parallel, args.ranks_per_node),
     }
     print(
         f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks "
@@ -176,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                     "schedule": schedule,
                     "faults": faults,
                     "parallel": args.parallel,
-                    "shards": 1 if args.parallel == "pp" else args.ranks_per_node,
+                    "shards": {"pp": 1, "3d": tp}.get(args.parallel, args.ranks_per_node),
                 },
             )
         ],
@@ -205,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         first = args.rank - args.rank % args.ranks_per_node
         node = set(range(first, first + args.ranks_per_node))
         expected_ok = args.rank in named and set(named) <= node
+    if args.fault in ("scale", "nan") and args.parallel == "3d":
+        # The stage's TP all-reduce carries a wrong output to the TP partners before the stage
+        # sends it: the stage's TP group is named (coverage() says so), never another node.
+        first = args.rank - args.rank % tp
+        expected_ok = args.rank in named and set(named) <= set(range(first, first + tp))
     return 0 if expected_ok else 1
 
 

@@ -249,7 +249,9 @@ def train_drill(
     ``pp`` (2 pipeline stages per replica, :mod:`.pipeline`: each stage sharded over the
     replicas as ``pipeline_data``, ``fsdp`` or ``hsdp`` with ``shards`` ranks per shard
     group, driven by ``pipeline_schedule``, ``gpipe`` or ``1f1b``; ``peer_offset`` then counts
-    replicas).
+    replicas), or ``3d`` (the same pipeline with TP groups of ``shards`` ranks inside each stage,
+    each stage a whole copy per replica under ``pipeline_data="hsdp"``: TP x PP x HSDP;
+    ``peer_offset`` counts pipelines, ``shards`` per replica).
     ``run_dir`` (DDP only): rank 0 saves each due checkpoint there with the guard's tags
     (:mod:`.checkpoints`), and the guard records its alarms there
     (``alarm_dir``). ``resume``: the restart after a stop: load the checkpoint of ``run_dir``
@@ -277,11 +279,14 @@ def train_drill(
         start_step = 0 if decision["step"] is None else decision["step"] + 1
         decision["loaded_tags"] = None if state is None else state["sdc"]
     tp = parallel in tp_drill.TP_KINDS
-    if parallel == "pp":
+    # 3d: TP groups of ``shards`` ranks inside each pipeline stage, one shard per HSDP replica.
+    pipeline_tp = shards if parallel == "3d" else 1
+    if parallel in ("pp", "3d"):
         _, _, optimizer, guard = build_pipeline(
             schedule,
             data=pipeline_data,
-            shards=shards,
+            shards=1 if parallel == "3d" else shards,
+            tp=pipeline_tp,
             pipeline=pipeline_schedule,
             seed=seed,
             autocast_bf16=autocast_bf16,
@@ -338,11 +343,12 @@ def train_drill(
             checkpoints.save_checkpoint(run_dir, step, guard.module, optimizer, tags)
 
     grad_accum = guard.schedule.grad_accum
-    feed = make_feed if parallel == "pp" else make_step_batch
     batches = (
         tp_drill.tp_batches(s, dist.get_rank(), tp=shards, seed=seed, grad_accum=grad_accum)
         if tp
-        else feed(s, dist.get_rank(), seed=seed, grad_accum=grad_accum)
+        else make_feed(s, dist.get_rank(), seed=seed, grad_accum=grad_accum, tp=pipeline_tp)
+        if parallel in ("pp", "3d")
+        else make_step_batch(s, dist.get_rank(), seed=seed, grad_accum=grad_accum)
         for s in range(start_step, start_step + steps)
     )
     alarm = guard.train(batches, save_checkpoint=save, start_step=start_step)

@@ -191,8 +191,14 @@ class FSDP2Adapter(ParallelAdapter):
             self.mesh.get_group(0) if self.layout.roles[0] == REPLICATE else None
         )
         """The ranks holding copies of this rank's shard (HSDP; None under full sharding)."""
-        self.shard_group: dist.ProcessGroup = _replica_ranks_group(self.mesh, self.layout)
-        """The ranks holding the other shards of this rank's replica."""
+        # A pipeline stage's view (mesh_size) makes no group: the pipeline's check 3 agrees over
+        # groups that span every stage (sdc_agent.parallel.pp), and a group made here would be a
+        # collective only this stage's ranks reach.
+        self.shard_group: dist.ProcessGroup | None = (
+            _replica_ranks_group(self.mesh, self.layout) if mesh_size is None else None
+        )
+        """The ranks holding the other shards of this rank's replica (None in a pipeline
+        stage's view)."""
         self.taps: ShardedGradientTaps | None = None
         """Check 1's hooks, once :meth:`install_gradient_taps` installed them."""
         self._fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]

@@ -72,9 +72,18 @@ class TensorParallelAdapter(FSDP2Adapter):
     tensor_parallel = True
     """This adapter checks the tensor-parallel dimension."""
 
-    def __init__(self, model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
-        """Check the layout and learn the mesh, the TP groups among it, from the parameters."""
-        super().__init__(model, dp_group)
+    def __init__(
+        self,
+        model: nn.Module,
+        dp_group: dist.ProcessGroup | None,
+        *,
+        mesh_size: int | None = None,
+    ) -> None:
+        """Check the layout and learn the mesh, the TP groups among it, from the parameters.
+
+        ``mesh_size``: the mesh covers this many ranks, not the whole job (a pipeline stage
+        with tensor parallelism inside it; :mod:`.pp` builds the job's view around it)."""
+        super().__init__(model, dp_group, mesh_size=mesh_size)
         layout = self.layout
         self.tp_group: dist.ProcessGroup = self.mesh.get_group(len(layout.roles) - 1)
         """The ranks of this rank's TP group."""
