@@ -291,9 +291,10 @@ class Guard:
         """What this guard checks for this job, JSON-ready (the same on every rank).
 
         Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp``, ``hsdp``,
-        ``fsdp+tp`` or ``hsdp+tp``; ``pp+fsdp`` / ``pp+hsdp`` under a pipeline, which adds
-        ``pipeline``: its stages, schedule, micro-batches and the ranks holding each stage by
-        replica), ``mesh`` (sharded layouts: each dimension's role and size),
+        ``fsdp+tp`` or ``hsdp+tp``; ``pp+fsdp`` / ``pp+hsdp``, or ``pp+fsdp+tp`` /
+        ``pp+hsdp+tp`` with tensor parallel stages, under a pipeline, which adds ``pipeline``:
+        its stages, schedule, micro-batches, the ranks holding each stage by replica and the
+        stages' TP groups), ``mesh`` (sharded layouts: each dimension's role and size),
         ``sharding`` (replicas, shards, the ranks holding each shard, whether weights have a
         second copy), ``world``, ``ranks``, ``grad_accum``; ``checks`` with
         ``nonfinite_gradients`` (and its ``confirmation``), ``replay_audit`` (``pairs`` of

@@ -13,7 +13,8 @@ the adapter from the model:
   or ``("replicate", "shard", "tp")`` mesh;
 * :mod:`.pp`: :class:`PipelineAdapter`, when a ``torch.distributed.pipelining`` schedule drives
   the model (``Guard(..., pipeline=schedule)``): this rank's stage, sharded with FSDP2 over the
-  replicas; how it answers each question below is its module docstring.
+  replicas, tensor parallel inside it or not (the stage's view is then
+  :class:`TensorParallelAdapter`'s); how it answers each question below is its module docstring.
 
 :mod:`.mesh` learns the mesh and every dimension's role (replicate, shard, tp) from the
 parameters' DTensor placements, sub-meshes included, and refuses what it cannot check (context

@@ -31,6 +31,17 @@ What each check asks (:class:`~.adapter.ParallelAdapter`), answered for a pipeli
   divergence names one GPU (:mod:`sdc_agent.checks.replay.pipeline_audit`).
 * Check 3: each stage's shards compared across the replicas holding copies of them, at the same
   (pipeline, shard) coordinate (HSDP's ``replicate`` dimension); full sharding keeps one copy.
+
+Tensor parallelism inside a stage (TP x PP x FSDP2 / HSDP, torchtitan's 3-D layout with the TP
+group inside a node): the stage's parameters then live on a mesh with a ``tp`` dimension, and
+the stage's view is :class:`~.tp.TensorParallelAdapter`'s. Each TP rank's pipeline is one of the
+rings' pipelines (``peer_offset`` counts pipelines: a multiple of the TP degree, so each TP group
+replays another group's stage, slice by slice, on another node, which the placement check
+requires of every stage's ring), a TP group draws one RNG stream, and check 3 compares each
+(stage, shard, tp) slice across its replicas. Check 2 compares the per-stage records above, not
+the TP adapter's ordered local results: a forward fault in one rank's TP slice, which the TP
+all-reduce carries to its partners before the stage sends it, names the stage's TP group (one
+node); a fault only in one rank's local weight gradient names that rank.
 """
 
 from __future__ import annotations
@@ -364,17 +375,20 @@ class PipelineAdapter(ParallelAdapter):
 
     def pipeline_facts(self) -> dict[str, Any]:
         """The pipeline's shape for ``Guard.coverage()``: stages, schedule, micro-batches, the
-        ranks holding each stage by replica."""
-        return {
+        ranks holding each stage by replica (by pipeline: one per TP rank of a stage), and the
+        stages' TP groups (``tp_groups``) when the stages are tensor parallel."""
+        facts: dict[str, Any] = {
             "stages": self.stages,
             "schedule": type(self.schedule).__name__,
             "micro_batches": int(self.schedule._n_microbatches),
             "replicas": self.replicas,
             "stage_ranks": [list(column) for column in self.replica_columns()],
-            # Tensor parallelism inside each stage: the ranks computing one stage's part of a
-            # micro-batch together (empty without it).
-            "tp_groups": [list(g) for g in self.compute_groups],
         }
+        if self.compute_groups:
+            # Tensor parallelism inside each stage: the ranks computing one stage's part of a
+            # micro-batch together.
+            facts["tp_groups"] = [list(g) for g in self.compute_groups]
+        return facts
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Check 1's taps on the stage's unsharded (local) and sharded (reduced) parameters,
