@@ -187,6 +187,37 @@ def test_the_sweeper_reminds_once_a_day_of_nodes_held_longer_than_a_day(cloud, i
     assert invoke("sweeper", {})["reminded"] == [f"hyperpod-{node}"]
 
 
+def test_nodes_forgotten_for_days_do_not_jam_the_guard(cloud, invoke, monkeypatch):
+    # Given two nodes admitted three days ago, left cordoned after a rejection and never
+    # released, in a 40-node cluster whose fraction allows 4 out of service (2 an hour)
+    from sdc_remediation import clock
+
+    monkeypatch.setenv("MAX_FRACTION", "0.1")
+    real_now = clock.now
+    for n, node in enumerate(cloud.nodes[:2]):
+        monkeypatch.setattr(
+            clock, "now", lambda n=n: real_now() - timedelta(days=3, hours=2 - 2 * n)
+        )
+        state = item_state(node, execution=f"arn:exec:old-{n}")
+        state["admission"] = invoke("admit", state)
+        invoke("record", {"transition": "rejected", "state": state})
+    monkeypatch.setattr(clock, "now", real_now)
+    assert len(ledger.Ledger(LEDGER).held(CLUSTER)) == 2
+
+    # When a new alarm names a third node
+    fresh = invoke("admit", item_state(cloud.nodes[2], execution="arn:exec:new"))
+
+    # Then it is admitted (superseded: held nodes counted against MAX_NODES_PER_HOUR too, so
+    # these two made every new alarm circuit_open)
+    assert fresh["decision"] == "admitted", fresh["reason"]
+
+    # And the held nodes still count against the fraction: with room for 2, the circuit opens
+    monkeypatch.setenv("MAX_FRACTION", "0.05")
+    refused = invoke("admit", item_state(cloud.nodes[3], execution="arn:exec:newer"))
+    assert refused["decision"] == "circuit_open"
+    assert "cordoned and not released" in refused["reason"]
+
+
 def test_a_50_node_storm_ends_with_circuit_open_and_one_message(cloud, invoke):
     # Given one alarm naming 50 nodes (40-node moto cluster: the guard allows 2)
     nodes = [f"i-{n:017x}" for n in range(50)]
