@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from click.testing import CliRunner
-from remediation_factories import CLUSTER, LEDGER, item_state
+from remediation_factories import CLUSTER, LEDGER, held_after_rejection, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.cli import main
@@ -107,11 +107,7 @@ def test_release_records_the_callers_identity_and_frees_the_guard(cloud, k8s, in
     # Given a node kept cordoned after a rejection, which the operator has since uncordoned
     node = cloud.nodes[0]
     k8s.add_node(f"hyperpod-{node}")
-    admission = invoke("admit", item_state(node, execution="e1"))
-    invoke(
-        "record",
-        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
-    )
+    held_after_rejection(invoke, node)
     held_before = ledger.Ledger(LEDGER).held(CLUSTER)
 
     # When an operator releases it with the CLI, and tries again
@@ -136,11 +132,7 @@ def test_release_refuses_a_node_that_is_still_cordoned(cloud, k8s, invoke):
     # Given a node kept cordoned after a rejection, still cordoned in Kubernetes
     node = cloud.nodes[0]
     k8s.add_node(f"hyperpod-{node}", unschedulable=True)
-    admission = invoke("admit", item_state(node, execution="e1"))
-    invoke(
-        "record",
-        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
-    )
+    held_after_rejection(invoke, node)
 
     # When an operator releases it before uncordoning it
     args = ["--ledger-table", LEDGER, "release", f"hyperpod-{node}"]
@@ -164,11 +156,7 @@ def test_the_sweeper_reminds_once_a_day_of_nodes_held_longer_than_a_day(cloud, i
     node = cloud.nodes[0]
     real_now = clock.now
     monkeypatch.setattr(clock, "now", lambda: real_now() - timedelta(days=2))
-    admission = invoke("admit", item_state(node, execution="e1"))
-    invoke(
-        "record",
-        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
-    )
+    held_after_rejection(invoke, node)
     monkeypatch.setattr(clock, "now", real_now)
 
     # When the sweeper runs twice (every 15 minutes)
@@ -198,9 +186,7 @@ def test_nodes_forgotten_for_days_do_not_jam_the_guard(cloud, invoke, monkeypatc
         monkeypatch.setattr(
             clock, "now", lambda n=n: real_now() - timedelta(days=3, hours=2 - 2 * n)
         )
-        state = item_state(node, execution=f"arn:exec:old-{n}")
-        state["admission"] = invoke("admit", state)
-        invoke("record", {"transition": "rejected", "state": state})
+        held_after_rejection(invoke, node, execution=f"arn:exec:old-{n}")
     monkeypatch.setattr(clock, "now", real_now)
     assert len(ledger.Ledger(LEDGER).held(CLUSTER)) == 2
 
