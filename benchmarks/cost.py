@@ -1,7 +1,10 @@
 """What sdc-guard costs to run on AWS: measured call counts times list prices, per month.
 
-    python benchmarks/cost.py [--json] [--nodes 64,512,2048] [--nodes-per-job 64]
-                              [--skip-pipeline]
+    python benchmarks/cost.py [--json [PATH]] [--nodes 64,512,2048] [--nodes-per-job 64]
+                              [--gpus-per-node 8] [--health-check-minutes 120]
+                              [--lambda-seconds 1] [--ledger-months 12]
+                              [--liveness-interval S] [--cluster-nodes 6] [--skip-pipeline]
+    python benchmarks/cost.py --load PATH [...]   # price a saved --json measurement again
 
 Two measurements, then arithmetic:
 
@@ -23,8 +26,9 @@ Two measurements, then arithmetic:
 Schedules, the health-check poll interval, Lambda memory and architecture, alarms and their
 metrics are read from the template synthesized with the project's own cdk.json context; the
 liveness interval from ``PublishSettings``. ``--skip-pipeline`` measures the agent only (no
-synth, no Node.js). The prices are a table in this file (PRICES), with their region and the
-date they were written down; docs/cost.md shows the output and what it assumes.
+synth, no Node.js); ``--load`` prices a measurement saved with ``--json PATH`` under other
+assumptions without measuring again. The prices are a table in this file (PRICES), with their
+region and the date they were written down; docs/cost.md shows the output and what it assumes.
 """
 
 from __future__ import annotations
@@ -1352,7 +1356,13 @@ def summary(measured: dict[str, Any], a: Assumptions) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Measure, then print the counts and the monthly cost tables (or JSON with --json)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print the counts and costs as JSON")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="the counts and costs as JSON: printed, or written to PATH",
+    )
     parser.add_argument("--nodes", default="64,512,2048", help="cluster sizes, comma-separated")
     parser.add_argument("--nodes-per-job", type=int, default=Assumptions.nodes_per_job)
     parser.add_argument("--gpus-per-node", type=int, default=Assumptions.gpus_per_node)
@@ -1373,6 +1383,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=Assumptions.ledger_months,
         help="months of remediation history in the ledger the sweeper scans",
+    )
+    parser.add_argument(
+        "--liveness-interval",
+        type=float,
+        help="price the agents as if CloudWatchPublisher(liveness_interval=...) were set "
+        "(seconds; default: PublishSettings' default)",
     )
     parser.add_argument(
         "--load",
@@ -1397,12 +1413,21 @@ def main(argv: list[str] | None = None) -> int:
         measured = json.loads(Path(args.load).read_text())["measured"]
     else:
         measured = {
+            "run": {
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "command": " ".join(["python", "benchmarks/cost.py", *(argv or sys.argv[1:])]),
+                "machine": f"{os.cpu_count()} CPUs, load average "
+                + " ".join(f"{x:.1f}" for x in os.getloadavg()),
+                "python": sys.version.split()[0],
+            },
             "agent": measure_agent(
                 ranks_per_job=a.nodes_per_job * a.gpus_per_node, gpus_per_node=a.gpus_per_node
-            )
+            ),
         }
         if not args.skip_pipeline:
             measured["stack"] = measure_stack(cluster_nodes=args.cluster_nodes)
+    if args.liveness_interval:
+        measured["agent"]["liveness_interval_s"] = args.liveness_interval
     if args.json:
         costs = {
             str(n): {
@@ -1415,18 +1440,20 @@ def main(argv: list[str] | None = None) -> int:
             }
             for n in nodes
         }
-        print(
-            json.dumps(
-                {
-                    "prices": {"region": PRICES_REGION, "date": PRICES_DATE, **PRICES},
-                    "assumptions": dataclasses.asdict(a),
-                    "measured": measured,
-                    "monthly_usd": costs,
-                },
-                indent=1,
-                default=str,
-            )
+        text = json.dumps(
+            {
+                "prices": {"region": PRICES_REGION, "date": PRICES_DATE, **PRICES},
+                "assumptions": dataclasses.asdict(a),
+                "measured": measured,
+                "monthly_usd": costs,
+            },
+            indent=1,
+            default=str,
         )
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
     else:
         print(summary(measured, a))
         print()

@@ -244,3 +244,23 @@ def test_assumptions_name_the_bad_field():
         cost.Assumptions(nodes_per_job=0)
     with pytest.raises(ValueError, match="lambda_seconds"):
         cost.Assumptions(lambda_seconds=-1)
+
+
+def test_the_agent_publishes_per_job_and_names_only_the_alarmed_node(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    agent = cost.measure_agent(ranks_per_job=16, gpus_per_node=8)
+    live, alarm = agent["liveness"], agent["alarm"]
+    # Liveness: two per-job series, at most one send per interval (plus the first at once and
+    # the closing flush), however many steps reported passes
+    assert len(live["series"]) == 2
+    assert all("NodeName" not in s for s in live["series"])
+    sends = live["operations"]["cloudwatch:PutMetricData"]
+    assert 1 <= sends <= live["intervals"] + 2 < live["steps"]
+    assert live["datapoints_per_send"] == 2
+    # An alarm naming one node: the cluster's, the job's and that node's series, one call
+    assert alarm["operations"] == {"cloudwatch:PutMetricData": 1, "logs:PutLogEvents": 1}
+    assert len(alarm["series"]) == 3
+    assert sum("NodeName" in s for s in alarm["series"]) == 1
+    # The rank map: every rank's placement in the job's log stream
+    assert agent["ranks"] == 16
+    assert agent["rank_map"]["log_bytes"] > 16 * len("hyperpod-i-00000000000000000")
