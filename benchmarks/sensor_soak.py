@@ -84,7 +84,9 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage()[:600])
 
 
-def soak(*, model: str, dtype: str, steps: int, every: int) -> dict[str, Any]:
+def soak(
+    *, model: str, dtype: str, steps: int, every: int, attention: str = "fused"
+) -> dict[str, Any]:
     """Run on every rank: train ``steps`` fault-free steps; report this rank's figures."""
     import sdc_agent as sdc
     from sdc_agent.drills.job import DrillModel, make_batch, make_loss
@@ -99,7 +101,7 @@ def soak(*, model: str, dtype: str, steps: int, every: int) -> dict[str, Any]:
     else:
         module = DrillModel()
         batch_of, compute_loss = make_batch, make_loss(bf16)
-    board = sdc.protect(module)
+    board = sdc.protect(module, attention=attention)
     ddp = nn.parallel.DistributedDataParallel(module)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     collect = _Collect()
@@ -113,8 +115,9 @@ def soak(*, model: str, dtype: str, steps: int, every: int) -> dict[str, Any]:
             audit_every=every, check_every=every, peer_offset=2, sensor_budget=math.inf
         ),
     )
-    n = len(board)
-    peak = torch.zeros(n, dtype=torch.float64)
+    # The board discovers its sensors during the model's first forward and backward, so its
+    # length is known only once a step has run: the peaks grow with it.
+    peak = torch.zeros(0, dtype=torch.float64)
     alarms: list[dict[str, Any]] = []
     sensed = 0
     rank = dist.get_rank()
@@ -127,7 +130,10 @@ def soak(*, model: str, dtype: str, steps: int, every: int) -> dict[str, Any]:
             ratios = _last_ratios(guard)
             if ratios is not None:
                 sensed += 1
-                peak = torch.maximum(peak, ratios.double().cpu().nan_to_num(math.inf))
+                now = ratios.double().cpu().nan_to_num(math.inf)
+                if len(now) > len(peak):
+                    peak = torch.cat([peak, torch.zeros(len(now) - len(peak), dtype=peak.dtype)])
+                peak[: len(now)] = torch.maximum(peak[: len(now)], now)
             if alarm is not None:
                 alarms.append(alarm.to_dict())
                 continue  # the step is not applied; a soak counts every alarm
@@ -212,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=300, help="training steps")
     parser.add_argument("--every", type=int, default=5, help="audit and weight check period")
+    parser.add_argument(
+        "--attention",
+        choices=("fused", "checked"),
+        default="fused",
+        help="protect(attention=...): 'checked' adds the attention sensors (the Llama's SDPA)",
+    )
     parser.add_argument("--json", type=Path, help="also write the summary here")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds before giving up")
     args = parser.parse_args(argv)
@@ -227,13 +239,24 @@ def main(argv: list[str] | None = None) -> int:
     from sdc_agent.drills.launch import launch
 
     started = time.perf_counter()
-    kwargs = {"model": args.model, "dtype": args.dtype, "steps": args.steps, "every": args.every}
+    kwargs = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "steps": args.steps,
+        "every": args.every,
+        "attention": args.attention,
+    }
     [per_rank] = launch([(_job_path(), kwargs)], world=6, ranks_per_node=2, timeout_s=args.timeout)
     errors = [r["trace"] for r in per_rank if "error" in r]
     if errors:
         print(errors[0], file=sys.stderr)
         return 1
-    summary = {"model": args.model, "dtype": args.dtype, **summarise(per_rank)}
+    summary = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "attention": args.attention,
+        **summarise(per_rank),
+    }
     summary["launch_s"] = time.perf_counter() - started
     print(json.dumps(summary, indent=2, default=str))
     if args.json:

@@ -31,7 +31,6 @@ RUNTIME = lambda_.Runtime.PYTHON_3_14  # the newest: cdk-nag L1 asks for it
 ARCHITECTURE = lambda_.Architecture.ARM_64  # Graviton: cheaper per ms; every wheel we need exists
 POWERTOOLS_SERVICE_NAME = contract.POWERTOOLS_SERVICE_NAME
 POWERTOOLS_METRICS_NAMESPACE = contract.POWERTOOLS_METRICS_NAMESPACE
-LOOKBACK_SECONDS = 600
 
 assert RUNTIME.name == f"python{bundling.PYTHON_VERSION}", "layer wheels must match the runtime"
 
@@ -276,7 +275,7 @@ class Functions(Construct):
             contract.EKS_CLUSTER_NAME: config.eks_cluster_name,
             contract.METRIC_NAMESPACE: config.namespace,
             contract.REPORT_LOG_GROUP: config.report_log_group,
-            contract.LOOKBACK_SECONDS: str(LOOKBACK_SECONDS),
+            contract.LOOKBACK_SECONDS: str(contract.DEFAULT_LOOKBACK_SECONDS),
             contract.LEDGER_TABLE: ledger.table_name,
             contract.APPROVALS_TABLE: approvals.table_name,
             contract.TOPIC_ARN: topic.topic_arn,

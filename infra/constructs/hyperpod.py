@@ -71,12 +71,9 @@ class HyperPodCluster(Construct):
         return self.lookup.get_response_field("ClusterArn")
 
     def grant_describe_nodes(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """Map a node to its instance and instance group (localize)."""
-        return self._allow(
-            grantee,
-            "DescribeHyperPodNodes",
-            ["sagemaker:DescribeClusterNode", "sagemaker:ListClusterNodes"],
-        )
+        """Map a node to its instance and instance group (localize): one node at a time, so no
+        listing of the cluster."""
+        return self._allow(grantee, "DescribeHyperPodNodes", ["sagemaker:DescribeClusterNode"])
 
     def grant_count_nodes(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
         """Count the cluster's nodes for the guard's out-of-service fraction (admit)."""

@@ -8,6 +8,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+import sdc_contract as contract
 from infra.grants import allow
 
 # TransactWriteItems (the guard's transaction) is authorized per item as PutItem/UpdateItem/
@@ -111,7 +112,9 @@ class Ledger(Construct):
         canary_only: bool = False,
     ) -> iam.PolicyStatement:
         canary_items = {
-            "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [f"CANARY#{self.cluster_name}"]}
+            "ForAllValues:StringEquals": {
+                "dynamodb:LeadingKeys": [contract.canary_runs_key(self.cluster_name)]
+            }
         }
         return allow(
             grantee,

@@ -38,7 +38,7 @@ class ReportLogGroup(Construct):
         return allow(
             grantee,
             sid="ReadAgentReports",
-            actions=["logs:FilterLogEvents", "logs:GetLogEvents"],
+            actions=["logs:FilterLogEvents"],
             resources=[f"{self.arn}:*"],
             wildcard_reason=(
                 "Read-only on the agent's report log group; the agent names one stream per "

@@ -40,12 +40,11 @@ from constructs import Construct
 from infra import nag
 from infra.constructs.approval import request_approval_task
 from infra.grants import allow
+from sdc_contract.errors import TERMINAL_ERROR_NAMES, TRANSIENT_ERROR_NAMES
 
-# ---- the error contract (lambdas/sdc_remediation/errors.py) -------------------------------------
+# ---- the error contract (sdc_contract.errors) -------------------------------------
 TRANSIENT_ERRORS: tuple[str, ...] = (
-    "ClusterApiUnavailable",
-    "AwsApiUnavailable",
-    "ReportNotYetVisible",
+    *TRANSIENT_ERROR_NAMES,
     # Throttling of our own functions (account concurrency under a storm).
     "Lambda.TooManyRequestsException",
 )
@@ -60,17 +59,7 @@ LAMBDA_SERVICE_ERRORS: tuple[str, ...] = (
 """What CDK's LambdaInvoke would retry by itself (without jitter); retried by `_retry_transient`
 instead, with the same jittered backoff (`retry_on_service_exceptions=False` on every task)."""
 
-TERMINAL_ERRORS: tuple[str, ...] = (
-    "InvalidAlarmEvent",
-    "InvalidStepInput",
-    "NodeNotFound",
-    "InstanceNotInCluster",
-    "HealthCheckRejected",
-    "ReplaceFailed",
-    "ConfigurationError",
-    # A report that is malformed or contradicts HyperPod/Kubernetes: nothing is cordoned.
-    "UntrustedReport",
-)
+TERMINAL_ERRORS: tuple[str, ...] = TERMINAL_ERROR_NAMES
 """Never retried: caught, recorded as `failed`, humans notified."""
 
 # 5 s doubling to 6 attempts: about 5 minutes, enough for CloudWatch's eventual consistency

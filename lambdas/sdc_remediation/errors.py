@@ -2,10 +2,12 @@
 
 Step Functions matches Retry/Catch on the error type, which for a Python Lambda is the exception's
 class name. Handlers therefore let these propagate; they never turn one into a return value.
-See docs/CONTRACT.md ("Errors").
+See docs/CONTRACT.md ("Errors"); the names the workflow matches are ``sdc_contract.errors``'.
 """
 
 from __future__ import annotations
+
+from sdc_contract.errors import TRANSIENT_ERROR_NAMES
 
 
 class RemediationError(Exception):
@@ -95,7 +97,7 @@ class UntrustedReport(RemediationError):
         self.field = field
 
 
-TRANSIENT = (ClusterApiUnavailable, AwsApiUnavailable, ReportNotYetVisible)
+TRANSIENT: tuple[type[RemediationError], ...] = tuple(globals()[n] for n in TRANSIENT_ERROR_NAMES)
 """The errors the workflow retries; everything else ends cordoned-and-notified."""
 
 __all__ = [

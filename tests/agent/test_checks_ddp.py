@@ -15,6 +15,11 @@ from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import the_alarm
 from tests.agent.scenarios import SCHEDULE, R
 
+# How long this file's processes may run before the launcher kills them; the suite's conftest
+# marks the file slow and gives pytest-timeout this plus a margin.
+LAUNCH_DEADLINE_S = 600
+
+
 DRILL = "sdc_agent.drills.job:train_drill"
 SCEN = "tests.agent.scenarios"
 
@@ -155,7 +160,9 @@ JOBS: dict[str, tuple[str, dict]] = {
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, Any]]]:
     names = list(JOBS)
-    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=240)
+    per_job = launch(
+        [JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=LAUNCH_DEADLINE_S
+    )
     return dict(zip(names, per_job, strict=True))
 
 

@@ -15,6 +15,10 @@ from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import ok, the_alarm
 from tests.agent.scenarios import R
 
+# How long this file's processes may run before the launcher kills them; the suite's conftest
+# marks the file slow and gives pytest-timeout this plus a margin.
+LAUNCH_DEADLINE_S = 900
+
 DRILL = "sdc_agent.drills.job:train_drill"
 SCEN = "tests.agent.scenarios_fsdp"
 SCHEDULE = {"audit_every": 5, "check_every": 0, "ckpt_every": 0, "peer_offset": 2}
@@ -164,7 +168,9 @@ JOBS: dict[str, tuple[str, dict]] = {
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, Any]]]:
     names = list(JOBS)
-    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=480)
+    per_job = launch(
+        [JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=LAUNCH_DEADLINE_S
+    )
     return dict(zip(names, per_job, strict=True))
 
 
@@ -364,6 +370,7 @@ def test_clipping_the_sharded_gradient_trains_without_alarm(results):
 def test_fsdp2_with_gradient_accumulation_names_a_persistent_fault_at_the_next_audit(
     results, layout
 ):
+
     # Given FSDP2 (full sharding or HSDP), 4 micro-batches per step (sync only on the last), and
     # x1000 on one output element of R's blocks.1.norm on every micro-batch from step 7
     alarm = the_alarm(results, f"{layout}_accum4_persistent")

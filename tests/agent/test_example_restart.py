@@ -24,6 +24,10 @@ DRILL = (
     "--ckpt-every 10 --publish none"
 )
 
+# How long this file's processes may run before the launcher kills them; the suite's conftest
+# marks the file slow and gives pytest-timeout this plus a margin.
+LAUNCH_DEADLINE_S = 600
+
 
 def torchrun(flags: str, tmp_path: Path) -> subprocess.CompletedProcess:
     runner = Path(sys.executable).with_name("torchrun")
@@ -34,7 +38,12 @@ def torchrun(flags: str, tmp_path: Path) -> subprocess.CompletedProcess:
         "SDC_TERMINATION_LOG": str(tmp_path / "termination-log"),
     }
     return subprocess.run(
-        ["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        ["bash", "-c", script],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_DEADLINE_S,
     )
 
 

@@ -15,6 +15,11 @@ from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import ok, the_alarm
 from tests.agent.scenarios import R
 
+# How long this file's processes may run before the launcher kills them; the suite's conftest
+# marks the file slow and gives pytest-timeout this plus a margin.
+LAUNCH_DEADLINE_S = 600
+
+
 RUN = "tests.agent.loops:run"
 N = 4
 
@@ -77,7 +82,9 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, Any]]]:
     names = list(JOBS)
-    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=400)
+    per_job = launch(
+        [JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=LAUNCH_DEADLINE_S
+    )
     return dict(zip(names, per_job, strict=True))
 
 

@@ -24,6 +24,11 @@ from tests.agent.test_publish_cloudwatch import (  # noqa: F401  (aws_env is an 
     stream_messages,
 )
 
+# How long this file's processes may run before the launcher kills them; the suite's conftest
+# marks the file slow and gives pytest-timeout this plus a margin.
+LAUNCH_DEADLINE_S = 480
+
+
 FAULTY = 3
 SCHEDULE = {"audit_every": 5, "check_every": 0, "ckpt_every": 0, "peer_offset": 2}
 
@@ -70,7 +75,7 @@ def test_a_gloo_job_with_a_fault_publishes_exactly_one_alarm_report(moto_endpoin
         {"endpoint": moto_endpoint, "spool_root": str(tmp_path), "steps": 14},
     )
     # When the job trains until the guard stops it
-    (results,) = launch([job], world=6, ranks_per_node=2, timeout_s=240)
+    (results,) = launch([job], world=6, ranks_per_node=2, timeout_s=LAUNCH_DEADLINE_S)
     errors = [r["trace"] for r in results if "error" in r]
     assert not errors, errors[0]
     alarm = results[0]["alarm"]

@@ -20,6 +20,10 @@ from tests.agent.test_publish_cloudwatch import (  # noqa: F401  (aws_env is an 
     stream_messages,
 )
 
+# How long this file's processes may run before the launcher kills them; the suite's conftest
+# marks the file slow and gives pytest-timeout this plus a margin.
+LAUNCH_DEADLINE_S = 480
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "agent" / "examples"
 
@@ -37,6 +41,7 @@ def moto_endpoint():
 def test_train_ddp_under_torchrun_publishes_and_exits_3_through_the_wrapper(
     tmp_path, moto_endpoint
 ):
+
     # Given the example on 6 CPU processes pretending to be 3 nodes, rank 3 faulty from step 25,
     # publishing to a CloudWatch stand-in, under the PyTorchJob's wrapper (torchrun itself exits
     # 1 when a worker fails)
@@ -59,7 +64,12 @@ def test_train_ddp_under_torchrun_publishes_and_exits_3_through_the_wrapper(
     }
     # When it trains until the guard stops it
     done = subprocess.run(
-        ["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240
+        ["bash", "-c", script],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_DEADLINE_S,
     )
     # Then the container's exit code is 3 and the termination message names rank 3's node
     assert done.returncode == 3, done.stderr[-3000:]

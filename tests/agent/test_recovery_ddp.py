@@ -11,6 +11,11 @@ import pytest
 from sdc_agent.drills.launch import launch
 from tests.agent.scenarios import R
 
+# How long this file's processes may run before the launcher kills them; the suite's conftest
+# marks the file slow and gives pytest-timeout this plus a margin.
+LAUNCH_DEADLINE_S = 600
+
+
 SCEN = "tests.agent.recovery_scenarios"
 
 
@@ -23,7 +28,7 @@ def results(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
         (f"{SCEN}:fault_then_resume", {"alarm_dir": str(alarm_dir)}),
         (f"{SCEN}:unwritable_alarm_dir", {"base": str(base)}),
     ]
-    per_job = launch(jobs, world=6, ranks_per_node=2, timeout_s=300)
+    per_job = launch(jobs, world=6, ranks_per_node=2, timeout_s=LAUNCH_DEADLINE_S)
     for name, per_rank in zip(names, per_job, strict=True):
         errors = [r["trace"] for r in per_rank if "error" in r]
         assert not errors, f"{name}: {errors[0]}"

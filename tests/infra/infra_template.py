@@ -72,7 +72,7 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _matches(pattern: str, value: str) -> bool:
+def matches(pattern: str, value: str) -> bool:
     """IAM's wildcard match (``*`` any run of characters, ``?`` one), case-sensitive."""
     import fnmatch
 
@@ -88,8 +88,8 @@ def evaluate(statements: list[dict[str, Any]], action: str, resource: str) -> bo
     def covers(statement: dict[str, Any]) -> bool:
         actions = as_list(statement.get("Action", []))
         resources = [flatten(r) for r in as_list(statement.get("Resource", []))]
-        return any(_matches(a.lower(), action.lower()) for a in actions) and any(
-            _matches(r, resource) for r in resources
+        return any(matches(a.lower(), action.lower()) for a in actions) and any(
+            matches(r, resource) for r in resources
         )
 
     if any(s.get("Effect") == "Deny" and covers(s) for s in statements):

@@ -23,6 +23,7 @@ from tests.infra.infra_template import (
     flatten,
     function_ids,
     item_states,
+    matches,
     resources,
     role_statements,
 )
@@ -749,37 +750,94 @@ def test_operators_decide_only_through_the_approve_function_url(default_synth: A
     assert request_env["APPROVAL_URL"] == {"Fn::GetAtt": [url_id, "FunctionUrl"]}
 
 
+APPROVE_ARN_STAND_INS = (
+    "arn:<AWS::Partition>:lambda:<AWS::Region>:<AWS::AccountId>:function:sdc-guard-approve",
+    "arn:aws:lambda:us-east-1:123456789012:function:sdc-guard-approve",
+)
+"""What a wildcard function ARN is matched against, built from pseudo parameters or written out:
+the approve function's name is CloudFormation's to choose, so any pattern that leaves the
+function's name open covers it."""
+
+
 def _grants_on(statement: dict[str, Any], action: str, resource_id: str) -> bool:
-    """Whether ``statement`` allows ``action`` (or a wildcard covering it) on the resource
-    with logical id ``resource_id`` (or on ``*``)."""
-    actions = as_list(statement.get("Action", []))
-    covers = any(a == action or (a.endswith("*") and action.startswith(a[:-1])) for a in actions)
+    """Whether ``statement`` allows ``action`` (or a wildcard covering it, in any case) on the
+    resource with logical id ``resource_id``: named, or covered by ``*``, a wildcard function
+    ARN or a ``NotResource`` that does not name it."""
+    if statement.get("Effect", "Allow") != "Allow":
+        return False
+    if "NotAction" in statement:
+        covers = not any(
+            matches(a.lower(), action.lower()) for a in as_list(statement["NotAction"])
+        )
+    else:
+        actions = as_list(statement.get("Action", []))
+        covers = any(matches(a.lower(), action.lower()) for a in actions)
+    if "NotResource" in statement:
+        names = [flatten(r) for r in as_list(statement["NotResource"])]
+        return covers and not any(resource_id in r for r in names)
     names = [flatten(r) for r in as_list(statement.get("Resource", []))]
-    return (
-        statement.get("Effect", "Allow") == "Allow"
-        and covers
-        and any(resource_id in r or r == "*" for r in names)
+    return covers and any(
+        resource_id in r or any(matches(r, arn) for arn in APPROVE_ARN_STAND_INS) for r in names
     )
 
 
-def test_no_role_may_invoke_approve_except_through_its_url(default_synth: Any) -> None:
-    # Given every IAM statement of the stack (inline policies and managed policies), and every
-    # resource-based permission on the approve function
-    template = default_synth.template
-    approve_id = function_ids(template)["approve"]
+def _every_statement(template: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every IAM statement of the stack: inline and managed policies, and roles' own policies."""
     statements = [
         statement
         for kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
         for policy in resources(template, kind).values()
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]
     ]
-    invokes = [s for s in statements if _grants_on(s, "lambda:InvokeFunction", approve_id)]
+    for role in resources(template, "AWS::IAM::Role").values():
+        for policy in role["Properties"].get("Policies", []):
+            statements.extend(policy["PolicyDocument"]["Statement"])
+    return statements
+
+
+@pytest.mark.parametrize(
+    ("statement", "grants"),
+    [
+        ({"Action": "lambda:*", "Resource": "*"}, True),
+        ({"Action": "lambda:Invoke*", "Resource": "arn:aws:lambda:*:*:function:*"}, True),
+        ({"Action": "lambda:Invoke*", "Resource": "arn:aws:lambda:us-east-1:1:function:*"}, False),
+        (
+            {"Action": "Lambda:invokefunction", "Resource": f"{APPROVE_ARN_STAND_INS[0][:-7]}*"},
+            True,
+        ),
+        ({"Action": "*", "Resource": "<FunctionsApproveFunction0E49A454.Arn>"}, True),
+        ({"NotAction": "s3:*", "Resource": "*"}, True),
+        ({"Action": "lambda:InvokeFunction", "NotResource": "<Other.Arn>"}, True),
+        ({"Action": "lambda:InvokeFunction", "Resource": "<Other.Arn>"}, False),
+        ({"Effect": "Deny", "Action": "lambda:*", "Resource": "*"}, False),
+    ],
+)
+def test_the_invoke_check_sees_wildcards(statement: dict[str, Any], grants: bool) -> None:
+    # The template test below is only as strong as this reading of a statement
+    assert _grants_on(statement, "lambda:InvokeFunction", "FunctionsApproveFunction0E49A454") is (
+        grants
+    )
+
+
+@pytest.mark.parametrize("synth", ["default_synth", "variant_synth"])
+def test_no_role_may_invoke_approve_except_through_its_url(synth: str, request) -> None:
+    # Given every IAM statement of the stack (inline policies, managed policies, roles' own),
+    # and every resource-based permission on the approve function, the canary on or off
+    template = request.getfixturevalue(synth).template
+    approve_id = function_ids(template)["approve"]
+    invokes = [
+        s for s in _every_statement(template) if _grants_on(s, "lambda:InvokeFunction", approve_id)
+    ]
     # Then each grant of lambda:InvokeFunction on it is conditioned on coming through the URL
     # (a handler cannot tell a direct invoke with a made-up requestContext from a URL request;
     # superseded: request_approval could invoke it directly while the canary was on)
-    assert invokes, "operators and request_approval reach it through the URL"
+    assert invokes, "operators (and request_approval with the canary) reach it through the URL"
     for statement in invokes:
         assert statement["Condition"] == {"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}
+    # And no role attaches an AWS managed policy (those grant invoke on every function)
+    for role_id, role in resources(template, "AWS::IAM::Role").items():
+        for arn in role["Properties"].get("ManagedPolicyArns", []):
+            assert flatten(arn).endswith("service-role/AWSLambdaBasicExecutionRole"), role_id
     # And no resource-based permission lets any principal invoke it
     permissions = resources(template, "AWS::Lambda::Permission").values()
     assert not [p for p in permissions if approve_id in flatten(p["Properties"]["FunctionName"])]

@@ -261,6 +261,15 @@ def item_state(instance_id: str, execution: str = "exec-1", **results: Any) -> d
     }
 
 
+def held_after_rejection(invoke: Any, instance_id: str, execution: str = "e1") -> dict[str, Any]:
+    """Admit a remediation of the node and record a person's rejection: the node stays cordoned
+    and the guard holds it until someone releases it. Returns the admission."""
+    state = item_state(instance_id, execution=execution)
+    state["admission"] = invoke("admit", state)
+    invoke("record", {"transition": "rejected", "state": state})
+    return state["admission"]
+
+
 def grow_cluster(total: int) -> list[str]:
     """Add nodes to the moto HyperPod cluster up to ``total``; all instance ids, in order."""
     from moto.core import DEFAULT_ACCOUNT_ID

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from botocore.stub import Stubber
 from click.testing import CliRunner
-from remediation_factories import APPROVALS, LEDGER, item_state
+from remediation_factories import APPROVALS, LEDGER, held_after_rejection, item_state
 
 from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
@@ -190,17 +190,27 @@ def test_release_through_the_url_records_the_authenticated_principal(
     # Given a node kept cordoned after a rejection, which the operator has since uncordoned
     node = cloud.nodes[0]
     k8s.add_node(f"hyperpod-{node}")
-    admission = invoke("admit", item_state(node, execution="e1"))
-    invoke(
-        "record",
-        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
-    )
+    held_after_rejection(invoke, node)
     # When an operator releases it through the URL
     result = _cli("release", node, "--reason", "swapped the GPU")
     # Then the guard frees it and the ledger names the authenticated principal
     assert result.exit_code == 0, result.output
     (released,) = [e for e in ledger.Ledger(LEDGER).events(node) if e["transition"] == "released"]
     assert released["approver"] == ONCALL
+
+
+def test_release_through_the_url_refuses_a_node_still_cordoned(cloud, k8s, invoke, function_url):
+    # Given a node kept cordoned after a rejection, still cordoned in Kubernetes
+    node = cloud.nodes[0]
+    k8s.add_node(f"hyperpod-{node}", unschedulable=True)
+    held_after_rejection(invoke, node)
+    # When an operator releases it through the URL before uncordoning it
+    result = _cli("release", node)
+    # Then the approve function answers 409 NodeStillCordoned, and the guard still holds it
+    assert result.exit_code == 1 and "NodeStillCordoned" in result.output
+    assert json.loads(function_url[-1]["body"])["action"] == "release"
+    assert [h["instance_id"] for h in ledger.Ledger(LEDGER).held("hp-test")] == [node]
+    assert not [e for e in ledger.Ledger(LEDGER).events(node) if e["transition"] == "released"]
 
 
 @pytest.mark.parametrize("url", ["http://approve.example.com/", "ftp://x/", "approve"])

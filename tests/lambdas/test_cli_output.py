@@ -95,3 +95,21 @@ def test_json_output_escapes_them(cloud):
     _seed(cloud)
     result = CliRunner().invoke(main, ["--ledger-table", LEDGER, "history", "--json"])
     assert result.exit_code == 0 and "\x1b" not in result.output and "\\u001b" in result.output
+
+
+def test_an_error_carrying_what_a_proxy_answered_stays_one_printable_line(cloud, monkeypatch):
+    # Given an approval URL behind something that answers with text of its own (a proxy's
+    # error page, with escape sequences and line breaks)
+    from sdc_remediation.clients import approval_url
+
+    page = f"<html>{ESCAPE}\nBad gateway\n</html>".encode()
+    monkeypatch.setattr(approval_url, "_send", lambda request: (502, page))
+    url = "https://abcdefghij0123456789.lambda-url.us-east-1.on.aws/"
+
+    # When an operator lists the pending approvals through it
+    result = CliRunner().invoke(main, ["--approval-url", url, "pending"])
+
+    # Then the error says what came back on one line of printable text, exit 1
+    assert result.exit_code == 1 and "Bad gateway" in result.output
+    assert not [c for c in result.output if c < " " and c != "\n"], repr(result.output)
+    assert result.output.count("\n") == 1

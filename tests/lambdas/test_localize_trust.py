@@ -243,3 +243,35 @@ def test_an_alarm_naming_more_nodes_than_the_output_lists_stays_bounded(cloud, k
     # Then 64 are listed and the count says 100 (the guard refuses the whole alarm by it)
     assert len(out["suspects"]) == 64 and out["suspect_count"] == 100
     assert len(json.dumps(out).encode()) < 128 * 1024
+
+
+def test_a_huge_report_of_a_real_job_gives_a_small_output(cloud, cluster_pods, invoke):
+    # Given a report of the alarm's job, well-formed, naming node A, that carries everything a
+    # pod could pad it with: 2,000 tensor names of 500 characters (with escape sequences),
+    # 20,000 non-finite ranks, 5,000 verdicts, a 60,000-character metric name and stray keys
+    t = _now()
+    a = cloud.nodes[0]
+    body = report(time=t, suspects=[0], ranks={"0": rank(_node(a), a, 0)})
+    body["divergent_tensors"] = [f"layer.{n}.\x1b[2J" + "w" * 490 for n in range(2000)]
+    body["nonfinite"] = list(range(20_000))
+    body["verdicts"] = [
+        {"pair": [n, n + 1], "third": n + 2, "suspect": 7, "kind": "persistent"}
+        for n in range(5000)
+    ] + [{"pair": [0, 1], "third": 2, "suspect": 0, "kind": "persistent"}]
+    body["metric"] = {"name": "m" * 60_000, "value": 1.0}
+    body["padding"] = "p" * 100_000
+    assert len(json.dumps(body)) > 1_000_000
+    put_report(cloud.client("logs"), GROUP, body, t)
+
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then node A is the suspect with the counts, a few bounded printable names, and the whole
+    # output is a few KiB (the report itself stays in CloudWatch Logs)
+    (suspect,) = out["suspects"]
+    assert suspect["node_name"] == _node(a) and suspect["verdict"] == "persistent"
+    assert suspect["divergent_tensor_count"] == 2000 and suspect["nonfinite_count"] == 20_000
+    assert len(suspect["divergent_tensors"]) <= 3
+    assert all(len(n) <= 120 and "\x1b" not in n for n in suspect["divergent_tensors"])
+    size = len(json.dumps(out).encode())
+    assert size < 8 * 1024, size

@@ -203,6 +203,35 @@ def test_a_flapping_alarm_sends_one_message_per_episode(cloud, invoke, monkeypat
     capsys.readouterr()
 
 
+def test_a_flapping_alarm_whose_remediation_keeps_failing_pages_once(cloud, invoke):
+    # Given a genuine report naming node A, and a cordon that cannot run (RBAC denied): each
+    # failure gives the report back, so every flap of the contributor admits it again
+    node = cloud.nodes[0]
+    denied = {"Error": "ConfigurationError", "Cause": "403 from the Kubernetes API"}
+    # When 10 executions (one per flap) admit it and record the same failure
+    for n in range(10):
+        state = _state(node, f"arn:exec:flap-{n}")
+        state["admission"] = admission = invoke("admit", state)
+        assert admission["decision"] == "admitted"
+        invoke("record", {"transition": "failed", "notify": True, "state": state,
+                          "error": denied})  # fmt: skip
+    # Then the on-call got one message (superseded: one per execution), and the ledger has all
+    assert len(cloud.sns_messages()) == 1
+    failed = [e for e in Ledger(LEDGER).events(node) if e["transition"] == "failed"]
+    assert len(failed) == 10
+    # And another failure of that report, or a failure of another report, is told at once
+    state = _state(node, "arn:exec:other-error")
+    state["admission"] = invoke("admit", state)
+    invoke("record", {"transition": "failed", "notify": True, "state": state,
+                      "error": {"Error": "NodeNotFound", "Cause": "gone"}})  # fmt: skip
+    state = _state(node, "arn:exec:other-report")
+    state["suspect"]["report_time"] = "2026-12-01T11:00:00Z"
+    state["admission"] = invoke("admit", state)
+    invoke("record", {"transition": "failed", "notify": True, "state": state,
+                      "error": denied})  # fmt: skip
+    assert len(cloud.sns_messages()) == 3
+
+
 def test_metric_dimensions_come_from_fixed_values(cloud, invoke, capsys):
     # Given a state whose alarm names another cluster, with text in it (a hand-started
     # execution, a damaged state)

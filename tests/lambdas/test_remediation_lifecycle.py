@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from click.testing import CliRunner
-from remediation_factories import CLUSTER, LEDGER, item_state
+from remediation_factories import CLUSTER, LEDGER, held_after_rejection, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.cli import main
@@ -107,11 +107,7 @@ def test_release_records_the_callers_identity_and_frees_the_guard(cloud, k8s, in
     # Given a node kept cordoned after a rejection, which the operator has since uncordoned
     node = cloud.nodes[0]
     k8s.add_node(f"hyperpod-{node}")
-    admission = invoke("admit", item_state(node, execution="e1"))
-    invoke(
-        "record",
-        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
-    )
+    held_after_rejection(invoke, node)
     held_before = ledger.Ledger(LEDGER).held(CLUSTER)
 
     # When an operator releases it with the CLI, and tries again
@@ -136,11 +132,7 @@ def test_release_refuses_a_node_that_is_still_cordoned(cloud, k8s, invoke):
     # Given a node kept cordoned after a rejection, still cordoned in Kubernetes
     node = cloud.nodes[0]
     k8s.add_node(f"hyperpod-{node}", unschedulable=True)
-    admission = invoke("admit", item_state(node, execution="e1"))
-    invoke(
-        "record",
-        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
-    )
+    held_after_rejection(invoke, node)
 
     # When an operator releases it before uncordoning it
     args = ["--ledger-table", LEDGER, "release", f"hyperpod-{node}"]
@@ -164,11 +156,7 @@ def test_the_sweeper_reminds_once_a_day_of_nodes_held_longer_than_a_day(cloud, i
     node = cloud.nodes[0]
     real_now = clock.now
     monkeypatch.setattr(clock, "now", lambda: real_now() - timedelta(days=2))
-    admission = invoke("admit", item_state(node, execution="e1"))
-    invoke(
-        "record",
-        {"transition": "rejected", "state": item_state(node, execution="e1", admission=admission)},
-    )
+    held_after_rejection(invoke, node)
     monkeypatch.setattr(clock, "now", real_now)
 
     # When the sweeper runs twice (every 15 minutes)
@@ -185,6 +173,35 @@ def test_the_sweeper_reminds_once_a_day_of_nodes_held_longer_than_a_day(cloud, i
     # And a day later it reminds again
     monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(days=1, minutes=1))
     assert invoke("sweeper", {})["reminded"] == [f"hyperpod-{node}"]
+
+
+def test_nodes_forgotten_for_days_do_not_jam_the_guard(cloud, invoke, monkeypatch):
+    # Given two nodes admitted three days ago, left cordoned after a rejection and never
+    # released, in a 40-node cluster whose fraction allows 4 out of service (2 an hour)
+    from sdc_remediation import clock
+
+    monkeypatch.setenv("MAX_FRACTION", "0.1")
+    real_now = clock.now
+    for n, node in enumerate(cloud.nodes[:2]):
+        monkeypatch.setattr(
+            clock, "now", lambda n=n: real_now() - timedelta(days=3, hours=2 - 2 * n)
+        )
+        held_after_rejection(invoke, node, execution=f"arn:exec:old-{n}")
+    monkeypatch.setattr(clock, "now", real_now)
+    assert len(ledger.Ledger(LEDGER).held(CLUSTER)) == 2
+
+    # When a new alarm names a third node
+    fresh = invoke("admit", item_state(cloud.nodes[2], execution="arn:exec:new"))
+
+    # Then it is admitted (superseded: held nodes counted against MAX_NODES_PER_HOUR too, so
+    # these two made every new alarm circuit_open)
+    assert fresh["decision"] == "admitted", fresh["reason"]
+
+    # And the held nodes still count against the fraction: with room for 2, the circuit opens
+    monkeypatch.setenv("MAX_FRACTION", "0.05")
+    refused = invoke("admit", item_state(cloud.nodes[3], execution="arn:exec:newer"))
+    assert refused["decision"] == "circuit_open"
+    assert "cordoned and not released" in refused["reason"]
 
 
 def test_a_50_node_storm_ends_with_circuit_open_and_one_message(cloud, invoke):

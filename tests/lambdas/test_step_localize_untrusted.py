@@ -181,6 +181,15 @@ def test_an_alarm_event_whose_arn_names_another_alarm_is_refused(cloud, invoke):
         (lambda body: body.update(suspect_window=[]), "suspect_window"),
         (lambda body: body.update(suspect_window=[120, 100]), "suspect_window"),
         (lambda body: body["ranks"].update({"three": body["ranks"]["3"]}), "ranks"),
+        # Bounded: what a report names is no longer than the name it stands for
+        (lambda body: body.update(job="j" * 64), "job"),
+        (lambda body: body.update(job="job\nBcc: x"), "job"),
+        (lambda body: body["ranks"]["3"].update(gpu_uuid="GPU-\x1b[2J"), "ranks.3.gpu_uuid"),
+        (lambda body: body["ranks"]["3"].update(gpu_uuid="G" * 65), "ranks.3.gpu_uuid"),
+        (lambda body: body["ranks"]["3"].update(node_name="n" * 254), "ranks.3.node_name"),
+        (lambda body: body["ranks"]["3"].update(pod_name="p" * 254), "ranks.3.pod_name"),
+        (lambda body: body["verdicts"][0].update(kind="k" * 65), "verdicts.0.kind"),
+        (lambda body: body.update(cluster="c" * 257), "cluster"),
     ],
 )
 def test_a_malformed_report_is_refused_before_anything_happens(cloud, k8s, invoke, edit, field):

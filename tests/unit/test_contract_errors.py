@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from infra.constructs.workflow import TERMINAL_ERRORS, TRANSIENT_ERRORS
+from sdc_contract.errors import TERMINAL_ERROR_NAMES, TRANSIENT_ERROR_NAMES
 from sdc_remediation import errors
 
 
@@ -25,6 +26,7 @@ def test_every_lambda_error_is_either_retried_or_caught():
         "ApprovalAlreadyDecided",
         "NoCredentials",
         "NodeNotHeld",  # `release` (CLI and the approve function), never a workflow step
+        "NodeStillCordoned",  # `release` too: the node must be uncordoned first
     }
     raised = {
         name
@@ -35,3 +37,13 @@ def test_every_lambda_error_is_either_retried_or_caught():
     } - cli_only
     # Then the workflow has a Retry or a Catch for each by name
     assert raised <= set(TRANSIENT_ERRORS) | set(TERMINAL_ERRORS)
+
+
+def test_the_workflow_and_the_lambdas_read_the_same_names_from_the_contract():
+    # The state machine retries and catches the contract's names (plus Lambda's own throttling)
+    assert set(TRANSIENT_ERROR_NAMES) <= set(TRANSIENT_ERRORS)
+    assert set(TRANSIENT_ERRORS) - set(TRANSIENT_ERROR_NAMES) == {"Lambda.TooManyRequestsException"}
+    assert TERMINAL_ERRORS == TERMINAL_ERROR_NAMES
+    # and the Lambdas' retried classes are exactly the contract's transient names
+    assert [cls.__name__ for cls in errors.TRANSIENT] == list(TRANSIENT_ERROR_NAMES)
+    assert not set(TRANSIENT_ERROR_NAMES) & set(TERMINAL_ERROR_NAMES)

@@ -20,14 +20,15 @@ Modules, by what they fix:
 - ``autoapprove``: the auto-approval policy's shape (``autoApprove`` / ``AUTO_APPROVE``).
 - ``resume``: where a job may resume after an alarm (the agent's alarm log and every message of
   the pipeline state the same rule).
-- ``canary``: the live canary's reserved job, node and metric names.
+- ``canary``: the live canary's reserved job, node and metric names, and its runs' ledger key.
+- ``errors``: the remediation errors' names, retried or caught by the workflow.
 
 The constants are also importable from the package itself (``sdc_contract.CANARY_JOB``).
 """
 
 from __future__ import annotations
 
-from . import autoapprove, canary, environment, metrics, modes, names, report, resume
+from . import autoapprove, canary, environment, errors, metrics, modes, names, report, resume
 from .canary import *  # noqa: F403  (each module's __all__ is its public surface)
 from .environment import *  # noqa: F403
 from .metrics import *  # noqa: F403
@@ -41,6 +42,7 @@ __all__ = [
     "autoapprove",
     "canary",
     "environment",
+    "errors",
     "metrics",
     "modes",
     "names",

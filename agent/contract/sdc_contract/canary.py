@@ -25,6 +25,13 @@ CANARY_COMPLETED_METRIC = "canary_completed"
 """Put (namespace POWERTOOLS_METRICS_NAMESPACE, dimension ClusterName) when a canary closes;
 the canary alarm fires when none arrived in its window."""
 
+
+def canary_runs_key(cluster: str) -> str:
+    """The ledger table's partition key of ``cluster``'s canary runs (``CANARY#<cluster>``): the
+    functions write the runs there and infra scopes the canary's table permissions to it."""
+    return f"CANARY#{cluster}"
+
+
 __all__ = [
     "CANARY_ALARM_SUFFIX",
     "CANARY_COMPLETED_METRIC",
@@ -33,4 +40,5 @@ __all__ = [
     "CANARY_JOB",
     "CANARY_METRIC",
     "CANARY_NODE_NAME",
+    "canary_runs_key",
 ]

@@ -33,6 +33,14 @@ from ..logic import release as release_logic
 from ..logic import stats as precision
 from .tables import canary_table, remediations_table, stats_table
 
+LINE_CHARS = 2000
+
+
+def _failure(message: str) -> click.ClickException:
+    """A one-line error (``Error: <message>``, exit 1), printable: an error's text may carry
+    what someone else wrote (a node name or reason the approve function echoes, AWS's text)."""
+    return click.ClickException(text.printable(message, LINE_CHARS))
+
 
 def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn domain and AWS errors into ``Error: <one line>`` and exit 1."""
@@ -46,24 +54,19 @@ def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
                 exc = NoCredentials(
                     "no AWS credentials found (configure a profile, SSO login or AWS_* variables)"
                 )
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+            raise _failure(f"{type(exc).__name__}: {exc}") from None
         except RemediationError as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+            raise _failure(f"{type(exc).__name__}: {exc}") from None
         except botocore.exceptions.NoRegionError:
-            raise click.ClickException("NoRegion: pass --region or set AWS_REGION") from None
+            raise _failure("NoRegion: pass --region or set AWS_REGION") from None
         except botocore.exceptions.NoCredentialsError:
-            raise click.ClickException("NoCredentials: no AWS credentials found") from None
+            raise _failure("NoCredentials: no AWS credentials found") from None
         except botocore.exceptions.ClientError as exc:
-            raise click.ClickException(
-                f"{exc.response.get('Error', {}).get('Code', 'AWS')}: {exc}"
-            ) from None
+            raise _failure(f"{exc.response.get('Error', {}).get('Code', 'AWS')}: {exc}") from None
         except botocore.exceptions.BotoCoreError as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+            raise _failure(f"{type(exc).__name__}: {exc}") from None
 
     return wrapper
-
-
-LINE_CHARS = 2000
 
 
 def _say(line: str) -> None:
@@ -180,7 +183,7 @@ def approve(ctx: click.Context, approval_id: str, reason: str) -> None:
         approver = service.call("approve", approval_id=approval_id, reason=reason)["approver"]
     else:
         approver = _approvals(ctx).decide(approval_id, "approve", reason=reason).approver
-    click.echo(f"Approved {approval_id} as {approver}: the node will be replaced.")
+    _say(f"Approved {approval_id} as {approver}: the node will be replaced.")
 
 
 @main.command()
@@ -203,7 +206,7 @@ def reject(ctx: click.Context, approval_id: str, release: bool, reason: str) -> 
             _approvals(ctx).decide(approval_id, "reject", release=release, reason=reason).approver
         )
     outcome = "it will be uncordoned" if release else "it stays cordoned"
-    click.echo(f"Rejected {approval_id} as {approver}: {outcome}.")
+    _say(f"Rejected {approval_id} as {approver}: {outcome}.")
 
 
 def _duration(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
@@ -306,7 +309,7 @@ def release(ctx: click.Context, node: str, reason: str) -> None:
             released_by=caller_arn(),
             reason=reason,
         )
-    click.echo(f"Released {instance_id}: it no longer counts against the blast-radius guard.")
+    _say(f"Released {instance_id}: it no longer counts against the blast-radius guard.")
 
 
 def _direct_kube() -> KubeApi:

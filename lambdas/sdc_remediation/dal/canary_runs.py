@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sdc_contract.canary import canary_runs_key
+
 from .. import aws, clock
 from ..models.canary import FAILED, STEP_NAMES, Run
 from .dynamo import from_item, to_item
@@ -22,7 +24,7 @@ RUN_RETENTION_SECONDS = 30 * 86400
 
 def run_pk(cluster: str) -> str:
     """Partition key of a cluster's canary runs in the ledger table."""
-    return f"CANARY#{cluster}"
+    return canary_runs_key(cluster)
 
 
 class RunStore:

@@ -159,6 +159,25 @@ def episode_of(state: RecordState, execution: str) -> str:
     return execution or "unknown"
 
 
+def notice_episode(inp: RecordInput, execution: str, node: NodeKey | None) -> str | None:
+    """The episode under which this transition is notified once, or None: notified every time.
+
+    Cluster-level transitions (``ONCE_PER_EPISODE``, a failure before any node) are one message
+    per alarm contributor. A node's ``failed`` is one message per report, node and error: a
+    failed remediation gives its report back (nothing was decided), so while the failure lasts
+    (RBAC denied, the API down) every execution of a flapping alarm admits the same report again
+    and fails the same way; the on-call hears it once, and the ledger keeps every one."""
+    st = inp.state
+    if inp.transition in ONCE_PER_EPISODE or (
+        inp.transition == "failed" and st.suspect is None and node is None
+    ):
+        return episode_of(st, execution)
+    if inp.transition == "failed" and st.suspect is not None and st.suspect.report_time:
+        error = inp.error.error if inp.error else "-"
+        return f"{st.suspect.instance_id}#{st.suspect.report_key}#{error}"
+    return None
+
+
 def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) -> RecordResult:
     """Record a transition: ledger event, metric, and a notification when asked.
 
@@ -269,17 +288,13 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     if st.suspect is not None:
         error = f"{inp.error.error}: {inp.error.cause[:500]}" if inp.error else None
         target.recorded(inp.transition, error, settings)
-    per_episode = inp.transition in ONCE_PER_EPISODE or (
-        inp.transition == "failed" and st.suspect is None and node is None
-    )
+    episode = notice_episode(inp, execution, node)
     notify_now = (
         target.pages
         and inp.notify
         and (
-            not per_episode
-            or ledger.first_in_episode(
-                cluster, episode_of(st, execution), inp.transition, EPISODE_QUIET_SECONDS
-            )
+            episode is None
+            or ledger.first_in_episode(cluster, episode, inp.transition, EPISODE_QUIET_SECONDS)
         )
     )
     if notify_now:

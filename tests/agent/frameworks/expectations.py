@@ -32,7 +32,7 @@ def launch_rows(
     endpoint: str,
     *,
     extra: dict[str, tuple[str, dict[str, Any]]] | None = None,
-    timeout_s: float = 1100,
+    timeout_s: float,
 ) -> Results:
     """Run the standard rows (module docstring) of ``module``'s ``train`` and
     ``docs_example`` jobs, plus ``extra`` rows, in one launch of 6 processes."""

@@ -149,6 +149,13 @@ class LocalPipeline(Driver):
     def _start(self) -> None:
         self.template = template_for(self.context)
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        # moto's ASL interpreter evaluates a Choice's IsPresent by catching the path lookup's
+        # exception and logs it as an ERROR ("NoSuchJsonPathError ... $.refused[0]") although the
+        # choice then goes the right way, as AWS's does; an execution's real failures are in its
+        # history, which the driver reads.
+        logging.getLogger("moto.stepfunctions.parser.asl.component.eval_component").setLevel(
+            logging.CRITICAL
+        )
         runtime_env = self._shared_runtime_env()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()

@@ -1,0 +1,30 @@
+"""The remediation errors by name: what the workflow retries and what it catches.
+
+The Lambdas raise exceptions whose class names are these strings (``sdc_remediation.errors``);
+the state machine (``infra/constructs/workflow.py``) matches its Retry and Catch clauses on the
+same strings. Both import them from here, so a renamed error cannot leave a step uncaught.
+"""
+
+from __future__ import annotations
+
+TRANSIENT_ERROR_NAMES: tuple[str, ...] = (
+    "ClusterApiUnavailable",
+    "AwsApiUnavailable",
+    "ReportNotYetVisible",
+)
+"""Raised when a dependency is briefly unavailable: retried with jittered backoff."""
+
+TERMINAL_ERROR_NAMES: tuple[str, ...] = (
+    "InvalidAlarmEvent",
+    "InvalidStepInput",
+    "NodeNotFound",
+    "InstanceNotInCluster",
+    "HealthCheckRejected",
+    "ReplaceFailed",
+    "ConfigurationError",
+    # A report that is malformed or contradicts HyperPod/Kubernetes: nothing is cordoned.
+    "UntrustedReport",
+)
+"""Never retried: caught, recorded as ``failed``, humans notified."""
+
+__all__ = ["TERMINAL_ERROR_NAMES", "TRANSIENT_ERROR_NAMES"]
