@@ -19,6 +19,10 @@ from tests.agent.outcomes import ok, the_alarm
 from tests.agent.scenarios import R
 from tests.agent.sensor_scenarios import x1_1_once
 
+# How long this file's processes may run before the launcher kills them; the suite's conftest
+# marks the file slow and gives pytest-timeout this plus a margin.
+LAUNCH_DEADLINE_S = 900
+
 DRILL = "sdc_agent.drills.job:train_drill"
 SCEN = "tests.agent.scenarios_fsdp"
 SENSED = "tests.agent.sensor_scenarios_fsdp:sensed_sharded_run"
@@ -122,7 +126,9 @@ JOBS: dict[str, tuple[str, dict]] = {
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, Any]]]:
     names = list(JOBS)
-    per_job = launch([JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=600)
+    per_job = launch(
+        [JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=LAUNCH_DEADLINE_S
+    )
     return dict(zip(names, per_job, strict=True))
 
 
