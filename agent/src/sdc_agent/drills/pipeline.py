@@ -212,7 +212,9 @@ def build_pipeline(
         rebuild_batch=lambda step, rank: make_feed(
             step, rank, seed=seed, grad_accum=grad_accum, tp=tp
         ),
-        schedule=sdc.Schedule(**schedule),
+        # Unprotected, as the other drill models (a pipeline runs no sensors at all): sensors off
+        # unless asked, so the guard does not warn that nothing is protected.
+        schedule=sdc.Schedule(**{"sensors": False, **schedule}),
         publisher=publisher,
     )
     return module, runner, optimizer, guard
