@@ -118,3 +118,51 @@ def test_fsdp_x_tp_coverage_says_stored_weights_are_not_compared():
     cov = tp_coverage(1)
     assert not cov["checks"]["weight_fingerprints"]["on"]
     assert any(line.startswith("stored weights under FSDP2") for line in cov["not_covered"])
+
+
+def test_tp_inside_pipeline_stages_keeps_the_pipelines_texts_and_says_what_names_the_group():
+    # Given TP x PP x HSDP on 12 ranks: 2 stages x TP 2 per replica, 3 replicas (the stage's
+    # facts as PipelineAdapter gives them: no compute_groups among the layout facts, the TP
+    # groups under the pipeline's)
+    columns = [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 11]]
+    facts = {
+        "parallel": "pp+hsdp+tp",
+        "replicas": 3,
+        "shards": 4,
+        "weights_compared": True,
+        "weights_named_by_majority": True,
+        "weights_why": "each stage's shards compared across their 3 replicas, stage by stage",
+        "replicas_of_shard": [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]],
+        "mesh": {"pp": 2, "replicate": 3, "shard": 1, "tp": 2},
+    }
+    pipeline = {
+        "stages": 2,
+        "schedule": "ScheduleGPipe",
+        "micro_batches": 2,
+        "replicas": 6,
+        "stage_ranks": columns,
+        "tp_groups": [[0, 1], [4, 5], [8, 9]],
+    }
+    cov = describe(
+        Schedule(audit_every=5, check_every=5, peer_offset=2),
+        global_ranks=list(range(12)),
+        can_confirm=True,
+        scaler=None,
+        param_dtypes=["float32"],
+        layout=facts,
+        replica_columns=columns,
+        pipeline=pipeline,
+    )
+    # Then the report is the pipeline's: its per-stage comparison, its rings of pipelines, the
+    # stages' TP groups and the whole mesh
+    assert json.loads(json.dumps(cov)) == cov
+    assert cov["parallelism"] == "pp+hsdp+tp" and cov["mesh"] == facts["mesh"]
+    audit = cov["checks"]["replay_audit"]
+    assert audit["compares"].startswith("per stage:")
+    assert {"replayer": 0, "target": 4, "third": 8} in audit["pairs"]
+    assert cov["pipeline"]["tp_groups"] == pipeline["tp_groups"]
+    # And it says that a forward fault inside a stage names the stage's TP group, not the GPU
+    (line,) = [x for x in cov["not_covered"] if x.startswith("tensor parallel inside a pipeline")]
+    assert "names the stage's whole TP group" in line
+    # And stored weights are compared (HSDP copies of each slice)
+    assert cov["checks"]["weight_fingerprints"]["on"]
