@@ -3,7 +3,8 @@
 Two modes:
 
     python benchmarks/collectives.py --model     # NCCL's cost model at 8, 1,024 and 16,384 ranks,
-                                                 # the pipeline dimension's rows included
+                                                 # the tensor-parallel and pipeline dimensions'
+                                                 # rows included
     python benchmarks/collectives.py             # gloo on this CPU at 3, 6, 9 and 12 processes
     python benchmarks/collectives.py --sizes 3,6,12 --reps 300 --json out.json
 
@@ -138,6 +139,50 @@ def collectives(disputed: int = 1) -> list[Collective]:
         Collective(
             "rank_map_text", "at start", "all_gather", f"N x L B (L={text})",
             lambda n, t: n * text,
+        ),
+    ]  # fmt: skip
+
+
+TP_ACTIVATION_BYTES = 1024 * 8192 * 2
+"""A row-parallel layer's partial output for scale: 1,024 tokens x 8,192 hidden, bf16."""
+EVENTS_PER_TENSOR = 2
+"""Ordered local results per parameter tensor under TP (its module's output, its gradient)."""
+
+
+def tp_collectives() -> list[Collective]:
+    """The tensor-parallel dimension's collectives, TP groups filling a node (TP = GPUs per
+    node) and HSDP replicas one per node: the model's own (for scale), check 2's exchange of
+    ordered local results (only when some pair mismatched) and check 3's groups (modelled only)."""
+    events = EVENTS_PER_TENSOR * FINGERPRINT_WIDTH * INT64
+    return [
+        Collective(
+            "tp_partial_sum", "per row-parallel layer, every step and replay (the model's)",
+            "all_reduce", f"{TP_ACTIVATION_BYTES // 2**20} MiB in the TP group (one node)",
+            lambda n, t: TP_ACTIVATION_BYTES,
+            group=lambda n, g: (min(n, g), min(n, g)), measured=False,
+        ),
+        Collective(
+            "tp_local_shift", "per audit, only on a mismatch (TP)", "send_recv",
+            f"E x {FINGERPRINT_WIDTH * INT64} B to one rank on another node (E = "
+            f"{EVENTS_PER_TENSOR}T)",
+            lambda n, t: t * events,
+            group=lambda n, g: (2, 1), measured=False,
+        ),
+        Collective(
+            "tp_first_gather", "per audit, only on a mismatch (TP)", "all_gather",
+            f"N x {INT64} B", lambda n, t: n * INT64, measured=False,
+        ),
+        Collective(
+            "tp_weights_max", "per weight check (HSDP x TP: a slice's replicas)", "all_reduce",
+            f"T x {2 * FINGERPRINT_WIDTH * INT64} B over N / TP ranks, one per node",
+            lambda n, t: t * 2 * FINGERPRINT_WIDTH * INT64,
+            group=lambda n, g: (n // g, 1), measured=False,
+        ),
+        Collective(
+            "tp_weights_agree", "per weight check (HSDP x TP: a replica's slices)", "all_gather",
+            f"TP x {5 * INT64} B in one node",
+            lambda n, t: n * 5 * INT64,
+            group=lambda n, g: (min(n, g), min(n, g)), measured=False,
         ),
     ]  # fmt: skip
 
@@ -380,7 +425,7 @@ def _size(nbytes: float) -> str:
 def model_table(fabric: Fabric, tensors: int) -> list[dict[str, Any]]:
     """Per collective and rank count: payload, NCCL's pick, its hops and modelled times."""
     rows = []
-    for c in [*collectives(), *pp_collectives()]:
+    for c in [*collectives(), *tp_collectives(), *pp_collectives()]:
         row: dict[str, Any] = {"name": c.name, "when": c.when, "op": c.op, "payload": c.payload}
         for n in MODEL_RANKS:
             ranks, per_node = c.group(n, fabric.gpus_per_node) if c.group else (n, None)

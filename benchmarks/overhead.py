@@ -16,6 +16,12 @@ Variants (each against plain DDP with the same model, batches and process group)
   hsdp         HSDP: a ("replicate", "shard") mesh of nodes x ranks per node, checks + a weight
                check every 10 (each shard across its replicas) + deterministic audits every 100,
                against the same unguarded HSDP loop (plain_hsdp); needs --ranks-per-node >= 2
+  tp           tensor parallel inside a node composed with HSDP across nodes (the drill's TP
+               model at the benchmark's width: column-parallel ``up`` and row-parallel ``down``
+               per block on a ("replicate", "shard", "tp") mesh of nodes x 1 x ranks per node),
+               checks + a weight check every 10 (each slice across its replicas) +
+               deterministic audits every 100 (each TP group replays another's micro-batch),
+               against the same unguarded TP loop (plain_tp); needs --ranks-per-node >= 2
   pp           pipeline parallel: the MLP cut in 2 stages (one rank each, a replica's stages on
                one node), each stage sharded with HSDP over the replicas (a whole copy per
                replica), ScheduleGPipe with 2 micro-batches; checks + a weight check every 10
@@ -53,6 +59,9 @@ weights10 <= 2%, det_audit100 <= 3%; each is printed as met or missed, in wall a
                                                       # FSDP2 and HSDP (3 replicas x 2 shards)
                                                       # over their unguarded sharded loops, in
                                                       # one run of 6 processes
+    python benchmarks/overhead.py --nodes 3 --ranks-per-node 2 --variants tp
+                                                      # TP x HSDP (TP groups of 2 in a node, 3
+                                                      # replicas) over its unguarded TP loop
     python benchmarks/overhead.py --nodes 3 --ranks-per-node 2 --variants pp
                                                       # PP x HSDP (3 replicas x 2 stages) over
                                                       # its unguarded pipeline loop
@@ -116,6 +125,8 @@ VARIANTS.update(
         "fsdp": {"audit_every": 100, "check_every": 0, "deterministic_audits": True},
         "plain_hsdp": None,
         "hsdp": {"audit_every": 100, "check_every": 10, "deterministic_audits": True},
+        "plain_tp": None,
+        "tp": {"audit_every": 100, "check_every": 10, "deterministic_audits": True},
         "plain_pp": None,
         "pp": {"audit_every": 100, "check_every": 10, "deterministic_audits": True},
     }
@@ -127,12 +138,17 @@ BASELINES = {
     "plain_fsdp": "plain_fsdp",
     "hsdp": "plain_hsdp",
     "plain_hsdp": "plain_hsdp",
+    "tp": "plain_tp",
+    "plain_tp": "plain_tp",
     "pp": "plain_pp",
     "plain_pp": "plain_pp",
 }
 """Variants measured against their own unguarded loop (the default baseline is "plain")."""
 SHARDED = {"fsdp": "fsdp", "plain_fsdp": "fsdp", "hsdp": "hsdp", "plain_hsdp": "hsdp"}
 """The variants whose model is sharded with FSDP2, and how (``sdc_agent.drills.sharded.shard``)."""
+TENSOR_PARALLEL = ("tp", "plain_tp")
+"""The variants whose model is tensor parallel (``sdc_agent.drills.tp``), in groups of one
+node's ranks: a group trains on one micro-batch."""
 PIPELINE = ("pp", "plain_pp")
 """The variants whose model is a pipeline of :data:`STAGES` stages, one rank each, a replica's
 stages on consecutive ranks (one node), each stage a whole copy per replica (HSDP)."""
@@ -181,6 +197,13 @@ def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> 
 def _model(name: str, width: int, depth: int, shards: int) -> nn.Module:
     """Variant ``name``'s model: the MLP in DDP, or sharded with FSDP2 (each hidden Linear, then
     the root; HSDP with ``shards`` ranks per replica)."""
+    if name in TENSOR_PARALLEL:
+        from sdc_agent.drills.tp import TPDrillModel, parallelize
+
+        # blocks of up (w -> 2w) and down (2w -> w): depth // 2 of them hold twice the MLP's
+        # hidden weights, split over the TP group's ranks.
+        model = TPDrillModel(d_in=256, hidden=width, classes=16, blocks=max(1, depth // 2))
+        return parallelize(model, "tp", tp=shards)
     module = Mlp(width, depth)
     if name.startswith("sensors"):
         sdc.sensors.protect(module)  # the same weights and numerics, GEMMs and norms checked
@@ -233,6 +256,8 @@ class _Runner:
         self.name = name
         self.batch = batch
         self.accum = ACCUM if name in ("accum4", "plain_accum4") else 1
+        self.group = ranks_per_node if name in TENSOR_PARALLEL else 1
+        """Ranks that train on one micro-batch (a TP group, consecutive ranks)."""
         self.pipeline: Any = None
         """The pipeline schedule (pipeline variants), whose ``step`` is the training step."""
         if name in PIPELINE:
@@ -275,7 +300,9 @@ class _Runner:
         return micros if self.accum > 1 else micros[0]
 
     def micro_batches(self, step: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The micro-batches of ``rank`` at ``step`` (one unless this variant accumulates)."""
+        """The micro-batches of ``rank`` at ``step`` (one unless this variant accumulates);
+        under tensor parallelism, its TP group's."""
+        rank -= rank % self.group
         if self.accum == 1:
             return [make_batch(step, rank, self.batch)]
         return [make_batch(step * self.accum + i, rank, self.batch) for i in range(self.accum)]
@@ -481,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
-        help="which to run (each with its baseline); also fsdp, hsdp, pp (HSDP needs "
+        help="which to run (each with its baseline); also fsdp, hsdp, tp, pp (HSDP and TP need "
         "--ranks-per-node >= 2; pp an even --ranks-per-node)",
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
@@ -502,10 +529,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
-    if "hsdp" in chosen and args.ranks_per_node < 2:
+    if ("hsdp" in chosen or "tp" in chosen) and args.ranks_per_node < 2:
         parser.error(
-            "--variants hsdp needs --ranks-per-node >= 2: each replica is one node's ranks, "
-            "sharded among them (e.g. --nodes 3 --ranks-per-node 2)"
+            "--variants hsdp and tp need --ranks-per-node >= 2: each replica is one node's "
+            "ranks, sharded among them or computing as a TP group (e.g. --nodes 3 "
+            "--ranks-per-node 2)"
         )
     if "pp" in chosen and args.ranks_per_node % STAGES:
         parser.error(

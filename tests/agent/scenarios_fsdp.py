@@ -1,4 +1,5 @@
-"""FSDP2 / HSDP jobs the multi-process tests run on every rank (importable by the launcher)."""
+"""FSDP2 / HSDP (and tensor parallel composed with them) jobs the multi-process tests run on
+every rank (importable by the launcher)."""
 
 from __future__ import annotations
 
@@ -11,27 +12,46 @@ from torch.distributed.fsdp import fully_shard
 
 import sdc_agent as sdc
 from sdc_agent.checks.replay.environment import step_seed
-from sdc_agent.drills.job import build_sharded, make_batch, make_fault, make_loss
+from sdc_agent.drills.job import build_sharded, build_tp, make_batch, make_fault, make_loss
 from sdc_agent.drills.sharded import ShardedDrillModel, shard
+from sdc_agent.drills.tp import TP_KINDS, tp_batches
 from sdc_agent.fingerprint import fingerprints, table_digest
 from tests.agent import loops
 from tests.agent.loops import RecordingPublisher
 from tests.agent.scenarios import CountingPublisher
 
 
-def long_clean_run(*, parallel: str, steps: int, schedule: dict[str, Any]) -> dict[str, Any]:
-    """Train without faults (bf16 autocast, activation checkpointing); count the checks."""
+def _build(parallel: str, schedule: dict[str, Any], **options: Any) -> tuple[Any, Any, Any]:
+    """(model, optimizer, guard): the sharded drill model, or the tensor-parallel one (TP
+    groups of 2 ranks) for ``parallel`` in ``TP_KINDS``."""
+    if parallel in TP_KINDS:
+        return build_tp(schedule, parallel=parallel, **options)
+    options.pop("sequence_parallel", None)
+    return build_sharded(schedule, parallel=parallel, **options)
+
+
+def _batch(parallel: str, step: int, rank: int) -> Any:
+    """``rank``'s micro-batch at ``step`` for ``parallel``'s drill model."""
+    return tp_batches(step, rank, tp=2) if parallel in TP_KINDS else make_batch(step, rank)
+
+
+def long_clean_run(
+    *, parallel: str, steps: int, schedule: dict[str, Any], sequence_parallel: bool = False
+) -> dict[str, Any]:
+    """Train without faults (bf16 autocast, activation checkpointing); count the checks.
+    ``sequence_parallel``: the tensor-parallel model's sequence-parallel plan."""
     publisher = CountingPublisher()
-    _, _, guard = build_sharded(
+    _, _, guard = _build(
+        parallel,
         schedule,
-        parallel=parallel,
         autocast_bf16=True,
         activation_checkpointing=True,
         publisher=publisher,
+        sequence_parallel=sequence_parallel,
     )
     saves: list[dict[str, Any]] = []
     alarm = guard.train(
-        (make_batch(s, dist.get_rank()) for s in range(steps)),
+        (_batch(parallel, s, dist.get_rank()) for s in range(steps)),
         save_checkpoint=lambda s, tags: saves.append(tags),
     )
     return {
@@ -55,17 +75,17 @@ def replays_leave_training_unchanged(
     ``mixed_precision``: FSDP2's bf16-parameter / float32-reduction policy."""
     digests = []
     for audit_every in (1, 0):
-        model, optimizer, guard = build_sharded(
+        model, optimizer, guard = _build(
+            parallel,
             {"audit_every": audit_every, "check_every": 0, "peer_offset": 2},
-            parallel=parallel,
             mixed_precision=mixed_precision,
         )
         compute_loss = make_loss()
         for step in range(steps):
             with guard.step(step) as guarded:
                 if audit_every == 0:  # the RNG an audit step runs with, without the audit
-                    torch.manual_seed(step_seed(step, dist.get_rank()))
-                loss = compute_loss(model, make_batch(step, dist.get_rank()))
+                    torch.manual_seed(step_seed(step, guard.parallel.seed_rank(dist.get_rank())))
+                loss = compute_loss(model, _batch(parallel, step, dist.get_rank()))
                 loss.backward()
                 assert guarded.check_gradients(loss) is None
                 optimizer.step()

@@ -10,7 +10,7 @@ what no check covers, so that an operator reads what protection a job really has
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from .checks.replay.attribution import replay_target, third_gpu
 from .schedule import Schedule
@@ -53,6 +53,20 @@ NOT_COVERED_SHARDED = (
     "replay then agrees with it"
 )
 
+NOT_COVERED_TP = [
+    "tensor parallel: a wrong value inside a TP collective (the all-reduce or reduce-scatter of "
+    "row-parallel partial outputs, sequence parallelism's all-gather) or in a backward result "
+    "that a collective reduces before any local result uses it (a column-parallel layer's "
+    "input gradient): every rank of the TP group diverges at once, and check 2 names the whole "
+    "group (the online sensors check that input-gradient GEMM itself)",
+    "tensor parallel with loss-only audits (deterministic_audits=False) or grad_accum > 1: "
+    "the local results are not compared in order, so a divergence is named on every rank of "
+    "the TP group whose results differ",
+    "tensor parallel: a NaN that a TP collective carries to the partners within the step is "
+    "named by check 1 on every rank of the group whose local gradient it reached",
+]
+"""What tensor parallelism leaves to the group rather than the GPU, or uncovered."""
+
 NOT_COVERED_PIPELINE = [
     "a corruption between pipeline stages, in transit (what a stage sent is not what the next "
     "one received): an audit sees replicas disagree with no stage diverging from the same "
@@ -62,6 +76,15 @@ NOT_COVERED_PIPELINE = [
     "stage replayed without the others)",
 ]
 """What no check covers under pipeline parallelism, beyond the data-parallel lines."""
+
+NOT_COVERED_PIPELINE_TP = [
+    "tensor parallel inside a pipeline stage: check 2 compares each rank's stage boundaries "
+    "(what it received, sent and sent back) and its local gradient slices, not the ordered local "
+    "results of a TP job, so a forward fault in one rank's TP slice, which the TP all-reduce "
+    "carries to its partners before the stage sends it, names the stage's whole TP group (its "
+    "node, never another); a fault only in one rank's local weight gradient names that rank",
+]
+"""What tensor parallelism inside pipeline stages leaves to the stage's TP group."""
 
 
 class LayoutFacts(TypedDict):
@@ -81,6 +104,10 @@ class LayoutFacts(TypedDict):
     """Why check 3 compares what it does, in a sentence."""
     replicas_of_shard: list[list[int]]
     """Per shard: the global ranks holding a copy of it."""
+    mesh: NotRequired[dict[str, int]]
+    """Sharded layouts: each mesh dimension's role and size (``replicate``, ``shard``, ``tp``)."""
+    compute_groups: NotRequired[list[list[int]]]
+    """Tensor parallel: the ranks of each TP group (they compute one micro-batch together)."""
 
 
 def ddp_facts(global_ranks: list[int]) -> LayoutFacts:
@@ -156,10 +183,20 @@ def describe(
     not_covered = [between_audits if line is BETWEEN_AUDITS else line for line in NOT_COVERED]
     if sharded:
         not_covered.append(NOT_COVERED_SHARDED)
-    if not facts["weights_compared"] and facts["parallel"] in ("fsdp", "pp+fsdp"):
+    if not facts["weights_compared"] and facts["parallel"] in (
+        "fsdp",
+        "fsdp+tp",
+        "pp+fsdp",
+        "pp+fsdp+tp",
+    ):
         not_covered.append(NOT_COVERED_FULL_SHARDING)
+    groups = facts.get("compute_groups")
+    if groups:
+        not_covered += NOT_COVERED_TP
     if pipeline is not None:
         not_covered += NOT_COVERED_PIPELINE
+        if pipeline.get("tp_groups"):
+            not_covered += NOT_COVERED_PIPELINE_TP
     confirm_why = (
         "a rank whose local gradient is non-finite has its micro-batches replayed on a third "
         "GPU on a third node and on itself"
@@ -235,6 +272,31 @@ def describe(
             else "per stage: activations received and sent and the last stage's loss bits "
             "(deterministic_audits=False)"
         )
+    if groups:
+        local = (
+            "each TP group replays another group's micro-batch collectively, every rank its own "
+            "slice of it (the ranks at the same tp coordinate compared)"
+        )
+        audit_why = (
+            f"every {schedule.audit_every} steps, {local}, on another node, gradient sync off"
+        )
+        compares = (
+            "loss bits and each rank's local results in the order it computed them: the output "
+            "of every module with parameters before its output hooks (a column-parallel "
+            "layer's local columns, a row-parallel layer's partial output before the "
+            "all-reduce) and each local gradient slice before the reduce-scatter; the pairs "
+            "whose local results diverged first name the GPU, not its TP group"
+            if schedule.deterministic_audits and n == 1
+            else "loss bits and per-parameter fingerprints of each rank's local gradient slice "
+            "(not in order: a divergence is named on every rank of the TP group it reached)"
+            if schedule.deterministic_audits
+            else "loss bits only (deterministic_audits=False)"
+        )
+        gradients_why = (
+            "every step: each rank's local gradient slice (its TP slice, unsharded by FSDP2) "
+            "before the reduce-scatter (of the accumulated micro-batches) and its shard of the "
+            "reduced, clipped gradient after it"
+        )
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "parallelism": facts["parallel"],
@@ -297,6 +359,10 @@ def describe(
         "precision": precision,
         "not_covered": not_covered,
     }
+    if "mesh" in facts:
+        report["mesh"] = facts["mesh"]
+    if groups:
+        report["checks"]["replay_audit"]["compute_groups"] = groups
     if pipeline is not None:
         report["pipeline"] = pipeline
     return report

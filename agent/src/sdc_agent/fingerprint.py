@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from . import _fingerprint_triton
 from ._fingerprint_fast import run_fast, run_generic
@@ -55,7 +56,10 @@ def bit_patterns(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's elements reinterpreted (not converted) as signed integers, flattened.
 
     A view of the same storage whenever the tensor is contiguous, so writing to it changes the
-    tensor's raw bits (fault drills use that)."""
+    tensor's raw bits (fault drills use that). A DTensor's are its local shard's: reshaping the
+    DTensor itself could redistribute it."""
+    if isinstance(tensor, DTensor):
+        tensor = tensor.to_local()
     flat = tensor.detach().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)

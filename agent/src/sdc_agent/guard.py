@@ -26,7 +26,8 @@ rank is left waiting in a collective the others skipped. Alarms are built, logge
 in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter
 (:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model:
 :class:`~sdc_agent.parallel.ddp.DDPAdapter` for DDP, :class:`~sdc_agent.parallel.fsdp.FSDP2Adapter`
-for FSDP2 (``fully_shard``: full sharding or HSDP). Each check asks it what it compares: where
+for FSDP2 (``fully_shard``: full sharding or HSDP), :class:`~sdc_agent.parallel.tp.TensorParallelAdapter`
+for tensor parallelism composed with them. Each check asks it what it compares: where
 check 1's taps go, check 2's replay unit and whether replays run in lockstep, and which ranks
 hold copies of the weights check 3 compares.
 """
@@ -61,7 +62,7 @@ from .recording import open_alarm_log
 from .reporting import Reporter
 from .schedule import Schedule
 from .sensors.check import SensorCheck
-from .topology import TopologyError, rank_map, validate_placement
+from .topology import TopologyError, groups_on, rank_map, validate_placement
 
 logger = logging.getLogger("sdc_agent")
 
@@ -76,12 +77,15 @@ class Guard:
 
     ``model`` is a ``DistributedDataParallel`` model, or a module sharded with FSDP2's
     ``fully_shard`` on a 1-D mesh (full sharding) or a 2-D ``("replicate", "shard")`` mesh (HSDP;
-    torchtitan's ``("dp_replicate", "fsdp")`` names too);
-    the guard learns the mesh from the parameters. ``compute_loss(model, batch)`` must return the
-    loss; it is called with the DDP wrapper in training and with the bare module in replays (with
-    FSDP2: the FSDP module in both, replays running on every rank at once).
-    ``rebuild_batch(step, rank)`` must return exactly the micro-batch global ``rank`` trained on
-    at ``step`` (with ``Schedule.grad_accum`` = N > 1, the same sequence of N micro-batches).
+    torchtitan's ``("dp_replicate", "fsdp")`` names too), optionally tensor parallel inside (``parallelize_module`` on the ``tp`` dimension of a
+    ``("dp", "tp")`` or ``("replicate", "shard", "tp")`` mesh); the guard learns the whole mesh
+    from the parameters. ``compute_loss(model, batch)`` must return the loss; it is called with
+    the DDP wrapper in training and with the bare module in replays (with FSDP2: the FSDP module
+    in both, replays running on every rank at once). ``rebuild_batch(step, rank)`` must return
+    exactly the micro-batch global ``rank`` trained on at ``step`` (with ``Schedule.grad_accum``
+    = N > 1, the same sequence of N micro-batches); under tensor parallelism the ranks of a TP
+    group train on one micro-batch, their group's, and ``Schedule.peer_offset`` must be a
+    multiple of the TP degree (the GPUs per node when TP fills a node).
     Construction is collective (it gathers the rank map and checks the topology) and registers
     check 1's hooks (DDP's comm hook, or FSDP2's gradient taps), so build the guard on every
     rank, before the first forward pass.
@@ -197,10 +201,13 @@ class Guard:
         # Collective: every rank gathers the rank map at construction.
         self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
         try:
-            # Along each ring of replicas (one per pipeline stage under a pipeline).
+            # Along each ring of replicas (one per pipeline stage under a pipeline), with the
+            # ranks that compute together (tensor parallel) by their positions on that ring.
             for column in a.replica_columns():
                 nodes = [self.ranks[g].node_name for g in column]
-                validate_placement(nodes, self.schedule.peer_offset)
+                validate_placement(
+                    nodes, self.schedule.peer_offset, groups_on(column, a.compute_groups)
+                )
             can_confirm = True
         except TopologyError:
             # Audits need the placement; so does a scaler (an overflow is told from a faulty
@@ -284,8 +291,10 @@ class Guard:
         """What this guard checks for this job, JSON-ready (the same on every rank).
 
         Keys: ``schema`` (``sdc.coverage/v1``), ``parallelism`` (``ddp``, ``fsdp``, ``hsdp``,
-        or ``pp+fsdp`` / ``pp+hsdp`` under a pipeline, which adds ``pipeline``: its stages,
-        schedule, micro-batches and the ranks holding each stage by replica),
+        ``fsdp+tp`` or ``hsdp+tp``; ``pp+fsdp`` / ``pp+hsdp``, or ``pp+fsdp+tp`` /
+        ``pp+hsdp+tp`` with tensor parallel stages, under a pipeline, which adds ``pipeline``:
+        its stages, schedule, micro-batches, the ranks holding each stage by replica and the
+        stages' TP groups), ``mesh`` (sharded layouts: each dimension's role and size),
         ``sharding`` (replicas, shards, the ranks holding each shard, whether weights have a
         second copy), ``world``, ``ranks``, ``grad_accum``; ``checks`` with
         ``nonfinite_gradients`` (and its ``confirmation``), ``replay_audit`` (``pairs`` of
@@ -590,7 +599,7 @@ class Guard:
             alarm = self.audit.audit(
                 exchange.step,
                 loss,
-                self.gradients.local_fingerprints if deterministic else None,
+                self.gradients.local_table() if deterministic else None,
                 deterministic=deterministic,
             )
         elif not table.nonfinite and not any(table.reduced):

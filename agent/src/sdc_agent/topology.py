@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -101,12 +102,26 @@ def replay_partners(dp_rank: int, world: int, peer_offset: int) -> tuple[int, in
     return dp_rank, (dp_rank - peer_offset) % world, (dp_rank + peer_offset) % world
 
 
-def validate_placement(nodes: list[str], peer_offset: int) -> None:
+def groups_on(ring: Sequence[int], groups: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The ``groups`` of ranks that compute together (global ranks) whose ranks all lie on
+    ``ring`` (a ring of replicas, global ranks in ring order), as positions on it: what
+    :func:`validate_placement` checks along that ring."""
+    position = {rank: i for i, rank in enumerate(ring)}
+    return [[position[r] for r in group] for group in groups if all(r in position for r in group)]
+
+
+def validate_placement(
+    nodes: list[str], peer_offset: int, groups: Sequence[Sequence[int]] = ()
+) -> None:
     """Raise TopologyError unless every target, its replayer and its third GPU are on three nodes.
 
-    ``nodes[i]`` is the node of DP rank i.
+    ``nodes[i]`` is the node of DP rank i. ``groups``: DP ranks that compute one micro-batch
+    together (tensor-parallel groups, each in its tp order): each group's ranks must replay the
+    ranks at the same positions of ONE other group, so that a group replays another group's
+    micro-batch together and each rank is compared with the rank that computed its slice.
     """
     world = len(nodes)
+    _validate_group_targets(world, peer_offset, groups)
     if world < 3:
         raise TopologyError(
             f"the replay audit needs at least 3 data-parallel ranks on 3 nodes, got {world}; "
@@ -130,6 +145,29 @@ def validate_placement(nodes: list[str], peer_offset: int) -> None:
             f"different nodes (world={world}): {shown}. Set peer_offset to the number of GPUs per "
             "node, and run on at least 3 nodes"
         )
+
+
+def _validate_group_targets(world: int, peer_offset: int, groups: Sequence[Sequence[int]]) -> None:
+    """Raise TopologyError unless ``peer_offset`` maps each group onto another group, position by
+    position (see :func:`validate_placement`)."""
+    position = {rank: (g, i) for g, group in enumerate(groups) for i, rank in enumerate(group)}
+    for g, group in enumerate(groups):
+        targets = [position.get((rank + peer_offset) % world) for rank in group]
+        if (
+            any(t is None for t in targets)
+            or {t[0] for t in targets} == {g}
+            or any(  # type: ignore[index]
+                t != (targets[0][0], i)
+                for i, t in enumerate(targets)  # type: ignore[index]
+            )
+        ):
+            raise TopologyError(
+                f"peer_offset={peer_offset} sends the tensor-parallel group {list(group)} to "
+                f"replay ranks {[(rank + peer_offset) % world for rank in group]}, which are not "
+                "the same positions of one other group: with tensor parallelism peer_offset must "
+                f"be a multiple of the TP degree ({len(group)}) that moves to another group "
+                "(the GPUs per node, when a TP group fills a node)"
+            )
 
 
 def check_topology(

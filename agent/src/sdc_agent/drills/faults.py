@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..fingerprint import bit_patterns
 
@@ -68,6 +70,27 @@ def _flip_bit_(flat: torch.Tensor, index: int, bit: int) -> None:
     raw = bit_patterns(flat[index : index + 1])
     mask = -(1 << bit) if bit == width - 1 else 1 << bit  # the sign bit as a signed value
     raw.bitwise_xor_(mask)
+
+
+def _on_local(tensor: torch.Tensor, corrupt_: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """A corrupted copy of ``tensor`` (``corrupt_`` changes it in place, without autograd); a
+    DTensor's local slice is what is corrupted, as one GPU would (tensor parallel)."""
+    if isinstance(tensor, DTensor):
+        local = tensor.to_local().clone()
+        with torch.no_grad():
+            corrupt_(local)
+        return DTensor.from_local(
+            local,
+            tensor.device_mesh,
+            tensor.placements,
+            run_check=False,
+            shape=tensor.shape,
+            stride=tensor.stride(),
+        )
+    corrupted = tensor.clone()
+    with torch.no_grad():
+        corrupt_(corrupted)
+    return corrupted
 
 
 class Fault(ABC):
@@ -143,15 +166,14 @@ class _OutputFault(Fault):
 
     def _install(self, guard: Guard) -> None:
         module = self._submodule(guard, self.layer)
-        self._handles.append(module.register_forward_hook(self._hook))
+        # First among the layer's forward hooks: the layer's own output, before any wrapper's
+        # output hook uses it (tensor parallel's all-reduce of a row-parallel partial output).
+        self._handles.append(module.register_forward_hook(self._hook, prepend=True))
 
     def _hook(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor | None:
         if not self._should_fire():
             return None
-        corrupted = output.clone()
-        with torch.no_grad():
-            self.corrupt_(corrupted)
-        return corrupted
+        return _on_local(output, self.corrupt_)
 
     @abstractmethod
     def corrupt_(self, output: torch.Tensor) -> None:
@@ -270,9 +292,10 @@ class ScaleWeightGradElement(Fault):
     def _hook(self, grad: torch.Tensor) -> torch.Tensor | None:
         if not self._should_fire():
             return None
-        corrupted = grad.clone()
-        corrupted.view(-1)[self.index] *= self.factor
-        return corrupted
+        return _on_local(grad, self._scale_)
+
+    def _scale_(self, grad: torch.Tensor) -> None:
+        grad.view(-1)[self.index] *= self.factor
 
 
 class NaNReducedGradient(Fault):

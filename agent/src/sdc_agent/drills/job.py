@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checkpoints
+from . import tp as tp_drill
 from .batches import make_batch
 from .pipeline import build_pipeline, make_feed
 from .sharded import ShardedDrillModel, shard
@@ -61,6 +62,8 @@ def make_loss(autocast_bf16: bool = False) -> Callable[[nn.Module, Any], torch.T
         x, y = batch
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
             logits = model(x)
+        if logits.dim() > 2:  # per token (the tensor-parallel drill model's sequences)
+            logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
         return F.cross_entropy(logits.float(), y)
 
     return compute_loss
@@ -167,6 +170,50 @@ def build_sharded(
     return model, optimizer, guard
 
 
+def build_tp(
+    schedule: dict[str, Any],
+    *,
+    parallel: str = "tp",
+    tp: int = 2,
+    seed: int = 0,
+    autocast_bf16: bool = False,
+    activation_checkpointing: bool = False,
+    sequence_parallel: bool = False,
+    mixed_precision: bool = False,
+    publisher: Any = None,
+    scaler: Any = None,
+) -> tuple[Any, Any, Any]:
+    """(model, optimizer, guard) for the tensor-parallel drill model (:mod:`.tp`): ``parallel``
+    ``tp`` (HSDP x TP) or ``fsdp+tp``, TP groups of ``tp`` consecutive ranks, identical initial
+    weights; ``rebuild_batch(step, rank)`` returns ``rank``'s TP group's micro-batch."""
+    import sdc_agent as sdc
+
+    torch.manual_seed(seed)
+    model = tp_drill.parallelize(
+        tp_drill.TPDrillModel(activation_checkpointing=activation_checkpointing),
+        parallel,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        mixed_precision=mixed_precision,
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    grad_accum = schedule.get("grad_accum", 1)
+    guard = sdc.Guard(
+        model,
+        optimizer,
+        compute_loss=make_loss(autocast_bf16),
+        rebuild_batch=lambda step, rank: tp_drill.tp_batches(
+            step, rank, tp=tp, seed=seed, grad_accum=grad_accum
+        ),
+        # Unprotected, as the other drill models (a pipeline runs no sensors at all): sensors off
+        # unless asked, so the guard does not warn that nothing is protected.
+        schedule=sdc.Schedule(**{"sensors": False, **schedule}),
+        publisher=publisher,
+        scaler=scaler,
+    )
+    return model, optimizer, guard
+
+
 def make_fault(spec: dict[str, Any]) -> Any:
     """A fault injector from ``{"kind": "ScaleOutputElement", ...keyword arguments}``."""
     from . import faults
@@ -190,6 +237,7 @@ def train_drill(
     parallel: str = "ddp",
     shards: int = 2,
     activation_checkpointing: bool = False,
+    sequence_parallel: bool = False,
     run_dir: str | None = None,
     resume: bool = False,
     pipeline_data: str = "hsdp",
@@ -200,11 +248,15 @@ def train_drill(
     ``publisher``: keyword arguments of ``sdc_agent.publish.CloudWatchPublisher`` to publish
     to CloudWatch (or an endpoint such as the local demo's); None publishes nothing.
     ``parallel``: ``ddp`` (the default), or ``fsdp`` / ``hsdp`` (FSDP2, ``shards`` ranks per
-    replica under HSDP; ``activation_checkpointing`` applies to the sharded model's blocks), or
+    replica under HSDP; ``activation_checkpointing`` applies to the sharded model's blocks),
+    ``tp`` / ``fsdp+tp`` (tensor parallel in groups of ``shards`` ranks, composed with HSDP or
+    FSDP2: :mod:`.tp`; ``sequence_parallel``: torchtitan's sequence-parallel plan), or
     ``pp`` (2 pipeline stages per replica, :mod:`.pipeline`: each stage sharded over the
     replicas as ``pipeline_data``, ``fsdp`` or ``hsdp`` with ``shards`` ranks per shard
     group, driven by ``pipeline_schedule``, ``gpipe`` or ``1f1b``; ``peer_offset`` then counts
-    replicas).
+    replicas), or ``3d`` (the same pipeline with TP groups of ``shards`` ranks inside each stage,
+    each stage a whole copy per replica under ``pipeline_data="hsdp"``: TP x PP x HSDP;
+    ``peer_offset`` counts pipelines, ``shards`` per replica).
     ``run_dir`` (DDP only): rank 0 saves each due checkpoint there with the guard's tags
     (:mod:`.checkpoints`), and the guard records its alarms there
     (``alarm_dir``). ``resume``: the restart after a stop: load the checkpoint of ``run_dir``
@@ -231,11 +283,15 @@ def train_drill(
         state = decision.pop("state")
         start_step = 0 if decision["step"] is None else decision["step"] + 1
         decision["loaded_tags"] = None if state is None else state["sdc"]
-    if parallel == "pp":
+    tp = parallel in tp_drill.TP_KINDS
+    # 3d: TP groups of ``shards`` ranks inside each pipeline stage, one shard per HSDP replica.
+    pipeline_tp = shards if parallel == "3d" else 1
+    if parallel in ("pp", "3d"):
         _, _, optimizer, guard = build_pipeline(
             schedule,
             data=pipeline_data,
-            shards=shards,
+            shards=1 if parallel == "3d" else shards,
+            tp=pipeline_tp,
             pipeline=pipeline_schedule,
             seed=seed,
             autocast_bf16=autocast_bf16,
@@ -250,6 +306,17 @@ def train_drill(
             publisher=sink,
             state=state,
             alarm_dir=run_dir,
+        )
+    elif tp:
+        _, optimizer, guard = build_tp(
+            schedule,
+            parallel=parallel,
+            tp=shards,
+            seed=seed,
+            autocast_bf16=autocast_bf16,
+            activation_checkpointing=activation_checkpointing,
+            sequence_parallel=sequence_parallel,
+            publisher=sink,
         )
     else:
         _, optimizer, guard = build_sharded(
@@ -280,9 +347,13 @@ def train_drill(
         if run_dir is not None and dist.get_rank() == 0:
             checkpoints.save_checkpoint(run_dir, step, guard.module, optimizer, tags)
 
-    feed = make_feed if parallel == "pp" else make_step_batch
+    grad_accum = guard.schedule.grad_accum
     batches = (
-        feed(s, dist.get_rank(), seed=seed, grad_accum=guard.schedule.grad_accum)
+        tp_drill.tp_batches(s, dist.get_rank(), tp=shards, seed=seed, grad_accum=grad_accum)
+        if tp
+        else make_feed(s, dist.get_rank(), seed=seed, grad_accum=grad_accum, tp=pipeline_tp)
+        if parallel in ("pp", "3d")
+        else make_step_batch(s, dist.get_rank(), seed=seed, grad_accum=grad_accum)
         for s in range(start_step, start_step + steps)
     )
     alarm = guard.train(batches, save_checkpoint=save, start_step=start_step)

@@ -40,6 +40,9 @@ class Block(nn.Module):
 class ShardedDrillModel(nn.Module):
     """``embed`` Linear, ``blocks.0`` .. ``blocks.{n-1}`` (:class:`Block`), ``head`` Linear."""
 
+    block_type: type[nn.Module] = Block
+    """The residual block (``block_type(hidden)``)."""
+
     def __init__(
         self,
         d_in: int = 16,
@@ -52,7 +55,7 @@ class ShardedDrillModel(nn.Module):
         (``torch.utils.checkpoint``, non-reentrant)."""
         super().__init__()
         self.embed = nn.Linear(d_in, hidden)
-        self.blocks = nn.ModuleList(Block(hidden) for _ in range(blocks))
+        self.blocks = nn.ModuleList(self.block_type(hidden) for _ in range(blocks))
         self.head = nn.Linear(hidden, classes)
         self.activation_checkpointing = activation_checkpointing
 
@@ -64,6 +67,10 @@ class ShardedDrillModel(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
+        return self.logits(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The head on the last block's output."""
         return self.head(x)
 
 

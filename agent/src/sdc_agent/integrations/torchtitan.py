@@ -21,7 +21,9 @@ DCP ``CheckpointManager``, whose checkpoints carry the guard's tags as one more 
 Each item of ``batches`` (and each ``rebuild_batch(step, rank)``) is the step's list of
 ``Schedule.grad_accum`` micro-batches, each ``(input_dict, labels)`` as torchtitan's dataloaders
 yield them. Data parallelism only (the replays recompute whole-model micro-batches on data-parallel ranks): one model part only (no pipeline stages),
-and the guard refuses tensor-parallel placements; context parallelism is not supported either.
+and no tensor parallelism (its token count and batches are per data-parallel rank here, while
+``sdc.Guard`` itself checks TP composed with FSDP2 / HSDP); context parallelism is not
+supported either.
 """
 
 from __future__ import annotations

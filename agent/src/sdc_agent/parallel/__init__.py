@@ -8,9 +8,17 @@ the adapter from the model:
 * :mod:`.fsdp`: :class:`FSDP2Adapter`, a model sharded with FSDP2's ``fully_shard``: full
   sharding (1-D mesh) or HSDP (a ``("replicate", "shard")`` mesh, or torchtitan's and
   Accelerate's names for it), learned from the parameters;
+* :mod:`.tp`: :class:`TensorParallelAdapter`, tensor parallelism (``ColwiseParallel``,
+  ``RowwiseParallel``, ``SequenceParallel``) composed with FSDP2 or HSDP on a ``("dp", "tp")``
+  or ``("replicate", "shard", "tp")`` mesh;
 * :mod:`.pp`: :class:`PipelineAdapter`, when a ``torch.distributed.pipelining`` schedule drives
   the model (``Guard(..., pipeline=schedule)``): this rank's stage, sharded with FSDP2 over the
-  replicas; how it answers each question below is its module docstring.
+  replicas, tensor parallel inside it or not (the stage's view is then
+  :class:`TensorParallelAdapter`'s); how it answers each question below is its module docstring.
+
+:mod:`.mesh` learns the mesh and every dimension's role (replicate, shard, tp) from the
+parameters' DTensor placements, sub-meshes included, and refuses what it cannot check (context
+and expert parallel, by the dimension it found).
 
 What each check asks, and how DDP and FSDP2 answer:
 
@@ -30,23 +38,24 @@ What each check asks, and how DDP and FSDP2 answer:
   replicas along ``replicate``, the shard group to agree on one verdict; full sharding: one
   copy, nothing to compare).
 
-Room for tensor parallelism (``tp.py``; not built; pipelines: :mod:`.pp`). They are further
-dimensions of the same device mesh, learned from the parameters as FSDP2's is, each adapter
-answering the questions above for its dimension, composed with the data-parallel one:
+How tensor parallelism (:mod:`.tp`) and pipeline parallelism (:mod:`.pp`) answer them, as
+further dimensions of the same device mesh, each adapter answering the questions above for its
+dimension, composed with the data-parallel one:
 
-* The job: a data-parallel replica is then a whole TP x PP group; DP ranks index replicas, and a
-  replica's ranks train on its micro-batch together (``rebuild_batch(step, rank)`` returns the
-  micro-batch of global ``rank``'s replica).
+* The job: the ranks of a TP group (a PP group too, for the pipeline) compute ONE micro-batch
+  together (``rebuild_batch(step, rank)`` returns the micro-batch of global ``rank``'s group),
+  and draw one RNG stream (``seed_rank``). Every rank is still one of the guard's ranks (it has
+  its own local results to check); ``compute_groups`` lists the groups.
 * Check 1: the local gradient is each rank's own, before the data-parallel reduction (a TP
-  shard of the gradient, a stage's gradients): the same taps as FSDP2's, on the tensors the TP
+  slice of the gradient, a stage's gradients): the same taps as FSDP2's, on the tensors the TP
   and PP modules own; every reduced gradient after it; one flag reduction over the whole world.
-* Check 2: the replay unit is a whole replica (a TP group replaying collectively; a pipeline
+* Check 2: the replay unit is a whole group (a TP group replaying collectively; a pipeline
   schedule's ``step`` over the stages), so ``replays_in_lockstep`` holds for every rank of the
   mesh; what is compared is each rank's LOCAL work before a collective mixes it (partial
-  outputs before a row-parallel all-reduce, gradient shards before reduce-scatter, the
+  outputs before a row-parallel all-reduce, gradient slices before reduce-scatter, the
   activations a stage sends and the gradients it receives), rank by rank at the same (tp, pp)
   coordinates, so that the earliest local divergence names one GPU, not its group.
-* Check 3: ``weight_replicas`` with ``sharded`` true: each local shard compared across the
+* Check 3: ``weight_replicas`` with ``sharded`` true: each local slice compared across the
   data-parallel replicas at the same (tp, pp, shard) coordinates, the other coordinates of the
   replica as the shard group.
 """
@@ -57,18 +66,23 @@ from typing import Any
 
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .adapter import ParallelAdapter, WeightReplicas
 from .ddp import DDPAdapter
-from .fsdp import FSDP2Adapter, ShardingLayoutError, is_fsdp2
+from .fsdp import FSDP2Adapter, is_fsdp2
+from .mesh import ShardedLayout, ShardingLayoutError, learn_layout
 from .pp import PipelineAdapter
+from .tp import TensorParallelAdapter
 
 __all__ = [
     "DDPAdapter",
     "FSDP2Adapter",
     "ParallelAdapter",
     "PipelineAdapter",
+    "ShardedLayout",
     "ShardingLayoutError",
+    "TensorParallelAdapter",
     "WeightReplicas",
     "adapter_for",
 ]
@@ -78,15 +92,27 @@ def adapter_for(
     model: nn.Module, dp_group: dist.ProcessGroup | None, pipeline: Any = None
 ) -> ParallelAdapter:
     """The adapter for ``model``: :class:`PipelineAdapter` when a ``pipeline`` schedule drives
-    it (``model`` is then this rank's stage module), :class:`FSDP2Adapter` for an FSDP2 module,
-    else DDP's."""
+    it (``model`` is then this rank's stage module), :class:`TensorParallelAdapter` for an FSDP2
+    module whose mesh has a tensor-parallel dimension, :class:`FSDP2Adapter` for another FSDP2
+    module, else DDP's."""
     if pipeline is not None:
         return PipelineAdapter(model, pipeline, dp_group)
     if is_fsdp2(model):
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        _, layout = learn_layout(trainable)
+        if layout.tensor_parallel:
+            return TensorParallelAdapter(model, dp_group)
         return FSDP2Adapter(model, dp_group)
     if any(is_fsdp2(m) for m in model.modules()):
         raise ShardingLayoutError(
             f"sdc_agent.Guard: {type(model).__name__} has fully_shard submodules but is not "
             "sharded itself; apply fully_shard to the root module too and pass that"
+        )
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: {type(model).__name__} has DTensor (tensor parallel) parameters "
+            "but is not sharded with fully_shard; the guard checks tensor parallelism composed "
+            "with FSDP2 or HSDP: fully_shard the model on the data-parallel dimensions of the "
+            "mesh (('dp', 'tp') or ('replicate', 'shard', 'tp'))"
         )
     return DDPAdapter(model, dp_group)  # raises TypeError for anything that is not DDP

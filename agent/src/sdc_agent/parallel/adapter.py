@@ -97,8 +97,21 @@ class ParallelAdapter(Protocol):
     named_weights: list[tuple[str, nn.Parameter]]
     """Every parameter by name."""
 
+    compute_groups: tuple[tuple[int, ...], ...]
+    """DP ranks that compute ONE micro-batch together, each on its own slice of the weights
+    (tensor-parallel groups), by group; empty when every DP rank computes its micro-batch alone
+    (DDP, FSDP2). Check 2 compares the LOCAL results of a group's ranks one by one and names
+    the rank whose result diverged first (:func:`~sdc_agent.checks.replay.attribution.earliest_local_mismatches`)."""
+
     def global_rank(self, dp_rank: int) -> int:
         """The global rank of DP rank ``dp_rank``."""
+        ...
+
+    def seed_rank(self, rank: int) -> int:
+        """The global rank whose seed global ``rank``'s computation of an audited (or seeded)
+        step runs with (:func:`~sdc_agent.checks.replay.environment.step_seed`): its own, or the
+        first rank of the group it computes with (a TP group draws one RNG stream, as its
+        replicated activations need), so that a replay on another rank draws the same numbers."""
         ...
 
     def replica_columns(self) -> tuple[tuple[int, ...], ...]:

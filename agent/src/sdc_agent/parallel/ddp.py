@@ -79,9 +79,16 @@ class DDPAdapter(ParallelAdapter):
         self.param_device = self.params[0].device if self.params else torch.device("cpu")
         """Where the parameters (and so the gradients) live."""
 
+    compute_groups: tuple[tuple[int, ...], ...] = ()
+    """Every DP rank computes its micro-batch alone."""
+
     def global_rank(self, dp_rank: int) -> int:
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
+
+    def seed_rank(self, rank: int) -> int:
+        """Each rank's computation runs with its own seed."""
+        return rank
 
     def replica_columns(self) -> tuple[tuple[int, ...], ...]:
         """One ring over every DP rank: each holds the whole model (or replays it whole)."""

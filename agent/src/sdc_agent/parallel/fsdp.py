@@ -3,13 +3,15 @@
 The same questions as :class:`~.ddp.DDPAdapter` answers (:class:`~.adapter.ParallelAdapter`), so
 the checks and the guard's wiring do not know which wrapper they run on. What differs, and why:
 
-* The mesh is learned from the parameters themselves (DTensor ``device_mesh`` / ``placements``):
-  a 1-D mesh with ``Shard`` placements is full sharding; a 2-D mesh named
+* The mesh is learned from the parameters themselves (DTensor ``device_mesh`` / ``placements``,
+  :mod:`.mesh`): a 1-D mesh with ``Shard`` placements is full sharding; a 2-D mesh named
   ``("replicate", "shard")`` (or torchtitan's and Accelerate's names for the same two
   dimensions, :data:`HSDP_DIM_NAME_PAIRS`) with ``(Replicate(), Shard)`` placements is HSDP
-  (replicas across nodes, shards within a node). Anything else (tensor parallel placements, a mesh that does not
-  cover every rank, a mixture of meshes) is refused with a clear error: the checks' reasoning
-  (every rank trains on its own micro-batch; replicas of a shard hold the same bits) would not hold.
+  (replicas across nodes, shards within a node). A mesh with a tensor-parallel dimension is
+  :class:`~.tp.TensorParallelAdapter`'s; anything else (a mesh that does not cover every rank,
+  meshes that are not one mesh's dimensions, context or expert parallel) is refused with a clear
+  error: the checks' reasoning (every rank trains on its own micro-batch; replicas of a shard
+  hold the same bits) would not hold.
 * Every rank is a data-parallel rank: each trains on its own micro-batch, so the ring replay,
   check 1's flags and the rank map run over the whole mesh (WORLD), as under DDP.
 * FSDP2 has no comm hook. Check 1's taps are post-accumulate-grad hooks
@@ -45,14 +47,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..checks.gradients.stats import GradStatsState
 from ..checks.gradients.taps import ShardedGradientTaps
@@ -61,48 +61,25 @@ from ..checks.replay.replayer import ComputeLoss, Replayer
 from ..coverage import LayoutFacts
 from ..topology import collective_device, group_ranks
 from .adapter import ParallelAdapter, WeightReplicas
+from .mesh import (
+    HSDP_DIM_NAME_PAIRS,
+    HSDP_DIM_NAMES,
+    REPLICATE,
+    ShardedLayout,
+    ShardingLayoutError,
+    learn_layout,
+)
+
+__all__ = [
+    "HSDP_DIM_NAMES",
+    "HSDP_DIM_NAME_PAIRS",
+    "FSDP2Adapter",
+    "ShardedLayout",
+    "ShardingLayoutError",
+    "is_fsdp2",
+]
 
 logger = logging.getLogger("sdc_agent")
-
-HSDP_DIM_NAMES = ("replicate", "shard")
-"""The mesh dimension names an HSDP mesh carries, in this order (PyTorch's documentation's)."""
-HSDP_DIM_NAME_PAIRS = (HSDP_DIM_NAMES, ("dp_replicate", "fsdp"), ("dp_replicate", "dp_shard_cp"))
-"""Every (replicate, shard) naming read as HSDP: PyTorch's, torchtitan's (``ParallelDims``) and
-Accelerate's (``ParallelismConfig``). Other names (``("dp", "tp")``) are refused: fully_shard
-over a mesh meant for other parallelism is more likely a mistake than HSDP."""
-
-
-class ShardingLayoutError(ValueError):
-    """The model's parameters are laid out in a way the guard cannot check (the message says
-    which and what is supported)."""
-
-
-@dataclass(frozen=True)
-class ShardedLayout:
-    """What the mesh says about redundancy, learned from the parameters; identical on every rank."""
-
-    kind: str
-    """"fsdp" (1-D mesh, full sharding) or "hsdp" (2-D mesh, replicas x shards)."""
-    replicas: int
-    """Copies of each shard (1 under full sharding)."""
-    shards: int
-    """Shards each parameter is split into."""
-    replica_index: int
-    """This rank's coordinate along the replicate dimension (0 under full sharding)."""
-    shard_index: int
-    """This rank's coordinate along the shard dimension."""
-    replicas_of_shard: tuple[tuple[int, ...], ...]
-    """Per shard index: the global ranks holding a copy of it, by replica index."""
-
-    @property
-    def weight_redundancy(self) -> bool:
-        """Whether some shard has two copies to compare (check 3 can run at all)."""
-        return self.replicas >= 2
-
-    @property
-    def majority_possible(self) -> bool:
-        """Whether a strict majority of replicas can name a minority copy (>= 3 replicas)."""
-        return self.replicas >= 3
 
 
 def is_fsdp2(model: nn.Module) -> bool:
@@ -113,30 +90,12 @@ def is_fsdp2(model: nn.Module) -> bool:
 def _layout(
     params: list[tuple[str, nn.Parameter]], mesh_size: int | None = None
 ) -> tuple[DeviceMesh, ShardedLayout]:
-    """The mesh and its layout, from the parameters' DTensor metadata; raises when unsupported.
+    """The mesh and its layout, learned from the parameters (:func:`.mesh.learn_layout`); raises
+    when unsupported, or when the mesh does not cover the ranks it must.
 
     ``mesh_size``: the ranks the mesh must cover (None: every rank of the job; a pipeline
     stage's data-parallel mesh covers the ranks of its stage)."""
-    if not params:
-        raise ShardingLayoutError("sdc_agent.Guard: the FSDP2 module has no trainable parameters")
-    plain = [name for name, p in params if not isinstance(p, DTensor)]
-    if plain:
-        raise ShardingLayoutError(
-            f"sdc_agent.Guard: parameters {plain[:3]} are not sharded (not DTensors); apply "
-            "fully_shard to the root module too, so that every parameter is sharded"
-        )
-    # Compared by value (DeviceMesh equality: device type, ranks, dimension names): FSDP2 may
-    # hold equal meshes as distinct objects.
-    meshes: list[DeviceMesh] = []
-    for _, p in params:
-        if not any(p.device_mesh == seen for seen in meshes):
-            meshes.append(p.device_mesh)
-    if len(meshes) != 1:
-        raise ShardingLayoutError(
-            f"sdc_agent.Guard: the parameters live on {len(meshes)} different device meshes; the "
-            "guard supports one FSDP2 mesh per model (full sharding or HSDP)"
-        )
-    mesh = meshes[0]
+    mesh, layout = learn_layout(params)
     if mesh_size is not None:
         if mesh.size() != mesh_size:
             raise ShardingLayoutError(
@@ -147,44 +106,23 @@ def _layout(
     elif mesh.size() != dist.get_world_size():
         raise ShardingLayoutError(
             f"sdc_agent.Guard: the FSDP2 mesh has {mesh.size()} ranks but the job has "
-            f"{dist.get_world_size()}; a mesh that is one dimension of a larger one (tensor or "
-            "pipeline parallel) is not supported: every rank must be a data-parallel rank"
+            f"{dist.get_world_size()}; every rank must hold a slice of the model on it: with "
+            "tensor parallelism, the parameters of the TP plan's layers live on the whole mesh "
+            "(parallelize_module on mesh['tp'], then fully_shard on the data-parallel dimensions)"
         )
-    if mesh.ndim == 1:
-        kind, wanted = "fsdp", (Shard,)
-    elif mesh.ndim == 2 and tuple(mesh.mesh_dim_names or ()) in HSDP_DIM_NAME_PAIRS:
-        kind, wanted = "hsdp", (Replicate, Shard)
-    else:
-        raise ShardingLayoutError(
-            f"sdc_agent.Guard: unsupported FSDP2 mesh of {mesh.ndim} dimensions named "
-            f"{mesh.mesh_dim_names}; use a 1-D mesh (full sharding) or a 2-D mesh named "
-            f"{HSDP_DIM_NAMES} (HSDP; also named {' or '.join(map(str, HSDP_DIM_NAME_PAIRS[1:]))})"
-        )
-    for name, p in params:
-        kinds = tuple(type(placement) for placement in p.placements)
-        if len(kinds) != len(wanted) or not all(
-            issubclass(k, w) for k, w in zip(kinds, wanted, strict=True)
-        ):
-            raise ShardingLayoutError(
-                f"sdc_agent.Guard: parameter {name} has placements {tuple(p.placements)}, "
-                f"expected {tuple(w.__name__ for w in wanted)} for {kind.upper()}; tensor "
-                "parallel and other placements are not supported"
-            )
-    grid = mesh.mesh.reshape(-1, mesh.mesh.shape[-1]).tolist()  # [replicas][shards]
-    replicas_of_shard = tuple(tuple(row[s] for row in grid) for s in range(len(grid[0])))
-    if kind == "hsdp":
-        replica_index, shard_index = mesh.get_local_rank(0), mesh.get_local_rank(1)
-    else:
-        replica_index, shard_index = 0, mesh.get_local_rank()
-    layout = ShardedLayout(
-        kind=kind,
-        replicas=len(grid),
-        shards=len(grid[0]),
-        replica_index=replica_index,
-        shard_index=shard_index,
-        replicas_of_shard=replicas_of_shard,
-    )
     return mesh, layout
+
+
+def _replica_ranks_group(mesh: DeviceMesh, layout: ShardedLayout) -> dist.ProcessGroup:
+    """The process group of this rank's replica: every rank holding another slice of the same
+    copy of the weights (collective when a replica spans several mesh dimensions)."""
+    inner = [dim for dim, role in enumerate(layout.roles) if role != REPLICATE]
+    if len(inner) == 1:
+        return mesh.get_group(inner[0])
+    # Shard x tp: one group per replica, made by every rank in the same order.
+    replicas = [list(ranks) for ranks in zip(*layout.replicas_of_shard, strict=True)]
+    group, _ = dist.new_subgroups_by_enumeration(replicas)
+    return group
 
 
 class FSDP2Adapter(ParallelAdapter):
@@ -195,6 +133,8 @@ class FSDP2Adapter(ParallelAdapter):
     the module docstring): every rank must reach ``scaler.step`` together, or none."""
     replays_in_lockstep = True
     """A replay's forward all-gathers the other ranks' shards: every rank replays at once."""
+    tensor_parallel = False
+    """Whether this adapter checks a tensor-parallel dimension (:mod:`.tp`'s does)."""
 
     def __init__(
         self,
@@ -216,6 +156,12 @@ class FSDP2Adapter(ParallelAdapter):
             )
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.mesh, self.layout = _layout(trainable, mesh_size)
+        if self.layout.tensor_parallel and not self.tensor_parallel:
+            raise ShardingLayoutError(
+                f"sdc_agent: {type(self).__name__} does not check tensor parallel layouts "
+                f"({self.layout.kind}); build the Guard (sdc_agent.parallel.adapter_for picks "
+                "TensorParallelAdapter)"
+            )
         self.model: nn.Module = model
         """The model training runs: the root FSDP module (``compute_loss`` gets it)."""
         self.module: nn.Module = model
@@ -242,22 +188,28 @@ class FSDP2Adapter(ParallelAdapter):
         self.param_device = self.params[0].to_local().device
         """Where the parameters' shards (and so the gradients) live."""
         self.replicate_group: dist.ProcessGroup | None = (
-            self.mesh.get_group(0) if self.layout.kind == "hsdp" else None
+            self.mesh.get_group(0) if self.layout.roles[0] == REPLICATE else None
         )
         """The ranks holding copies of this rank's shard (HSDP; None under full sharding)."""
-        self.shard_group: dist.ProcessGroup = (
-            self.mesh.get_group(1) if self.layout.kind == "hsdp" else self.mesh.get_group()
+        # A pipeline stage's view (mesh_size) makes no group: the pipeline's check 3 agrees over
+        # groups that span every stage (sdc_agent.parallel.pp), and a group made here would be a
+        # collective only this stage's ranks reach.
+        self.shard_group: dist.ProcessGroup | None = (
+            _replica_ranks_group(self.mesh, self.layout) if mesh_size is None else None
         )
-        """The ranks holding the other shards of this rank's replica."""
+        """The ranks holding the other shards of this rank's replica (None in a pipeline
+        stage's view)."""
         self.taps: ShardedGradientTaps | None = None
         """Check 1's hooks, once :meth:`install_gradient_taps` installed them."""
         self._fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
         if self.layout.weight_redundancy is False and self.rank == 0:
             logger.warning(
-                "sdc_agent: FSDP2 full sharding: each weight shard has a single copy, so check 3 "
-                "(weight fingerprints across replicas) is off; a bit flip in a stored weight is "
-                "caught only when it changes a computation that an audit replays. Use HSDP "
-                "(a ('replicate', 'shard') mesh with >= 3 replicas) for weight redundancy"
+                "sdc_agent: FSDP2 full sharding (%s): each weight shard has a single copy, so "
+                "check 3 (weight fingerprints across replicas) is off; a bit flip in a stored "
+                "weight is caught only when it changes a computation that an audit replays. Use "
+                "HSDP (a ('replicate', 'shard') mesh, ('replicate', 'shard', 'tp') with tensor "
+                "parallel, with >= 3 replicas) for weight redundancy",
+                self.layout.kind,
             )
 
     # ------------------------------------------------------------------ the adapter's answers
@@ -283,11 +235,19 @@ class FSDP2Adapter(ParallelAdapter):
             "weights_named_by_majority": layout.majority_possible,
             "weights_why": why,
             "replicas_of_shard": [list(r) for r in layout.replicas_of_shard],
+            "mesh": layout.dims(),
         }
+
+    compute_groups: tuple[tuple[int, ...], ...] = ()
+    """Every DP rank computes its micro-batch alone."""
 
     def global_rank(self, dp_rank: int) -> int:
         """The global rank of DP rank ``dp_rank``."""
         return self.global_ranks[dp_rank]
+
+    def seed_rank(self, rank: int) -> int:
+        """Each rank's computation runs with its own seed."""
+        return rank
 
     def replica_columns(self) -> tuple[tuple[int, ...], ...]:
         """One ring over every DP rank: each holds the whole model (or replays it whole)."""

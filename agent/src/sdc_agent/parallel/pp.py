@@ -31,6 +31,17 @@ What each check asks (:class:`~.adapter.ParallelAdapter`), answered for a pipeli
   divergence names one GPU (:mod:`sdc_agent.checks.replay.pipeline_audit`).
 * Check 3: each stage's shards compared across the replicas holding copies of them, at the same
   (pipeline, shard) coordinate (HSDP's ``replicate`` dimension); full sharding keeps one copy.
+
+Tensor parallelism inside a stage (TP x PP x FSDP2 / HSDP, torchtitan's 3-D layout with the TP
+group inside a node): the stage's parameters then live on a mesh with a ``tp`` dimension, and
+the stage's view is :class:`~.tp.TensorParallelAdapter`'s. Each TP rank's pipeline is one of the
+rings' pipelines (``peer_offset`` counts pipelines: a multiple of the TP degree, so each TP group
+replays another group's stage, slice by slice, on another node, which the placement check
+requires of every stage's ring), a TP group draws one RNG stream, and check 3 compares each
+(stage, shard, tp) slice across its replicas. Check 2 compares the per-stage records above, not
+the TP adapter's ordered local results: a forward fault in one rank's TP slice, which the TP
+all-reduce carries to its partners before the stage sends it, names the stage's TP group (one
+node); a fault only in one rank's local weight gradient names that rank.
 """
 
 from __future__ import annotations
@@ -59,6 +70,8 @@ from ..coverage import LayoutFacts
 from ..topology import all_gather_text, collective_device
 from .adapter import ParallelAdapter, WeightReplicas
 from .fsdp import FSDP2Adapter, ShardingLayoutError, is_fsdp2
+from .mesh import learn_layout
+from .tp import TensorParallelAdapter
 
 logger = logging.getLogger("sdc_agent")
 
@@ -135,9 +148,18 @@ class PipelineAdapter(ParallelAdapter):
                 f"sdc_agent.Guard: {job} ranks do not divide into pipelines of "
                 f"{self.pipeline_ranks}"
             )
-        # The stage's data-parallel part, over the ranks holding this stage (one per replica).
-        self.data = FSDP2Adapter(model, None, mesh_size=job // self.pipeline_ranks)
-        """The FSDP2 view of the stage module: its layout, taps and gradient sync."""
+        # The stage's data-parallel part (and its tensor-parallel one, when the stage's mesh has
+        # a tp dimension), over the ranks holding this stage.
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        _, stage_layout = learn_layout(trainable)
+        data_type = TensorParallelAdapter if stage_layout.tensor_parallel else FSDP2Adapter
+        self.data: FSDP2Adapter = data_type(model, None, mesh_size=job // self.pipeline_ranks)
+        """The FSDP2 view of the stage module (:class:`~.tp.TensorParallelAdapter`'s with
+        tensor parallelism inside the stage): its layout, taps and gradient sync."""
+        self.compute_groups: tuple[tuple[int, ...], ...] = self.data.compute_groups
+        """The stage's TP groups (global ranks), each computing one micro-batch's part of the
+        stage together; empty without tensor parallelism. The placement rule maps each onto
+        another along its stage's ring."""
         self.model: nn.Module = model
         """The stage module training runs (the schedule calls it)."""
         self.module: nn.Module = model
@@ -225,6 +247,12 @@ class PipelineAdapter(ParallelAdapter):
     def global_rank(self, dp_rank: int) -> int:
         """The global rank of rank ``dp_rank`` (every rank is named by its global rank)."""
         return self.global_ranks[dp_rank]
+
+    def seed_rank(self, rank: int) -> int:
+        """Each stage's computation runs with its own rank's seed, or its TP group's first
+        rank's with tensor parallelism inside the stage (the group draws one RNG stream); a
+        replay of it draws the numbers of the rank it replays."""
+        return self.data.seed_rank(rank)
 
     def rank_at(self, replica: int, coordinate: int | None = None) -> int:
         """The global rank holding ``coordinate`` (default: this rank's) of ``replica``."""
@@ -331,7 +359,7 @@ class PipelineAdapter(ParallelAdapter):
             why = "2 copies per (stage, shard): a divergence is reported, nobody is named"
         else:
             why = f"each stage's shards compared across their {copies} replicas, stage by stage"
-        return {
+        facts: LayoutFacts = {
             "parallel": f"pp+{layout.kind}",
             "replicas": copies,
             "shards": layout.shards * self.pipeline_ranks,
@@ -340,22 +368,34 @@ class PipelineAdapter(ParallelAdapter):
             "weights_why": why,
             "replicas_of_shard": [list(r) for r in self._replicas_of_shard],
         }
+        if layout.tensor_parallel:
+            # The stage's mesh and the pipeline's dimension: TP x PP x FSDP2 / HSDP.
+            facts["mesh"] = {"pp": self.pipeline_ranks, **layout.dims()}
+        return facts
 
     def pipeline_facts(self) -> dict[str, Any]:
         """The pipeline's shape for ``Guard.coverage()``: stages, schedule, micro-batches, the
-        ranks holding each stage by replica."""
-        return {
+        ranks holding each stage by replica (by pipeline: one per TP rank of a stage), and the
+        stages' TP groups (``tp_groups``) when the stages are tensor parallel."""
+        facts: dict[str, Any] = {
             "stages": self.stages,
             "schedule": type(self.schedule).__name__,
             "micro_batches": int(self.schedule._n_microbatches),
             "replicas": self.replicas,
             "stage_ranks": [list(column) for column in self.replica_columns()],
         }
+        if self.compute_groups:
+            # Tensor parallelism inside each stage: the ranks computing one stage's part of a
+            # micro-batch together.
+            facts["tp_groups"] = [list(g) for g in self.compute_groups]
+        return facts
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Check 1's taps on the stage's unsharded (local) and sharded (reduced) parameters,
         and the pipeline's boundary flags that say where a non-finite value started."""
-        self.data.install_gradient_taps(stats)
+        # FSDP2's taps only, also with tensor parallelism inside the stage: the pipeline's check 2
+        # compares per-stage records, not the TP adapter's ordered local results.
+        FSDP2Adapter.install_gradient_taps(self.data, stats)
         stats.local_origin = PipelineOrigin(self.recorder)
         stats.stage_of = self.pipeline_group  # clipping: the norm is over every stage
 

@@ -42,16 +42,13 @@ replay, whether or not a sensor checks, so replays stay bitwise reproducible.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .abft import BOUND_FLOOR, _bound_scale
-from .rows import FP32_UNIT_ROUNDOFF, sqrt_length
+from .rows import FP32_UNIT_ROUNDOFF, OpSensor, sqrt_length
 from .softmax import softmax_dgrad_ratio
-
-if TYPE_CHECKING:
-    from .sites import Site
 
 ATTENTION_MODES = ("fused", "checked")
 """``protect(attention=...)``: keep the fused SDPA kernel (unchecked), or run the checked path."""
@@ -136,7 +133,7 @@ class AttentionFunction(torch.autograd.Function):
         k: torch.Tensor,
         v: torch.Tensor,
         mask: torch.Tensor | None,
-        site: Site,
+        site: OpSensor,
         scale: float,
         causal: bool,
         groups: int,
@@ -171,7 +168,7 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         q, k, v, p = ctx.saved_tensors
-        site: Site = ctx.site
+        site: OpSensor = ctx.site
         groups = ctx.groups
         q32, k32, v32 = q.float(), k.float(), v.float()
         if groups > 1:
@@ -209,7 +206,9 @@ class AttentionFunction(torch.autograd.Function):
         return dq.to(q_dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None
 
 
-def checked_call(site: Site, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+def checked_call(
+    site: OpSensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> torch.Tensor | None:
     """``F.scaled_dot_product_attention(*args, **kwargs)`` by the checked path, or None when the
     call is one it does not take (dropout, unusual shapes, a device whose autocast it does not
     mirror): the caller then runs the fused kernel."""

@@ -44,15 +44,12 @@ the checked value gives +Inf.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .rows import FP32_UNIT_ROUNDOFF
-
-if TYPE_CHECKING:
-    from .sites import Site
+from .rows import FP32_UNIT_ROUNDOFF, OpSensor
 
 ACTIVATIONS = ("silu", "gelu")
 """The activation functions checked (``F.silu``, ``F.gelu`` with ``approximate`` ``none`` or
@@ -175,7 +172,7 @@ class MulFunction(torch.autograd.Function):
     tapped and checked."""
 
     @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, site: Site) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, site: OpSensor) -> torch.Tensor:  # type: ignore[override]
         y = torch.mul(a, b)
         site.tap("forward", y)
         if site.checks("forward"):
@@ -188,7 +185,7 @@ class MulFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         a, b = ctx.saved_tensors
-        site: Site = ctx.site
+        site: OpSensor = ctx.site
         need_a, need_b = ctx.needs_input_grad[:2]
         da = (grad * b).to(a.dtype) if need_a else None
         db = (grad * a).to(b.dtype) if need_b else None
@@ -230,7 +227,7 @@ class EmbeddingFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, site: Site
+        ctx: Any, ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, site: OpSensor
     ) -> torch.Tensor:
         y = torch.embedding(weight, ids, padding_idx, False, False)
         site.tap("forward", y)
@@ -262,7 +259,7 @@ class ActivationFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, site: Site, name: str, approximate: str
+        ctx: Any, x: torch.Tensor, site: OpSensor, name: str, approximate: str
     ) -> torch.Tensor:
         y = F.silu(x) if name == "silu" else F.gelu(x, approximate=approximate)
         site.tap("forward", y)

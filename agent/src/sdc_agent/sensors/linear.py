@@ -32,10 +32,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .abft import dgrad_ratio, forward_ratio, wgrad_ratio
 from .board import Gemm, LayerShape, SensorBoard, SensorConfig
 from .tap import GemmTap
+from .tensor_parallel import local_linear
 
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
@@ -189,7 +191,11 @@ class ProtectedLinear(nn.Linear):
         """``F.linear(x, weight, bias)``, its GEMMs checked when the board says so.
 
         A layer the plan does not sample at this step costs a few attribute reads and set
-        look-ups over ``nn.Linear`` (fp32: the very ``F.linear`` call)."""
+        look-ups over ``nn.Linear`` (fp32: the very ``F.linear`` call). Under tensor
+        parallelism (a DTensor weight) the GEMMs are this rank's slices
+        (:mod:`.tensor_parallel`)."""
+        if isinstance(self.weight, DTensor):
+            return local_linear(self, x)
         board = self.sensor_board
         if board.rows is None:
             # The plan's cost model needs the batch's rows (host ints: no sync); once.
@@ -206,6 +212,20 @@ class ProtectedLinear(nn.Linear):
             # calls, so the values do not depend on whether a sensor checks).
             return F.linear(x, self.weight, self.bias)
         return _ProtectedLinearFunction.apply(x, self.weight, self.bias, self, dtype)
+
+    def local_forward(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``F.linear`` on one rank's local slices (tensor parallel, :mod:`.tensor_parallel`),
+        its GEMMs checked when the board says so. Always through the protected function, so
+        the values do not depend on whether a sensor checks at this step."""
+        board = self.sensor_board
+        if board.rows is None:
+            board.observe(x.numel() // max(1, weight.shape[-1]), x.device.type)
+        dtype = _compute_dtype(x, weight)
+        if dtype not in _SIXTEEN_BIT and x.dtype != weight.dtype:
+            return F.linear(x, weight, bias)  # raises as nn.Linear does
+        return _ProtectedLinearFunction.apply(x, weight, bias, self, dtype)
 
     def _checks_now(self) -> bool:
         return self.sensor_base in self.sensor_board.active_layers

@@ -26,15 +26,12 @@ module and stays unchecked (``guard.coverage()`` says so).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .rows import FP32_UNIT_ROUNDOFF, worst_row_ratio
+from .rows import FP32_UNIT_ROUNDOFF, OpSensor, worst_row_ratio
 from .softmax import log_softmax_dgrad_ratio, log_softmax_ratio
-
-if TYPE_CHECKING:
-    from .sites import Site
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}  # ATen's Reduction enum
 
@@ -75,7 +72,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         weight: torch.Tensor | None,
         ignore_index: int,
         reduction: str,
-        site: Site,
+        site: OpSensor,
     ) -> torch.Tensor:
         logp = torch._log_softmax(x, 1, False)
         site.tap("forward", logp)
@@ -92,7 +89,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         logp, target, weight, total_weight = ctx.saved_tensors
-        site: Site = ctx.site
+        site: OpSensor = ctx.site
         # The calls autograd's NllLossBackward0 and LogSoftmaxBackward0 make.
         g = torch.ops.aten.nll_loss_backward(
             grad,
@@ -127,7 +124,9 @@ class CrossEntropyFunction(torch.autograd.Function):
         return dx, None, None, None, None, None
 
 
-def checked_call(site: Site, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+def checked_call(
+    site: OpSensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> torch.Tensor | None:
     """``F.cross_entropy(*args, **kwargs)`` by the checked path, or None when the call is one it
     does not take (module docstring): the caller then runs it plain."""
     names = (

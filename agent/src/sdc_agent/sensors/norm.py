@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .abft import layer_norm_row_sums
 from .board import Gemm, SensorBoard
@@ -217,7 +218,8 @@ class ProtectedLayerNorm(OpSensor, nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.layer_norm(x, ...)``, checked when the board says so."""
         device = x.device.type
-        if not self.sensing() or not autocast_mirrored(device):
+        # A DTensor weight (SequenceParallel): not checked; the norm runs as nn.LayerNorm's.
+        if not self.sensing() or not autocast_mirrored(device) or isinstance(self.weight, DTensor):
             return nn.functional.layer_norm(
                 x, self.normalized_shape, self.weight, self.bias, self.eps
             )

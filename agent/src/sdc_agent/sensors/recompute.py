@@ -34,16 +34,13 @@ passes run the same kernels on the same inputs), a match 0.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from ..fingerprint import fingerprints
-from .rows import outside_function_modes
-
-if TYPE_CHECKING:
-    from .sites import FunctionSensors, Site
+from .rows import OpSensor, outside_function_modes
 
 MAX_PENDING = 64
 """First-forward records kept per block without a recompute (a forward under ``no_grad`` or
@@ -66,6 +63,15 @@ def _inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]
     return found
 
 
+class SiteLookup(Protocol):
+    """What the comparisons need of :class:`.sites.FunctionSensors` (typed by this protocol so
+    that this module, which ``sites`` imports, does not import it back)."""
+
+    def site(self, module: str, function: str) -> OpSensor:
+        """The sensor of ``function`` in the forward of ``module``."""
+        ...
+
+
 class _Record:
     """One forward of a block: the fingerprints of its module inputs, in call order."""
 
@@ -79,14 +85,14 @@ class RecomputeComparisons:
     """Matches each checkpointed block's recompute with its first forward (module docstring);
     driven by :class:`.sites.FunctionSensors`' module hooks."""
 
-    def __init__(self, sites: FunctionSensors) -> None:
+    def __init__(self, sites: SiteLookup) -> None:
         """For the blocks of ``sites``' model."""
         self.sites = sites
         self.starts: dict[str, str] = {}
         """The first module a block's recompute calls -> the block's name."""
         self.pending: dict[str, list[_Record]] = {}
         self._recording: tuple[str, _Record] | None = None
-        self._comparing: tuple[str, Site, _Record | None, int] | None = None
+        self._comparing: tuple[str, OpSensor, _Record | None, int] | None = None
 
     @staticmethod
     def _inside(name: str, block: str) -> bool:

@@ -33,10 +33,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
 
 from .stats import GradStatsState, ReducedTap
 
@@ -184,6 +186,69 @@ class FlagExchange:
         return self._table
 
 
+def clip_gradients(
+    params: list[torch.nn.Parameter],
+    max_norm: float,
+    stage_of: dist.ProcessGroup | bool | None = False,
+) -> torch.Tensor:
+    """``clip_grad_norm_`` of ``params`` to ``max_norm``; returns the total norm, the same on
+    every rank (collective under FSDP2 and pipelines: every rank reaches it at the same point).
+
+    FSDP2: the norm of the sharded gradients is a DTensor, reduced over its mesh here. Under
+    tensor parallelism the parameters of modules left out of the TP plan live on a sub-mesh
+    without the tp dimension, and ``clip_grad_norm_`` cannot stack norms of several meshes: each
+    mesh's gradients' norm is reduced over its own mesh (a module replicated across a TP group
+    counts once), the norms combined, and the gradients scaled by that total.
+
+    ``stage_of``: the group holding the other stages of this rank's pipeline (None: WORLD), when
+    ``params`` are one stage of the model (:attr:`~.stats.GradStatsState.stage_of`); the model's
+    norm then sums the stages' squares (as torchtitan's ``clip_grad_norm_`` does over its
+    pipeline mesh) and every stage clips by it. False: ``params`` are the whole model."""
+    grads = [p.grad for p in params if p.grad is not None]
+    meshes: list[Any] = []
+    for g in grads:
+        if isinstance(g, DTensor) and not any(g.device_mesh == m for m in meshes):
+            meshes.append(g.device_mesh)
+    if stage_of is False and len(meshes) <= 1:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    total = _total_norm(grads, meshes)
+    if stage_of is not False:
+        squared = total.double().square()
+        dist.all_reduce(squared, group=stage_of)  # type: ignore[arg-type]
+        total = squared.sqrt().to(total.dtype)
+        scale = max_norm / (float(total) + 1e-6)
+        if scale < 1.0:  # a non-finite total leaves the gradient as it is: check 1 flags it
+            for g in grads:
+                g.mul_(scale)
+        return total
+    # Scaled mesh by mesh (one foreach call cannot mix meshes), each by the same coefficient.
+    with implicit_replication():  # the plain total scales each mesh's DTensor gradients
+        for mesh in meshes:
+            torch.nn.utils.clip_grads_with_norm_(
+                [p for p in params if isinstance(p.grad, DTensor) and p.grad.device_mesh == mesh],
+                max_norm,
+                total,
+            )
+    return total
+
+
+def _total_norm(grads: list[torch.Tensor], meshes: list[Any]) -> torch.Tensor:
+    """The L2 norm of ``grads`` (a plain tensor, the same on every rank): each mesh's part
+    reduced over its own mesh, then combined (plain tensors outside any mesh count as one)."""
+    parts = [[g for g in grads if isinstance(g, DTensor) and g.device_mesh == m] for m in meshes]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    norms = []
+    for part in [*parts, plain]:
+        if not part:
+            continue
+        norm = torch.nn.utils.get_total_norm(part)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
 class GradientCheck:
     """Check 1 for one guarded model: the taps' state, this step's flags, and the exchange
     in flight until it is settled.
@@ -219,6 +284,12 @@ class GradientCheck:
         """[num_params, 2] int64 fingerprints of this step's local gradients (audit steps)."""
         return self.hook_state.local_fingerprints
 
+    def local_table(self) -> torch.Tensor | None:
+        """What check 2 compares of this step's local computation: the local gradients'
+        fingerprints, or the local events in order where the taps record them (tensor
+        parallel; :meth:`~.stats.GradStatsState.local_table`)."""
+        return self.hook_state.local_table()
+
     def add_reduced_tap(self, tap: ReducedTap) -> None:
         """Let ``tap(bucket, reduced)`` see each reduced bucket (fault drills use it)."""
         self.hook_state.reduced_taps.append(tap)
@@ -236,27 +307,9 @@ class GradientCheck:
 
     def clip(self, max_grad_norm: float) -> torch.Tensor:
         """Clip the reduced gradient to ``max_grad_norm`` by the model's total L2 norm; returns
-        that norm (collective under FSDP2 and pipelines; every rank reaches it at one point)."""
-        stage_of = self.hook_state.stage_of
-        limit = math.inf if stage_of is not False else max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(self.params, limit).detach()
-        if isinstance(norm, DTensor):
-            # FSDP2: the norm of the sharded gradients, reduced over the shards here.
-            norm = norm.full_tensor()
-        if stage_of is False:
-            return norm
-        # One stage of a pipeline: the model's norm sums the stages' squares (as torchtitan's
-        # clip_grad_norm_ does over its pipeline mesh), then every stage clips by it. Above,
-        # max_norm=inf measured the stage's norm and scaled nothing (by exactly 1.0).
-        squared = norm.double().square()
-        dist.all_reduce(squared, group=stage_of)  # type: ignore[arg-type]
-        total = squared.sqrt().to(norm.dtype)
-        scale = max_grad_norm / (float(total) + 1e-6)
-        if scale < 1.0:  # a non-finite total leaves the gradient as it is: check 1 flags it
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-        return total
+        that norm (collective under FSDP2 and pipelines; every rank reaches it at one point):
+        :func:`clip_gradients`, over every stage of a pipeline."""
+        return clip_gradients(self.params, max_grad_norm, self.hook_state.stage_of)
 
     def exchange(
         self,

@@ -55,6 +55,15 @@ class GradStatsState:
     """[num_params, 2] int64 fingerprints of the local gradients (audit steps only)."""
     reduced_taps: list[ReducedTap] = field(default_factory=list)
     """Callables that see each reduced bucket (used by fault drills; empty in production)."""
+    records_events: bool = False
+    """Whether the taps also record :attr:`local_events` (set by the adapter that installs
+    them: tensor parallel)."""
+    local_events: list[torch.Tensor] | None = None
+    """This rank's LOCAL results in the order it computed them ([2] int64 fingerprints: module
+    outputs before a collective mixes them, each local gradient as autograd stores it), on steps
+    that capture fingerprints when :attr:`records_events`; else None."""
+    local_event_keys: list[tuple[int, int] | None] = field(default_factory=list)
+    """Per local event: (group, order) for a gradient of one module's parameters, else None."""
     local_origin: LocalOrigin | None = None
     """Says where a non-finite local gradient started (pipeline stages); None: on this rank."""
     stage_of: dist.ProcessGroup | bool | None = False
@@ -79,6 +88,43 @@ class GradStatsState:
             if capture_fingerprints
             else None
         )
+        self.local_events = [] if capture_fingerprints and self.records_events else None
+        self.local_event_keys = []
+
+    def add_local_event(
+        self, fingerprint: torch.Tensor, *, group: int | None = None, order: int = 0
+    ) -> None:
+        """Record one local result ([2] int64) in :attr:`local_events`, if they are recorded.
+
+        ``group``: the result is the gradient of one of a module's parameters (``order``: its
+        row). One backward node produces a module's parameter gradients at once, and autograd
+        accumulates them in an order that depends on how the node was computed (a protected
+        layer's own backward, or ``F.linear``'s, when a sensor does not check at that step),
+        so a run of one module's gradients is kept in row order: the same in training and in a
+        replay, whichever computed it."""
+        events, keys = self.local_events, self.local_event_keys
+        if events is None:
+            return
+        events.append(fingerprint)
+        keys.append(None if group is None else (group, order))
+        i = len(events) - 1
+        while i > 0 and group is not None:
+            previous = keys[i - 1]
+            if previous is None or previous[0] != group or previous[1] < order:
+                break
+            events[i - 1], events[i] = events[i], events[i - 1]
+            keys[i - 1], keys[i] = keys[i], keys[i - 1]
+            i -= 1
+
+    def local_table(self) -> torch.Tensor | None:
+        """What check 2 compares of this rank's computation: its local events in order when
+        recorded ([events, 2] int64), else the per-parameter local gradient fingerprints
+        (None when nothing was captured)."""
+        if self.local_events is None:
+            return self.local_fingerprints
+        if not self.local_events:
+            return torch.zeros((0, 2), dtype=torch.int64)
+        return torch.stack(self.local_events)
 
     def restart_fingerprints(self, device: torch.device) -> None:
         """Capture the local gradients' fingerprints from now on into a fresh table (a pipeline

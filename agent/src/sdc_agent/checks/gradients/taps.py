@@ -76,6 +76,10 @@ class ShardedGradientTaps:
         step's flags (the synchronising backward does, as DDP's comm hook does) but check each
         micro-batch's gradient into a flag that backward carries on."""
         self._row_by_name = {name: row for row, name in enumerate(names)}
+        modules = {name.rpartition(".")[0] for name in names}
+        module_index = {module: i for i, module in enumerate(sorted(modules))}
+        self._module_of_row = [module_index[name.rpartition(".")[0]] for name in names]
+        """Per row: its module's index (a module's gradients are one run of local events)."""
         self._unsharded: dict[int, nn.Parameter] = {}
         self._unsharded_by_name: dict[str, nn.Parameter] = {}
         self._waiting: dict[str, list[Callable[[nn.Parameter], None]]] = {}
@@ -88,6 +92,8 @@ class ShardedGradientTaps:
         the local taps (:meth:`isolate_with`)."""
         for row, param in enumerate(params):
             param.register_post_accumulate_grad_hook(self._reduced_tap(row))
+        self._sharded = {id(p) for p in root.parameters()}
+        """The sharded parameters (FSDP2 swaps unsharded ones in for forward and backward)."""
         prefixes = {id(m): name for name, m in root.named_modules()}
         # Removed once every trainable parameter's unsharded form is hooked: walking the
         # parameters on every forward would cost O(parameters) per FSDP module and step.
@@ -107,6 +113,11 @@ class ShardedGradientTaps:
             state, grad = self.state, param.grad
             if grad is None:
                 return
+            if isinstance(grad, DTensor):
+                # Tensor parallel: the unsharded parameter is a DTensor over the tp dimension;
+                # this rank's own gradient is its local slice (a Partial one is this rank's
+                # contribution, before any reduction).
+                grad = grad.to_local()
             if not self.recording:
                 # A micro-batch without sync. Under a MixedPrecisionPolicy whose reduce dtype
                 # is not the parameters', FSDP2 moves this gradient into a private buffer after
@@ -116,7 +127,14 @@ class ShardedGradientTaps:
                 mark_non_finite([grad], self._carried_flag(state.local_flags, grad.device))
                 return
             if state.capture_fingerprints and state.local_fingerprints is not None:
-                state.record_local_fingerprint(row, fingerprints([grad])[0])
+                fingerprint = fingerprints([grad])[0]
+                state.record_local_fingerprint(row, fingerprint)
+                # in the order autograd ran, a module's parameters in row order
+                state.add_local_event(
+                    fingerprint.to(state.local_fingerprints.device),
+                    group=self._module_of_row[row],
+                    order=row,
+                )
             flags = state.local_flags
             # One flag per step, raised in place by every tap (one fused pass per
             # parameter, no temporaries, nothing read back: see sdc_agent.checks.gradients.finiteness). It is
@@ -170,7 +188,7 @@ class ShardedGradientTaps:
 
         def hook(module: nn.Module, args: object) -> None:
             for name, param in module.named_parameters(prefix=prefix):
-                if isinstance(param, DTensor) or id(param) in self._unsharded:
+                if id(param) in self._sharded or id(param) in self._unsharded:
                     continue  # still sharded (a nested FSDP module), or already hooked
                 row = self._row_by_name.get(name)
                 if row is None:

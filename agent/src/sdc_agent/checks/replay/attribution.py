@@ -160,3 +160,41 @@ def nonfinite_verdict(
     if again.matches(third, compare_grads=compare_grads):
         return "transient", "target"
     return "unclear", "target"
+
+
+# ---------------------------------------------------------------- ranks that compute together
+def first_divergence(own: Sequence[Sequence[int]], replayed: Sequence[Sequence[int]]) -> int:
+    """The index of the first local result (a row of fingerprints, in the order the rank
+    computed them) where ``own`` and ``replayed`` differ; their common length when one is the
+    other's prefix or they are equal (then only the loss, computed after them, differed)."""
+    for index, (a, b) in enumerate(zip(own, replayed, strict=False)):
+        if list(a) != list(b):
+            return index
+    return min(len(own), len(replayed))
+
+
+def earliest_local_mismatches(
+    pairs: list[tuple[int, int]],
+    first: dict[tuple[int, int], int],
+    group_of: Sequence[int],
+) -> list[tuple[int, int]]:
+    """The mismatched (target, replayer) pairs at which the divergence is EARLIEST among the
+    pairs of the same two groups of ranks that compute together (tensor parallel groups).
+
+    Rank r of group G replays rank r + offset of group H, and every rank of G replays H's
+    micro-batch, each its own slice: the pairs between G and H, one per slice. ``first[pair]``
+    is the index of the first local result where the pair differs (:func:`first_divergence`).
+    A rank's local results up to that index were computed from results that agreed, so the
+    ranks that diverged first computed wrong themselves; the ranks of the same groups that
+    diverged later only received a wrong result through a collective that mixes the slices
+    (a row-parallel all-reduce). Those later pairs are dropped, and the ring's attribution
+    (:func:`find_culprits`, confirmations) runs on what is left, slice by slice: it names the
+    GPU, not its group. Ranks alone in their group keep every pair.
+    """
+    earliest: dict[tuple[int, int], int] = {}
+    for pair in pairs:
+        key = (group_of[pair[0]], group_of[pair[1]])
+        earliest[key] = min(earliest.get(key, first[pair]), first[pair])
+    return sorted(
+        pair for pair in pairs if first[pair] == earliest[(group_of[pair[0]], group_of[pair[1]])]
+    )

@@ -35,8 +35,10 @@ from .attribution import (
     ROW_WIDTH,
     Outcome,
     confirmation_jobs,
+    earliest_local_mismatches,
     find_culprits,
     find_mismatches,
+    first_divergence,
     is_failed,
     mismatch_verdict,
     nonfinite_verdict,
@@ -116,9 +118,7 @@ class RingAudit:
         if not audit:
             if not seeded:
                 return StepEnvironment()
-            return StepEnvironment.enter(
-                seed=step_seed(step, self.adapter.rank), deterministic=False
-            )
+            return StepEnvironment.enter(seed=self._seed(step), deterministic=False)
         self.replayer.note_gradients_at_start(step)
         if self.grad_accum > 1:
             # The audited micro-batch's gradient is isolated from no gradient (accumulation.py),
@@ -126,9 +126,7 @@ class RingAudit:
             self.replayer.zero_grads_at_start = None
         # The step's computation must be reproducible by another GPU: seed it from
         # (step, rank) instead of the job's RNG stream, which is put back afterwards.
-        return StepEnvironment.enter(
-            seed=step_seed(step, self.adapter.rank), deterministic=deterministic
-        )
+        return StepEnvironment.enter(seed=self._seed(step), deterministic=deterministic)
 
     def begin_micro_batch(
         self, step: int, index: int, *, audited: bool, seeded: bool, isolate: bool
@@ -138,7 +136,7 @@ class RingAudit:
         and, with ``isolate``, set the accumulated gradient aside (:mod:`sdc_agent.checks.replay.accumulation`)."""
         self.current_micro_batch = index
         if seeded:
-            seed_all(step_seed(step, self.adapter.rank, base=index))
+            seed_all(self._seed(step, index))
         if audited:
             self._snapshot_pending = True
             if isolate and self.isolation is not None:
@@ -159,6 +157,11 @@ class RingAudit:
         self._snapshot_pending = False
         if self._isolating:
             self.end_micro_batch()
+
+    def _seed(self, step: int, micro_batch: int = 0) -> int:
+        """The seed of this rank's computation of ``step`` (micro-batch ``micro_batch``)."""
+        a = self.adapter
+        return step_seed(step, a.seed_rank(a.rank), base=micro_batch)
 
     def _before_module_forward(self, module: torch.nn.Module, args: Any) -> None:
         """Snapshot buffers as the audited step's forward starts (after DDP's buffer broadcast)."""
@@ -200,7 +203,9 @@ class RingAudit:
                 self.current_micro_batch = i if self.grad_accum > 1 else None
                 outcomes.append(
                     self.replayer.replay(
-                        micros[i], seed=step_seed(step, target, base=i), deterministic=deterministic
+                        micros[i],
+                        seed=step_seed(step, self.adapter.seed_rank(target), base=i),
+                        deterministic=deterministic,
                     )
                 )
         finally:
@@ -326,6 +331,23 @@ class RingAudit:
             self.reporter.passes.last_audit_pass = step
             self.reporter.record_pass("audit", step)
             return None
+        diagnosis = None
+        if a.compute_groups and deterministic:
+            # Ranks that compute one micro-batch together (tensor parallel): keep the pairs that
+            # diverged first; the others received the wrong result through a collective.
+            mixed = pairs
+            pairs = self._earliest_local_pairs(pairs, own_fingerprints, self.replayer.last_table)
+            if pairs != mixed:
+                later = [
+                    (a.global_rank(t), a.global_rank(r)) for t, r in mixed if (t, r) not in pairs
+                ]
+                diagnosis = (
+                    "ranks that compute together (tensor parallel): the pairs "
+                    f"{[(a.global_rank(t), a.global_rank(r)) for t, r in pairs]} diverged first, "
+                    "in local results computed before a collective mixed their group's slices; "
+                    f"the pairs {later} of the same groups diverged only later, after a "
+                    "collective carried a wrong result to them"
+                )
 
         culprits = find_culprits(pairs)
         disputed = unexplained(pairs, culprits)
@@ -359,7 +381,58 @@ class RingAudit:
             pairs=[(a.global_rank(t), a.global_rank(r)) for t, r in pairs],
             culprits=[a.global_rank(r) for r in culprits],
             verdicts=verdicts,
+            diagnosis=diagnosis,
         )
+
+    def _earliest_local_pairs(
+        self,
+        pairs: list[tuple[int, int]],
+        own_table: torch.Tensor | None,
+        replay_table: torch.Tensor | None,
+    ) -> list[tuple[int, int]]:
+        """The mismatched pairs whose local results diverged first among the pairs of the same
+        two groups of ranks that compute together (:func:`.attribution.earliest_local_mismatches`).
+
+        Collective over the audit's group, only when some pair mismatched. Each rank sends its
+        replay's local results to the rank whose micro-batch it replayed, and receives its own
+        replayer's (one point-to-point shift around the ring: the tables never travel further),
+        finds where they first differ from its own, and one small all-gather shares that index."""
+        a = self.adapter
+        device = a.collective_device
+        empty = torch.zeros((0, 2), dtype=torch.int64)
+        own = (own_table if own_table is not None else empty).to(device, torch.int64)
+        replay = (replay_table if replay_table is not None else empty).to(device, torch.int64)
+        target = a.global_rank(replay_target(a.dp_rank, a.world, self.peer_offset))
+        replayer = a.global_rank((a.dp_rank - self.peer_offset) % a.world)
+        length = torch.tensor([replay.shape[0]], dtype=torch.int64, device=device)
+        received_length = torch.zeros_like(length)
+        self._shift(length, target, received_length, replayer)
+        received = torch.zeros((int(received_length.item()), 2), dtype=torch.int64, device=device)
+        self._shift(replay.contiguous(), target, received, replayer)
+        mine = torch.tensor(
+            [first_divergence(own.cpu().tolist(), received.cpu().tolist())],
+            dtype=torch.int64,
+            device=device,
+        )
+        firsts = [torch.zeros_like(mine) for _ in range(a.world)]
+        dist.all_gather(firsts, mine, group=a.dp_group)
+        first = {(t, r): int(firsts[t].item()) for t, r in pairs}
+        group_of = list(range(len(a.compute_groups), len(a.compute_groups) + a.world))
+        for index, members in enumerate(a.compute_groups):
+            for dp in members:
+                group_of[dp] = index
+        return earliest_local_mismatches(pairs, first, group_of)
+
+    def _shift(self, send: torch.Tensor, to: int, receive: torch.Tensor, source: int) -> None:
+        """Send ``send`` to global rank ``to`` while receiving ``receive`` from ``source``, every
+        rank at once (batched, so that NCCL cannot deadlock on a ring of sends)."""
+        group = self.adapter.dp_group
+        ops = [
+            dist.P2POp(dist.isend, send, to, group=group),
+            dist.P2POp(dist.irecv, receive, source, group=group),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
 
     def third_rank(self, target_dp: int) -> int:
         """The global rank of the GPU that settles a dispute over DP rank ``target_dp``'s batch."""

@@ -101,7 +101,7 @@ class CollectiveReplayer(Replayer):
             divide_loss=divide_loss,
         )
         self.adapter = adapter
-        self._param_index = step_state.param_index
+        self._step_state = step_state
 
     def micro_batch_isolation(self) -> MicroBatchIsolation:
         """Isolation of the audited micro-batch on the UNSHARDED parameters, where this rank's
@@ -131,7 +131,14 @@ class CollectiveReplayer(Replayer):
         """Recompute ``batch`` with RNG ``seed`` (collective: every rank calls it at once)."""
         adapter = self.adapter
         with self.state_set_aside():
-            record = GradStatsState(process_group=None, param_index=self._param_index)
+            step_state = self._step_state
+            record = GradStatsState(
+                process_group=None,
+                param_index=step_state.param_index,
+                # With accumulation the audited step's own gradient is isolated per parameter
+                # (accumulation.py) and its local results are not recorded: compare the same.
+                records_events=step_state.records_events and self.grad_accum == 1,
+            )
             record.arm(capture_fingerprints=deterministic, device=adapter.param_device)
             try:
                 adapter.set_gradient_sync(False)
@@ -144,9 +151,8 @@ class CollectiveReplayer(Replayer):
                         scaled_for_backward(loss, self.scaler).backward()
                 flags = record.local_flags
                 finite = not bool(torch.cat(flags).any()) if flags else True
-                return outcome_of(
-                    loss, record.local_fingerprints if deterministic else None, finite
-                )
+                self.last_table = record.local_table() if deterministic else None
+                return outcome_of(loss, self.last_table, finite)
             finally:
                 adapter.set_gradient_sync(True)
                 adapter.discard_unsynced_gradients()

@@ -111,6 +111,10 @@ class Replayer:
         """What each micro-batch's loss is divided by before its backward (1: as is)."""
         self.forward_buffers: list[torch.Tensor] | None = None
         """Buffers as they were when this step's training forward began (None: use current)."""
+        self.last_table: torch.Tensor | None = None
+        """The table the last replay's outcome digested (its local gradient fingerprints, or
+        local events in order), None without deterministic kernels; check 2 gathers it when
+        ranks that compute together disagree (:meth:`~.audit.RingAudit.audit`)."""
         self.zero_grads_at_start: list[bool] | None = None
         """Per parameter: the step began with a zero gradient tensor (``zero_grad(set_to_none=
         False)``) rather than None. A replay starts the same way: 0 + (-0.0) is +0.0, so the
@@ -178,5 +182,5 @@ class Replayer:
                 loss = micro_batch_loss(self.compute_loss(self.module, batch), self.loss_divisor)
                 scaled_for_backward(loss, self.scaler).backward()
             grads = [p.grad for p in self.params]
-            table = fingerprints(grads) if deterministic else None
-            return outcome_of(loss, table, all_finite(grads))
+            self.last_table = fingerprints(grads) if deterministic else None
+            return outcome_of(loss, self.last_table, all_finite(grads))
