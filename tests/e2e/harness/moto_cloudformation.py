@@ -43,6 +43,58 @@ def _require_pinned_moto() -> None:
 
 
 # ---------------------------------------------------------------------------- resource models
+class _Recorded:
+    """Shared plumbing (a mixin: moto lists only *direct* subclasses of CloudFormationModel
+    as models): update is delete-then-create (none of these keeps an identity a template
+    could observe changing); deletion goes through each instance's ``delete``."""
+
+    physical_id: str
+    CFN_TYPE: str
+    """The CloudFormation type the model creates."""
+    NAME_TYPE = ""
+    """The property that names the resource, "" where CloudFormation makes up the name."""
+
+    @classmethod
+    def cloudformation_type(cls) -> str:
+        return cls.CFN_TYPE
+
+    @classmethod
+    def cloudformation_name_type(cls) -> str:
+        return cls.NAME_TYPE
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.physical_id
+
+    @classmethod
+    def has_cfn_attr(cls, attr: str) -> bool:
+        return False
+
+    @classmethod
+    def update_from_cloudformation_json(  # type: ignore[override]
+        cls,
+        original_resource: Any,
+        new_resource_name: str,
+        cloudformation_json: dict[str, Any],
+        account_id: str,
+        region_name: str,
+    ) -> Any:
+        original_resource.delete(account_id, region_name)
+        return cls.create_from_cloudformation_json(
+            new_resource_name, cloudformation_json, account_id, region_name
+        )
+
+    @classmethod
+    def delete_from_cloudformation_json(  # type: ignore[override]
+        cls,
+        resource_name: str,
+        cloudformation_json: dict[str, Any],
+        account_id: str,
+        region_name: str,
+    ) -> None:
+        """Unused: ResourceMap deletes through the instance's ``delete``."""
+
+
 def _resource_models() -> list[type]:
     """The CloudFormation models for the types this stack uses that moto 5.2.5 skips.
 
@@ -62,57 +114,6 @@ def _resource_models() -> list[type]:
     from moto.scheduler.models import scheduler_backends
     from moto.sns.models import sns_backends
     from moto.sqs.models import sqs_backends
-
-    class _Recorded:
-        """Shared plumbing (a mixin: moto lists only *direct* subclasses of CloudFormationModel
-        as models): update is delete-then-create (none of these keeps an identity a template
-        could observe changing); deletion goes through each instance's ``delete``."""
-
-        physical_id: str
-        CFN_TYPE: str
-        """The CloudFormation type the model creates."""
-        NAME_TYPE = ""
-        """The property that names the resource, "" where CloudFormation makes up the name."""
-
-        @classmethod
-        def cloudformation_type(cls) -> str:
-            return cls.CFN_TYPE
-
-        @classmethod
-        def cloudformation_name_type(cls) -> str:
-            return cls.NAME_TYPE
-
-        @property
-        def physical_resource_id(self) -> str:
-            return self.physical_id
-
-        @classmethod
-        def has_cfn_attr(cls, attr: str) -> bool:
-            return False
-
-        @classmethod
-        def update_from_cloudformation_json(  # type: ignore[override]
-            cls,
-            original_resource: Any,
-            new_resource_name: str,
-            cloudformation_json: dict[str, Any],
-            account_id: str,
-            region_name: str,
-        ) -> Any:
-            original_resource.delete(account_id, region_name)
-            return cls.create_from_cloudformation_json(
-                new_resource_name, cloudformation_json, account_id, region_name
-            )
-
-        @classmethod
-        def delete_from_cloudformation_json(  # type: ignore[override]
-            cls,
-            resource_name: str,
-            cloudformation_json: dict[str, Any],
-            account_id: str,
-            region_name: str,
-        ) -> None:
-            """Unused: ResourceMap deletes through the instance's ``delete``."""
 
     class CloudWatchAlarm(_Recorded, CloudFormationModel):
         """AWS::CloudWatch::Alarm -> moto's PutMetricAlarm (single metric or metric math)."""
@@ -666,21 +667,11 @@ def look_up_the_cluster_arn_in_moto() -> None:
     from moto.core.common_models import CloudFormationModel
     from moto.sagemaker.models import sagemaker_backends
 
-    class HyperPodClusterArnLookup(CloudFormationModel):
+    class HyperPodClusterArnLookup(_Recorded, CloudFormationModel):
+        CFN_TYPE = CLUSTER_ARN_LOOKUP
+
         def __init__(self, physical_id: str, attributes: dict[str, str]) -> None:
             self.physical_id, self.attributes = physical_id, attributes
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return CLUSTER_ARN_LOOKUP
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return ""
-
-        @property
-        def physical_resource_id(self) -> str:
-            return self.physical_id
 
         @classmethod
         def has_cfn_attr(cls, attr: str) -> bool:
@@ -707,27 +698,8 @@ def look_up_the_cluster_arn_in_moto() -> None:
             attributes = {path: described[path] for path in call["outputPaths"]}
             return cls(call["physicalResourceId"]["id"], attributes)
 
-        @classmethod
-        def update_from_cloudformation_json(  # type: ignore[override]
-            cls,
-            original_resource: Any,
-            new_resource_name: str,
-            cloudformation_json: dict[str, Any],
-            account_id: str,
-            region_name: str,
-        ) -> Any:
-            return cls.create_from_cloudformation_json(
-                new_resource_name, cloudformation_json, account_id, region_name
-            )
-
-        @classmethod
-        def delete_from_cloudformation_json(  # type: ignore[override]
-            cls, resource_name: str, cloudformation_json: Any, account_id: str, region_name: str
-        ) -> None:
-            """Nothing to delete: the lookup created nothing."""
-
         def delete(self, account_id: str, region_name: str) -> None:
-            """Nothing to delete: the lookup created nothing."""
+            """Nothing to delete: the lookup created nothing (so an update is a new lookup)."""
 
     def make(original: Callable[[str], Any]) -> Callable[[str], Any]:
         def resource_class_from_type(resource_type: str) -> Any:
