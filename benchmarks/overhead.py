@@ -591,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": {**kwargs, "nodes": args.nodes},
             "params": rank0["params"],
             "variants": summary,
+            "targets_pct": TARGETS_PCT,
         }
         recorder.write(args.json, document)
         print(f"summary written to {args.json}")
