@@ -77,6 +77,12 @@ def _ms(value: float) -> str:
     return f"{value:.1f} ms"
 
 
+def _relative(fraction: float) -> str:
+    """+0.5%, +61%: a decimal only where it is not noise next to the figure."""
+    pct = fraction * 100
+    return f"{pct:+.1f}%" if abs(pct) < 10 else f"{pct:+.0f}%"
+
+
 def _share(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "-"
 
@@ -278,7 +284,7 @@ def attention_cost(results: Results) -> list[str]:
         plain = best["plain"]
         rows.append(
             [tokens, f"{plain * 1e3:.1f} ms"]
-            + [f"{(best[key] / plain - 1) * 100:+.1f}%" for _, key in ATTENTION_SETTINGS]
+            + [_relative(best[key] / plain - 1) for _, key in ATTENTION_SETTINGS]
         )
     lines = _table(["tokens", "plain (fused)", *(label for label, _ in ATTENTION_SETTINGS)], rows)
     return lines + _provenances(results, ["attention-cost"])
@@ -384,7 +390,7 @@ def sensor_ratios(results: Results) -> list[str]:
     families: dict[str, list[dict[str, Any]]] = {}
     for cell in document["cells"]:
         families.setdefault(cell["family"], []).append(cell)
-    dtypes = sorted({c["dtype"] for c in document["cells"]})
+    dtypes = sorted({c["dtype"] for c in document["cells"]}, key=lambda d: (d != "fp32", d))
 
     def caught(cells: list[dict[str, Any]]) -> str:
         faulted = [c for c in cells if "fault_over_initial" in c]
