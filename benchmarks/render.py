@@ -494,9 +494,14 @@ SOAK_JOBS = (
 
 def sensor_soak(results: Results) -> list[str]:
     """Fault-free soaks with every sensor every step: candidates, alarms, thresholds."""
-    rows = []
+    rows, ran, missing = [], [], []
     for job in SOAK_JOBS:
-        s = results[job]
+        try:
+            s = results[job]
+        except MissingResults:
+            missing.append(job)
+            continue
+        ran.append(job)
         families = s["families"]
         top_name, top = max(families.items(), key=lambda kv: kv[1]["max_healthy_ratio"])
         bounds = [t for f in families.values() if f["thresholds"] for t in f["thresholds"]]
@@ -515,8 +520,12 @@ def sensor_soak(results: Results) -> list[str]:
             ]
         )
     head = ["run", "steps", "candidates", "unconfirmed (`reproducible`)", "alarms", "thresholds"]
+    if not ran:
+        raise MissingResults(f"no sensor soak has results: run `make bench BENCH={SOAK_JOBS[0]}`")
     lines = _table([*head, "largest healthy ratio (family)", "wall"], rows)
-    return lines + _provenances(results, list(SOAK_JOBS))
+    if missing:
+        lines += ["", f"Not run yet by `make bench`: {', '.join(missing)}."]
+    return lines + _provenances(results, ran)
 
 
 def publish(results: Results) -> list[str]:
@@ -609,8 +618,9 @@ def render_text(text: str, results: Results, where: str = "document") -> str:
         body = "".join(f"{indent}{line}".rstrip() + "\n" for line in TABLES[name](results))
         return f"{indent}<!-- bench:{name} -->\n{body}{indent}<!-- /bench:{name} -->"
 
-    opened = re.findall(r"<!-- bench:([\w-]+) -->", text)
-    closed = re.findall(r"<!-- /bench:([\w-]+) -->", text)
+    # A marker is a line of its own (a marker quoted in prose, in backticks, is not one).
+    opened = re.findall(r"^[ \t]*<!-- bench:([\w-]+) -->$", text, re.MULTILINE)
+    closed = re.findall(r"^[ \t]*<!-- /bench:([\w-]+) -->$", text, re.MULTILINE)
     rendered, count = MARKER.subn(replace, text)
     if count != len(opened) or opened != closed:
         raise ValueError(f"{where}: unbalanced bench markers (opened {opened}, closed {closed})")
