@@ -128,7 +128,11 @@ def soak(*, model: str, dtype: str, steps: int, every: int) -> dict[str, Any]:
             ratios = _last_ratios(guard)
             if ratios is not None:
                 sensed += 1
-                peak = torch.maximum(peak, ratios.double().cpu().nan_to_num(math.inf))
+                current = ratios.double().cpu().nan_to_num(math.inf)
+                # The board registers sensors as the first steps discover their ops: grow with it.
+                if current.numel() > peak.numel():
+                    peak = torch.cat([peak, peak.new_zeros(current.numel() - peak.numel())])
+                peak = torch.maximum(peak, current)
             if alarm is not None:
                 alarms.append(alarm.to_dict())
                 continue  # the step is not applied; a soak counts every alarm
