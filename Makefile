@@ -60,12 +60,13 @@ format: $(STAMP)
 synth: $(STAMP) $(CDK_CLI)
 	npx cdk synth --quiet
 
+## bench: every benchmark behind a figure of docs/performance.md, one at a time, with the flags
+## the figures were measured with; raw results (with the command, machine, load and versions) in
+## benchmarks/results/, then the doc's tables rendered from them (benchmarks/render.py).
+## BENCH=job,job runs a subset (`python benchmarks/bench.py --list` names them and their last
+## run times); ARGS passes bench.py's options (e.g. ARGS="--skip campaign").
 bench: $(STAMP)
-	$(PY) benchmarks/fingerprint.py
-	$(PY) benchmarks/overhead.py
-	$(PY) benchmarks/publish.py
-	$(PY) benchmarks/collectives.py --model
-	$(PY) benchmarks/collectives.py
+	$(PY) benchmarks/bench.py $(if $(BENCH),--only $(BENCH)) $(ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .deploy-local .pytest_cache

@@ -15,11 +15,12 @@ sensor checking. CPU time per step, best of ``--rounds``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from results import Recorder
 
 # The Llama comes from the tests' support package (transformers is a development dependency).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (best is kept)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     lengths = [int(t) for t in args.tokens.split(",") if t.strip()]
     if not lengths or min(lengths) < 2 or min(args.batch, args.steps, args.rounds) < 1:
         parser.error("--tokens >= 2 each; --batch, --steps, --rounds >= 1")
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, seconds in best.items():
             print(f"  {name:<22}{seconds * 1e3:9.1f}  {seconds / base - 1:+7.1%}")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+        recorder.write(args.json, {"args": vars(args), "tokens": report})
     return 0
 
 

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from results import Recorder
 
 # The Llama comes from the tests' support package (transformers is a development dependency).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -453,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead-rounds", type=int, default=3, help="timed rounds")
     parser.add_argument("--json", type=Path, help="write the rows and tables here")
     args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     if args.trials < 1:
         parser.error("--trials must be >= 1")
     families = [f.strip() for f in args.families.split(",") if f.strip()] or list(FAMILIES)
@@ -528,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(f"\n{report['seconds']:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2, default=str))
+        recorder.write(args.json, report)
     return 0
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from results import Recorder
 
 from sdc_agent.alarm import RankInfo
 from sdc_agent.checks.replay.attribution import ROW_WIDTH
@@ -701,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the table(s) here as JSON")
     args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     for field in ("reps", "tensors", "gpus_per_node"):
         if getattr(args, field) < 1:
             parser.error(f"--{field.replace('_', '-')} must be at least 1")
@@ -735,8 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         document["gloo"] = measure(args)
         print_measured(document["gloo"])
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        recorder.write(args.json, document)
         print(f"written to {args.json}")
     return 0
 

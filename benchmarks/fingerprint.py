@@ -21,7 +21,6 @@ processes usually run one thread each), CUDA when present.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -31,6 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from results import Recorder
 
 from sdc_agent import fingerprints
 
@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the summary here")
     args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     os.environ["SDC_FINGERPRINT_BACKEND"] = args.backend
 
     sizes = [parse_size(s) for s in args.sizes.split(",")] + ([10**9] if args.large else [])
@@ -238,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if load > 0.5 * (os.cpu_count() or 1):
         print(f"note: load average {load:.1f} on {os.cpu_count()} CPUs: other work was running")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        recorder.write(args.json, summary)
         print(f"summary written to {args.json}")
     mismatch = any(r["agrees_with_eager_int64"] is False for r in results)
     return 1 if mismatch else 0

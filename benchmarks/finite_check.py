@@ -32,8 +32,10 @@ import argparse
 import math
 import timeit
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
+from results import Recorder
 
 Check = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
@@ -101,7 +103,7 @@ def _sound(check: Check, grads: list[torch.Tensor]) -> bool:
     return bool(check(poisoned)) and not bool(check(huge)) and not bool(check(grads))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=1024, help="MLP width (overhead.py's)")
     parser.add_argument("--depth", type=int, default=4, help="hidden layers (overhead.py's)")
@@ -109,7 +111,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--number", type=int, default=20, help="steps per timed run")
     parser.add_argument("--repeats", type=int, default=15, help="timed runs (min reported)")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     g = torch.Generator().manual_seed(0)
@@ -121,12 +125,18 @@ def main() -> None:
         f"{args.threads} thread(s), torch {torch.__version__}; ms per step, min of "
         f"{args.repeats} x {args.number}"
     )
+    figures: dict[str, float | None] = {}
     for name, check in CANDIDATES.items():
         if not _sound(check, grads):
             print(f"{name:18s} UNSOUND (misses a NaN or flags the largest finite value)")
+            figures[name] = None
             continue
         best = min(timeit.repeat(lambda c=check: c(grads), number=args.number, repeat=args.repeats))
         print(f"{name:18s} {1e3 * best / args.number:8.3f}")
+        figures[name] = 1e3 * best / args.number
+    if args.json:
+        document = {"args": vars(args), "gradients": len(grads), "elements": numel}
+        recorder.write(args.json, {**document, "ms_per_step": figures})
 
 
 if __name__ == "__main__":

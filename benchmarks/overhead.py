@@ -92,6 +92,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from results import Recorder
 from torch import nn
 
 import sdc_agent as sdc
@@ -521,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         "see the same drift in the machine's load, and compare them",
     )
     args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     if args.steps <= 0 or args.steps % 100:
         parser.error("--steps must be a positive multiple of 100 (whole audit periods)")
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -617,8 +619,9 @@ def main(argv: list[str] | None = None) -> int:
             "config": {**kwargs, "nodes": args.nodes},
             "params": rank0["params"],
             "variants": summary,
+            "targets_pct": TARGETS_PCT,
         }
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        recorder.write(args.json, document)
         print(f"summary written to {args.json}")
     return 0
 

@@ -21,9 +21,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
+from results import Recorder
 
 from sdc_agent.alarm import Alarm, RankInfo
 from sdc_agent.publish import CloudWatchPublisher, RetryPolicy
@@ -121,11 +123,13 @@ def run_case(kind: str, steps: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run every case and print a table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=400, help="measured steps per case")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -136,12 +140,15 @@ def main() -> None:
     print(
         f"{'endpoint':<10}{'median ms':>11}{'p99 ms':>9}{'max publish ms':>16}{'flush s':>9}  delivered"
     )
+    cases = {}
     for kind in ("null", "moto", "closed", "silent"):
-        r = run_case(kind, args.steps)
+        r = cases[kind] = run_case(kind, args.steps)
         print(
             f"{kind:<10}{r['median_ms']:>11.3f}{r['p99_ms']:>9.3f}{r['slowest_publish_ms']:>16.3f}"
             f"{r['flush_s']:>9.2f}  {bool(r['delivered'])}"
         )
+    if args.json:
+        recorder.write(args.json, {"args": vars(args), "cases": cases})
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ of an agreed one (the separation the thresholds leave).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results import Recorder
 from torch import nn
 
 from sdc_agent.sensors import ResidualAdd, SensorConfig, protect, protected_layers
@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write every cell here")
     args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     if args.trials < 1:
         parser.error("--trials must be >= 1")
     torch.set_num_threads(1)
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(f"\n{len(rows)} cells x {args.trials} trials in {time.perf_counter() - started:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        recorder.write(args.json, {"args": vars(args), "cells": rows})
     return 0
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from results import Recorder
 from torch import nn
 
 LLAMA = {
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the summary here")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds before giving up")
     args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     if args.steps < 1 or args.every < 1:
         parser.error("--steps and --every must be >= 1")
     if args.model == "llama" and not llama_available():
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["launch_s"] = time.perf_counter() - started
     print(json.dumps(summary, indent=2, default=str))
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=2, default=str))
+        recorder.write(args.json, summary)
     return 0
 
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from results import Recorder
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sdc_agent as sdc
@@ -371,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the summaries here")
     parser.add_argument("--emit-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    recorder = Recorder(__file__, argv)
     summaries = []
     if args.against is not None:
         forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _print(summaries)
     if args.json:
-        args.json.write_text(json.dumps(summaries, indent=2) + "\n")
+        recorder.write(args.json, {"args": vars(args), "summaries": summaries})
     return 0
 
 

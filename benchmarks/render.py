@@ -1,0 +1,671 @@
+"""Render the tables of docs/performance.md (and docs/agent-install.md) from raw results.
+
+Each rendered table sits between two marker comments in the document:
+
+    <!-- bench:overhead-fsdp -->
+    | variant | ... |          <- rewritten from benchmarks/results/overhead-fsdp.json
+    _From `python benchmarks/overhead.py ...`, <date>, <machine>, <load>, <versions>._
+    <!-- /bench:overhead-fsdp -->
+
+Everything outside the markers (the prose) is left alone. The table names are the keys of
+``TABLES``; each reads one or more results files written by ``make bench``
+(``benchmarks/bench.py``). A marker indented inside a list item renders its lines at the same
+indentation.
+
+    python benchmarks/render.py            # rewrite the documents' tables
+    python benchmarks/render.py --check    # exit 1 (and show the difference) if they differ
+
+``tests/unit/test_bench_render.py`` runs the check, so a figure in the docs is always what the
+committed results render.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from results import REPO, RESULTS_DIR, load
+
+DOCS = ("docs/performance.md", "docs/agent-install.md")
+MARKER = re.compile(
+    r"^(?P<indent>[ \t]*)<!-- bench:(?P<name>[\w-]+) -->\n(?P<body>.*?)"
+    r"^(?P=indent)<!-- /bench:(?P=name) -->$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+class MissingResults(LookupError):
+    """A table needs a results file that is not there (its job never ran)."""
+
+
+class Results:
+    """The results files of one directory, read on first use."""
+
+    def __init__(self, directory: Path = RESULTS_DIR) -> None:
+        self.directory = directory
+        self._cache: dict[str, dict[str, Any]] = {}
+
+    def __getitem__(self, job: str) -> dict[str, Any]:
+        if job not in self._cache:
+            path = self.directory / f"{job}.json"
+            if not path.exists():
+                raise MissingResults(
+                    f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path} is missing:"
+                    f" run `make bench BENCH={job}`"
+                )
+            self._cache[job] = load(path)
+        return self._cache[job]
+
+
+# ------------------------------------------------------------------------------- formatting
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _pct(value: float) -> str:
+    return f"{value:+.2f}%"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f} ms"
+
+
+def _relative(fraction: float) -> str:
+    """+0.5%, +61%: a decimal only where it is not noise next to the figure."""
+    pct = fraction * 100
+    return f"{pct:+.1f}%" if abs(pct) < 10 else f"{pct:+.0f}%"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole else "-"
+
+
+def _minutes(stamp: str) -> str:
+    return stamp[11:16]  # HH:MM of an ISO UTC stamp
+
+
+def provenance(document: dict[str, Any], *, timed: bool = True) -> str:
+    """One line saying where a table's figures come from and, for timings (``timed``), on what
+    machine and under what load."""
+    meta = document["provenance"]
+    commit = (meta.get("git_commit") or "unknown")[:7]
+    modified = meta.get("sources_modified")
+    if modified:
+        commit += f" with uncommitted changes to {', '.join(modified)}"
+    command = f"`{' '.join(meta['command'])}`"
+    if not timed:
+        return f"_Modelled by {command} ({meta['started_utc'][:10]}, commit {commit})._"
+    machine, load_ = meta["machine"], meta["load"]
+    day = meta["started_utc"][:10]
+    when = f"{day} {_minutes(meta['started_utc'])}-{_minutes(meta['finished_utc'])} UTC"
+    cpus = f"{machine['cpu_count']} CPUs ({machine['cpu_model']}), {machine['memory_gib']} GiB"
+    load_text = (
+        f"load average {load_['before'][0]:.1f} before, {load_['during_mean']:.1f} mean / "
+        f"{load_['during_max']:.1f} max during"
+    )
+    return (
+        f"_Measured by {command}, {when}; {cpus}; {load_text}; torch {meta['torch']}, "
+        f"commit {commit}._"
+    )
+
+
+def _provenances(results: Results, jobs: list[str], *, timed: bool = True) -> list[str]:
+    lines: list[str] = []
+    for job in jobs:
+        lines += ["", provenance(results[job], timed=timed)]
+    return lines
+
+
+# ----------------------------------------------------------------------------- the tables
+def fingerprint_cpu(results: Results) -> list[str]:
+    """CPU throughput of the fingerprint against torch.sum over the same bytes."""
+    document = results["fingerprint"]
+    dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    rows = []
+    for r in document["results"]:
+        if r["device"] != "cpu":
+            continue
+        n = r["elements"]
+        size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.{0 if n >= 1e8 else 1}f}M"
+        eager = f"{r['eager_int64_gbps']:.2f} GB/s" if r["eager_int64_gbps"] else "-"
+        rows.append(
+            [
+                f"{size} elements, {r['tensors']} tensors",
+                dtypes.get(r["dtype"], r["dtype"]),
+                str(r["threads"]),
+                f"{r['fingerprint_gbps']:.1f} GB/s",
+                f"{r['baseline_gbps']:.1f} GB/s",
+                f"{r['ratio']:.2f}",
+                f"{r['ratio_cpu_time']:.2f}",
+                eager,
+                {True: "yes", False: "**NO**", None: "-"}[r["agrees_with_eager_int64"]],
+            ]
+        )
+    head = ["list", "dtype", "threads", "fingerprint", "baseline", "ratio", "ratio in CPU time"]
+    reps = sorted({r["reps"] for r in document["results"]})
+    lines = _table([*head, "old eager int64", "agrees with eager"], rows)
+    lines += ["", f"Medians of {'/'.join(map(str, reps))} interleaved repetitions."]
+    return lines + _provenances(results, ["fingerprint"])
+
+
+def overhead(job: str) -> Callable[[Results], list[str]]:
+    """The table ``benchmarks/overhead.py`` prints, for the results file ``job``."""
+
+    def render(results: Results) -> list[str]:
+        document = results[job]
+        config = document["config"]
+        rows = []
+        for variant, r in document["variants"].items():
+            base = variant == r["baseline"]
+            rounds = ", ".join(f"{p:+.1f}" for p in r["overhead_pct_per_round"])
+            cpu = f"{r['cpu_overhead_pct_min']:+.1f}..{r['cpu_overhead_pct_max']:+.1f}"
+            rows.append(
+                [
+                    variant,
+                    "-" if base else r["baseline"],
+                    _ms(r["step_ms"]),
+                    _ms(r["median_step_ms"]),
+                    "-" if base else f"{_pct(r['overhead_pct'])} ({rounds})",
+                    _ms(r["cpu_step_ms"]),
+                    "-" if base else f"{_pct(r['cpu_overhead_pct'])} ({cpu})",
+                ]
+            )
+        head = ["variant", "baseline", "mean step", "median step", "overhead wall (per round)"]
+        lines = _table([*head, "CPU per step", "overhead CPU (min..max)"], rows)
+        world = config["nodes"] * config["ranks_per_node"]
+        lines += [
+            "",
+            f"{world} processes ({config['nodes']} nodes x {config['ranks_per_node']}), "
+            f"{config['rounds']} rounds of {config['steps']} steps, MLP width {config['width']} "
+            f"x {config['depth']}, batch {config['batch']}; "
+            f"{document['params'] / 1e6:.1f}M parameters.",
+        ]
+        targets = document.get("targets_pct", {})
+        verdicts = [
+            f"{variant} <= {target:g}%: wall {_pct(r['overhead_pct'])} "
+            f"{'met' if r['overhead_pct'] <= target else 'missed'}, CPU "
+            f"{_pct(r['cpu_overhead_pct'])} {'met' if r['cpu_overhead_pct'] <= target else 'missed'}"
+            for variant, target in targets.items()
+            if (r := document["variants"].get(variant))
+        ]
+        if verdicts:
+            lines[-1] += " Targets: " + "; ".join(verdicts) + "."
+        return lines + _provenances(results, [job])
+
+    return render
+
+
+STEP_WORK_ROWS = (
+    ("aten operators, every thread", "aten_ops"),
+    ("aten operators, training thread", "aten_ops_main"),
+    ("tensors allocated", "allocations"),
+    ("bytes allocated", "allocated_bytes"),
+    ("Python calls", "python_calls"),
+    ("of them in `sdc_agent`", "agent_calls"),
+    ("builtin calls", "c_calls"),
+    ("host reads", "host_reads"),
+    ("waits", "waits"),
+    ("collectives", "collectives"),
+    ("collective payload (bytes)", "collective_bytes"),
+)
+
+
+def step_work(results: Results) -> list[str]:
+    """The always-on step's work counted, this tree only (guarded, plain and the difference)."""
+    [summary] = results["step-work"]["summaries"][-1:]
+    rows = [
+        [
+            label,
+            f"{summary['plain'][key]:,}",
+            f"{summary['guarded'][key]:,}",
+            f"{summary['extra'][key]:+,}",
+        ]
+        for label, key in STEP_WORK_ROWS
+    ]
+    lines = _table(["per step, rank 0 of 2", "plain DDP", "guarded (check 1)", "extra"], rows)
+    issued = "; ".join(
+        f"{c['op']}{' ' + c['reduce'] if c['reduce'] else ''} of {c['bytes']:,} B"
+        for c in summary["collectives"]
+    )
+    unsteady = {k: v for k, v in summary["unsteady"].items() if v}
+    lines += ["", f"Collectives of the guarded step: {issued}."]
+    if unsteady:
+        lines[-1] += f" Counts that differed between counted steps: {unsteady}."
+    return lines + _provenances(results, ["step-work"])
+
+
+FINITE_CHECK_JOBS = (
+    ("float32, 1 thread", "finite-check-fp32"),
+    ("bf16, 1 thread", "finite-check-bf16"),
+    ("float32, 2 threads", "finite-check-2threads"),
+)
+FINITE_CHECK_LABELS = {
+    "isfinite_all": "`isfinite_all`: `~isfinite(g).all()` per parameter (before)",
+    "fused_per_param": "`fused_per_param`: the fused kernel per parameter, one flag (**now**)",
+    "fused_batched": "`fused_batched`: the fused kernel once over all parameters",
+    "aminmax": "`aminmax` per parameter, one `isfinite` of the extremes per step",
+    "foreach_inf_norm": "`foreach_inf_norm`: `_foreach_norm(grads, inf)`, one `isfinite`",
+    "sum_float64": "`sum_float64`: float64 sum per parameter",
+}
+
+
+def finite_check(results: Results) -> list[str]:
+    """Check 1's local finiteness test: each candidate's ms per step, three settings."""
+    columns = [(label, results[job]["ms_per_step"]) for label, job in FINITE_CHECK_JOBS]
+    rows = [
+        [FINITE_CHECK_LABELS.get(name, f"`{name}`")]
+        + [f"{col[name]:.2f}" if col.get(name) is not None else "UNSOUND" for _, col in columns]
+        for name in columns[0][1]
+    ]
+    lines = _table(["candidate (ms per step)", *(label for label, _ in columns)], rows)
+    return lines + _provenances(results, [job for _, job in FINITE_CHECK_JOBS])
+
+
+ATTENTION_SETTINGS = (
+    ("protected, fused, idle", "fused, idle"),
+    ("protected, fused, every sensor", "fused, every sensor"),
+    ("protected, checked, idle", "checked, idle"),
+    ("protected, checked, every sensor", "checked, every sensor"),
+)
+
+
+def attention_cost(results: Results) -> list[str]:
+    """The protected Llama's step against the plain one, CPU time, by sequence length."""
+    document = results["attention-cost"]
+    rows = []
+    for tokens, best in document["tokens"].items():
+        plain = best["plain"]
+        rows.append(
+            [tokens, f"{plain * 1e3:.1f} ms"]
+            + [_relative(best[key] / plain - 1) for _, key in ATTENTION_SETTINGS]
+        )
+    lines = _table(["tokens", "plain (fused)", *(label for label, _ in ATTENTION_SETTINGS)], rows)
+    return lines + _provenances(results, ["attention-cost"])
+
+
+def _us(us: float) -> str:
+    return f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} us"
+
+
+def _bytes(nbytes: float) -> str:
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+PARALLEL_PREFIX = re.compile(r"^(pp|tp|cp|ep)_")
+
+
+def collectives_model(prefix: str | None) -> Callable[[Results], list[str]]:
+    """NCCL's modelled time per collective and rank count; ``prefix`` picks a dimension's rows
+    (``pp``), None the data-parallel ones."""
+
+    def render(results: Results) -> list[str]:
+        model = results["collectives-model"]["model"]
+        chosen = [
+            r
+            for r in model["rows"]
+            if (PARALLEL_PREFIX.match(r["name"]) or [None, None])[1] == prefix
+        ]
+        ranks = [k for k in chosen[0] if k.isdigit()]
+        rows = []
+        for row in chosen:
+            cells = []
+            for n in ranks:
+                cell = row[n]
+                if cell is None:
+                    cells.append("- (one rank)")
+                    continue
+                text = f"{_us(cell['total_us'])} ({cell['best']}, {cell['hops']:,} hops, "
+                text += f"{_bytes(cell['bytes'])})"
+                if cell["ring_total_us"] > cell["total_us"] * 1.05:
+                    text += f" [ring {_us(cell['ring_total_us'])}]"
+                cells.append(text)
+            rows.append([row["name"], row["when"], f"{row['op']} {row['payload']}", *cells])
+        head = ["collective", "when", "payload", *(f"{int(n):,} ranks" for n in ranks)]
+        return _table(head, rows) + _provenances(results, ["collectives-model"], timed=False)
+
+    return render
+
+
+def collectives_weights(results: Results) -> list[str]:
+    """The weight check's all-reduce against the number of tensors, modelled."""
+    rows = [
+        [
+            f"{r['tensors']:,}",
+            _bytes(r["bytes"]),
+            r["best"],
+            _us(r["latency_us"]),
+            _us(r["bandwidth_us"]),
+        ]
+        for r in results["collectives-model"]["model"]["weights_max_by_tensors"]
+    ]
+    head = ["T tensors", "payload", "NCCL's pick", "latency", "bandwidth term"]
+    return _table(head, rows) + _provenances(results, ["collectives-model"], timed=False)
+
+
+def collectives_gloo(results: Results) -> list[str]:
+    """Median (p90) ms of each collective on gloo, per process count."""
+    document = results["collectives-gloo"]
+    gloo = document["gloo"]
+    sizes = list(gloo["sizes"])
+    described = {r["name"]: r for r in document["model"]["rows"]}
+    names = list(gloo["sizes"][sizes[0]]["collectives"])
+    rows = []
+    for name in names:
+        row = described.get(name, {"when": "-", "op": "", "payload": ""})
+        cells = [
+            "{median_ms:.2f} ({p90_ms:.2f})".format(**gloo["sizes"][s]["collectives"][name])
+            for s in sizes
+        ]
+        rows.append([name, row["when"], f"{row['op']} {row['payload']}".strip(), *cells])
+    lines = _table(["collective", "when", "payload", *(f"{s} proc." for s in sizes)], rows)
+    loads = ", ".join(
+        f"{s} proc. {v['loadavg_before'][0]:.1f} ({v['seconds']:.0f} s)"
+        for s, v in gloo["sizes"].items()
+    )
+    lines += [
+        "",
+        f"{gloo['config']['reps']} repetitions after {gloo['config']['warmup']} of warm-up "
+        f"({gloo['config']['bucket_reps']} for ddp_bucket), each timed as its slowest rank, on "
+        f"{gloo['cpus']} CPUs; load average before each size: {loads}.",
+    ]
+    return lines + _provenances(results, ["collectives-gloo"])
+
+
+RATIO_FAMILIES_DTYPES = ("fp32", "bf16")
+
+
+def sensor_ratios(results: Results) -> list[str]:
+    """Healthy ratios per op family, and how often a x1.1 fault reads above the thresholds."""
+    document = results["sensor-ratios"]
+    families: dict[str, list[dict[str, Any]]] = {}
+    for cell in document["cells"]:
+        families.setdefault(cell["family"], []).append(cell)
+    dtypes = sorted({c["dtype"] for c in document["cells"]}, key=lambda d: (d != "fp32", d))
+
+    def caught(cells: list[dict[str, Any]]) -> str:
+        faulted = [c for c in cells if "fault_over_initial" in c]
+        trials = sum(c["trials"] for c in faulted)
+        if not trials:
+            return "-"
+        initial = sum(c["fault_over_initial"] for c in faulted)
+        floor = sum(c["fault_over_floor"] for c in faulted)
+        return f"{_share(initial, trials)} / {_share(floor, trials)}"
+
+    rows = []
+    for family, cells in sorted(families.items()):
+        medians = sorted(c["median"] for c in cells)
+        rows.append(
+            [family, str(len(cells)), f"{max(c['max'] for c in cells):.2f}"]
+            + [f"{medians[len(medians) // 2]:.2f}"]
+            + [caught([c for c in cells if c["dtype"] == d]) for d in dtypes]
+        )
+    head = ["family", "cells", "healthy max", "median of cells"]
+    head += [f"x{document['args']['fault']:g} caught above 12 / above 3, {d}" for d in dtypes]
+    lines = _table(head, rows)
+    lines += ["", f"{document['args']['trials']} trials a cell."]
+    return lines + _provenances(results, ["sensor-ratios"])
+
+
+def campaign(results: Results) -> list[str]:
+    """The single-fault campaign: per op family, effective and named faults, per dtype."""
+    document = results["campaign"]
+    dtypes = [d for d in ("fp32", "bf16") if d in document]
+    tables = {d: document[d]["table"] for d in dtypes}
+    rows = []
+    for family in tables[dtypes[0]]:
+        per = [tables[d][family] for d in dtypes]
+        shares = [
+            f"{_share(r['named'], r['effective'])} ({r['named']} / {r['effective']})" for r in per
+        ]
+        defaults = {
+            f"{r['share_default']:.1%}" if r["share_default"] is not None else "-" for r in per
+        }
+        label = f"**{family}**" if family == "all" else family
+        rows.append(
+            [
+                label,
+                str(per[0]["trials"]),
+                " / ".join(str(r["effective"]) for r in per),
+                " / ".join(shares),
+                str(sum(r["wrong"] for r in per)),
+                " / ".join(sorted(defaults)),
+            ]
+        )
+    slash = " / ".join(dtypes)
+    head = ["op family", "trials", f"effective ({slash})", f"named, full coverage ({slash})"]
+    periods = ", ".join(f"{d} {document[d]['period']}" for d in dtypes)
+    lines = _table([*head, "wrong names", "at the default budget (1%)"], rows)
+    lines += [
+        "",
+        f"Default budget's burst period (steps): {periods}; {document['seconds']:.0f} s "
+        f"for the whole campaign.",
+    ]
+    return lines + _provenances(results, ["campaign"])
+
+
+CAMPAIGN_VARIANTS = (
+    ("unguarded", "unguarded"),
+    ("checks 1-3 only", "checks"),
+    ("default budget (1%)", "default"),
+    ("full coverage", "full"),
+)
+
+
+def campaign_overhead(results: Results) -> list[str]:
+    """The sensors' CPU time per step on the campaign's Llama, per dtype (rank 0)."""
+    document = results["campaign"]
+    dtypes = [d for d in ("fp32", "bf16") if f"overhead_{d}" in document]
+    timings = {d: document[f"overhead_{d}"]["timing"] for d in dtypes}
+    rows = []
+    for label, key in CAMPAIGN_VARIANTS:
+        row = [label]
+        for d in dtypes:
+            t, base = timings[d].get(key), timings[d]["unguarded"]
+            if t is None:
+                row += ["-", "-"]
+                continue
+            cpu = t["cpu"] / t["steps"] * 1e3
+            over = "-" if key == "unguarded" else f"{(t['cpu'] / base['cpu'] - 1) * 100:+.0f}%"
+            row += [f"{cpu:.1f}", over]
+        rows.append(row)
+    head = ["variant"]
+    for d in dtypes:
+        head += [f"{d} CPU ms/step", "over unguarded"]
+    return _table(head, rows) + _provenances(results, ["campaign"])
+
+
+SOAK_JOBS = (
+    "sensor-soak-llama-fp32",
+    "sensor-soak-llama-bf16",
+    "sensor-soak-drill-fp32",
+    "sensor-soak-drill-bf16",
+)
+
+
+def sensor_soak(results: Results) -> list[str]:
+    """Fault-free soaks with every sensor every step: candidates, alarms, thresholds."""
+    rows, ran, missing = [], [], []
+    for job in SOAK_JOBS:
+        try:
+            s = results[job]
+        except MissingResults:
+            missing.append(job)
+            continue
+        ran.append(job)
+        families = s["families"]
+        top_name, top = max(families.items(), key=lambda kv: kv[1]["max_healthy_ratio"])
+        bounds = [t for f in families.values() if f["thresholds"] for t in f["thresholds"]]
+        sets = "one set" if s["same_thresholds_on_every_rank"] else "per rank"
+        model = "Llama" if s["model"] == "llama" else "drill model"
+        rows.append(
+            [
+                f"{model} {s['dtype']}",
+                f"{s['steps']:,}",
+                str(s["candidates"]),
+                str(s["unconfirmed"]),
+                str(s["alarms"]) if not s["alarms"] else f"**{s['alarms']}**",
+                f"{sets}, {min(bounds):.1f}-{max(bounds):.1f}" if bounds else sets,
+                f"{top['max_healthy_ratio']:.2f} ({top_name})",
+                f"{s['wall_s']:.0f} s",
+            ]
+        )
+    head = ["run", "steps", "candidates", "unconfirmed (`reproducible`)", "alarms", "thresholds"]
+    if not ran:
+        raise MissingResults(f"no sensor soak has results: run `make bench BENCH={SOAK_JOBS[0]}`")
+    lines = _table([*head, "largest healthy ratio (family)", "wall"], rows)
+    if missing:
+        lines += ["", f"Not run yet by `make bench`: {', '.join(missing)}."]
+    return lines + _provenances(results, ran)
+
+
+def publish(results: Results) -> list[str]:
+    """The publisher benchmark: step times with each endpoint."""
+    document = results["publish"]
+    rows = [
+        [
+            kind,
+            f"{c['median_ms']:.3f}",
+            f"{c['p99_ms']:.3f}",
+            f"{c['slowest_publish_ms']:.1f}",
+            f"{c['flush_s']:.2f}",
+            "yes" if c["delivered"] else "no",
+        ]
+        for kind, c in document["cases"].items()
+    ]
+    head = ["endpoint", "median step ms", "p99 step ms", "slowest publish ms", "exit flush s"]
+    lines = _table([*head, "delivered"], rows)
+    lines += ["", f"{document['args']['steps']} steps per endpoint."]
+    return lines + _provenances(results, ["publish"])
+
+
+def bench_runs(results: Results) -> list[str]:
+    """Every job of ``make bench``: its command, when it last ran, how long it took, the load."""
+    from bench import JOBS  # the runner's job list (bench.py imports nothing of this module)
+
+    rows, total = [], 0.0
+    for job in JOBS:
+        command = f"`python {' '.join(job.command('')[1:-2])}`"
+        try:
+            meta = results[job.name]["provenance"]
+        except MissingResults:
+            rows.append([job.name, command, "not run", "-", "-"])
+            continue
+        parse = datetime.datetime.fromisoformat
+        took = meta.get("runner_wall_s")
+        mark = ""
+        if took is None:  # run outside bench.py: the script's own clock, imports excluded
+            took = (parse(meta["finished_utc"]) - parse(meta["started_utc"])).total_seconds()
+            mark = "*"
+        total += took
+        load_ = meta["load"]
+        rows.append(
+            [
+                job.name,
+                command,
+                meta["started_utc"][:10],
+                f"{took / 60:.1f} min{mark}",
+                f"{load_['during_mean']:.1f} / {load_['during_max']:.1f}",
+            ]
+        )
+    lines = _table(["job", "command", "last run", "took", "load mean / max"], rows)
+    lines += ["", f"Sum of the recorded runs: {total / 60:.0f} min."]
+    if any(row[3].endswith("*") for row in rows):
+        lines[-1] += " \\* the script's own clock (start-up and imports excluded)."
+    return lines
+
+
+TABLES: dict[str, Callable[[Results], list[str]]] = {
+    "bench-runs": bench_runs,
+    "fingerprint-cpu": fingerprint_cpu,
+    "overhead-ddp": overhead("overhead-ddp"),
+    "overhead-2nodes": overhead("overhead-2nodes"),
+    "overhead-sensors": overhead("overhead-sensors"),
+    "overhead-fsdp": overhead("overhead-fsdp"),
+    "overhead-pp": overhead("overhead-pp"),
+    "step-work": step_work,
+    "finite-check": finite_check,
+    "attention-cost": attention_cost,
+    "collectives-model": collectives_model(None),
+    "collectives-pp-model": collectives_model("pp"),
+    "collectives-weights": collectives_weights,
+    "collectives-gloo": collectives_gloo,
+    "sensor-ratios": sensor_ratios,
+    "campaign": campaign,
+    "campaign-overhead": campaign_overhead,
+    "sensor-soak": sensor_soak,
+    "publish": publish,
+}
+"""Every table a document can hold, by marker name."""
+
+
+def render_text(text: str, results: Results, where: str = "document") -> str:
+    """``text`` with the body of every marked table replaced by its rendering."""
+
+    def replace(match: re.Match[str]) -> str:
+        name, indent = match["name"], match["indent"]
+        if name not in TABLES:
+            raise ValueError(f"{where}: unknown table marker {name!r}; known: {sorted(TABLES)}")
+        body = "".join(f"{indent}{line}".rstrip() + "\n" for line in TABLES[name](results))
+        return f"{indent}<!-- bench:{name} -->\n{body}{indent}<!-- /bench:{name} -->"
+
+    # A marker is a line of its own (a marker quoted in prose, in backticks, is not one).
+    opened = re.findall(r"^[ \t]*<!-- bench:([\w-]+) -->$", text, re.MULTILINE)
+    closed = re.findall(r"^[ \t]*<!-- /bench:([\w-]+) -->$", text, re.MULTILINE)
+    rendered, count = MARKER.subn(replace, text)
+    if count != len(opened) or opened != closed:
+        raise ValueError(f"{where}: unbalanced bench markers (opened {opened}, closed {closed})")
+    return rendered
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the documents' tables, or with --check report whether they are up to date."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 on a diff")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
+    parser.add_argument(
+        "docs", nargs="*", default=list(DOCS), help="documents (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    results = Results(args.results)
+    stale = []
+    for doc in args.docs:
+        path = REPO / doc
+        text = path.read_text()
+        try:
+            rendered = render_text(text, results, doc)
+        except (MissingResults, ValueError, KeyError) as exc:
+            print(f"{doc}: {exc}", file=sys.stderr)
+            return 2
+        if rendered == text:
+            continue
+        if args.check:
+            stale.append(doc)
+            diff = difflib.unified_diff(
+                text.splitlines(), rendered.splitlines(), doc, f"{doc} (rendered)", lineterm=""
+            )
+            print("\n".join(diff))
+        else:
+            path.write_text(rendered)
+            print(f"rendered {doc}")
+    if stale:
+        print(
+            f"out of date with benchmarks/results/: {', '.join(stale)}; "
+            "run `python benchmarks/render.py`",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
