@@ -15,6 +15,7 @@ import json
 import logging
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ from .function_url import ApprovalUrl
 from .runtime import Function, Invocation, LambdaRuntime
 
 
-class Driver:
+class Driver(ABC):
     """The shared half of a driver; a subclass stands the stack up in ``_start``."""
 
     closed_error = "DriverClosed"
@@ -59,17 +60,18 @@ class Driver:
     def __exit__(self, *exc: object) -> None:
         self._exit.close()
 
+    @abstractmethod
     def _start(self) -> None:
-        raise NotImplementedError
+        """Stand the stack up (the part each driver does its own way)."""
 
+    @abstractmethod
     def client(self, service: str) -> Any:
         """A boto3 client for the embedded AWS."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def aws_environment(self) -> dict[str, str]:
         """The endpoint and credentials of the embedded AWS, for a process of its own."""
-        raise NotImplementedError
 
     def _start_runtime(self, functions: dict[str, Function]) -> LambdaRuntime:
         """Import the handlers and route moto's Lambda invokes to them. ``quiet_handlers``
