@@ -45,6 +45,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from results import Recorder
+from results import short_size as _size
+from results import short_time as _time
 
 from sdc_agent.alarm import RankInfo
 from sdc_agent.checks.replay.attribution import ROW_WIDTH
@@ -408,19 +410,6 @@ def p2p_estimate(nbytes: int, fabric: Fabric) -> Estimate:
     p = PROTOCOLS.index("Simple")
     latency = BASE_LAT_US["ring"][p] + HW_LAT_US["net"]["ring"][p]
     return Estimate("p2p", "Simple", 1, latency, nbytes / (1000 * fabric.busbw_inter))
-
-
-def _time(us: float) -> str:
-    """Microseconds as a short human figure."""
-    return f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} us"
-
-
-def _size(nbytes: float) -> str:
-    """Bytes as a short human figure."""
-    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes:.0f} B"
 
 
 def model_table(fabric: Fabric, tensors: int) -> list[dict[str, Any]]:

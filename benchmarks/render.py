@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from results import REPO, RESULTS_DIR, load
+from results import short_size as _bytes
+from results import short_time as _us
 
 DOCS = ("docs/performance.md", "docs/agent-install.md")
 MARKER = re.compile(
@@ -288,17 +290,6 @@ def attention_cost(results: Results) -> list[str]:
         )
     lines = _table(["tokens", "plain (fused)", *(label for label, _ in ATTENTION_SETTINGS)], rows)
     return lines + _provenances(results, ["attention-cost"])
-
-
-def _us(us: float) -> str:
-    return f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} us"
-
-
-def _bytes(nbytes: float) -> str:
-    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes:.0f} B"
 
 
 PARALLEL_PREFIX = re.compile(r"^(pp|tp|cp|ep)_")

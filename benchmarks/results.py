@@ -190,3 +190,16 @@ def load(path: Path | str) -> dict[str, Any]:
     if not isinstance(document, dict) or "provenance" not in document:
         raise ValueError(f"{path}: no 'provenance' entry: not written by benchmarks/results.py")
     return document
+
+
+def short_time(us: float) -> str:
+    """Microseconds as a short human figure (the tables' time columns)."""
+    return f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} us"
+
+
+def short_size(nbytes: float) -> str:
+    """Bytes as a short human figure (the tables' size columns)."""
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"
