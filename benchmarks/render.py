@@ -498,10 +498,14 @@ def sensor_soak(results: Results) -> list[str]:
         bounds = [t for f in families.values() if f["thresholds"] for t in f["thresholds"]]
         sets = "one set" if s["same_thresholds_on_every_rank"] else "per rank"
         model = "Llama" if s["model"] == "llama" else "drill model"
+        label = f"{model} {s['dtype']}"
+        if s.get("attention") == "checked":
+            label += ", checked attention"
         rows.append(
             [
-                f"{model} {s['dtype']}",
+                label,
                 f"{s['steps']:,}",
+                str(sum(f["sensors"] for f in families.values())),
                 str(s["candidates"]),
                 str(s["unconfirmed"]),
                 str(s["alarms"]) if not s["alarms"] else f"**{s['alarms']}**",
@@ -510,13 +514,62 @@ def sensor_soak(results: Results) -> list[str]:
                 f"{s['wall_s']:.0f} s",
             ]
         )
-    head = ["run", "steps", "candidates", "unconfirmed (`reproducible`)", "alarms", "thresholds"]
+    head = ["run", "steps", "sensors", "candidates", "unconfirmed (`reproducible`)", "alarms"]
+    head.append("thresholds")
     if not ran:
         raise MissingResults(f"no sensor soak has results: run `make bench BENCH={SOAK_JOBS[0]}`")
     lines = _table([*head, "largest healthy ratio (family)", "wall"], rows)
     if missing:
         lines += ["", f"Not run yet by `make bench`: {', '.join(missing)}."]
     return lines + _provenances(results, ran)
+
+THREE_D_JOBS = ("three-d-clean", "three-d-faults")
+
+THREE_D_FAULTS = {
+    "output": "x1000 in rank {faulty}'s column-parallel `blocks.1.up` output from step {step}",
+    "wgrad": "x1000 in one element of rank {faulty}'s local `blocks.1.up.weight` gradient "
+    "slice from step {step}",
+    "weight": "bit 27 flipped in rank {faulty}'s stored `blocks.1.up.weight` slice at step {step}",
+}
+
+
+def three_d(results: Results) -> list[str]:
+    """TP x PP x HSDP on 12 processes: each scenario, what the guard found, what was expected."""
+    rows = []
+    for job in THREE_D_JOBS:
+        document = results[job]
+        faulty = document["layout"]["faulty"]
+        for r in document["scenarios"]:
+            if r["scenario"] == "clean":
+                what = "clean" + (", bf16 autocast" if r["bf16"] else "")
+            else:
+                what = THREE_D_FAULTS[r["scenario"]].format(faulty=faulty, step=r["fault_step"])
+            every = r["every"]
+            cadence = f"every {every}" if every > 1 else "every step"
+            alarm = r["alarm"]
+            if alarm is None:
+                found = (
+                    f"no alarm, {r['updates_applied']} updates applied, last audit and weight "
+                    f"check passed at steps {r['last_audit_pass']}, {r['last_weight_check_pass']}"
+                )
+            else:
+                found = (
+                    f"`{alarm['check']}` alarm at step {alarm['step']}, suspects "
+                    f"{alarm['suspects']}"
+                )
+            outcome = "as expected" if r["ok"] else "**NOT as expected**"
+            rows.append(
+                [
+                    what,
+                    str(r["steps"]),
+                    cadence,
+                    found,
+                    f"{r['expected']} ({outcome})",
+                    f"{r['wall_s']:.1f} s",
+                ]
+            )
+    head = ["scenario", "steps", "audits, weight checks", "what the guard found", "expected"]
+    return _table([*head, "wall"], rows) + _provenances(results, list(THREE_D_JOBS))
 
 
 def publish(results: Results) -> list[str]:
@@ -582,11 +635,13 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "overhead-2nodes": overhead("overhead-2nodes"),
     "overhead-sensors": overhead("overhead-sensors"),
     "overhead-fsdp": overhead("overhead-fsdp"),
+    "overhead-tp": overhead("overhead-tp"),
     "overhead-pp": overhead("overhead-pp"),
     "step-work": step_work,
     "finite-check": finite_check,
     "attention-cost": attention_cost,
     "collectives-model": collectives_model(None),
+    "collectives-tp-model": collectives_model("tp"),
     "collectives-pp-model": collectives_model("pp"),
     "collectives-weights": collectives_weights,
     "collectives-gloo": collectives_gloo,
@@ -594,6 +649,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "campaign": campaign,
     "campaign-overhead": campaign_overhead,
     "sensor-soak": sensor_soak,
+    "three-d": three_d,
     "publish": publish,
 }
 """Every table a document can hold, by marker name."""

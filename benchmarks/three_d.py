@@ -34,10 +34,11 @@ outcome is not the expected one.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
+
+from results import Recorder
 
 from sdc_agent.drills.launch import launch
 
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bf16", action="store_true", help="the stages' forward in bf16 autocast")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per scenario")
+    recorder = Recorder(__file__, argv)
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     unknown = set(scenarios) - {"clean", "output", "wgrad", "weight"}
@@ -176,10 +178,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  nodes of the suspects: {nodes}")
             if alarm.get("diagnosis"):
                 print(f"  diagnosis: {alarm['diagnosis']}")
-        summary.append({"scenario": scenario, "ok": ok, "wall_s": round(wall, 1), "alarm": alarm})
+        summary.append(
+            {
+                "scenario": scenario,
+                "ok": ok,
+                "expected": expected,
+                "steps": args.steps,
+                "every": every,
+                "fault_step": args.fault_step,
+                "bf16": args.bf16,
+                "updates_applied": len(result["updates"]),
+                "last_audit_pass": result["last_audit_pass"],
+                "last_weight_check_pass": result["last_weight_check_pass"],
+                "wall_s": round(wall, 1),
+                "alarm": alarm,
+            }
+        )
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(summary, out, indent=2)
+        layout = {"nodes": NODES, "ranks_per_node": RANKS_PER_NODE, "tp": TP, "faulty": FAULTY}
+        recorder.write(args.json, {"layout": layout, "scenarios": summary})
     return 0 if ok_all else 1
 
 
