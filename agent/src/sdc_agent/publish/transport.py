@@ -57,16 +57,29 @@ class CloudWatchTransport:
         self.cloudwatch.put_metric_data(Namespace=namespace, MetricData=stamped)
 
     def _create(self, group: str, stream: str) -> None:
+        """Create the stream, and the group only when CloudWatch says the group is missing.
+
+        Most deployments have the stack's ``/sdc/<cluster>`` group already: trying the stream
+        first spends no CreateLogGroup call (and needs no permission for it) there.
+        """
+        try:
+            self._create_stream(group, stream)
+            return
+        except Exception as exc:
+            if error_code(exc) != "ResourceNotFoundException":
+                raise
         try:
             self.logs.create_log_group(logGroupName=group)
             logger.info("sdc: created log group %s", group)
         except Exception as exc:
-            code = error_code(exc)
-            if code == "AccessDeniedException":
-                # The stream may still be creatable in a group made by someone else.
-                logger.warning("sdc: not allowed to create log group %s: %s", group, exc)
-            elif code != "ResourceAlreadyExistsException":
+            # Another rank may have created it in between; anything else (AccessDenied: the
+            # group is missing and may not be created here) fails this write, which the
+            # publisher retries and spools.
+            if error_code(exc) != "ResourceAlreadyExistsException":
                 raise
+        self._create_stream(group, stream)
+
+    def _create_stream(self, group: str, stream: str) -> None:
         try:
             self.logs.create_log_stream(logGroupName=group, logStreamName=stream)
             logger.info("sdc: created log stream %s in %s", stream, group)
