@@ -75,7 +75,7 @@ def rankmap_events(
 ) -> list[dict[str, Any]]:
     """The ``sdc.rankmap/v1`` event(s) for every rank's placement.
 
-    One event up to ~6,000 ranks; a larger job's map is split into several complete events of
+    One event up to ~2,400 ranks (about 390 bytes a rank with HyperPod node names and GPU UUIDs); a larger job's map is split into several complete events of
     the same schema (each a subset of ``ranks``) because a log event is limited to 1 MiB.
     """
     entries = [(str(rank), ranks[rank].to_dict()) for rank in sorted(ranks)]

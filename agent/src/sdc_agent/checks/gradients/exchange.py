@@ -16,7 +16,7 @@ forward and backward, and a rank waits for it only when it has a reason to:
 * its own flags are bad (it must not apply the step, and wants to know whether every rank saw it),
 * the step is an audit step, or a collective check or a checkpoint follows, or the loop ends.
 
-Only when something is set does a second collective, an all-gather of each rank's two flags, say
+Only when something is set does a second collective, an all-gather of each rank's three flags, say
 WHICH ranks' local gradient was non-finite (:meth:`FlagExchange.table`). Every rank learns from
 the reduction that something is set, and every rank asks for the table at the same agreement
 point, so every rank issues that gather: no rank is left waiting in it.
