@@ -49,6 +49,43 @@ def test_every_marker_in_the_docs_has_a_renderer_and_every_job_a_script() -> Non
         assert (REPO / "benchmarks" / job.script).is_file()
 
 
+def test_every_job_feeds_a_table_and_every_renderer_has_a_marker() -> None:
+    # A job whose results no table shows, or a renderer no document places, is a figure that
+    # `make bench` measures but the docs still carry by hand (or not at all).
+    placed = set()
+    for doc in render.DOCS:
+        placed |= {match[1] for match in render.MARKER.findall((REPO / doc).read_text())}
+    assert set(render.TABLES) - placed == set(), "renderers without a marker in any document"
+    read = render.Results()
+    for name in placed - {"bench-runs"}:  # bench-runs reads every job's provenance
+        render.TABLES[name](read)
+    assert {job.name for job in bench.JOBS} - set(read._cache) == set(), "jobs no table shows"
+
+
+def test_a_three_d_scenario_that_missed_its_expectation_is_shown_as_such(tmp_path: Path) -> None:
+    scenario = {
+        "scenario": "wgrad",
+        "ok": False,
+        "expected": "rank 3 alone",
+        "steps": 20,
+        "every": 5,
+        "fault_step": 6,
+        "bf16": False,
+        "updates_applied": 20,
+        "last_audit_pass": 19,
+        "last_weight_check_pass": 19,
+        "wall_s": 12.0,
+        "alarm": None,
+    }
+    for job in render.THREE_D_JOBS:
+        recorder = results.Recorder("benchmarks/three_d.py", [], interval=0.05)
+        recorder.write(tmp_path / f"{job}.json", {"layout": {"faulty": 3}, "scenarios": [scenario]})
+    lines = render.three_d(render.Results(tmp_path))
+    row = lines[2]
+    assert "gradient slice from step 6" in row and "no alarm, 20 updates applied" in row
+    assert "rank 3 alone (**NOT as expected**)" in row
+
+
 def _fake_results(directory: Path) -> None:
     recorder = results.Recorder("benchmarks/publish.py", ["--steps", "3"], interval=0.05)
     case = {
