@@ -173,11 +173,31 @@ def test_alarm_publishes_its_metrics_and_report_and_the_rank_map(tmp_path):
         publisher.close(1)
 
 
-def test_an_existing_log_group_is_reused(tmp_path):
+@pytest.mark.parametrize(
+    ("group_exists", "expected_calls"),
+    [
+        # The infrastructure created the log group: only the job's stream is created.
+        (True, ["PutLogEvents", "CreateLogStream", "PutLogEvents"]),
+        # No stack made /sdc/ml: the stream is tried, found to lack its group, and both made.
+        (
+            False,
+            [
+                "PutLogEvents",
+                "CreateLogStream",
+                "CreateLogGroup",
+                "CreateLogStream",
+                "PutLogEvents",
+            ],
+        ),
+    ],
+    ids=["existing-group", "missing-group"],
+)
+def test_only_what_is_missing_is_created_for_a_jobs_reports(tmp_path, group_exists, expected_calls):
     with mock_aws():
-        # Given the infrastructure created the log group (the stream does not exist yet)
+        # Given a job's first publish, with or without the stack's log group
         cloudwatch, logs, _ = recorded_clients()
-        logs.create_log_group(logGroupName="/sdc/ml")
+        if group_exists:
+            logs.create_log_group(logGroupName="/sdc/ml")
         logs_calls: list[str] = []
         logs.meta.events.register(
             "before-call.logs.*", lambda model, **_: logs_calls.append(model.name)
@@ -191,43 +211,12 @@ def test_an_existing_log_group_is_reused(tmp_path):
         )
         # When an alarm is published
         publisher.publish_alarm(replay_alarm())
-        # Then the stream is created in that group and holds the report
         assert publisher.flush(10)
+        # Then the stream holds the report, and only what was missing was created (no
+        # CreateLogGroup, nor its permission, where the group exists)
+        assert logs_calls == expected_calls
         (report,) = stream_messages(logs, "/sdc/ml", "job-2")
         assert report["schema"] == "sdc.alarm/v1" and report["job"] == "job-2"
-        # And only what was missing was created: no CreateLogGroup call (nor its permission)
-        assert "CreateLogGroup" not in logs_calls and "CreateLogStream" in logs_calls
-        publisher.close(1)
-
-
-def test_a_missing_log_group_is_created_before_its_stream(tmp_path):
-    with mock_aws():
-        # Given no log group at all (no stack created /sdc/ml)
-        cloudwatch, logs, _ = recorded_clients()
-        logs_calls: list[str] = []
-        logs.meta.events.register(
-            "before-call.logs.*", lambda model, **_: logs_calls.append(model.name)
-        )
-        publisher = CloudWatchPublisher(
-            cluster_name="ml",
-            job_name="job-3",
-            cloudwatch_client=cloudwatch,
-            logs_client=logs,
-            spool_dir=str(tmp_path),
-        )
-        # When an alarm is published
-        publisher.publish_alarm(replay_alarm())
-        assert publisher.flush(10)
-        # Then the stream was tried, found to lack its group, and both were created once
-        assert logs_calls[:5] == [
-            "PutLogEvents",
-            "CreateLogStream",
-            "CreateLogGroup",
-            "CreateLogStream",
-            "PutLogEvents",
-        ]
-        (report,) = stream_messages(logs, "/sdc/ml", "job-3")
-        assert report["job"] == "job-3"
         publisher.close(1)
 
 
