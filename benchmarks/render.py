@@ -187,8 +187,12 @@ def overhead(job: str) -> Callable[[Results], list[str]]:
             f"{world} processes ({config['nodes']} nodes x {config['ranks_per_node']}), "
             f"{config['rounds']} rounds of {config['steps']} steps, MLP width {config['width']} "
             f"x {config['depth']}, batch {config['batch']}; "
-            f"{document['params'] / 1e6:.1f}M parameters.",
+            f"{document['params'] / 1e6:.1f}M parameters (the MLP's).",
         ]
+        if any(variant.endswith("tp") for variant in document["variants"]):
+            lines[-1] += " `plain_tp` and `tp` run the drill's TP model at that width instead."
+        if any(variant.endswith("pp") for variant in document["variants"]):
+            lines[-1] += " `plain_pp` and `pp` cut the MLP in pipeline stages."
         targets = document.get("targets_pct", {})
         verdicts = [
             f"{variant} <= {target:g}%: wall {_pct(r['overhead_pct'])} "
@@ -522,6 +526,7 @@ def sensor_soak(results: Results) -> list[str]:
     if missing:
         lines += ["", f"Not run yet by `make bench`: {', '.join(missing)}."]
     return lines + _provenances(results, ran)
+
 
 THREE_D_JOBS = ("three-d-clean", "three-d-faults")
 

@@ -1,6 +1,8 @@
 """TP x PP x HSDP on 12 CPU processes: a fault-free run and injected faults, and what the guard found.
 
-Not part of the test suite (12 processes take minutes on a small machine): run it by hand,
+Not part of the test suite (12 processes take minutes on a small machine): ``make bench`` runs
+it as the jobs ``three-d-clean`` and ``three-d-faults`` (docs/performance.md renders their
+results), or by hand,
 
     python benchmarks/three_d.py                          # clean, then a column-parallel fault
     python benchmarks/three_d.py --scenarios clean --steps 50 --bf16
