@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         summary.append(
             {
                 "scenario": scenario,
+                "faults": faults_of(scenario, args.fault_step),
                 "ok": ok,
                 "expected": expected,
                 "steps": args.steps,
