@@ -65,6 +65,15 @@ def test_every_job_feeds_a_table_and_every_renderer_has_a_marker() -> None:
 def test_a_three_d_scenario_that_missed_its_expectation_is_shown_as_such(tmp_path: Path) -> None:
     scenario = {
         "scenario": "wgrad",
+        "faults": [
+            {
+                "kind": "ScaleWeightGradElement",
+                "param": "blocks.1.up.weight",
+                "factor": 1000.0,
+                "rank": 3,
+                "step": 6,
+            }
+        ],
         "ok": False,
         "expected": "rank 3 alone",
         "steps": 20,
@@ -82,7 +91,11 @@ def test_a_three_d_scenario_that_missed_its_expectation_is_shown_as_such(tmp_pat
         recorder.write(tmp_path / f"{job}.json", {"layout": {"faulty": 3}, "scenarios": [scenario]})
     lines = render.three_d(render.Results(tmp_path))
     row = lines[2]
-    assert "gradient slice from step 6" in row and "no alarm, 20 updates applied" in row
+    assert (
+        "x1000 in one element of rank 3's local `blocks.1.up.weight` gradient slice from step 6"
+        in row
+    )
+    assert "no alarm, 20 updates applied" in row
     assert "rank 3 alone (**NOT as expected**)" in row
 
 
