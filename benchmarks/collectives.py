@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from results import Recorder
+from results import Recorder, model_cell
 from results import short_size as _size
 from results import short_time as _time
 
@@ -454,17 +454,7 @@ def print_model(rows: list[dict[str, Any]], fabric: Fabric, tensors: int) -> Non
     print("| collective | when | payload | " + " | ".join(heads) + " |")
     print("|---|---|---|" + "---|" * len(heads))
     for row in rows:
-        cells = []
-        for n in MODEL_RANKS:
-            cell = row[str(n)]
-            if cell is None:
-                cells.append("- (one rank)")
-                continue
-            text = f"{_time(cell['total_us'])} ({cell['best']}, {cell['hops']:,} hops"
-            text += f", {_size(cell['bytes'])})"
-            if cell["ring_total_us"] > cell["total_us"] * 1.05:
-                text += f" [ring {_time(cell['ring_total_us'])}]"
-            cells.append(text)
+        cells = [model_cell(row[str(n)]) for n in MODEL_RANKS]
         payload = f"{row['op']} {row['payload']}"
         print(f"| {row['name']} | {row['when']} | {payload} | " + " | ".join(cells) + " |")
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from results import REPO, RESULTS_DIR, load
+from results import REPO, RESULTS_DIR, load, model_cell
 from results import short_size as _bytes
 from results import short_time as _us
 
@@ -313,17 +313,7 @@ def collectives_model(prefix: str | None) -> Callable[[Results], list[str]]:
         ranks = [k for k in chosen[0] if k.isdigit()]
         rows = []
         for row in chosen:
-            cells = []
-            for n in ranks:
-                cell = row[n]
-                if cell is None:
-                    cells.append("- (one rank)")
-                    continue
-                text = f"{_us(cell['total_us'])} ({cell['best']}, {cell['hops']:,} hops, "
-                text += f"{_bytes(cell['bytes'])})"
-                if cell["ring_total_us"] > cell["total_us"] * 1.05:
-                    text += f" [ring {_us(cell['ring_total_us'])}]"
-                cells.append(text)
+            cells = [model_cell(row[n]) for n in ranks]
             rows.append([row["name"], row["when"], f"{row['op']} {row['payload']}", *cells])
         head = ["collective", "when", "payload", *(f"{int(n):,} ranks" for n in ranks)]
         return _table(head, rows) + _provenances(results, ["collectives-model"], timed=False)

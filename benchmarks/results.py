@@ -203,3 +203,16 @@ def short_size(nbytes: float) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes:.0f} B"
+
+
+def model_cell(cell: dict[str, Any] | None) -> str:
+    """One modelled collective at one rank count, as the model tables print it: time
+    (algorithm/protocol, hops, bytes), with the ring's time where another algorithm wins by
+    more than 5%; None (the collective has one rank there) reads "- (one rank)"."""
+    if cell is None:
+        return "- (one rank)"
+    text = f"{short_time(cell['total_us'])} ({cell['best']}, {cell['hops']:,} hops, "
+    text += f"{short_size(cell['bytes'])})"
+    if cell["ring_total_us"] > cell["total_us"] * 1.05:
+        text += f" [ring {short_time(cell['ring_total_us'])}]"
+    return text
