@@ -32,6 +32,11 @@ UNCONFIRMED_SENSOR_FLAGS_METRIC = "sdc_unconfirmed_sensor_flags"
 """Online sensor candidates that replays did not confirm: not SDC, but a noisy sensor shows
 (published with the liveness counts)."""
 
+AUDIT_SKIPPED_METRIC = "sdc_audit_skipped"
+"""Audits that did not run or could not judge (a ``rebuild_batch`` that raised, a set-up finding
+that turned the audits off): published on the job's series with the liveness counts, never an
+SDC metric, so that an alarm can catch a job that is no longer protected."""
+
 CLUSTER_DIMENSION = "ClusterName"
 JOB_DIMENSION = "JobName"
 NODE_DIMENSION = "NodeName"
@@ -99,6 +104,7 @@ def report_log_group(cluster: str) -> str:
 __all__ = [
     "ALARM_PERIOD_SECONDS",
     "AUDIT_PASS_METRIC",
+    "AUDIT_SKIPPED_METRIC",
     "CHECK_DIMENSION",
     "CLUSTER_DIMENSION",
     "CLUSTER_SERIES",

@@ -33,11 +33,22 @@ confirmed sensor flag), ``reduced_gradient`` (a non-finite reduced gradient, no 
 CHECKS: tuple[Check, ...] = get_args(Check)
 
 VerdictKind = Literal[
-    "persistent", "transient", "replayer_wrong", "unclear", "unattributable", "reproducible"
+    "persistent",
+    "transient",
+    "replayer_wrong",
+    "unclear",
+    "unattributable",
+    "reproducible",
+    "setup",
 ]
 """How a confirmation (a replay on a third GPU) settled one dispute: the report's
 ``verdicts[].kind``. ``reproducible``: a non-finite gradient that the third GPU reproduces from
-the same micro-batch (numerics or data, not a GPU)."""
+the same micro-batch (numerics or data, not a GPU). ``setup``: a finding no single GPU can
+explain (the rebuilt batch differs from the one trained on, every comparison of a ring
+mismatched, a failed preflight): the user's set-up, not hardware; it names nobody and the
+report's ``setup`` entry says which check failed and how to fix it."""
+SETUP_VERDICT: Literal["setup"] = "setup"
+"""The verdict of a finding that is the job's set-up, not a GPU: localize refuses such a report."""
 VERDICT_KINDS: tuple[VerdictKind, ...] = get_args(VerdictKind)
 
 NamingReason = Literal["culprit", "nonfinite", "weights_minority", "named"]
@@ -56,6 +67,7 @@ SuspectVerdict = Literal[
     "unclear",
     "unattributable",
     "reproducible",
+    "setup",
     "culprit",
     "nonfinite",
     "weights_minority",
@@ -86,9 +98,28 @@ REPORT_KEYS: tuple[str, ...] = (
     "time",
 )
 """The keys of every ``sdc.alarm/v1`` report."""
-OPTIONAL_REPORT_KEYS: tuple[str, ...] = ("sensor_candidates", "canary_run")
+OPTIONAL_REPORT_KEYS: tuple[str, ...] = ("sensor_candidates", "canary_run", "setup")
 """Keys present only on some reports: a confirmed sensor candidate's alarm; a canary's report
-(written by the canary function, never by the agent)."""
+(written by the canary function, never by the agent); a set-up finding's report (``setup``:
+:data:`SETUP_KEYS`), which names nobody."""
+SETUP_KEYS: tuple[str, ...] = ("cause", "detail", "fix", "audits")
+"""The keys of a report's ``setup`` entry: ``cause`` (one of :data:`SETUP_CAUSES`), ``detail``
+(what was seen, with ranks and steps), ``fix`` (what to change), ``audits`` (``off``: the guard
+stopped its audits and trains on; ``stopped``: the guard stopped the job)."""
+SetupCause = Literal[
+    "rebuild_batch_mismatch",
+    "rebuild_batch_failed",
+    "compute_loss_ignores_model",
+    "replay_differs_from_training",
+    "nondeterministic_replay",
+    "more_than_one_gpu",
+]
+"""Why a finding is the job's set-up: the rebuilt batch is not the trained one; rebuilding or
+replaying keeps raising; ``compute_loss`` ran the training wrapper instead of the module it was
+given; every rank's replay of its own batch differs from its training; two replays of one
+batch on one GPU differ (kernels outside deterministic mode); a ring's comparisons mismatched
+more than one faulty GPU can explain."""
+SETUP_CAUSES: tuple[SetupCause, ...] = get_args(SetupCause)
 RANK_KEYS: tuple[str, ...] = ("node_name", "instance_id", "gpu_uuid", "local_rank", "pod_name")
 """The keys of one ``ranks`` entry (``pod_name`` where known), keyed by the global rank."""
 VERDICT_ENTRY_KEYS: tuple[str, ...] = ("pair", "third", "suspect", "kind")
@@ -125,12 +156,16 @@ __all__ = [
     "RANKMAP_SCHEMA",
     "RANK_KEYS",
     "REPORT_KEYS",
+    "SETUP_CAUSES",
+    "SETUP_KEYS",
+    "SETUP_VERDICT",
     "SUSPECT_VERDICTS",
     "UNKNOWN_VERDICT",
     "VERDICT_ENTRY_KEYS",
     "VERDICT_KINDS",
     "Check",
     "NamingReason",
+    "SetupCause",
     "SuspectVerdict",
     "VerdictKind",
     "check_rank_keys",

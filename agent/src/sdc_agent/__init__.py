@@ -17,6 +17,7 @@ from types import ModuleType
 
 from . import sensors
 from .alarm import Alarm, RankInfo, SensorCandidate, Verdict
+from .checks.replay.setup import AuditSetupError
 from .checks.weights.divergence import find_divergent_ranks
 from .checks.weights.report import DivergenceReport
 from .exit import SDC_EXIT_CODE, exit_on_alarm
@@ -41,6 +42,7 @@ __all__ = [
     "SDC_EXIT_CODE",
     "Alarm",
     "AlarmLogError",
+    "AuditSetupError",
     "DivergenceReport",
     "Guard",
     "GuardedStep",

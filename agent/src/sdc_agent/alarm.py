@@ -114,11 +114,22 @@ class Alarm:
     sensor_candidates: list[SensorCandidate] = field(default_factory=list)
     """The online sensor flags that raised this alarm's candidate (confirmed by replays);
     reported under the optional key ``sensor_candidates`` only when there are any."""
+    setup: dict[str, Any] | None = None
+    """A finding that is the job's set-up, not a GPU (``sdc_contract.report.SETUP_KEYS``: cause,
+    detail, fix, audits): such an alarm names nobody and counts as ``sdc_audit_skipped``, never
+    as an SDC metric; reported under the optional key ``setup`` only then."""
     schema: str = SCHEMA
+
+    @property
+    def is_setup(self) -> bool:
+        """Whether this is a set-up finding (the guard's audits, not a GPU, are at fault)."""
+        return self.setup is not None
 
     @property
     def metric_value(self) -> int:
         """The count the alarm's CloudWatch metric carries: ranks, pairs or tensors."""
+        if self.setup is not None:
+            return 1
         if self.check == "weights":
             return len(self.divergent_tensors)
         if self.nonfinite:
@@ -129,7 +140,10 @@ class Alarm:
 
     @property
     def metric_name(self) -> str:
-        """Which of the three SDC metrics this alarm increments."""
+        """Which of the three SDC metrics this alarm increments (``sdc_audit_skipped`` for a
+        set-up finding, which is none of them)."""
+        if self.setup is not None:
+            return metrics.AUDIT_SKIPPED_METRIC
         if self.check == "weights":
             return metrics.DIVERGENT_TENSORS_METRIC
         if self.check == "reduced_gradient" or self.nonfinite:
@@ -148,4 +162,7 @@ class Alarm:
         candidates = out.pop("sensor_candidates")
         if candidates:
             out["sensor_candidates"] = candidates
+        setup = out.pop("setup")
+        if setup is not None:
+            out["setup"] = setup
         return out

@@ -54,6 +54,7 @@ from .checks.replay.environment import StepEnvironment
 from .checks.replay.pipeline import PipelineReplayer
 from .checks.replay.pipeline_audit import PipelineRingAudit
 from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
+from .checks.replay.setup import AuditSetupError
 from .checks.weights.check import weight_check
 from .coverage import describe
 from .parallel import ParallelAdapter, adapter_for
@@ -197,9 +198,15 @@ class Guard:
         self.params = a.params
         self.named_weights = a.named_weights
         self._check_determinism_preconditions()
+        _check_optimizer_owns(optimizer, self.module)
+        self.audits_off: str | None = None
+        """Why the replay audit stopped (a set-up finding), or None while it runs."""
 
         # Collective: every rank gathers the rank map at construction.
         self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
+        self.node_source = "NODE_NAME" if os.environ.get("NODE_NAME") else "hostname"
+        """Where this rank's node name came from: NODE_NAME (the pod's spec.nodeName through
+        the downward API) or, when it is unset, the hostname (a pod's, which is not its node)."""
         try:
             # Along each ring of replicas (one per pipeline stage under a pipeline), with the
             # ranks that compute together (tensor parallel) by their positions on that ring.
@@ -209,10 +216,18 @@ class Guard:
                     nodes, self.schedule.peer_offset, groups_on(column, a.compute_groups)
                 )
             can_confirm = True
-        except TopologyError:
+        except TopologyError as exc:
             # Audits need the placement; so does a scaler (an overflow is told from a faulty
             # GPU by a replay on a third node).
             if self.schedule.audit_every > 0 or self.scaler is not None:
+                if self.node_source == "hostname":
+                    raise TopologyError(
+                        f"NODE_NAME is not set on rank {self.rank}, so node names came from "
+                        f"the hostname ({self.ranks[self.rank].node_name!r}), which in a pod is "
+                        "the pod's name, not its node's: set NODE_NAME from the pod's "
+                        "spec.nodeName (downward API, docs/agent-install.md) before changing "
+                        f"peer_offset. The placement check said: {exc}"
+                    ) from exc
                 raise
             can_confirm = False  # no audits: check 1 still names ranks, without confirmation
         self._can_confirm = can_confirm
@@ -248,6 +263,8 @@ class Guard:
             peer_offset=self.schedule.peer_offset,
             can_confirm=can_confirm,
             overflow_is_expected=self.scaler is not None,
+            skipped_audits_allowed=self.schedule.max_skipped_audits,
+            stops_on_setup_error=self.schedule.on_setup_error == "stop",
         )
         """Check 2: the ring replay audit and the confirmation replays."""
         self.weights = weight_check(a.weight_replicas(), self.reporter)
@@ -276,6 +293,14 @@ class Guard:
         """The step being run (fault drills read it); None before the first step."""
         self.reporter.publish_rank_map()
         if self.reporter.publishes:
+            if self.node_source == "hostname":
+                logger.warning(
+                    "sdc_agent: NODE_NAME is not set: node names come from the hostname (%s), "
+                    "which in a Kubernetes pod is the pod's name; set NODE_NAME from the pod's "
+                    "spec.nodeName (downward API) so that replays land on other nodes and an "
+                    "alarm names the right node",
+                    self.ranks[self.rank].node_name,
+                )
             if self.schedule.sensors and not self.sensors_planned and not self.sensors.unsupported:
                 # Schedule(sensors=True) is the default, but only protected layers have
                 # sensors: say so plainly, with the line that turns them on.
@@ -317,6 +342,21 @@ class Guard:
             pipeline=self.parallel.pipeline_facts() if self.pipelined else None,  # type: ignore[attr-defined]
         )
         report["checks"]["online_sensors"] = sensors
+        audit = report["checks"]["replay_audit"]
+        if self.audits_off is not None:
+            audit.update(on=False, why=f"turned off by a set-up finding: {self.audits_off}")
+            audit["pairs"] = []
+        elif audit["on"] and not self.audit.compare_grads:
+            audit["compares"] = "loss bits only (the preflight found gradients not reproducible)"
+        report["preflight"] = {
+            "done": self.audit.preflight_done,
+            "at": "the first audit step: two replays of each rank's own micro-batch, compared "
+            "with each other and with its training; every replay's batch compared with the "
+            "trained one",
+            "notes": list(self.audit.preflight_notes),
+            "nondeterministic_ops": sorted(self.audit.nondeterministic_ops),
+            "node_names_from": self.node_source,
+        }
         return report
 
     # ------------------------------------------------------------------ attributes kept public
@@ -602,6 +642,8 @@ class Guard:
                 self.gradients.local_table() if deterministic else None,
                 deterministic=deterministic,
             )
+            if alarm is not None and alarm.is_setup:
+                return self._set_up_wrong(alarm)
         elif not table.nonfinite and not any(table.reduced):
             # SENSORS: only online sensors flagged: a candidate, confirmed or dismissed by replays.
             alarm = self.sensors.judge(
@@ -618,6 +660,30 @@ class Guard:
                 table, deterministic=self.schedule.deterministic_audits
             )
         return self.reporter.log_and_publish(alarm) if alarm is not None else None
+
+    def audits_due(self, step: int) -> bool:
+        """Whether ``step`` runs the replay audit: the schedule's audit step, unless a set-up
+        finding turned the audits off."""
+        return self.audits_off is None and self.schedule.is_audit_step(step)
+
+    def _set_up_wrong(self, alarm: Alarm) -> None:
+        """A set-up finding (the same on every rank): report it naming nobody, then turn the
+        audits and their confirmations off (they would judge GPUs on replays that do not
+        reproduce training), or, with ``Schedule(on_setup_error="stop")``, raise
+        :class:`AuditSetupError` on every rank. The step itself is applied: its gradients were
+        finite on every rank, and nothing says a GPU computed them wrong."""
+        self.reporter.publish_setup(alarm)
+        setup = alarm.setup or {}
+        reason = f"{setup.get('cause')}: {setup.get('detail')}"
+        self.audits_off = reason
+        self.audit.can_confirm = False
+        self.reporter.record_skipped_audit(alarm.step)
+        if self.schedule.on_setup_error == "stop":
+            raise AuditSetupError(
+                f"sdc_agent: stopped at step {alarm.step}: the replay audit found the job's "
+                f"set-up wrong, not a GPU (nobody is named): {reason}. Fix: {setup.get('fix')}"
+            )
+        return None
 
     def settle(self) -> Alarm | None:
         """The agreement point: judge what is in flight (collective; every rank calls it at the
@@ -667,6 +733,33 @@ class Guard:
                     f"CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) set before training, got {value!r}; "
                     "or use Schedule(deterministic_audits=False)"
                 )
+
+
+def _check_optimizer_owns(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+    """Refuse an optimizer that does not own every trainable parameter of the model: those
+    parameters would get gradients that no step applies, and a replay audit would compare a
+    model that training never changes (a clear error now, on every rank alike, instead of a
+    misleading one later)."""
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:
+        raise TypeError(
+            f"Guard optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
+    owned = {id(p) for group in groups for p in group["params"]}
+    missing = [
+        name for name, p in module.named_parameters() if p.requires_grad and id(p) not in owned
+    ]
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise ValueError(
+            f"sdc_agent.Guard: the optimizer does not own {len(missing)} trainable parameter(s) "
+            f"of the model ({shown}): they would train without ever changing. Build the "
+            "optimizer from this model's parameters (after wrapping it in DDP or fully_shard, "
+            "whose parameters are the ones that train), or set requires_grad=False on what is "
+            "frozen"
+        )
 
 
 def _check_pipeline_options(
@@ -728,7 +821,7 @@ class GuardedStep:
         """Decide what runs at ``step`` (before its forward pass)."""
         self.guard = guard
         self.step = step
-        self.audit = guard.schedule.is_audit_step(step)
+        self.audit = guard.audits_due(step)
         """Whether this step runs the ring replay audit."""
         self.weight_check_due = guard.schedule.is_weight_check_step(step)
         """Whether :meth:`after_update` compares weight fingerprints."""

@@ -38,6 +38,16 @@ class SensorFlagPublisher(Protocol):
         """Called (DP rank 0) with the unconfirmed candidates of ``step``; batch as you like."""
 
 
+@runtime_checkable
+class AuditSkipPublisher(Protocol):
+    """An optional addition to :class:`Publisher`: the guard calls it, when present, with the
+    audits that did not run or could not judge (a replay that raised, audits turned off by a
+    set-up finding), so that an alarm can catch a job that is no longer protected."""
+
+    def publish_audit_skipped(self, step: int, count: int) -> None:
+        """Called (DP rank 0) with the audits skipped at ``step``; batch as you like."""
+
+
 class NullPublisher:
     """The default: publishes nothing, so the guard needs no ``if enabled:`` branches."""
 
@@ -51,6 +61,9 @@ class NullPublisher:
         """Do nothing."""
 
     def publish_unconfirmed_sensor_flags(self, step: int, count: int) -> None:
+        """Do nothing."""
+
+    def publish_audit_skipped(self, step: int, count: int) -> None:
         """Do nothing."""
 
     def flush(self, timeout: float | None = None) -> bool:

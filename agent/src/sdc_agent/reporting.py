@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .alarm import Alarm, CheckName, RankInfo, Verdict
 from .publisher import Publisher
@@ -61,6 +61,7 @@ class Reporter:
         verdicts: Sequence[Verdict] = (),
         divergent: Sequence[str] = (),
         diagnosis: str | None = None,
+        setup: dict[str, Any] | None = None,
     ) -> Alarm:
         """Assemble the alarm every rank returns (global ranks); ``ranks`` covers every rank it
         names, and the suspect window runs from ``last_pass`` (or the start) to ``step``."""
@@ -79,6 +80,7 @@ class Reporter:
             divergent_tensors=list(divergent),
             ranks=self._rank_infos(suspects or [], nonfinite, culprits),
             diagnosis=diagnosis,
+            setup=setup,
         )
 
     def weights_alarm(self, step: int, report: DivergenceReport) -> Alarm:
@@ -115,10 +117,41 @@ class Reporter:
         self.publish("alarm", lambda p: p.publish_alarm(alarm))
         return alarm
 
+    def publish_setup(self, alarm: Alarm) -> Alarm:
+        """Log and publish a set-up finding (DP rank 0 only); returns it. Unlike
+        :meth:`log_and_publish` it is not recorded in the alarm log: it says nothing about the
+        weights, so it blocks no resume; its report names nobody and its metric is
+        ``sdc_audit_skipped``, so no remediation starts."""
+        if self.publishes:
+            setup = alarm.setup or {}
+            logger.error(
+                "sdc_agent: the replay audit found the job's set-up wrong at step %d, not a GPU "
+                "(nobody is named; audits %s): %s: %s. Fix: %s; report %s",
+                alarm.step,
+                setup.get("audits"),
+                setup.get("cause"),
+                setup.get("detail"),
+                setup.get("fix"),
+                alarm.to_dict(),
+            )
+        self.publish("set-up finding", lambda p: p.publish_alarm(alarm))
+        return alarm
+
     def record_pass(self, check: Literal["audit", "weights"], step: int) -> None:
         """Note that an audit or a weight check passed at ``step`` and publish it as liveness."""
         audits, weights = (1, 0) if check == "audit" else (0, 1)
         self.publish("liveness", lambda p: p.publish_liveness(step, audits, weights))
+
+    def record_skipped_audit(self, step: int) -> None:
+        """Publish one audit that did not run or could not judge (``sdc_audit_skipped``, with
+        the liveness counts, through a publisher that has ``publish_audit_skipped``)."""
+
+        def call(publisher: Publisher) -> None:
+            publish = getattr(publisher, "publish_audit_skipped", None)
+            if publish is not None:
+                publish(step, 1)
+
+        self.publish("skipped audit", call)
 
     def publish_rank_map(self) -> None:
         """Publish the rank map (once, at start)."""

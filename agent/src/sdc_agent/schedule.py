@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
+
+SETUP_ERROR_POLICIES = ("disable_audits", "stop")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -44,6 +47,18 @@ class Schedule:
     on every step whatever ``sensor_budget`` says, so that hardware bad from the start is named
     within them; then the budget's rotation. 0: none."""
 
+    on_setup_error: Literal["disable_audits", "stop"] = "disable_audits"
+    """What the guard does when the replay audit finds the job's set-up wrong rather than a GPU
+    (a ``rebuild_batch`` that returns another batch or keeps raising, a ``compute_loss`` that
+    ignores its model, kernels that give two results for one batch): ``disable_audits`` reports
+    it (naming nobody), turns the audits and their confirmations off and trains on, with
+    ``coverage()`` saying why; ``stop`` reports it and raises ``sdc_agent.AuditSetupError`` on
+    every rank. Either way no GPU is named and nothing is cordoned."""
+    max_skipped_audits: int = 1
+    """Audits in a row that may be skipped because a replay raised (each logged, counted as
+    ``sdc_audit_skipped`` and applied unaudited) before the next one is a set-up finding
+    (``on_setup_error``); 0: the first replay that raises is one."""
+
     def __post_init__(self) -> None:
         for name in ("audit_every", "check_every", "ckpt_every"):
             value = getattr(self, name)
@@ -80,6 +95,14 @@ class Schedule:
                 f"Schedule.sensor_burn_in must be an integer >= 0 (steps on which every sensor "
                 f"checks at the start; 0: none), got {burn_in!r}"
             )
+        if self.on_setup_error not in SETUP_ERROR_POLICIES:
+            raise ValueError(
+                f"Schedule.on_setup_error must be one of {', '.join(SETUP_ERROR_POLICIES)}, "
+                f"got {self.on_setup_error!r}"
+            )
+        skips = self.max_skipped_audits
+        if not isinstance(skips, int) or isinstance(skips, bool) or skips < 0:
+            raise ValueError(f"Schedule.max_skipped_audits must be an integer >= 0, got {skips!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(
                 f"Schedule.max_grad_norm must be a positive number or None, got {self.max_grad_norm!r}"

@@ -132,6 +132,14 @@ class CloudWatchPublisher:
         except Exception:
             logger.exception("sdc: could not count unconfirmed sensor flags")
 
+    def publish_audit_skipped(self, step: int, count: int) -> None:
+        """Count audits that did not run or could not judge; sent with the liveness batch as
+        ``sdc_audit_skipped`` (never an SDC metric: an alarm on it catches an unprotected job)."""
+        try:
+            self._sender.add_liveness(step, 0, 0, audits_skipped=count)
+        except Exception:
+            logger.exception("sdc: could not count skipped audits")
+
     def flush(self, timeout: float | None = None) -> bool:
         """Deliver what is queued, pending liveness and the spool, within ``timeout`` seconds.
 

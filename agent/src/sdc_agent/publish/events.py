@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from sdc_contract.metrics import (
     AUDIT_PASS_METRIC,
+    AUDIT_SKIPPED_METRIC,
     CLUSTER_DIMENSION,
     JOB_DIMENSION,
     NODE_DIMENSION,
@@ -137,9 +138,11 @@ def liveness_metric_data(
     audit_passes: int,
     weight_check_passes: int,
     unconfirmed_sensor_flags: int = 0,
+    audits_skipped: int = 0,
 ) -> list[dict[str, Any]]:
-    """PutMetricData entries (without Timestamp) for a batch of passing checks; the count of
-    unconfirmed sensor flags is added only when nonzero.
+    """PutMetricData entries (without Timestamp) for a batch of passing checks; the counts of
+    unconfirmed sensor flags and of skipped audits (``sdc_audit_skipped``) are added only when
+    nonzero.
 
     Standard resolution: the batch covers a minute, and a dashboard reads it per minute.
     """
@@ -163,6 +166,7 @@ def liveness_metric_data(
                 if unconfirmed_sensor_flags
                 else []
             ),
+            *([(AUDIT_SKIPPED_METRIC, audits_skipped)] if audits_skipped else []),
         )
     ]
 

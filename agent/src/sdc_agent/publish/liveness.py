@@ -16,6 +16,8 @@ class LivenessCounts:
     last_step: int
     unconfirmed_sensor_flags: int = 0
     """Online sensor candidates the replays did not confirm (a noisy sensor shows here)."""
+    audits_skipped: int = 0
+    """Audits that did not run or could not judge (the job is less protected than it says)."""
 
 
 class LivenessBatch:
@@ -31,6 +33,7 @@ class LivenessBatch:
         self._audit = 0
         self._weights = 0
         self._unconfirmed = 0
+        self._skipped = 0
         self._last_step = -1
         self._next_due = -math.inf
 
@@ -40,6 +43,7 @@ class LivenessBatch:
         audit_passes: int,
         weight_check_passes: int,
         unconfirmed_sensor_flags: int = 0,
+        audits_skipped: int = 0,
     ) -> bool:
         """Count passes (and unconfirmed sensor flags); True when the batch was empty before
         (the sender may need waking)."""
@@ -48,11 +52,12 @@ class LivenessBatch:
             self._audit += max(0, int(audit_passes))
             self._weights += max(0, int(weight_check_passes))
             self._unconfirmed += max(0, int(unconfirmed_sensor_flags))
+            self._skipped += max(0, int(audits_skipped))
             self._last_step = max(self._last_step, int(step))
             return was_empty and self._has_counts()
 
     def _has_counts(self) -> bool:
-        return self._audit > 0 or self._weights > 0 or self._unconfirmed > 0
+        return self._audit > 0 or self._weights > 0 or self._unconfirmed > 0 or self._skipped > 0
 
     def pending(self) -> bool:
         """True when some passes have not been sent."""
@@ -73,8 +78,10 @@ class LivenessBatch:
                 return None
             if not force and now < self._next_due:
                 return None
-            counts = LivenessCounts(self._audit, self._weights, self._last_step, self._unconfirmed)
-            self._audit = self._weights = self._unconfirmed = 0
+            counts = LivenessCounts(
+                self._audit, self._weights, self._last_step, self._unconfirmed, self._skipped
+            )
+            self._audit = self._weights = self._unconfirmed = self._skipped = 0
             self._next_due = now + self.interval
             return counts
 
@@ -84,4 +91,5 @@ class LivenessBatch:
             self._audit += counts.audit_passes
             self._weights += counts.weight_check_passes
             self._unconfirmed += counts.unconfirmed_sensor_flags
+            self._skipped += counts.audits_skipped
             self._last_step = max(self._last_step, counts.last_step)

@@ -100,10 +100,13 @@ class Sender:
         audit_passes: int,
         weight_check_passes: int,
         unconfirmed_sensor_flags: int = 0,
+        audits_skipped: int = 0,
     ) -> None:
-        """Count passing checks (and unconfirmed sensor flags); the sender sends them at most
-        once per liveness interval."""
-        if self.liveness.add(step, audit_passes, weight_check_passes, unconfirmed_sensor_flags):
+        """Count passing checks (and unconfirmed sensor flags, skipped audits); the sender sends
+        them at most once per liveness interval."""
+        if self.liveness.add(
+            step, audit_passes, weight_check_passes, unconfirmed_sensor_flags, audits_skipped
+        ):
             self._ensure_started()
             # When full, the sender is busy anyway and recomputes its wait after each item.
             with contextlib.suppress(queue.Full):
@@ -348,6 +351,7 @@ class Sender:
             counts.audit_passes,
             counts.weight_check_passes,
             counts.unconfirmed_sensor_flags,
+            counts.audits_skipped,
         )
         try:
             # One attempt: liveness is not worth holding alarms back for; failed counts are

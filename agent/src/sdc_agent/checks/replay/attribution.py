@@ -16,10 +16,24 @@ from typing import Any
 
 from ...alarm import VerdictKind
 
-ROW_WIDTH = 5
-"""Int64 values per outcome in the collectives: loss bits, two digest words, finite, valid."""
+ROW_WIDTH = 8
+"""Int64 values per outcome in the collectives: loss bits, two digest words, finite, valid, the
+digest of the batch the computation consumed, the digest of the batch its owner trained on
+(known only to the owner), and the set-up flags (:data:`WRAPPER_IN_REPLAY` ...)."""
 
-FAILED_ROW = [0, 0, 0, 0, 2]
+WRAPPER_IN_REPLAY = 1
+"""Set-up flag: ``compute_loss`` ran the training wrapper (DDP) during a replay instead of the
+module it was given."""
+SELF_LOSS_DIFFERS = 2
+"""Preflight flag: two replays of the rank's own micro-batch on its own GPU gave different losses."""
+SELF_GRADS_DIFFER = 4
+"""Preflight flag: ... the same loss, but different gradients."""
+SELF_DIFFERS_FROM_TRAINING = 8
+"""Preflight flag: the rank's replay of its own micro-batch differs from its training."""
+NONDETERMINISTIC_OP = 16
+"""An op without a deterministic kernel ran in the computation (deterministic mode warned)."""
+
+FAILED_ROW = [0, 0, 0, 0, 2, 0, 0, 0]
 """Sent instead of an outcome when a replay raised: the collective still completes everywhere,
 and nobody is judged on a computation that did not happen."""
 
@@ -36,6 +50,13 @@ class Outcome:
     loss_bits: int
     grad_digest: tuple[int, int]
     finite: bool
+    batch: int = 0
+    """Digest of the micro-batch(es) this computation consumed (0: not recorded)."""
+    trained: int = 0
+    """Digest of the micro-batch(es) the computation's owner trained on, sent by the owner only
+    (0: unknown to the writer of the row)."""
+    flags: int = 0
+    """Set-up and preflight flags (:data:`WRAPPER_IN_REPLAY` ...)."""
 
     def matches(self, other: Outcome, *, compare_grads: bool) -> bool:
         """Bit-for-bit agreement of the loss (and of every gradient, with deterministic kernels)."""
@@ -45,14 +66,29 @@ class Outcome:
 
     def to_row(self) -> list[int]:
         """The outcome as ROW_WIDTH int64 values (the last one marks the row as filled)."""
-        return [self.loss_bits, *self.grad_digest, int(self.finite), 1]
+        return [
+            self.loss_bits,
+            *self.grad_digest,
+            int(self.finite),
+            1,
+            self.batch,
+            self.trained,
+            self.flags,
+        ]
 
     @classmethod
     def from_row(cls, row: list[int]) -> Outcome:
         """Inverse of :meth:`to_row`."""
         if len(row) != ROW_WIDTH or row[4] != 1:
             raise ValueError(f"not a filled outcome row: {row!r}")
-        return cls(loss_bits=row[0], grad_digest=(row[1], row[2]), finite=bool(row[3]))
+        return cls(
+            loss_bits=row[0],
+            grad_digest=(row[1], row[2]),
+            finite=bool(row[3]),
+            batch=row[5],
+            trained=row[6],
+            flags=row[7],
+        )
 
 
 def replay_target(replayer: int, world: int, offset: int) -> int:

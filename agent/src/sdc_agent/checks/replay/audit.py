@@ -19,8 +19,10 @@ points, and a replay that raises is sent as a failed row instead, so no rank is 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,7 +34,12 @@ from ...reporting import Reporter
 from ..gradients.exchange import FlagTable
 from .attribution import (
     FAILED_ROW,
+    NONDETERMINISTIC_OP,
     ROW_WIDTH,
+    SELF_DIFFERS_FROM_TRAINING,
+    SELF_GRADS_DIFFER,
+    SELF_LOSS_DIFFERS,
+    WRAPPER_IN_REPLAY,
     Outcome,
     confirmation_jobs,
     earliest_local_mismatches,
@@ -46,8 +53,18 @@ from .attribution import (
     third_gpu,
     unexplained,
 )
-from .environment import StepEnvironment, seed_all, step_seed
+from .batch_record import BatchRecorder, ReplayCapture, combine_digests
+from .environment import StepEnvironment, nondeterministic_alerts, seed_all, step_seed
 from .replayer import Replayer, combine_outcomes, outcome_of
+from .setup import (
+    SetupFinding,
+    batch_finding,
+    pattern_finding,
+    preflight,
+    repeated_failure,
+    third_batch_finding,
+    wrapper_finding,
+)
 
 logger = logging.getLogger("sdc_agent")
 
@@ -56,6 +73,11 @@ RebuildBatch = Callable[[int, int], Any]
 
 class RingAudit:
     """Check 2 for one guard (and the confirmation replays check 1 asks for)."""
+
+    checks_batches = True
+    """Record what each micro-batch's forward was fed and compare it with what each replay was
+    fed, before any result (:mod:`.batch_record`). A pipeline's later stages are fed
+    activations, not the batch: the pipeline audit compares stage inputs itself."""
 
     def __init__(
         self,
@@ -67,6 +89,8 @@ class RingAudit:
         peer_offset: int,
         can_confirm: bool,
         overflow_is_expected: bool = False,
+        skipped_audits_allowed: int = 1,
+        stops_on_setup_error: bool = False,
     ) -> None:
         """``can_confirm``: the placement puts a third GPU on a third node (see topology).
         ``overflow_is_expected``: a GradScaler scales the loss, so a non-finite gradient that
@@ -80,6 +104,28 @@ class RingAudit:
         self.peer_offset = peer_offset
         self.can_confirm = can_confirm
         self.overflow_is_expected = overflow_is_expected
+        self.skipped_audits_allowed = skipped_audits_allowed
+        """Audits in a row whose replays may raise (each skipped, logged and counted as
+        ``sdc_audit_skipped``) before the next one is a set-up finding."""
+        self.skipped_in_a_row = 0
+        self.stops_on_setup_error = stops_on_setup_error
+        """A set-up finding stops the job (``Schedule(on_setup_error="stop")``) rather than the
+        audits; it only says so in the report here, the guard acts on it."""
+        self.compare_grads = True
+        """Gradient fingerprints are compared (False once the preflight found two replays of
+        one micro-batch on one GPU giving different gradient bits: then the loss bits only)."""
+        self.preflight_done = False
+        """The first audit replays each rank's own micro-batch twice (:func:`.setup.preflight`)."""
+        self.preflight_notes: list[str] = []
+        """What the preflight changed (for ``coverage()``)."""
+        self.nondeterministic_ops: set[str] = set()
+        """Ops without a deterministic kernel that deterministic mode warned about in replays."""
+        self.batches = (
+            BatchRecorder(adapter.module, getattr(adapter, "model", None))
+            if self.checks_batches
+            else None
+        )
+        """What each trained and replayed micro-batch's forward was fed (:mod:`.batch_record`)."""
         self.grad_accum = replayer.grad_accum
         self.isolation = replayer.micro_batch_isolation() if self.grad_accum > 1 else None
         """Isolates the audited micro-batch's gradient (accumulation only)."""
@@ -115,6 +161,10 @@ class RingAudit:
         self.isolated_fingerprints = None
         self.position = position
         self._snapshot_pending = audit and self.grad_accum == 1
+        if self.batches is not None:
+            self.batches.new_step()
+            if (audit or seeded) and self.grad_accum == 1:
+                self.batches.begin_training(0)  # the step's one micro-batch, whatever the loop
         if not audit:
             if not seeded:
                 return StepEnvironment()
@@ -137,6 +187,8 @@ class RingAudit:
         self.current_micro_batch = index
         if seeded:
             seed_all(self._seed(step, index))
+            if self.batches is not None:
+                self.batches.begin_training(index)
         if audited:
             self._snapshot_pending = True
             if isolate and self.isolation is not None:
@@ -148,6 +200,8 @@ class RingAudit:
         one's and keep its fingerprints (a no-op for the others)."""
         self.current_micro_batch = None
         self._snapshot_pending = False
+        if self.batches is not None and self.grad_accum > 1:
+            self.batches.end_training()
         if self._isolating and self.isolation is not None:
             self._isolating = False
             self.isolated_fingerprints = self.isolation.end()
@@ -155,6 +209,8 @@ class RingAudit:
     def end_step(self) -> None:
         """The step's forward passes are over: take no more buffer snapshots."""
         self._snapshot_pending = False
+        if self.batches is not None:
+            self.batches.end_training()
         if self._isolating:
             self.end_micro_batch()
 
@@ -196,21 +252,46 @@ class RingAudit:
     ) -> Outcome:
         """Recompute global rank ``target``'s audited micro-batch of ``step`` from its rebuilt
         ``micros`` (``whole_step``: each of them alone, combined)."""
-        positions = range(len(micros)) if whole_step else [self.position]
+        positions = list(range(len(micros))) if whole_step else [self.position]
         outcomes = []
+        digests: list[int] = []
+        flags = 0
         try:
             for i in positions:
                 self.current_micro_batch = i if self.grad_accum > 1 else None
-                outcomes.append(
-                    self.replayer.replay(
-                        micros[i],
-                        seed=step_seed(step, self.adapter.seed_rank(target), base=i),
-                        deterministic=deterministic,
+                with self._recorded(deterministic) as capture:
+                    outcomes.append(
+                        self.replayer.replay(
+                            micros[i],
+                            seed=step_seed(step, self.adapter.seed_rank(target), base=i),
+                            deterministic=deterministic,
+                        )
                     )
-                )
+                digests.append(capture.inputs.digest())
+                flags |= WRAPPER_IN_REPLAY if capture.ran_wrapper else 0
+                flags |= NONDETERMINISTIC_OP if capture.alerts else 0
         finally:
             self.current_micro_batch = None
-        return self.combine(outcomes)
+        combined = self.combine(outcomes)
+        if self.batches is None or not isinstance(combined, Outcome):
+            return combined
+        mine = target == self.adapter.rank  # only the owner knows what it trained on
+        return dataclasses.replace(
+            combined,
+            batch=combine_digests(digests),
+            trained=self.batches.trained_digest(positions) if mine else 0,
+            flags=flags,
+        )
+
+    @contextlib.contextmanager
+    def _recorded(self, deterministic: bool) -> Iterator[ReplayCapture]:
+        """Record one replay's forward inputs, whether it ran the training wrapper, and the ops
+        deterministic mode warned about (kept in :attr:`nondeterministic_ops`)."""
+        recording = self.batches.replaying() if self.batches is not None else _no_recording()
+        with recording as capture, nondeterministic_alerts(deterministic) as alerts:
+            yield capture
+        capture.alerts = list(alerts)
+        self.nondeterministic_ops.update(alerts)
 
     def combine(self, outcomes: list[Any]) -> Any:
         """One outcome for the replays of several micro-batches of a step
@@ -299,15 +380,29 @@ class RingAudit:
         deterministic: bool,
     ) -> Alarm | None:
         """Replay the target's batch, gather every rank's results, attribute (collective: one
-        all-gather, then one all-reduce when a mismatch needs confirming).
+        all-gather, then one all-reduce when a mismatch needs confirming; at the first audit,
+        each rank's two replays of its own micro-batch before them, the preflight).
 
         Call it on every rank after a clean check 1. Records a pass, or returns the Alarm (not
-        yet logged nor published); a replay that raised skips the audit on every rank, logged.
+        yet logged nor published). Before any result is compared, the set-up is ruled out
+        (:mod:`.setup`): a replay fed another batch than its target trained on, a replay that
+        ran the training wrapper, a failed preflight, or a ring with more mismatches than one
+        GPU explains is a set-up finding (``alarm.is_setup``: it names nobody). A replay that
+        raised skips the audit on every rank, logged and counted; the
+        ``skipped_audits_allowed + 1``-th skip in a row is a set-up finding too.
         """
         a, offset = self.adapter, self.peer_offset
         if self.grad_accum > 1:
             own_fingerprints = self.isolated_fingerprints if deterministic else None
         own = outcome_of(loss, own_fingerprints, True)  # audits run only when every flag was clean
+        if self.batches is not None:
+            trained = self.batches.trained_digest([self.position])
+            own = dataclasses.replace(own, batch=trained, trained=trained)
+        first_audit = not self.preflight_done
+        if first_audit:
+            own = dataclasses.replace(
+                own, flags=own.flags | self._self_replays(step, own, deterministic)
+            )
         replayed = self.replay_row(step, replay_target(a.dp_rank, a.world, offset), deterministic)
         mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=a.collective_device)
         gathered = [torch.zeros_like(mine) for _ in range(a.world)]
@@ -316,23 +411,53 @@ class RingAudit:
         failed = [a.global_rank(dp) for dp, r in enumerate(rows) if is_failed(r[1])]
         if failed:
             # Not a pass (liveness shows audits stopping) and not an alarm (no GPU is implicated).
+            self.skipped_in_a_row += 1
+            self.reporter.record_skipped_audit(step)
+            if self.skipped_in_a_row > self.skipped_audits_allowed:
+                return self.setup_alarm(step, repeated_failure(step, failed, self.skipped_in_a_row))
             if self.reporter.publishes:
                 logger.error(
                     "sdc_agent: the audit of step %d did not run: replays raised on ranks %s "
-                    "(see their logs); the step is applied unaudited",
+                    "(see their logs); the step is applied unaudited (%d of %d skipped audits "
+                    "in a row allowed before the audits stop)",
                     step,
                     failed,
+                    self.skipped_in_a_row,
+                    self.skipped_audits_allowed,
                 )
             return None
+        self.skipped_in_a_row = 0
         owns = [Outcome.from_row(r[0]) for r in rows]
         replays = [Outcome.from_row(r[1]) for r in rows]
-        pairs = find_mismatches(owns, replays, offset, compare_grads=deterministic)
+        # The most specific finding first: a replay fed another batch, then one that ran the
+        # training wrapper, then the preflight's.
+        finding = batch_finding(owns, replays, offset, a.global_rank) or wrapper_finding(
+            replays, a.global_rank
+        )
+        if first_audit:
+            self.preflight_done = True
+            checked = preflight(owns, a.global_rank, compare_grads=self.compare_grads)
+            self.compare_grads = checked.compare_grads
+            self.preflight_notes = list(checked.notes)
+            finding = finding or checked.finding
+            if self.reporter.publishes and finding is None:
+                logger.info(
+                    "sdc_agent: preflight at step %d: %s",
+                    step,
+                    "; ".join(checked.notes)
+                    or "two replays of each rank's own micro-batch agreed bit for bit with "
+                    "each other and with its training",
+                )
+        if finding is not None:
+            return self.setup_alarm(step, finding)
+        compare_grads = deterministic and self.compare_grads
+        pairs = find_mismatches(owns, replays, offset, compare_grads=compare_grads)
         if not pairs:
             self.reporter.passes.last_audit_pass = step
             self.reporter.record_pass("audit", step)
             return None
         diagnosis = None
-        if a.compute_groups and deterministic:
+        if a.compute_groups and compare_grads:
             # Ranks that compute one micro-batch together (tensor parallel): keep the pairs that
             # diverged first; the others received the wrong result through a collective.
             mixed = pairs
@@ -348,16 +473,29 @@ class RingAudit:
                     f"the pairs {later} of the same groups diverged only later, after a "
                     "collective carried a wrong result to them"
                 )
+        if (finding := pattern_finding(pairs, a.world, offset, a.global_rank)) is not None:
+            return self.setup_alarm(step, finding)
 
         culprits = find_culprits(pairs)
         disputed = unexplained(pairs, culprits)
         results = self._confirm(step, [t for t, _ in disputed], deterministic) if disputed else []
+        if self.reporter.publishes and self.nondeterministic_ops:
+            logger.warning(
+                "sdc_agent: ops without a deterministic kernel ran in this audit's replays: %s",
+                sorted(self.nondeterministic_ops),
+            )
         verdicts: list[Verdict] = []
         blamed = list(culprits)
         for (target, replayer), result in zip(disputed, results, strict=True):
+            if result is not None and _fed_another_batch(owns[target].trained, result[0]):
+                # The third GPU rebuilt another batch than the target trained on (a
+                # rebuild_batch that depends on the rank calling it): the set-up, not a GPU.
+                return self.setup_alarm(
+                    step, third_batch_finding(a.global_rank(target), self.third_rank(target))
+                )
             kind, who = (
                 mismatch_verdict(
-                    owns[target], replays[replayer], *result, compare_grads=deterministic
+                    owns[target], replays[replayer], *result, compare_grads=compare_grads
                 )
                 if result is not None
                 else ("unattributable", "")
@@ -382,6 +520,50 @@ class RingAudit:
             culprits=[a.global_rank(r) for r in culprits],
             verdicts=verdicts,
             diagnosis=diagnosis,
+        )
+
+    def _self_replays(self, step: int, own: Outcome, deterministic: bool) -> int:
+        """The preflight's share of this rank (collective under lockstep replays: every rank
+        replays its own micro-batch twice at once): two replays of this rank's own audited
+        micro-batch, compared with each other and with its training. Returns the preflight
+        flags for its own row (none when a replay raised: the ring's replay says so)."""
+        rank = self.adapter.dp_rank
+        rows = [self.replay_row(step, rank, deterministic) for _ in range(2)]
+        if any(is_failed(r) for r in rows):
+            return 0
+        first, second = (Outcome.from_row(r) for r in rows)
+        flags = 0
+        if first.loss_bits != second.loss_bits or first.finite != second.finite:
+            flags |= SELF_LOSS_DIFFERS
+        elif deterministic and first.grad_digest != second.grad_digest:
+            flags |= SELF_GRADS_DIFFER
+        compare_grads = deterministic and self.compare_grads and not flags & SELF_GRADS_DIFFER
+        misfed = _fed_another_batch(own.trained, first)  # the batch check reports that
+        if not flags and not misfed and not first.matches(own, compare_grads=compare_grads):
+            flags |= SELF_DIFFERS_FROM_TRAINING
+        return flags
+
+    def setup_alarm(self, step: int, finding: SetupFinding) -> Alarm:
+        """The alarm of a set-up finding (``alarm.is_setup``): it names nobody, its verdicts are
+        ``setup``, its report's ``setup`` entry says what failed and how to fix it."""
+        a = self.adapter
+        return self.reporter.alarm(
+            step,
+            "compute",
+            last_pass=self.reporter.passes.last_audit_pass,
+            suspects=None,
+            pairs=[(a.global_rank(t), a.global_rank(r)) for t, r in finding.pairs],
+            verdicts=[
+                Verdict(
+                    pair=(a.global_rank(t), a.global_rank(r)),
+                    third=None,
+                    suspect=None,
+                    kind="setup",
+                )
+                for t, r in finding.pairs
+            ],
+            diagnosis=f"the job's set-up, not a GPU: {finding.message()}",
+            setup=finding.to_dict("stopped" if self.stops_on_setup_error else "off"),
         )
 
     def _earliest_local_pairs(
@@ -511,11 +693,18 @@ class RingAudit:
             blamed = []
             for target, result in zip(nonfinite, results, strict=True):
                 # A confirmation that could not run leaves check 1's own evidence standing.
-                kind, who = (
-                    nonfinite_verdict(*result, compare_grads=deterministic)
-                    if result is not None
-                    else ("unclear", "target")
-                )
+                if result is not None and _fed_another_batch(result[1].trained, result[0]):
+                    # The third GPU replayed another batch than the target trained on: no
+                    # confirmation can judge it (the set-up, not a GPU), so nobody is blamed.
+                    kind, who = "setup", ""
+                else:
+                    kind, who = (
+                        nonfinite_verdict(
+                            *result, compare_grads=deterministic and self.compare_grads
+                        )
+                        if result is not None
+                        else ("unclear", "target")
+                    )
                 suspect = a.global_rank(target) if who else None
                 third_rank = self.third_rank(target)
                 pair = (a.global_rank(target), a.global_rank(target))
@@ -523,12 +712,19 @@ class RingAudit:
                 if suspect is not None:
                     blamed.append(target)
         reproduced = [v.pair[0] for v in verdicts if v.kind == "reproducible"]
+        misfed = [v.pair[0] for v in verdicts if v.kind == "setup"]
         diagnosis = (
             f"numerics or data, not a GPU: the non-finite gradient of ranks {reproduced} "
             "reproduced on a third GPU on another node from the same micro-batches"
             if reproduced
             else None
         )
+        if misfed:
+            diagnosis = (
+                f"{diagnosis + '; ' if diagnosis else ''}the confirmations of ranks {misfed} "
+                "could not judge: the third GPU's rebuild_batch returned another batch than the "
+                "rank trained on (the set-up: nobody is named for them)"
+            )
         return self.reporter.alarm(
             step,
             "compute",
@@ -538,6 +734,17 @@ class RingAudit:
             verdicts=verdicts,
             diagnosis=diagnosis,
         )
+
+
+def _fed_another_batch(trained: int, replayed: Outcome) -> bool:
+    """Whether a replay consumed another batch than its target trained on (both recorded)."""
+    return bool(trained and replayed.batch and trained != replayed.batch)
+
+
+@contextlib.contextmanager
+def _no_recording() -> Iterator[ReplayCapture]:
+    """A capture that records nothing (an audit that does not compare batches)."""
+    yield ReplayCapture()
 
 
 class CollectiveRingAudit(RingAudit):

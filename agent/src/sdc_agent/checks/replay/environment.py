@@ -9,10 +9,12 @@ RNG stream and kernel flags continue as if nothing had happened.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.utils.deterministic
 
 _MASK64 = (1 << 64) - 1
 
@@ -62,6 +64,7 @@ class DeterminismState:
     deterministic: bool
     warn_only: bool
     cudnn_benchmark: bool
+    fill_uninitialized_memory: bool = True
 
     @classmethod
     def capture(cls) -> DeterminismState:
@@ -70,17 +73,27 @@ class DeterminismState:
             deterministic=torch.are_deterministic_algorithms_enabled(),
             warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
             cudnn_benchmark=torch.backends.cudnn.benchmark,
+            fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,
         )
 
     @staticmethod
     def enforce() -> None:
-        """Deterministic kernels, and no per-GPU autotuning (two GPUs could pick two kernels)."""
-        torch.use_deterministic_algorithms(True)
+        """Deterministic kernels, and no per-GPU autotuning (two GPUs could pick two kernels).
+
+        ``warn_only``: an op without a deterministic kernel (``histc``/``bincount`` in an MoE
+        router, ``index_add_`` on CUDA) warns instead of raising into the user's training step;
+        the audit's replays record the warning (:func:`nondeterministic_alerts`) and the first
+        audit's self-replays decide whether the results still compare bit for bit. Uninitialised
+        memory is not NaN-filled: the fill costs a pass over every ``torch.empty`` on an audit
+        step and decides nothing the comparison needs."""
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = False
         torch.backends.cudnn.benchmark = False
 
     def restore(self) -> None:
         """Put the flags back as they were captured."""
         torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = self.fill_uninitialized_memory
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
 
 
@@ -123,3 +136,27 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
         yield
     finally:
         saved.restore()
+
+
+_NONDETERMINISTIC_ALERT = "does not have a deterministic implementation"
+"""What torch's alert says (``torch._C._alert_not_deterministic``) under ``warn_only``."""
+
+
+@contextlib.contextmanager
+def nondeterministic_alerts(enabled: bool) -> Iterator[list[str]]:
+    """Collect, inside the block, the ops deterministic mode warned have no deterministic
+    kernel (their names, as torch's alert gives them); every other warning is shown as usual
+    after the block. Does nothing unless ``enabled``."""
+    alerts: list[str] = []
+    if not enabled:
+        yield alerts
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield alerts
+    for w in caught:
+        text = str(w.message)
+        if _NONDETERMINISTIC_ALERT in text:
+            alerts.append(text.split(" does not have", 1)[0].strip())
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)

@@ -1,0 +1,282 @@
+"""Set-up findings: what the audit rules out before it may name a GPU.
+
+A replay comparison names hardware only when the replay recomputed the target's very
+micro-batch, with the same code, on kernels that give the same bits twice. Each rule below
+catches one way that fails, from the rows every rank gathered (pure logic, the same on every
+rank). A finding is the job's set-up (``setup`` in the report): it names nobody, publishes no
+per-node series (nothing is cordoned), and says which check failed and how to fix it
+(docs/recovery.md, "False alarms").
+
+A single faulty GPU sits in exactly two comparisons of its ring (as target and as replayer), so a
+ring with more mismatched comparisons than that is not one GPU's doing (:func:`pattern_finding`);
+neither is a batch that differs before any result is compared (:func:`batch_finding`), a replay
+that ran the training wrapper (:func:`wrapper_finding`), nor the preflight's findings
+(:func:`preflight_finding`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sdc_contract.report import SetupCause
+
+from .attribution import (
+    SELF_DIFFERS_FROM_TRAINING,
+    SELF_GRADS_DIFFER,
+    SELF_LOSS_DIFFERS,
+    WRAPPER_IN_REPLAY,
+    Outcome,
+    replay_target,
+)
+
+
+class AuditSetupError(RuntimeError):
+    """The audit found the job's set-up wrong (``Schedule(on_setup_error="stop")``): raised on
+    every rank at the same point, after the report was published; the message names the check
+    that failed and how to fix it."""
+
+
+@dataclass(frozen=True)
+class SetupFinding:
+    """One check of the user's set-up that failed: the report's ``setup`` entry."""
+
+    cause: SetupCause
+    detail: str
+    """What was seen (ranks, steps)."""
+    fix: str
+    """What to change."""
+    pairs: tuple[tuple[int, int], ...] = ()
+    """The (target, replayer) comparisons concerned (DP ranks), if any."""
+
+    def to_dict(self, audits: str) -> dict[str, Any]:
+        """The report's ``setup`` entry (``audits``: ``off`` or ``stopped``)."""
+        return {"cause": self.cause, "detail": self.detail, "fix": self.fix, "audits": audits}
+
+    def message(self) -> str:
+        """One line for a log or an error."""
+        return f"{self.cause}: {self.detail}. Fix: {self.fix}"
+
+
+_REBUILD_FIX = (
+    "rebuild_batch(step, rank) must return exactly the micro-batch global `rank` trained on at "
+    "`step` (with grad_accum = N, the same N micro-batches): seed the loader from (step, rank) "
+    "or index the dataset by them, and after a resume shift it with the start step"
+)
+
+
+def batch_finding(
+    owns: Sequence[Outcome], replays: Sequence[Outcome], offset: int, global_rank: Any
+) -> SetupFinding | None:
+    """The comparisons whose replay consumed another batch than its target trained on.
+
+    ``owns[t]`` carries what DP rank t trained on (``trained``), ``replays[r]`` what r's
+    replay of its target was fed (``batch``); 0 on either side means not recorded."""
+    world = len(owns)
+    pairs = []
+    for replayer in range(world):
+        target = replay_target(replayer, world, offset)
+        trained, rebuilt = owns[target].trained, replays[replayer].batch
+        if trained and rebuilt and trained != rebuilt:
+            pairs.append((target, replayer))
+    if not pairs:
+        return None
+    shown = ", ".join(
+        f"rank {global_rank(r)}'s rebuild_batch(step, {global_rank(t)})" for t, r in pairs[:8]
+    )
+    more = f" and {len(pairs) - 8} more" if len(pairs) > 8 else ""
+    return SetupFinding(
+        cause="rebuild_batch_mismatch",
+        detail=(
+            f"{len(pairs)} of {world} replays were fed another batch than their target trained "
+            f"on: {shown}{more} returned inputs whose fingerprint differs from what that rank's "
+            "forward received in training"
+        ),
+        fix=_REBUILD_FIX,
+        pairs=tuple(sorted(pairs)),
+    )
+
+
+def wrapper_finding(replays: Sequence[Outcome], global_rank: Any) -> SetupFinding | None:
+    """Replays whose ``compute_loss`` ran the training wrapper instead of the given module."""
+    ranks = [global_rank(r) for r, o in enumerate(replays) if o.flags & WRAPPER_IN_REPLAY]
+    if not ranks:
+        return None
+    return SetupFinding(
+        cause="compute_loss_ignores_model",
+        detail=(
+            f"on ranks {ranks[:8]}, compute_loss(model, batch) called the training model "
+            "(the DDP wrapper) during a replay instead of the bare module it was given"
+        ),
+        fix=(
+            "use the `model` argument inside compute_loss (the guard passes the DDP model in "
+            "training and the bare module in replays), never a global or closed-over model"
+        ),
+    )
+
+
+def rings_of(world: int, offset: int) -> list[list[int]]:
+    """The rings of the replay permutation r -> (r + offset) % world, each in ring order."""
+    seen: set[int] = set()
+    rings = []
+    for start in range(world):
+        if start in seen:
+            continue
+        ring = [start]
+        seen.add(start)
+        nxt = replay_target(start, world, offset)
+        while nxt != start:
+            ring.append(nxt)
+            seen.add(nxt)
+            nxt = replay_target(nxt, world, offset)
+        rings.append(ring)
+    return rings
+
+
+def pattern_finding(
+    pairs: Sequence[tuple[int, int]], world: int, offset: int, global_rank: Any
+) -> SetupFinding | None:
+    """A ring with more mismatched comparisons than one faulty GPU explains (two: as target
+    and as replayer). Two rings with one fault each stay a hardware finding."""
+    crowded = []
+    for ring in rings_of(world, offset):
+        members = set(ring)
+        in_ring = [p for p in pairs if p[0] in members]
+        if len(in_ring) > 2:
+            crowded.append((ring, in_ring))
+    if not crowded:
+        return None
+    ring, in_ring = max(crowded, key=lambda c: len(c[1]))
+    every = sum(len(c[1]) for c in crowded) == sum(len(c[0]) for c in crowded)
+    return SetupFinding(
+        cause="more_than_one_gpu",
+        detail=(
+            f"{len(in_ring)} of the {len(ring)} comparisons of the ring of ranks "
+            f"{[global_rank(r) for r in ring][:8]} mismatched"
+            + (" (every comparison)" if every else "")
+            + "; one faulty GPU mismatches at most two (as target and as replayer): training "
+            "and replays compute differently (compute_loss, rebuild_batch, or model state that "
+            "differs between training and replay)"
+        ),
+        fix=(
+            "make a replay compute what training computed: rebuild_batch returns the trained "
+            "micro-batch, compute_loss uses its `model` argument and no state outside it "
+            "(a counter, a random draw not from torch's generator); see docs/recovery.md, "
+            "'False alarms'"
+        ),
+        pairs=tuple(sorted(pairs)),
+    )
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the first audit's self-replays showed (the same on every rank)."""
+
+    compare_grads: bool
+    """Two replays of one micro-batch on one GPU gave the same gradient bits everywhere."""
+    finding: SetupFinding | None
+    """A preflight failure (nondeterministic losses, every rank's replay off its training)."""
+    notes: tuple[str, ...] = ()
+    """What the preflight changed, for ``coverage()``."""
+
+
+def preflight(owns: Sequence[Outcome], global_rank: Any, *, compare_grads: bool) -> Preflight:
+    """Judge the preflight flags every rank set in its own row (``compare_grads``: the audit
+    compares gradients today)."""
+    world = len(owns)
+    loss_differs = [global_rank(r) for r, o in enumerate(owns) if o.flags & SELF_LOSS_DIFFERS]
+    grads_differ = [global_rank(r) for r, o in enumerate(owns) if o.flags & SELF_GRADS_DIFFER]
+    off_training = [
+        global_rank(r) for r, o in enumerate(owns) if o.flags & SELF_DIFFERS_FROM_TRAINING
+    ]
+    if loss_differs:
+        return Preflight(
+            compare_grads=False,
+            finding=SetupFinding(
+                cause="nondeterministic_replay",
+                detail=(
+                    f"two replays of the same micro-batch on the same GPU gave different losses "
+                    f"on ranks {loss_differs[:8]}: a kernel outside torch's deterministic mode "
+                    "(flash_attn, Transformer Engine, Liger/Apex atomics, torch.compile "
+                    "autotuning) or randomness not drawn from torch's generator runs in the "
+                    "forward, so no replay can be compared bit for bit"
+                ),
+                fix=(
+                    "use deterministic kernels on audit steps (e.g. attn_implementation='sdpa' "
+                    "instead of 'flash_attention_2'), draw randomness from torch's generator, "
+                    "or turn the audit off with Schedule(audit_every=0) and rely on the other "
+                    "checks"
+                ),
+            ),
+        )
+    notes: list[str] = []
+    if grads_differ and compare_grads:
+        notes.append(
+            f"gradients are not compared: two replays of one micro-batch on one GPU gave the "
+            f"same loss but different gradient bits on ranks {grads_differ[:8]} (a backward "
+            "kernel outside deterministic mode); the audit compares the loss bits only"
+        )
+    if len(off_training) == world and world > 0:
+        return Preflight(
+            compare_grads=compare_grads and not grads_differ,
+            finding=SetupFinding(
+                cause="replay_differs_from_training",
+                detail=(
+                    "on every rank, replaying its own micro-batch of the first audited step "
+                    "gave another result than its training did, while two replays agreed: "
+                    "training and replay do not compute the same thing"
+                ),
+                fix=(
+                    "compute_loss must return the same loss for the DDP model and for its bare "
+                    "module, and rebuild_batch the trained micro-batch; with gradient "
+                    "accumulation outside the guard, accumulate inside it "
+                    "(Schedule(grad_accum=N)); see docs/recovery.md, 'False alarms'"
+                ),
+            ),
+            notes=tuple(notes),
+        )
+    return Preflight(
+        compare_grads=compare_grads and not grads_differ, finding=None, notes=tuple(notes)
+    )
+
+
+def third_batch_finding(target: int, third: int) -> SetupFinding:
+    """The finding for a confirmation whose third GPU (global rank ``third``) rebuilt another
+    batch for global rank ``target`` than ``target`` trained on, while its replayer's matched."""
+    return SetupFinding(
+        cause="rebuild_batch_mismatch",
+        detail=(
+            f"rank {third}'s rebuild_batch(step, {target}) returned another batch than rank "
+            f"{target} trained on, while its replayer's rebuild matched: rebuild_batch depends "
+            "on the rank that calls it"
+        ),
+        fix=_REBUILD_FIX,
+    )
+
+
+def repeated_failure(step: int, failed: Sequence[int], count: int) -> SetupFinding:
+    """The finding for audits whose replays kept raising (``count`` audits in a row)."""
+    return SetupFinding(
+        cause="rebuild_batch_failed",
+        detail=(
+            f"replays raised on ranks {list(failed)[:8]} in {count} audits in a row (the last at "
+            f"step {step}; each rank's log has the traceback): rebuild_batch or compute_loss "
+            "cannot recompute a trained micro-batch"
+        ),
+        fix=_REBUILD_FIX,
+    )
+
+
+__all__ = [
+    "AuditSetupError",
+    "Preflight",
+    "SetupFinding",
+    "batch_finding",
+    "pattern_finding",
+    "preflight",
+    "repeated_failure",
+    "rings_of",
+    "third_batch_finding",
+    "wrapper_finding",
+]
