@@ -65,6 +65,8 @@ class PipelineRingAudit(CollectiveRingAudit):
         peer_offset: int,
         can_confirm: bool,
         overflow_is_expected: bool = False,
+        skipped_audits_allowed: int = 1,
+        stops_on_setup_error: bool = False,
     ) -> None:
         """As :class:`~.audit.RingAudit`; ``peer_offset`` counts replicas (pipelines)."""
         super().__init__(
@@ -75,6 +77,8 @@ class PipelineRingAudit(CollectiveRingAudit):
             peer_offset=peer_offset,
             can_confirm=can_confirm,
             overflow_is_expected=overflow_is_expected,
+            skipped_audits_allowed=skipped_audits_allowed,
+            stops_on_setup_error=stops_on_setup_error,
         )
         self.pipeline = adapter
         self.pipeline_replayer = replayer
