@@ -340,3 +340,22 @@ def test_the_on_call_message_names_the_field_that_lied(cloud, cluster_pods, invo
     assert "refused" in msg["subject"]
     assert "ranks.3.instance_id" in msg["message"]
     assert b in msg["message"]
+
+
+def test_a_setup_finding_that_names_a_node_is_refused_whole(cloud, k8s, invoke):
+    # Given a pod of the job really runs on the node, and a report of that job naming rank 5
+    # there, but whose verdict says the job's set-up (not a GPU) is at fault (an agent names
+    # nobody in such a report: this one is forged or mixed up)
+    t = _now()
+    a = cloud.nodes[0]
+    k8s.add_job_pod("llama-pretrain", _node(a), TRAINING_NAMESPACE, name="trainer-worker-5")
+    ranks = {"5": rank(_node(a), a, 5, pod="trainer-worker-5")}
+    verdicts = [{"pair": [5, 3], "third": None, "suspect": 5, "kind": "setup"}]
+    body = report(time=t, suspects=[5], ranks=ranks, verdicts=verdicts)
+    put_report(cloud.client("logs"), GROUP, body, t)
+
+    # When
+    out = invoke("localize", alarm_event(time=t))
+
+    # Then: refused like a reproducible finding, and no node is named
+    assert "set-up finding" in _refused(out)["reason"]

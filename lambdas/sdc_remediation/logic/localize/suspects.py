@@ -84,6 +84,7 @@ def suspects_from_reports(
             continue
         try:
             canary.refuse_reserved_node(report)
+            refuse_setup(report)
         except UntrustedReport as exc:
             out.refused.append(refusal(exc, stream=stream, job=report.job))
             continue
@@ -131,6 +132,20 @@ def suspects_from_reports(
     return out
 
 
+def refuse_setup(report: Report) -> None:
+    """Refuse a report whose verdicts say the job's set-up, not a GPU, is at fault
+    (``sdc_contract.report.SETUP_VERDICT``: a rebuilt batch that differs from the trained one,
+    a failed preflight, more mismatches than one GPU explains). The agent names nobody in such
+    a report; one that names a node anyway is refused whole, like a reproducible finding,
+    rather than cordon a healthy node for a user's mistake."""
+    if any(v.kind == contract.SETUP_VERDICT for v in report.verdicts):
+        raise UntrustedReport(
+            f"the report of step {report.step} is a set-up finding (verdict "
+            f"'{contract.SETUP_VERDICT}'): the job's rebuild_batch, compute_loss or kernels, "
+            "not a GPU; it names no node to remediate"
+        )
+
+
 def _node_name(value: str | None) -> str | None:
     """A node name fit to carry in a refusal (a well-formed one; None otherwise)."""
     return value if value and is_subdomain_name(value) else None
@@ -163,6 +178,7 @@ __all__ = [
     "REFUSED_CLAIMS",
     "Resolution",
     "canary_suspect",
+    "refuse_setup",
     "suspects_from_reports",
     "tensor_names",
     "verdict_for",
