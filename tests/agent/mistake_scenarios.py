@@ -198,3 +198,44 @@ def _user_mistake(mistake: str, steps: int, schedule: dict[str, Any] | None) -> 
         "preflight": coverage["preflight"],
         "dp_rank": guard.dp_rank,
     }
+
+
+def sharded_mistake(*, parallel: str, mistake: str, steps: int = 8) -> dict[str, Any]:
+    """The sharded drill model (FSDP2, HSDP, or tensor parallel with them) with a mistaken
+    rebuild_batch: ``off_by_one`` on every rank, or ``one_rank`` (rank 1 rebuilds another rank's
+    batch). Replays run in lockstep there; the batch check must still name nobody."""
+    from sdc_agent.drills.job import build_sharded, build_tp, make_batch
+    from sdc_agent.drills.tp import TP_KINDS, tp_batches
+
+    schedule = {**SCHEDULE, "sensors": False}
+    publisher = RecordingPublisher()
+    build = build_tp if parallel in TP_KINDS else build_sharded
+    _, optimizer, guard = build(schedule, parallel=parallel, publisher=publisher)
+    rebuild = guard.rebuild_batch
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def mistaken(step: int, target: int) -> Any:
+        if mistake == "off_by_one":
+            return rebuild(step + 1, target)
+        if rank == 1:
+            return rebuild(step, (target + 2) % world)  # another TP group's batch under TP
+        return rebuild(step, target)
+
+    guard.rebuild_batch = mistaken
+    updates: list[int] = []
+    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
+
+    def batch(step: int) -> Any:
+        return tp_batches(step, rank, tp=2) if parallel in TP_KINDS else make_batch(step, rank)
+
+    alarm = guard.train(batch(s) for s in range(steps))
+    return {
+        "alarm": alarm.to_dict() if alarm else None,
+        "reports": publisher.reports if guard.dp_rank == 0 and rank == 0 else None,
+        "node_series": publisher.node_series,
+        "metrics": publisher.metrics,
+        "updates": updates,
+        "audit": guard.coverage()["checks"]["replay_audit"],
+        "dp_rank": guard.dp_rank if rank == 0 else -1,
+        "error_type": None,
+    }
