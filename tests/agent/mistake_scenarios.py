@@ -111,10 +111,13 @@ def user_mistake(
     *, mistake: str, steps: int = 12, schedule: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Train the drill model under the guard with one user mistake; report what the guard did."""
-    node = os.environ.get("NODE_NAME")
+    node, threads = os.environ.get("NODE_NAME"), torch.get_num_threads()
+    if mistake == "uneven_threads" and dist.get_rank() == 3:
+        torch.set_num_threads(threads + 1)  # one rank computes its reductions differently
     try:
         return _user_mistake(mistake, steps, schedule)
     finally:  # the launcher runs the next scenario in this process
+        torch.set_num_threads(threads)
         if node is not None:
             os.environ["NODE_NAME"] = node
 

@@ -44,6 +44,7 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "noisy_unless_deterministic": mistake("noisy_unless_deterministic"),
     "noisy_forward": mistake("noisy_forward"),
     "no_deterministic_kernel": mistake("no_deterministic_kernel"),
+    "uneven_threads": mistake("uneven_threads"),
     "clean": mistake("none"),
     "real_fault_after_preflight": (
         DRILL,
@@ -226,6 +227,19 @@ def test_an_op_without_a_deterministic_kernel_does_not_crash_the_job(results):
         assert r["preflight"]["nondeterministic_ops"] == ["put_"]
     rank0 = next(r for r in per_rank if r["dp_rank"] == 0)
     assert rank0["reports"] == [] and rank0["audit_passes"] == 3
+
+
+def test_ranks_that_do_not_compute_alike_never_start_the_audits(results):
+    # Given rank 3 runs with another intra-op thread count than the others (on GPUs: another
+    # GPU model, SM count or CUDA build), so its reductions round differently
+    for r in ok(results, "uneven_threads"):
+        # Then the audits are off from the start, saying why; nobody is named, nothing reported
+        assert r["alarm"] is None and len(r["updates"]) == 12
+        assert r["audit"]["on"] is False and "heterogeneous_ranks" in r["audit"]["why"]
+        assert "ranks [3]" in r["audit"]["why"]
+        assert r["node_series"] == [] and r["audit_passes"] == 0
+    rank0 = next(r for r in results["uneven_threads"] if r["dp_rank"] == 0)
+    assert rank0["reports"] == []
 
 
 def test_a_clean_run_passes_its_preflight_and_every_audit(results):

@@ -113,12 +113,14 @@ SetupCause = Literal[
     "replay_differs_from_training",
     "nondeterministic_replay",
     "more_than_one_gpu",
+    "heterogeneous_ranks",
 ]
 """Why a finding is the job's set-up: the rebuilt batch is not the trained one; rebuilding or
 replaying keeps raising; ``compute_loss`` ran the training wrapper instead of the module it was
 given; every rank's replay of its own batch differs from its training; two replays of one
 batch on one GPU differ (kernels outside deterministic mode); a ring's comparisons mismatched
-more than one faulty GPU can explain."""
+more than one faulty GPU can explain; the ranks do not compute alike (another GPU model or SM
+count, another torch/CUDA build, another CPU thread count), found at construction."""
 SETUP_CAUSES: tuple[SetupCause, ...] = get_args(SetupCause)
 RANK_KEYS: tuple[str, ...] = ("node_name", "instance_id", "gpu_uuid", "local_rank", "pod_name")
 """The keys of one ``ranks`` entry (``pod_name`` where known), keyed by the global rank."""

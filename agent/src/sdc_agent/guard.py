@@ -54,7 +54,12 @@ from .checks.replay.environment import StepEnvironment
 from .checks.replay.pipeline import PipelineReplayer
 from .checks.replay.pipeline_audit import PipelineRingAudit
 from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
-from .checks.replay.setup import AuditSetupError
+from .checks.replay.setup import (
+    AuditSetupError,
+    SetupFinding,
+    compute_signature,
+    heterogeneity_finding,
+)
 from .checks.weights.check import weight_check
 from .coverage import describe
 from .parallel import ParallelAdapter, adapter_for
@@ -63,7 +68,7 @@ from .recording import open_alarm_log
 from .reporting import Reporter
 from .schedule import Schedule
 from .sensors.check import SensorCheck
-from .topology import TopologyError, groups_on, rank_map, validate_placement
+from .topology import TopologyError, all_gather_text, groups_on, rank_map, validate_placement
 
 logger = logging.getLogger("sdc_agent")
 
@@ -231,6 +236,15 @@ class Guard:
                 raise
             can_confirm = False  # no audits: check 1 still names ranks, without confirmation
         self._can_confirm = can_confirm
+        # Collective: bitwise replays need ranks that compute alike (checks/replay/setup.py).
+        heterogeneous = (
+            heterogeneity_finding(
+                all_gather_text(compute_signature(a.param_device), a.dp_group),
+                list(a.global_ranks),
+            )
+            if self.schedule.audit_every > 0
+            else None
+        )
 
         self.reporter = Reporter(
             self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
@@ -267,6 +281,8 @@ class Guard:
             stops_on_setup_error=self.schedule.on_setup_error == "stop",
         )
         """Check 2: the ring replay audit and the confirmation replays."""
+        if heterogeneous is not None:
+            self._refuse_audits_at_start(heterogeneous)
         self.weights = weight_check(a.weight_replicas(), self.reporter)
         """Check 3: weight fingerprint comparisons."""
         # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
@@ -684,6 +700,21 @@ class Guard:
                 f"set-up wrong, not a GPU (nobody is named): {reason}. Fix: {setup.get('fix')}"
             )
         return None
+
+    def _refuse_audits_at_start(self, finding: SetupFinding) -> None:
+        """A set-up finding before the first step (the same on every rank): the audits never
+        start (logged, in ``coverage()``), or ``Schedule(on_setup_error="stop")`` raises
+        :class:`AuditSetupError` on every rank."""
+        if self.schedule.on_setup_error == "stop":
+            raise AuditSetupError(f"sdc_agent: {finding.message()}")
+        self.audits_off = f"{finding.cause}: {finding.detail}"
+        self.audit.can_confirm = False
+        if self.reporter.publishes:
+            logger.error(
+                "sdc_agent: the replay audit is off from the start, a set-up finding (not a "
+                "GPU): %s",
+                finding.message(),
+            )
 
     def settle(self) -> Alarm | None:
         """The agreement point: judge what is in flight (collective; every rank calls it at the

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from sdc_contract.report import SetupCause
 
 from .attribution import (
@@ -255,6 +257,47 @@ def third_batch_finding(target: int, third: int) -> SetupFinding:
     )
 
 
+def compute_signature(device: torch.device) -> str:
+    """What decides whether two ranks compute the same bits for the same work: the torch and
+    CUDA (cuBLAS) versions, and the GPU model, compute capability and SM count (cuBLAS picks
+    its kernels by them), or on the CPU the intra-op thread count (1 vs 2 threads changes the
+    bits of a reduction)."""
+    parts = [f"torch {torch.__version__}"]
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        parts += [
+            f"cuda {torch.version.cuda}",
+            f"{props.name} sm_{props.major}{props.minor} x{props.multi_processor_count}",
+        ]
+    else:
+        parts.append(f"{device.type} threads {torch.get_num_threads()}")
+    return "; ".join(parts)
+
+
+def heterogeneity_finding(signatures: Sequence[str], ranks: Sequence[int]) -> SetupFinding | None:
+    """Ranks whose compute signatures (:func:`compute_signature`) differ: a replay on one of
+    them cannot reproduce another's bits, so every comparison across them would mismatch and
+    name a healthy GPU. ``ranks``: the global rank of each signature."""
+    groups: dict[str, list[int]] = {}
+    for signature, rank in zip(signatures, ranks, strict=True):
+        groups.setdefault(signature, []).append(rank)
+    if len(groups) < 2:
+        return None
+    shown = "; ".join(f"ranks {members[:6]}: {sig}" for sig, members in groups.items())
+    return SetupFinding(
+        cause="heterogeneous_ranks",
+        detail=(
+            f"the ranks do not compute alike ({shown}): bit-for-bit replays across them "
+            "cannot agree"
+        ),
+        fix=(
+            "run the job on one GPU model and SM count with one torch/CUDA build everywhere (one "
+            "HyperPod instance group, one image), and on the CPU the same torch.set_num_threads "
+            "on every rank; or set Schedule(audit_every=0)"
+        ),
+    )
+
+
 def repeated_failure(step: int, failed: Sequence[int], count: int) -> SetupFinding:
     """The finding for audits whose replays kept raising (``count`` audits in a row)."""
     return SetupFinding(
@@ -273,6 +316,8 @@ __all__ = [
     "Preflight",
     "SetupFinding",
     "batch_finding",
+    "compute_signature",
+    "heterogeneity_finding",
     "pattern_finding",
     "preflight",
     "repeated_failure",
