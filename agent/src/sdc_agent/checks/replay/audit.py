@@ -693,7 +693,10 @@ class RingAudit:
             blamed = []
             for target, result in zip(nonfinite, results, strict=True):
                 # A confirmation that could not run leaves check 1's own evidence standing.
-                if result is not None and _fed_another_batch(result[1].trained, result[0]):
+                # (A pipeline's outcomes carry no batch digest: its audit compares stage inputs.)
+                if result is not None and _fed_another_batch(
+                    getattr(result[1], "trained", 0), result[0]
+                ):
                     # The third GPU replayed another batch than the target trained on: no
                     # confirmation can judge it (the set-up, not a GPU), so nobody is blamed.
                     kind, who = "setup", ""
@@ -736,9 +739,11 @@ class RingAudit:
         )
 
 
-def _fed_another_batch(trained: int, replayed: Outcome) -> bool:
-    """Whether a replay consumed another batch than its target trained on (both recorded)."""
-    return bool(trained and replayed.batch and trained != replayed.batch)
+def _fed_another_batch(trained: int, replayed: Any) -> bool:
+    """Whether a replay consumed another batch than its target trained on (both recorded; an
+    outcome without a batch digest, a pipeline's, never did)."""
+    batch = getattr(replayed, "batch", 0)
+    return bool(trained and batch and trained != batch)
 
 
 @contextlib.contextmanager
