@@ -475,6 +475,19 @@ class RingAudit:
                 )
         if (finding := pattern_finding(pairs, a.world, offset, a.global_rank)) is not None:
             return self.setup_alarm(step, finding)
+        alerted = (
+            sorted(self.nondeterministic_ops)
+            if any(o.flags & NONDETERMINISTIC_OP for o in replays)
+            else []
+        )
+        if alerted:
+            # Deterministic mode warned: the preflight's self-replays vouch for these ops only
+            # if they ran there too; say so in the report.
+            diagnosis = (
+                f"{diagnosis + '; ' if diagnosis else ''}ops without a deterministic kernel ran "
+                f"in these replays ({', '.join(alerted)}): the first audit's self-replays "
+                "decided whether they reproduce bit for bit"
+            )
 
         culprits = find_culprits(pairs)
         disputed = unexplained(pairs, culprits)
