@@ -56,6 +56,7 @@ def test_an_unreadable_version_is_refused_clearly():
         _versions.check_torch("nightly")
 
 
+@pytest.mark.slow
 def test_import_sdc_agent_refuses_an_older_torch_before_anything_else():
     # Given a fresh interpreter whose torch reports 2.7.1
     out = import_agent_after("torch.__version__ = '2.7.1'")
@@ -64,6 +65,7 @@ def test_import_sdc_agent_refuses_an_older_torch_before_anything_else():
     assert "ImportError: sdc_agent needs torch >= 2.8, found torch 2.7.1" in out.stderr
 
 
+@pytest.mark.slow
 def test_import_sdc_agent_names_a_missing_private_placement():
     # Given a torch whose placement_types lacks the private _StridedShard
     # (torch's own FSDP2, which imports it too, loaded first)
