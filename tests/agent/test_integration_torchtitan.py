@@ -14,7 +14,7 @@ import pytest
 
 from tests.agent.frameworks import expectations as expect
 from tests.agent.frameworks.cloudwatch import moto_endpoint  # noqa: F401  (fixture)
-from tests.agent.outcomes import ok
+from tests.agent.outcomes import ok, the_alarm
 from tests.agent.test_publish_cloudwatch import aws_env  # noqa: F401  (autouse)
 
 # How long this file's processes may run before the launcher kills them; the suite's conftest
@@ -28,7 +28,9 @@ JOBS = "tests.agent.frameworks.torchtitan_jobs"
 @pytest.fixture(scope="module")
 def results(moto_endpoint, tmp_path_factory) -> expect.Results:  # noqa: F811
     root = tmp_path_factory.mktemp("torchtitan")
-    return expect.launch_rows(JOBS, root, moto_endpoint, timeout_s=LAUNCH_DEADLINE_S)
+    # One more row: a NaN in one FSDP2 shard (rank 4's reduced gradient) at step 7.
+    extra = {"shard_nan": (f"{JOBS}:train", {"steps": 10, "faults": ["shard_nan"]})}
+    return expect.launch_rows(JOBS, root, moto_endpoint, extra=extra, timeout_s=LAUNCH_DEADLINE_S)
 
 
 def test_a_persistent_fault_is_named_at_the_next_audit_and_the_step_is_not_applied(results):
@@ -62,3 +64,17 @@ def test_the_docs_example_runs_as_written(results):
     expect.example_ran(results)
     # Its CheckpointManager (interval 5) wrote step-5 and step-10, each verified first
     assert all(r["saved"] == [4, 9] for r in results["example"])
+
+
+def test_a_nan_in_one_fsdp2_shard_skips_the_step_on_every_rank(results):
+    # Given torchtitan's HSDP mesh and a NaN in rank 4's shard of step 7's reduced gradient,
+    # which no other rank sees
+    alarm = the_alarm(results, "shard_nan")
+    # Then every rank reports the reduced-gradient alarm of step 7 at step 7, naming nobody
+    assert (alarm["step"], alarm["check"], alarm["suspects"]) == (7, "reduced_gradient", None)
+    # and every rank entered the clip's collective at the same steps (0..6), none at step 7:
+    # no rank waited in a collective that another skipped (the launch did not hang either)
+    per_rank = ok(results, "shard_nan")
+    assert all(r["clips"] == list(range(7)) for r in per_rank), [r["clips"] for r in per_rank]
+    # and no rank applied step 7: optimizer, AdamW counters and LR scheduler stopped at 7
+    expect.stopped_before(results, "shard_nan", 7)

@@ -15,7 +15,9 @@ use: importing the agent loads no drill and no fault injector.
 import importlib
 from types import ModuleType
 
-from . import sensors
+# _versions first (it sorts first): importing it refuses a torch older than the floor with one
+# clear error, before any import below could fail deep inside on a missing torch API.
+from . import _versions, sensors  # noqa: F401  (_versions: imported for that check)
 from .alarm import Alarm, RankInfo, SensorCandidate, Verdict
 from .checks.replay.setup import AuditSetupError
 from .checks.weights.divergence import find_divergent_ranks

@@ -5,6 +5,8 @@ cross-entropy loss, clip_grad_norm_ and DCP CheckpointManager, under TitanGuard.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -195,6 +197,10 @@ def train(
     guard = titan.guard
     ffn = model.layers["0"].feed_forward
     attach(guard, faults, forward=ffn.w2, weight="layers.0.feed_forward.w1.weight")
+    if "shard_nan" in faults:
+        # NaN in rank 4's shard of the reduced gradient at step 7 (every local gradient, and
+        # every other rank's shard, finite): only rank 4 sees it.
+        sdc.faults.NaNReducedGradient(index=3, rank=4, step=7, persistent=False).attach(guard)
     record = UpdateRecord(optimizers, guard.params).counting(lambda: guard.current_step)
     refused = None
     start = 0
@@ -207,7 +213,8 @@ def train(
             refused = f"step-{newest}: {err}"
         start = titan.resume()
     loaded_tags = titan.tags.tags
-    alarm = titan.train((rebuild_batch(s, rank) for s in range(start, steps)), start_step=start)
+    with counting_clips(guard) as clips:
+        alarm = titan.train((rebuild_batch(s, rank) for s in range(start, steps)), start_step=start)
     return report(
         alarm=alarm,
         record=record,
@@ -219,7 +226,28 @@ def train(
         start=start,
         loaded_tags=loaded_tags,
         saved=checkpoint_steps(run_dir),
+        clips=clips,
     )
+
+
+@contextmanager
+def counting_clips(guard: sdc.Guard) -> Iterator[list[int]]:
+    """The guard steps at which this rank entered torchtitan's ``clip_grad_norm_`` (a
+    collective under FSDP2: the sharded norm's all-reduce), while the block runs."""
+    from torchtitan.distributed import utils as titan_dist
+
+    clips: list[int] = []
+    original = titan_dist.clip_grad_norm_
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        clips.append(int(guard.current_step))
+        return original(*args, **kwargs)
+
+    titan_dist.clip_grad_norm_ = counted
+    try:
+        yield clips
+    finally:
+        titan_dist.clip_grad_norm_ = original
 
 
 def checkpoint_steps(run_dir: str | None) -> list[int]:

@@ -28,6 +28,7 @@ supported either.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -139,6 +140,13 @@ class TitanGuard:
             divide_loss=False,  # torchtitan divides by the step's global token count
         )
         """The guard (``sdc_agent.Guard``) this loop drives."""
+        # Every rank waits for each step's flags and judges a flagged step with the others
+        # before the clip: under FSDP2 a NaN in one shard flags only the ranks that see it,
+        # and the clip (an all-reduce of the sharded norm), the optimizer step and the LR
+        # scheduler must then be skipped by every rank, or the clip hangs and the shards and
+        # schedules diverge. The cost: the flags' reduction is waited for in this step rather
+        # than during the next step's forward.
+        self.guard.decides_every_step = True
 
     # ------------------------------------------------------------------ the step
     def micro_batch_loss(self, model: nn.Module, micro: Any) -> torch.Tensor:
@@ -175,6 +183,8 @@ class TitanGuard:
                     guarded.backward(self.micro_batch_loss(self.model, micro))
                 if alarm := guarded.check_gradients():
                     return alarm
+                # decides_every_step: update_allowed is the same on every rank, so every rank
+                # enters the clip's collective, or none does.
                 if guarded.update_allowed:
                     if self.max_norm is not None:
                         titan_dist.clip_grad_norm_(params, self.max_norm, foreach=True)
@@ -209,7 +219,11 @@ class TitanGuard:
             else:
                 clean = clean_resume_step([s - 1 for s in titan_steps], self.alarm_dir)
             decision[0] = None if clean is None else clean + 1
-        dist.broadcast_object_list(decision, src=0)
+        # On NCCL the pickled object travels as a device tensor: name the device, rather than
+        # rely on the job having called torch.cuda.set_device.
+        device = self.collective_device
+        with _on(device):
+            dist.broadcast_object_list(decision, src=0, device=device)
         titan_step = decision[0]
         if titan_step is None:
             return 0
@@ -217,10 +231,20 @@ class TitanGuard:
         return titan_step  # the guard step after the checkpoint's (titan step N = guard N - 1)
 
     # ------------------------------------------------------------------ internals
+    @property
+    def collective_device(self) -> torch.device:
+        """The device this loop's collectives use: the guard's (CUDA under NCCL, whose
+        process groups refuse CPU tensors; the CPU under gloo)."""
+        return self.guard.parallel.collective_device
+
     def _count_tokens(self, micros: list[Any]) -> torch.Tensor:
         """The step's labelled tokens over every rank (torchtitan's ``global_valid_tokens``)."""
-        local = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in micros)
-        total = torch.tensor(local, dtype=torch.int64)
+        device = self.collective_device
+        # Counted where the labels are and summed on the collective device: no host read per
+        # micro-batch, and NCCL gets a device tensor.
+        total = torch.zeros((), dtype=torch.int64, device=device)
+        for _, labels in micros:
+            total += (labels != IGNORE_INDEX).sum().to(device)
         dist.all_reduce(total)
         return total
 
@@ -231,6 +255,12 @@ class TitanGuard:
             return False
         first = titan_step == 1 and getattr(c, "enable_first_step_checkpoint", False)
         return first or titan_step % c.interval == 0
+
+
+def _on(device: torch.device) -> Any:
+    """Make ``device`` current for a collective that allocates on the current CUDA device
+    (a no-op context off CUDA)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _masked_attention(model: nn.Module) -> bool:

@@ -68,6 +68,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .._compile import refuse_compiled
 from .adapter import ParallelAdapter, WeightReplicas
 from .ddp import DDPAdapter
 from .fsdp import FSDP2Adapter, is_fsdp2
@@ -94,7 +95,8 @@ def adapter_for(
     """The adapter for ``model``: :class:`PipelineAdapter` when a ``pipeline`` schedule drives
     it (``model`` is then this rank's stage module), :class:`TensorParallelAdapter` for an FSDP2
     module whose mesh has a tensor-parallel dimension, :class:`FSDP2Adapter` for another FSDP2
-    module, else DDP's."""
+    module, else DDP's. A compiled model, or compiled autograd, is refused first."""
+    refuse_compiled(model)  # before any adapter's collectives: every rank refuses alike
     if pipeline is not None:
         return PipelineAdapter(model, pipeline, dp_group)
     if is_fsdp2(model):

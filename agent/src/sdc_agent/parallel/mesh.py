@@ -36,10 +36,20 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
 
 # _StridedShard: FSDP2 shards dim 0 so where TP already shards it (torch 2.13: not a Shard
-# subclass); private, but it is what fully_shard writes on every such parameter.
-from torch.distributed.tensor.placement_types import Placement, _StridedShard
+# subclass); private, but it is what fully_shard writes on every such parameter. Private names
+# can move between releases: say so clearly rather than fail the package's import obscurely.
+try:
+    from torch.distributed.tensor.placement_types import _StridedShard
+except ImportError as err:
+    raise ImportError(
+        f"sdc_agent needs torch.distributed.tensor.placement_types._StridedShard (the placement "
+        f"fully_shard writes where tensor parallelism already shards dim 0), which torch "
+        f"{torch.__version__} does not have: this torch is not supported (agent/README.md, "
+        "'Supported versions')"
+    ) from err
 
 REPLICATE = "replicate"
 """HSDP's replica dimension: every rank along it holds the same bits."""
