@@ -192,6 +192,10 @@ class SensorBoard:
         self.active_layers: frozenset[int] = frozenset()
         """The first sensor index of every layer with a sensor armed now (a layer's cheap
         "does anything check me" test)."""
+        self._kernels: frozenset[int] = frozenset()
+        self.checked_layers: frozenset[int] = frozenset()
+        """The first sensor index of every layer with an op on the checked path now
+        (:meth:`runs_checked`): a protected layer not in it runs its plain kernels."""
         self.learning = self.config.warmup_checks > 0
         """Whether the sensors still record what they observe for the ranks' agreement (until
         :meth:`agree`; never with ``warmup_checks=0``)."""
@@ -267,30 +271,49 @@ class SensorBoard:
 
     # ------------------------------------------------------------------ what checks now
     def arm(self, active: frozenset[int]) -> None:
-        """Check exactly the sensors in ``active`` from now on, with fresh flags."""
-        self._set_active(frozenset(active))
+        """Check exactly the sensors in ``active`` from now on, with fresh flags: the step's
+        set, whose ops also run on the checked path (:meth:`runs_checked`) until :meth:`disarm`."""
+        active = frozenset(active)
+        self._set_active(active, kernels=active)
         self._confirming = False
         if self._flags is not None:
             self._flags.zero_()
             self._ratios.zero_()
 
-    def disarm(self) -> None:
-        """Check nothing (replays of the audit run disarmed)."""
-        self._set_active(frozenset())
+    def stop_checking(self) -> None:
+        """Check nothing from now on, but keep the step's kernels (:meth:`runs_checked`): the
+        audit's replays of this step run here, unchecked and uncounted, with the very kernels
+        the step's training ran, so their bits compare with the step's."""
+        self._set_active(frozenset(), kernels=self._kernels)
         self._confirming = False
 
-    def confirm_all(self) -> None:
-        """Check every sensor, with fresh flags, without counting or learning: a confirmation
-        replay's reading."""
-        self._set_active(frozenset(range(len(self.sensors))))
+    def disarm(self) -> None:
+        """Check nothing and run every layer's plain kernels (the step is over)."""
+        self._set_active(frozenset(), kernels=frozenset())
+        self._confirming = False
+
+    def confirm_step(self) -> None:
+        """Check again the sensors the step armed (every sensor that can have flagged), with the
+        step's kernels and fresh flags, without counting or learning: a confirmation replay's
+        reading, computed as the step computed."""
+        self._set_active(self._kernels, kernels=self._kernels)
         self._confirming = True
         if self._flags is not None:
             self._flags.zero_()
             self._ratios.zero_()
 
-    def _set_active(self, active: frozenset[int]) -> None:
+    def _set_active(self, active: frozenset[int], *, kernels: frozenset[int]) -> None:
         self._active = active
         self.active_layers = frozenset(self._bases[i] for i in active)
+        if kernels is not self._kernels:
+            self._kernels = kernels
+            self.checked_layers = frozenset(self._bases[i] for i in kernels)
+
+    def runs_checked(self, index: int) -> bool:
+        """Whether sensor ``index``'s op runs on its checked path now (a protected linear
+        layer's GEMM: its fp32 result): the step's armed set, in training and in the step's
+        replays alike (host-side, no sync). A superset of what :meth:`is_active` checks."""
+        return index in self._kernels
 
     def is_active(self, index: int) -> bool:
         """Whether sensor ``index`` checks its GEMM now (host-side, no sync)."""
@@ -321,10 +344,11 @@ class SensorBoard:
 
     def take_flags(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The flags (int64) and largest ratios (fp32) since :meth:`arm`, one per sensor, on the
-        device (copies), and disarm: what the guard reads once per step."""
+        device (copies), and stop checking (:meth:`stop_checking`: the step's kernels stay for
+        its replays): what the guard reads once per step."""
         self._ensure(self._device or torch.device("cpu"))
         flags, ratios = self._flags.clone(), self._ratios.clone()
-        self.disarm()
+        self.stop_checking()
         return flags, ratios
 
     def threshold_tensor(self) -> torch.Tensor:

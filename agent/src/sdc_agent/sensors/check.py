@@ -9,7 +9,8 @@ the step's exact state. Then, collectively and only on that step:
 1. an all-gather of every rank's per-sensor flags, ratios and thresholds says which sensors
    fired where (:attr:`sdc_agent.Alarm.sensor_candidates`); the thresholds are the same on
    every rank (:mod:`.board`), so a ratio is judged alike everywhere;
-2. each flagged rank's micro-batches are replayed, with every sensor checking, on its third GPU
+2. each flagged rank's micro-batches are replayed, with the step's sensors checking (on the
+   step's kernels, so the replays compute as the step did), on its third GPU
    (another node) and on itself (the existing confirmation placement), and one all-reduce
    brings back each replay's outcome (loss bits, gradient digest) and every sensor's ratio.
    Under FSDP2 (a forward needs every rank's shards) every rank replays each flagged rank's
@@ -266,8 +267,10 @@ class SensorCheck:
         self.board.arm(active)
 
     def take_flag(self) -> torch.Tensor | None:
-        """This step's flag for check 1's reduction (a device tensor; no host read), and disarm
-        the sensors: nothing checks during the audit's replays. None when nothing checked.
+        """This step's flag for check 1's reduction (a device tensor; no host read), and stop
+        the sensors checking: the audit's replays of this step run unchecked, on the kernels the
+        step ran (:meth:`SensorBoard.stop_checking`), so their bits compare with the step's.
+        None when nothing checked.
 
         At the sensor step that ends the observation window, first the ranks agree on the
         thresholds (:meth:`agree`: collective, every rank at this same point), and this step's
@@ -370,12 +373,14 @@ class SensorCheck:
     def _replay_row(
         self, audit: RingAudit, step: int, target_dp: int, deterministic: bool
     ) -> list[int]:
-        """Replay ``target_dp``'s micro-batches with every sensor checking (under FSDP2
-        collectively: every rank calls it for the same target at once). Returns the outcome's
+        """Replay ``target_dp``'s micro-batches with the step's sensors checking, on the step's
+        kernels (:meth:`SensorBoard.confirm_step`: the flagged sensors are among them, and the
+        replay computes as the step did; under FSDP2 collectively: every rank calls it for the
+        same target at once). Returns the outcome's
         row and then every sensor's largest ratio, as the bits of an fp64 (zeros when the
         replay failed), so that one int64 all-reduce carries the numbers."""
         assert self.board is not None
-        self.board.confirm_all()
+        self.board.confirm_step()
         zeros = [0] * len(self.board)
         try:
             # Collective under lockstep replays; a replay that fails comes back as FAILED_ROW.
@@ -390,7 +395,7 @@ class SensorCheck:
             )
             return [*FAILED_ROW, *zeros]
         finally:
-            self.board.disarm()
+            self.board.stop_checking()  # the next target's replay needs the step's kernels
 
     def judge(
         self, table: FlagTable, audit: RingAudit, reporter: Reporter, *, deterministic: bool

@@ -39,17 +39,26 @@ Each bound is computed from the op's inputs (the reference), never from the chec
 has a floor of the checked dtype's smallest normal number (subnormal results carry an absolute
 error of that order). The ratio handed to the board is the largest over the elements; NaN/Inf in
 the checked value gives +Inf.
+
+Memory: a check works in blocks of at most :data:`CHUNK_ELEMENTS` elements (row blocks of the
+checked tensor, a row cut where one row alone is larger), so its fp32 temporaries (the widened
+inputs, the reference, its bound, the ratios: several per element) never exceed a few blocks
+whatever the tensor (a SwiGLU activation of a 16K-token batch of an 8B model is 230M elements:
+several GB of fp32 temporaries unchunked). Every element's ratio is computed by the same formula
+in a block as in the whole tensor, and the largest of the blocks' largest is the largest of all,
+so the ratio is the same bits chunked or not.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .rows import FP32_UNIT_ROUNDOFF, OpSensor
+from .rows import CHUNK_ELEMENTS, FP32_UNIT_ROUNDOFF, OpSensor
 
 ACTIVATIONS = ("silu", "gelu")
 """The activation functions checked (``F.silu``, ``F.gelu`` with ``approximate`` ``none`` or
@@ -60,6 +69,43 @@ _KERNEL_ROUNDINGS = 8.0  # fp32 roundings allowed to the kernel and the referenc
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _TANH_CUBIC = 0.044715  # the tanh approximation's constant (F.gelu(approximate="tanh"))
+
+
+def _blocks(shape: torch.Size | tuple[int, ...], limit: int) -> Iterator[tuple[int | slice, ...]]:
+    """Indices that cover a tensor of ``shape`` in blocks of at most ``limit`` elements: runs of
+    whole rows of the first dimension where a row fits, else each row cut the same way."""
+    if not shape:
+        yield ()
+        return
+    inner = math.prod(shape[1:])
+    if inner <= limit:
+        step = max(1, limit // max(1, inner))
+        for start in range(0, shape[0], step):
+            yield (slice(start, start + step),)
+        return
+    for row in range(shape[0]):
+        for rest in _blocks(shape[1:], limit):
+            yield (row, *rest)
+
+
+def chunked_max(
+    ratio_of: Callable[..., torch.Tensor],
+    shape: torch.Size | tuple[int, ...],
+    *tensors: torch.Tensor,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """The largest of ``ratio_of(*blocks)`` over blocks of ``tensors`` (each broadcast to
+    ``shape``: a view, no copy) of at most ``chunk`` (default :data:`CHUNK_ELEMENTS`) elements
+    (0-dim fp32; 0 for an empty tensor). ``ratio_of`` must be element-wise up to its final max,
+    so the result is the bits of ``ratio_of`` on the whole tensors."""
+    limit = chunk if chunk is not None else CHUNK_ELEMENTS
+    if limit < 1:
+        raise ValueError(f"chunk must be >= 1 element, got {limit}")
+    views = [t.expand(shape) for t in tensors]
+    if math.prod(shape) <= limit:
+        return ratio_of(*views)
+    parts = [ratio_of(*(v[index] for v in views)) for index in _blocks(shape, limit)]
+    return torch.stack(parts).max()
 
 
 def _output_unit(dtype: torch.dtype) -> float:
@@ -120,48 +166,87 @@ def activation_reference(
 
 
 def activation_ratio(
-    y: torch.Tensor, x: torch.Tensor, name: str, approximate: str = "none"
+    y: torch.Tensor,
+    x: torch.Tensor,
+    name: str,
+    approximate: str = "none",
+    *,
+    chunk: int | None = None,
 ) -> torch.Tensor:
-    """Activation forward check: every ``y_i`` against ``f(x_i)`` recomputed (0-dim fp32).
+    """Activation forward check: every ``y_i`` against ``f(x_i)`` recomputed (0-dim fp32), in
+    blocks of ``chunk`` elements (:func:`chunked_max`).
 
     The inputs are exact (a 16-bit input is widened exactly); the kernel computes in fp32 and
     rounds once to y's dtype."""
-    value, _, magnitude, _ = activation_reference(name, x, approximate)
-    relative = _KERNEL_ROUNDINGS * FP32_UNIT_ROUNDOFF
-    bound = relative * magnitude + 2.0 * _output_unit(y.dtype) * value.abs()
-    return elementwise_ratio(y, value, bound, 1.0)
+
+    def block(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        value, _, magnitude, _ = activation_reference(name, x, approximate)
+        relative = _KERNEL_ROUNDINGS * FP32_UNIT_ROUNDOFF
+        bound = relative * magnitude + 2.0 * _output_unit(y.dtype) * value.abs()
+        return elementwise_ratio(y, value, bound, 1.0)
+
+    return chunked_max(block, y.shape, y, x, chunk=chunk)
 
 
 def activation_dgrad_ratio(
-    dx: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, name: str, approximate: str = "none"
+    dx: torch.Tensor,
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    name: str,
+    approximate: str = "none",
+    *,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Activation backward check: every ``dx_i`` against ``dy_i f'(x_i)`` recomputed (0-dim
     fp32), bounded by the magnitudes of the derivative's terms (they can cancel) and the one
-    rounding of dx to its dtype."""
-    _, slope, _, magnitude = activation_reference(name, x, approximate)
-    dy32 = dy.to(slope.dtype)
-    reference = dy32 * slope
-    bound = _KERNEL_ROUNDINGS * FP32_UNIT_ROUNDOFF * dy32.abs() * magnitude
-    bound = bound + 2.0 * _output_unit(dx.dtype) * reference.abs()
-    return elementwise_ratio(dx, reference, bound, 1.0)
+    rounding of dx to its dtype; in blocks of ``chunk`` elements (:func:`chunked_max`)."""
+
+    def block(dx: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        _, slope, _, magnitude = activation_reference(name, x, approximate)
+        dy32 = dy.to(slope.dtype)
+        reference = dy32 * slope
+        bound = _KERNEL_ROUNDINGS * FP32_UNIT_ROUNDOFF * dy32.abs() * magnitude
+        bound = bound + 2.0 * _output_unit(dx.dtype) * reference.abs()
+        return elementwise_ratio(dx, reference, bound, 1.0)
+
+    return chunked_max(block, dx.shape, dx, dy, x, chunk=chunk)
 
 
-def add_ratio(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Add check: every ``y_i`` against ``a_i + b_i`` recomputed in fp32 (0-dim fp32).
+def _rounded_once_ratio(
+    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    y: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    chunk: int | None,
+) -> torch.Tensor:
+    """``y`` against ``combine(a, b)`` recomputed in fp32 (fp64 for fp64 operands), each element
+    bounded by the one rounding of a correctly rounded op (:func:`add_ratio`)."""
+    work = _work_dtype(y, a, b)
+    relative = 2.0 * FP32_UNIT_ROUNDOFF + 2.0 * _output_unit(y.dtype)
+
+    def block(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        reference = combine(a.to(work), b.to(work))
+        return elementwise_ratio(y, reference, reference.abs(), relative)
+
+    return chunked_max(block, y.shape, y, a, b, chunk=chunk)
+
+
+def add_ratio(
+    y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, chunk: int | None = None
+) -> torch.Tensor:
+    """Add check: every ``y_i`` against ``a_i + b_i`` recomputed in fp32 (0-dim fp32), in
+    blocks of ``chunk`` elements (:func:`chunked_max`).
 
     ``a`` and ``b`` are broadcast to ``y``'s shape by the add itself."""
-    work = _work_dtype(y, a, b)
-    reference = a.to(work) + b.to(work)
-    relative = 2.0 * FP32_UNIT_ROUNDOFF + 2.0 * _output_unit(y.dtype)
-    return elementwise_ratio(y, reference, reference.abs(), relative)
+    return _rounded_once_ratio(torch.add, y, a, b, chunk)
 
 
-def mul_ratio(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Product check: every ``y_i`` against ``a_i b_i`` recomputed in fp32 (0-dim fp32)."""
-    work = _work_dtype(y, a, b)
-    reference = a.to(work) * b.to(work)
-    relative = 2.0 * FP32_UNIT_ROUNDOFF + 2.0 * _output_unit(y.dtype)
-    return elementwise_ratio(y, reference, reference.abs(), relative)
+def mul_ratio(
+    y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, chunk: int | None = None
+) -> torch.Tensor:
+    """Product check: every ``y_i`` against ``a_i b_i`` recomputed in fp32 (0-dim fp32), in
+    blocks of ``chunk`` elements (:func:`chunked_max`)."""
+    return _rounded_once_ratio(torch.mul, y, a, b, chunk)
 
 
 class MulFunction(torch.autograd.Function):
@@ -201,22 +286,43 @@ class MulFunction(torch.autograd.Function):
 
 
 def embedding_wgrad_ratio(
-    dw: torch.Tensor, dy: torch.Tensor, ids: torch.Tensor, padding_idx: int
+    dw: torch.Tensor,
+    dy: torch.Tensor,
+    ids: torch.Tensor,
+    padding_idx: int,
+    *,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Embedding weight-gradient check: the gradient is a scatter-add of the output gradient's
     rows into the rows of the looked-up tokens, so its column sums equal the output gradient's
     (over the tokens that are not padding): ``1ᵀ dW = 1ᵀ dY`` (0-dim fp32). Both sides are sums
     in fp32 of the same terms in other orders: ``2 u (sqrt(V) + sqrt(T))`` times the column's
-    norm bounds them (``V`` rows, ``T`` tokens)."""
-    dy32 = dy.reshape(-1, dy.shape[-1]).float()
-    if padding_idx >= 0:
-        dy32 = dy32 * (ids.reshape(-1, 1) != padding_idx)
-    dw32 = dw.float()
-    expected, observed = dy32.sum(dim=0), dw32.sum(dim=0)
-    growth = 2.0 * FP32_UNIT_ROUNDOFF * (math.sqrt(dw32.shape[0]) + math.sqrt(dy32.shape[0]))
-    bound = growth * torch.linalg.vector_norm(dy32, dim=0) + 2.0 * _output_unit(dw.dtype) * (
-        dy32.abs().sum(dim=0)
-    )
+    norm bounds them (``V`` rows, ``T`` tokens).
+
+    ``dW``'s column sums accumulate in fp32 without a widened copy of it; the output gradient is
+    widened in row blocks of at most ``chunk`` elements (:data:`CHUNK_ELEMENTS`), each block's
+    column sums, squares and magnitudes added up (one block when it fits: the sums of the whole
+    tensor at once)."""
+    width = dy.shape[-1]
+    rows, tokens = dy.reshape(-1, width), ids.reshape(-1)
+    limit = chunk if chunk is not None else CHUNK_ELEMENTS
+    step = max(1, limit // max(1, width))
+    expected = squares = magnitudes = None
+    for start in range(0, max(1, rows.shape[0]), step):
+        block = rows[start : start + step].float()
+        if padding_idx >= 0:
+            block = block * (tokens[start : start + step].reshape(-1, 1) != padding_idx)
+        parts = (block.sum(dim=0), block.square().sum(dim=0), block.abs().sum(dim=0))
+        if expected is None:
+            expected, squares, magnitudes = parts
+        else:
+            expected, squares, magnitudes = (
+                total + part
+                for total, part in zip((expected, squares, magnitudes), parts, strict=True)
+            )
+    observed = dw.sum(dim=0, dtype=torch.float32)
+    growth = 2.0 * FP32_UNIT_ROUNDOFF * (math.sqrt(dw.shape[0]) + math.sqrt(rows.shape[0]))
+    bound = growth * squares.sqrt() + 2.0 * _output_unit(dw.dtype) * magnitudes
     return elementwise_ratio(observed, expected, bound, 1.0)
 
 

@@ -8,19 +8,29 @@ on its fp32 value before it is rounded and used:
 * fp32 (and fp64): the very calls autograd makes for ``F.linear`` (``F.linear`` forward,
   ``dY @ W`` and ``dYᵀ @ X`` backward, ``dY.sum(0)`` for the bias), so the values are bit for
   bit those of ``nn.Linear`` (proved by tests/unit/test_sensors.py).
-* bf16/fp16 (under autocast, or 16-bit inputs): the operands are rounded to the 16-bit dtype as
-  autocast rounds them, multiplied into an fp32 result (the accumulator the check must see: on
-  CUDA the 16-bit GEMM's own, ``torch.mm(..., out_dtype=torch.float32)``, where torch supports
-  it; elsewhere an fp32 product of the 16-bit values stands in) and the result rounded once to
-  the 16-bit dtype. The CUDA branch is exercised by ``benchmarks/sensor_gpu.py`` on a GPU; the
-  test suite runs on the CPU. This equals a 16-bit GEMM with an fp32
-  accumulator up to the order of accumulation, which torch does not promise to match, so it is
-  not guaranteed bit-identical to ``nn.Linear`` under autocast; the protected layer runs this
-  same path in training and in every replay, whether or not a sensor checks, so replays stay bit
-  for bit reproducible.
+* bf16/fp16 (under autocast, or 16-bit inputs), a GEMM on the checked path at this step: the
+  operands are rounded to the 16-bit dtype as autocast rounds them, multiplied into an fp32
+  result (the accumulator the check must see: on CUDA the 16-bit GEMM's own,
+  ``torch.mm(..., out_dtype=torch.float32)``, where torch supports it; elsewhere an fp32 product
+  of the 16-bit values stands in) and the result rounded once to the 16-bit dtype. The CUDA
+  branch is exercised by ``benchmarks/sensor_gpu.py`` on a GPU; the test suite runs on the CPU.
+  This equals a 16-bit GEMM with an fp32 accumulator up to the order of accumulation, which
+  torch does not promise to match, so it is not guaranteed bit-identical to ``nn.Linear``.
+* A GEMM off the checked path runs the plain kernel: a layer none of whose GEMMs is on it
+  calls ``F.linear`` itself (``nn.Linear``'s kernels and autograd: no fp32 result, no copy, no
+  Python autograd function), and a layer with some GEMMs on it runs the others as plain 16-bit
+  GEMMs inside its function.
+
+Which GEMMs are on the checked path is the board's (:meth:`~.board.SensorBoard.runs_checked`):
+the sensors armed at this step, read at the forward (its backward follows the forward). The
+audit's replays of a step run while the board still holds that step's set, unchecked
+(:meth:`~.board.SensorBoard.stop_checking`), so a replay computes with the very kernels the
+step trained with and its bits compare with the step's.
 
 Fault drills (:class:`sdc_agent.faults.GemmFault`) corrupt a GEMM's fp32 result through
-:attr:`ProtectedLinear.gemm_taps`, between the accumulator and the check, as a faulty GPU would.
+:attr:`ProtectedLinear.gemm_taps`, between the accumulator and the check, as a faulty GPU would
+(a GEMM off the checked path: its plain 16-bit result, widened to fp32 for the tap and rounded
+back, the same bits when the tap does not fire).
 """
 
 from __future__ import annotations
@@ -71,8 +81,68 @@ def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+_PLAIN = (False, False, False)
+"""No GEMM of a layer on the checked path: the layer runs ``F.linear`` (``nn.Linear``'s call)."""
+
+
+def _through_taps(layer: ProtectedLinear, gemm: Gemm, result: torch.Tensor) -> torch.Tensor:
+    """``result`` (a GEMM's 16-bit result, computed by the plain kernel) after the fault drills'
+    taps saw it as fp32 (a copy: the taps change it in place); the same bits when no tap fires
+    (the round trip 16 -> 32 -> 16 bits is exact). Only a layer with taps pays for it."""
+    widened = result.to(torch.float32, copy=True)
+    layer.tap(gemm, widened)
+    return widened.to(result.dtype)
+
+
+class _GradientTap(torch.autograd.Function):
+    """Identity forward; its backward shows the gradient flowing into a plain ``F.linear``'s
+    input (``dgrad``) or weight (``wgrad``) to the fault drills' taps. Wrapped around the operands
+    of an unarmed 16-bit layer that has taps, so that a drill corrupts the plain kernel's result
+    and the layer otherwise computes ``nn.Linear``'s bits (a replayer without taps runs
+    ``F.linear`` itself)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, layer: ProtectedLinear, gemm: Gemm) -> torch.Tensor:  # type: ignore[override]
+        ctx.layer, ctx.gemm = layer, gemm
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        return _through_taps(ctx.layer, ctx.gemm, grad), None, None
+
+
+class _OutputTap(torch.autograd.Function):
+    """The forward counterpart of :class:`_GradientTap`: the plain ``F.linear``'s output, as the
+    taps leave it; the gradient passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, layer: ProtectedLinear) -> torch.Tensor:  # type: ignore[override]
+        return _through_taps(layer, "forward", y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        return grad, None
+
+
+def _tapped_linear(
+    layer: ProtectedLinear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear`` with the fault drills' taps on its three results, computing nothing else:
+    the same kernels, and when no tap fires the same bits, as ``F.linear`` alone."""
+    y = F.linear(
+        _GradientTap.apply(x, layer, "dgrad"), _GradientTap.apply(weight, layer, "wgrad"), bias
+    )
+    return _OutputTap.apply(y, layer)
+
+
 class _ProtectedLinearFunction(torch.autograd.Function):
-    """``F.linear`` with its forward and backward GEMMs computed, tapped and checked here."""
+    """``F.linear`` with its forward and backward GEMMs computed, tapped and checked here.
+
+    ``kernels``: per GEMM (forward, dgrad, wgrad), whether it runs on the checked path (the
+    board's :meth:`~.board.SensorBoard.runs_checked`, read at the forward). A 16-bit GEMM off
+    that path is the plain 16-bit GEMM (no fp32 result, no copy): a forward checked at a step
+    whose backward GEMMs are not pays nothing for them. Which GEMMs are checked (recorded on
+    the board) is read at the forward too: the backward of this forward follows it."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -82,17 +152,24 @@ class _ProtectedLinearFunction(torch.autograd.Function):
         bias: torch.Tensor | None,
         layer: ProtectedLinear,
         dtype: torch.dtype,
+        kernels: tuple[bool, bool, bool],
     ) -> torch.Tensor:
         board, base = layer.sensor_board, layer.sensor_base
         sixteen = dtype in _SIXTEEN_BIT
         ctx.layer, ctx.dtype, ctx.sixteen = layer, dtype, sixteen
         ctx.input_dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
-        ctx.checks = (board.is_active(base + 1), board.is_active(base + 2))  # dgrad, wgrad
+        ctx.kernels = kernels[1:]  # dgrad, wgrad
+        ctx.checks = (board.is_active(base + 1), board.is_active(base + 2))
         with torch.autocast(x.device.type, enabled=False):
             if sixteen:
-                # Round as autocast does, multiply in fp32 (the accumulator), round once.
                 xc, wc = x.to(dtype), weight.to(dtype)
                 bc = bias.to(dtype) if bias is not None else None
+                ctx.save_for_backward(xc, wc)
+                if not kernels[0]:
+                    # Unchecked at this step: the plain 16-bit GEMM, as autocast runs it.
+                    y = F.linear(xc, wc, bc)
+                    return _through_taps(layer, "forward", y) if layer.gemm_taps else y
+                # Round as autocast does, multiply in fp32 (the accumulator), round once.
                 b32 = bc.float() if bc is not None else None
                 if _fp32_out_supported(x.device, dtype):
                     # CUDA: the 16-bit GEMM's own fp32 output, then the bias in fp32.
@@ -104,7 +181,6 @@ class _ProtectedLinearFunction(torch.autograd.Function):
                 else:
                     x32, w32 = xc.float(), wc.float()
                     y32 = F.linear(x32, w32, b32)
-                ctx.save_for_backward(xc, wc)
             else:
                 x32, w32, b32 = x, weight, bias
                 y32 = F.linear(x, weight, bias)  # the exact call nn.Linear makes
@@ -122,37 +198,65 @@ class _ProtectedLinearFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         x_dtype, w_dtype, b_dtype = ctx.input_dtypes
         check_dgrad, check_wgrad = ctx.checks
+        kernel_dgrad, kernel_wgrad = ctx.kernels
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = grad_w = grad_b = None
         with torch.autocast(grad.device.type, enabled=False):
             dy = grad.reshape(-1, grad.shape[-1])
             x2 = x.reshape(-1, x.shape[-1])
-            fast = ctx.sixteen and _fp32_out_supported(grad.device, ctx.dtype)
-            if ctx.sixteen:
-                dy = dy.to(ctx.dtype)
-                # CUDA keeps the 16-bit operands (the GEMMs output fp32 themselves).
-                dy32, x32, w32 = (
-                    (dy, x2, weight) if fast else (dy.float(), x2.float(), weight.float())
-                )
-            else:
-                dy32, x32, w32 = dy, x2, weight
+            if not ctx.sixteen:
+                # fp32/fp64: the calls autograd makes for F.linear, checked or not.
+                if need_x:
+                    dx = dy.mm(weight)
+                    layer.tap("dgrad", dx)
+                    if check_dgrad:
+                        board.record(base + 1, dgrad_ratio(dx, dy, weight))
+                    grad_x = dx.reshape(*grad.shape[:-1], x.shape[-1])
+                if need_w:
+                    grad_w = dy.t().mm(x2)
+                    layer.tap("wgrad", grad_w)
+                    if check_wgrad:
+                        board.record(base + 2, wgrad_ratio(grad_w, dy, x2))
+                if need_b:
+                    grad_b = dy.sum(0).to(b_dtype)
+                return grad_x, grad_w, grad_b, None, None, None
+            dtype = ctx.dtype
+            dy = dy.to(dtype)
+            fast = _fp32_out_supported(grad.device, dtype)
+            checked = (need_x and kernel_dgrad) or (need_w and kernel_wgrad)
+            # The fp32 operands only for a GEMM on the checked path (CUDA needs none: its
+            # 16-bit GEMMs output fp32 themselves).
+            dy32 = dy if fast or not checked else dy.float()
             if need_x:
-                dx32 = _mm32(dy32, w32) if fast else dy32.mm(w32)
-                layer.tap("dgrad", dx32)
-                if check_dgrad:
-                    board.record(base + 1, dgrad_ratio(dx32, dy32, w32))
-                dx = dx32.to(ctx.dtype).to(x_dtype) if ctx.sixteen else dx32
-                grad_x = dx.reshape(*grad.shape[:-1], x.shape[-1])
+                if kernel_dgrad:
+                    w32 = weight if fast else weight.float()
+                    dx32 = _mm32(dy32, w32) if fast else dy32.mm(w32)
+                    layer.tap("dgrad", dx32)
+                    if check_dgrad:
+                        board.record(base + 1, dgrad_ratio(dx32, dy32, w32))
+                    dx = dx32.to(dtype)
+                else:
+                    dx = dy.mm(weight)  # the plain 16-bit GEMM
+                    if layer.gemm_taps:
+                        dx = _through_taps(layer, "dgrad", dx)
+                grad_x = dx.to(x_dtype).reshape(*grad.shape[:-1], x.shape[-1])
             if need_w:
-                dw32 = _mm32(dy32.t(), x32) if fast else dy32.t().mm(x32)
-                layer.tap("wgrad", dw32)
-                if check_wgrad:
-                    board.record(base + 2, wgrad_ratio(dw32, dy32, x32))
-                grad_w = dw32.to(ctx.dtype).to(w_dtype) if ctx.sixteen else dw32
+                if kernel_wgrad:
+                    x32 = x2 if fast else x2.float()
+                    dw32 = _mm32(dy32.t(), x32) if fast else dy32.t().mm(x32)
+                    layer.tap("wgrad", dw32)
+                    if check_wgrad:
+                        board.record(base + 2, wgrad_ratio(dw32, dy32, x32))
+                    dw = dw32.to(dtype)
+                else:
+                    dw = dy.t().mm(x2)  # the plain 16-bit GEMM
+                    if layer.gemm_taps:
+                        dw = _through_taps(layer, "wgrad", dw)
+                grad_w = dw.to(w_dtype)
             if need_b:
-                # In the 16-bit path dy is already the 16-bit tensor autocast's bias gradient sums.
+                # dy is the 16-bit tensor autocast's bias gradient sums.
                 grad_b = dy.sum(0).to(b_dtype)
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 class ProtectedLinear(nn.Linear):
@@ -190,10 +294,11 @@ class ProtectedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, its GEMMs checked when the board says so.
 
-        A layer the plan does not sample at this step costs a few attribute reads and set
-        look-ups over ``nn.Linear`` (fp32: the very ``F.linear`` call). Under tensor
-        parallelism (a DTensor weight) the GEMMs are this rank's slices
-        (:mod:`.tensor_parallel`)."""
+        A layer none of whose GEMMs is on the checked path at this step (the board's
+        :meth:`~.board.SensorBoard.runs_checked`) runs ``F.linear`` itself: ``nn.Linear``'s
+        kernels and autograd, no fp32 result, no copy, no Python autograd function (with a fault
+        drill's taps, two identity functions around the same call). Under tensor parallelism (a
+        DTensor weight) the GEMMs are this rank's slices (:mod:`.tensor_parallel`)."""
         if isinstance(self.weight, DTensor):
             return local_linear(self, x)
         board = self.sensor_board
@@ -207,28 +312,52 @@ class ProtectedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)  # raises as nn.Linear does
         else:
             dtype = x.dtype
-        if dtype not in _SIXTEEN_BIT and not self.gemm_taps and not self._checks_now():
-            # Nothing to check: nn.Linear's own call (the function's fp32 path makes the same
-            # calls, so the values do not depend on whether a sensor checks).
-            return F.linear(x, self.weight, self.bias)
-        return _ProtectedLinearFunction.apply(x, self.weight, self.bias, self, dtype)
+        return self._linear(x, self.weight, self.bias, dtype)
 
     def local_forward(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """``F.linear`` on one rank's local slices (tensor parallel, :mod:`.tensor_parallel`),
-        its GEMMs checked when the board says so. Always through the protected function, so
-        the values do not depend on whether a sensor checks at this step."""
+        its GEMMs checked when the board says so (as :meth:`forward`)."""
         board = self.sensor_board
         if board.rows is None:
             board.observe(x.numel() // max(1, weight.shape[-1]), x.device.type)
         dtype = _compute_dtype(x, weight)
         if dtype not in _SIXTEEN_BIT and x.dtype != weight.dtype:
             return F.linear(x, weight, bias)  # raises as nn.Linear does
-        return _ProtectedLinearFunction.apply(x, weight, bias, self, dtype)
+        return self._linear(x, weight, bias, dtype)
 
-    def _checks_now(self) -> bool:
-        return self.sensor_base in self.sensor_board.active_layers
+    def _linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The layer's GEMMs in ``dtype``: the plain kernels where nothing is on the checked
+        path, else the protected function (which runs the plain 16-bit GEMM for each of its
+        GEMMs off that path)."""
+        kernels = self.kernels()
+        if not any(kernels):
+            taps = bool(self.gemm_taps)
+            plain = torch.is_autocast_enabled(x.device.type) or (
+                x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)
+            )
+            if plain and not taps:
+                return F.linear(x, weight, bias)  # nn.Linear's own call
+            if plain and dtype in _SIXTEEN_BIT:
+                return _tapped_linear(self, x, weight, bias)
+            # fp32 with taps: the function's fp32 path makes F.linear's very calls; operands
+            # of mixed dtypes (tensor parallel): it rounds them as autocast would.
+        return _ProtectedLinearFunction.apply(x, weight, bias, self, dtype, kernels)
+
+    def kernels(self) -> tuple[bool, bool, bool]:
+        """Per GEMM (forward, dgrad, wgrad): whether it runs on the checked path now (host-side:
+        a set look-up for an unarmed layer)."""
+        board, base = self.sensor_board, self.sensor_base
+        if base not in board.checked_layers:
+            return _PLAIN
+        return (
+            board.runs_checked(base),
+            board.runs_checked(base + 1),
+            board.runs_checked(base + 2),
+        )
 
 
 def protect(

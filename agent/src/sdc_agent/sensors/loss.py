@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .rows import FP32_UNIT_ROUNDOFF, OpSensor, worst_row_ratio
+from .rows import FP32_UNIT_ROUNDOFF, OpSensor, row_blocks, worst_row_ratio
 from .softmax import log_softmax_dgrad_ratio, log_softmax_ratio
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}  # ATen's Reduction enum
@@ -44,20 +44,36 @@ def nll_grad_ratio(
     reduction: str,
     grad_out: torch.Tensor,
     total_weight: torch.Tensor,
+    *,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """The NLL gradient's row sums against ``-w[t] dL / W`` (0 for ignored rows; module
-    docstring), relative to ``4 u`` of that value (0-dim fp32)."""
-    g32 = g.float()
+    docstring), relative to ``4 u`` of that value (0-dim fp32). The row sums are taken over
+    blocks of rows of at most ``chunk`` elements (:func:`.rows.row_blocks`): no full-size fp32
+    copy of the gradient (vocabulary wide) is made."""
+    # Each row's fp32 sum, computed on a widened block of rows at a time.
+    observed = torch.cat([part.float().sum(dim=1) for part in _row_parts(g, chunk)])
     valid = target != ignore_index
     safe = torch.where(valid, target, torch.zeros_like(target))
-    w = weight.float()[safe] if weight is not None else torch.ones_like(g32[:, 0])
+    w = (
+        weight.float()[safe]
+        if weight is not None
+        else torch.ones(g.shape[0], dtype=torch.float32, device=g.device)
+    )
     w = torch.where(valid, w, torch.zeros_like(w))
     upstream = grad_out.float().reshape(-1) if reduction == "none" else grad_out.float()
     expected = -w * upstream
     if reduction == "mean":
         expected = expected / total_weight.float()
     bound = 4.0 * FP32_UNIT_ROUNDOFF * expected.abs() + torch.finfo(torch.float32).tiny
-    return worst_row_ratio(g32.sum(dim=1), expected, bound)
+    return worst_row_ratio(observed, expected, bound)
+
+
+def _row_parts(g: torch.Tensor, chunk: int | None) -> list[torch.Tensor]:
+    """``g`` (R x V) as blocks of whole rows (:func:`.rows.row_blocks`)."""
+    if g.shape[0] == 0:
+        return [g]
+    return [g[block] for block in row_blocks(g.shape[0], g.shape[1], chunk)]
 
 
 class CrossEntropyFunction(torch.autograd.Function):

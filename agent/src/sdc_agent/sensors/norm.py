@@ -59,12 +59,13 @@ from .rows import (
     autocast_fp32,
     autocast_mirrored,
     output_rounding,
+    row_block_max,
     sqrt_length,
     worst_row_ratio,
 )
 
 
-def layer_norm_output_ratio(
+def _layer_norm_output_rows(
     y: torch.Tensor,
     x: torch.Tensor,
     mean: torch.Tensor,
@@ -72,11 +73,7 @@ def layer_norm_output_ratio(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Forward check: each output row's sum against the affine parameters (0-dim fp32).
-
-    :func:`.abft.layer_norm_ratio`'s identity and bound, plus the rounding of the output to its
-    own dtype when it is coarser than fp32 (:func:`.rows.output_rounding`). ``y`` and ``x`` are
-    R x D, ``mean``/``rstd`` R values."""
+    """:func:`layer_norm_output_ratio` on one block of rows."""
     expected, magnitude = layer_norm_row_sums(x, mean, rstd, weight, bias)
     features = x.shape[1]
     y32 = y.float()
@@ -86,7 +83,7 @@ def layer_norm_output_ratio(
     return worst_row_ratio(observed, expected, bound)
 
 
-def layer_norm_dgrad_ratio(
+def _layer_norm_dgrad_rows(
     dx: torch.Tensor,
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -94,10 +91,7 @@ def layer_norm_dgrad_ratio(
     rstd: torch.Tensor,
     weight: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Backward check: the input gradient's row sum and its row dotted with ``x̂`` against the
-    module docstring's identities (0-dim fp32, the larger of the two ratios).
-
-    ``dx``, ``dy``, ``x`` are R x D; ``mean``/``rstd`` the forward kernel's R values."""
+    """:func:`layer_norm_dgrad_ratio` on one block of rows."""
     x32, dx32 = x.float(), dx.float()
     features = x32.shape[1]
     mean32, r = mean.float().reshape(-1, 1), rstd.float().reshape(-1, 1)
@@ -124,6 +118,62 @@ def layer_norm_dgrad_ratio(
     first = worst_row_ratio(dx32.sum(dim=1), expected1.reshape(-1), bound1)
     second = worst_row_ratio((dx32 * xhat).sum(dim=1), expected2.reshape(-1), bound2)
     return torch.maximum(first, second)
+
+
+def _per_row(stat: torch.Tensor, rows: int) -> torch.Tensor:
+    """A per-row statistic (``mean``/``rstd``, R values in any shape) as R x 1."""
+    return stat.reshape(rows, -1)
+
+
+def layer_norm_output_ratio(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    *,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """Forward check: each output row's sum against the affine parameters (0-dim fp32).
+
+    :func:`.abft.layer_norm_ratio`'s identity and bound, plus the rounding of the output to its
+    own dtype when it is coarser than fp32 (:func:`.rows.output_rounding`). ``y`` and ``x`` are
+    R x D, ``mean``/``rstd`` R values. In blocks of rows of at most ``chunk`` elements
+    (:func:`.rows.row_block_max`)."""
+    rows = x.shape[0]
+
+    def block(y: torch.Tensor, x: torch.Tensor, m: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return _layer_norm_output_rows(y, x, m, r, weight, bias)
+
+    stats = (_per_row(mean, rows), _per_row(rstd, rows))
+    return row_block_max(block, x.shape[1], y, x, *stats, chunk=chunk)
+
+
+def layer_norm_dgrad_ratio(
+    dx: torch.Tensor,
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    *,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """Backward check: the input gradient's row sum and its row dotted with ``x̂`` against the
+    module docstring's identities (0-dim fp32, the larger of the two ratios).
+
+    ``dx``, ``dy``, ``x`` are R x D; ``mean``/``rstd`` the forward kernel's R values. In blocks
+    of rows of at most ``chunk`` elements (:func:`.rows.row_block_max`)."""
+    rows = x.shape[0]
+
+    def block(
+        dx: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, m: torch.Tensor, r: torch.Tensor
+    ) -> torch.Tensor:
+        return _layer_norm_dgrad_rows(dx, dy, x, m, r, weight)
+
+    stats = (_per_row(mean, rows), _per_row(rstd, rows))
+    return row_block_max(block, x.shape[1], dx, dy, x, *stats, chunk=chunk)
 
 
 class _LayerNormFunction(torch.autograd.Function):

@@ -38,22 +38,35 @@ import torch
 from torch import nn
 
 from .board import Gemm, SensorBoard
-from .rows import FP32_UNIT_ROUNDOFF, OpSensor, output_rounding, sqrt_length, worst_row_ratio
+from .rows import (
+    FP32_UNIT_ROUNDOFF,
+    OpSensor,
+    output_rounding,
+    row_block_max,
+    sqrt_length,
+    worst_row_ratio,
+)
 
 
-def residual_ratio(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The largest per-row ``|Σy - (Σa + Σb)| / bound`` (0-dim fp32; see the module docstring).
+def residual_ratio(
+    y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, chunk: int | None = None
+) -> torch.Tensor:
+    """The largest per-row ``|Σy - (Σa + Σb)| / bound`` (0-dim fp32; see the module docstring),
+    in blocks of rows of at most ``chunk`` elements (:func:`.rows.row_block_max`).
 
     ``a`` and ``b`` are broadcast to ``y``'s shape; rows run along the last dimension."""
     features = y.shape[-1] if y.dim() else 1
-    y32 = y.float().reshape(-1, features)
-    a32 = a.float().expand(y.shape).reshape(-1, features)
-    b32 = b.float().expand(y.shape).reshape(-1, features)
-    # From the inputs only (|y| <= |a| + |b|): a corrupted y must not widen its own bound.
-    norms = torch.linalg.vector_norm(a32, dim=1) + torch.linalg.vector_norm(b32, dim=1)
-    bound = 2.0 * FP32_UNIT_ROUNDOFF * sqrt_length(features) * norms
-    bound = bound + output_rounding(y.dtype, norms)
-    return worst_row_ratio(y32.sum(dim=1), a32.sum(dim=1) + b32.sum(dim=1), bound)
+
+    def block(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        y32, a32, b32 = y.float(), a.float(), b.float()
+        # From the inputs only (|y| <= |a| + |b|): a corrupted y must not widen its own bound.
+        norms = torch.linalg.vector_norm(a32, dim=1) + torch.linalg.vector_norm(b32, dim=1)
+        bound = 2.0 * FP32_UNIT_ROUNDOFF * sqrt_length(features) * norms
+        bound = bound + output_rounding(y.dtype, norms)
+        return worst_row_ratio(y32.sum(dim=1), a32.sum(dim=1) + b32.sum(dim=1), bound)
+
+    views = [t.expand(y.shape).reshape(-1, features) for t in (y, a, b)]
+    return row_block_max(block, features, *views, chunk=chunk)
 
 
 class ResidualAdd(nn.Module):

@@ -75,7 +75,7 @@ from torch import nn
 
 from .board import Gemm, SensorBoard
 from .elementwise import elementwise_ratio
-from .rows import FP32_UNIT_ROUNDOFF, OpSensor, outside_function_modes
+from .rows import FP32_UNIT_ROUNDOFF, OpSensor, outside_function_modes, row_block_max, row_blocks
 
 EPS_NAMES = ("eps", "variance_epsilon", "epsilon")
 """Attributes a module's RMSNorm epsilon is read from, in this order."""
@@ -112,11 +112,10 @@ def _reference(
     return x32, r, w32, math.sqrt(features)
 
 
-def rms_norm_ratio(
+def _rms_norm_rows(
     y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float | None
 ) -> torch.Tensor:
-    """Forward check: every ``y_i`` against ``w_i x_i r`` recomputed (0-dim fp32; module
-    docstring). ``y`` and ``x`` have the normalised features last."""
+    """:func:`rms_norm_ratio` on one block of rows."""
     x32, r, w32, root = _reference(x, weight, eps)
     reference = x32 * r * w32
     dtypes = (x.dtype, y.dtype) + ((weight.dtype,) if weight is not None else ())
@@ -125,15 +124,14 @@ def rms_norm_ratio(
     return elementwise_ratio(observed, reference, reference.abs(), relative)
 
 
-def rms_norm_dgrad_ratio(
+def _rms_norm_dgrad_rows(
     dx: torch.Tensor,
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor | None,
     eps: float | None,
 ) -> torch.Tensor:
-    """Backward check: every ``dx_i`` against ``r (g_i - x̂_i m)`` recomputed (0-dim fp32;
-    module docstring)."""
+    """:func:`rms_norm_dgrad_ratio` on one block of rows."""
     x32, r, w32, root = _reference(x, weight, eps)
     xhat = x32 * r
     g = _rows(dy, x.shape[-1]) * w32
@@ -149,22 +147,77 @@ def rms_norm_dgrad_ratio(
     return elementwise_ratio(_rows(dx, x.shape[-1]), reference, bound, 1.0)
 
 
+def rms_norm_ratio(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float | None,
+    *,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """Forward check: every ``y_i`` against ``w_i x_i r`` recomputed (0-dim fp32; module
+    docstring). ``y`` and ``x`` have the normalised features last. In blocks of rows of at most
+    ``chunk`` elements (:func:`.rows.row_block_max`)."""
+    features = x.shape[-1]
+
+    def block(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return _rms_norm_rows(y, x, weight, eps)
+
+    views = (y.reshape(-1, features), x.reshape(-1, features))
+    return row_block_max(block, features, *views, chunk=chunk)
+
+
+def rms_norm_dgrad_ratio(
+    dx: torch.Tensor,
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float | None,
+    *,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """Backward check: every ``dx_i`` against ``r (g_i - x̂_i m)`` recomputed (0-dim fp32;
+    module docstring). In blocks of rows of at most ``chunk`` elements
+    (:func:`.rows.row_block_max`)."""
+    features = x.shape[-1]
+
+    def block(dx: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return _rms_norm_dgrad_rows(dx, dy, x, weight, eps)
+
+    views = [t.reshape(-1, features) for t in (dx, dy, x)]
+    return row_block_max(block, features, *views, chunk=chunk)
+
+
 def rms_norm_wgrad_ratio(
-    dw: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, eps: float | None
+    dw: torch.Tensor,
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    eps: float | None,
+    *,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Weight-gradient check: every ``dw_i`` against ``Σ_rows dy_i x_i r`` recomputed (0-dim
-    fp32; module docstring)."""
-    x32, r, _, root = _reference(x, None, eps)
-    terms = _rows(dy, x.shape[-1]) * x32 * r
-    reference = terms.sum(dim=0)
-    rows = terms.shape[0]
-    spread = terms.abs().sum(dim=0)
+    fp32; module docstring). The terms are widened in blocks of rows (:func:`.rows.row_blocks`,
+    at most ``chunk`` elements), their column sums, magnitudes and squares added up over the
+    blocks (one block when the tensor fits: the sums over all rows at once)."""
+    features = x.shape[-1]
+    x_rows, dy_rows = x.reshape(-1, features), dy.reshape(-1, features)
+    rows = x_rows.shape[0]
+    totals: list[torch.Tensor] | None = None
+    for block in row_blocks(rows, features, chunk):
+        x32, r, _, _ = _reference(x_rows[block], None, eps)
+        terms = _rows(dy_rows[block], features) * x32 * r
+        parts = [terms.sum(dim=0), terms.abs().sum(dim=0), terms.square().sum(dim=0)]
+        totals = parts if totals is None else [t + p for t, p in zip(totals, parts, strict=True)]
+    assert totals is not None
+    reference, spread, squares = totals
+    root = math.sqrt(features)
     u, coarse = FP32_UNIT_ROUNDOFF, _coarse_unit(dw.dtype, dy.dtype, x.dtype)
-    walk = torch.linalg.vector_norm(terms, dim=0)
+    walk = squares.sqrt()
     bound = u * (2.0 * (1.0 + math.sqrt(rows)) * walk + (2.0 * root + 16.0) * spread)
     # A 16-bit x̂ (Hugging Face rounds x r to the input's dtype) errs in every term at random.
     bound = bound + 3.0 * coarse * walk
-    return elementwise_ratio(dw.detach().float().reshape(-1), reference, bound, 1.0)
+    return elementwise_ratio(dw.detach().reshape(-1).float(), reference, bound, 1.0)
 
 
 # ---------------------------------------------------------------- finding RMSNorm modules

@@ -16,12 +16,18 @@ inputs under the CPU's autocast, which leaves norms, softmax and adds in their i
 carries bf16 rounding in every element, and its sensor then sees only faults larger than that
 rounding summed over the row: a bit flip in the exponent, not a 10% change of one element
 (measured in ``benchmarks/campaign.py``).
+
+Memory: every check works on blocks of whole rows, at most :data:`CHUNK_ELEMENTS` elements each
+(:func:`row_block_max`), widening only the block to fp32, so its temporaries stay a few blocks'
+whatever the tensor (a 16K-token batch's log-softmax over a 128K vocabulary is 2G elements:
+8 GB per full-size fp32 temporary). A row's sums are the same computation in a block as in the
+whole tensor, and the worst row of all is the worst of the blocks' worst.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -66,10 +72,45 @@ def worst_row_ratio(
     return torch.where(torch.isfinite(ratio), ratio, torch.full_like(ratio, math.inf)).max()
 
 
-def rows_of(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """``t`` as a 2-D fp32 matrix whose rows run along ``dim`` (a view where possible)."""
+CHUNK_ELEMENTS = 1 << 20
+"""The most elements a check widens to fp32 at once (4 MB per fp32 temporary): small beside the
+op's own tensors, large enough that a GPU runs few launches per check."""
+
+
+def row_view(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` as a 2-D matrix in its own dtype whose rows run along ``dim`` (a view where
+    possible)."""
     moved = t.movedim(dim, -1) if dim not in (-1, t.dim() - 1) else t
-    return moved.reshape(-1, moved.shape[-1]).float()
+    return moved.reshape(-1, moved.shape[-1])
+
+
+def row_blocks(rows: int, features: int, chunk: int | None = None) -> Iterator[slice]:
+    """Runs of whole rows of ``features`` elements, at most ``chunk`` elements each (default
+    :data:`CHUNK_ELEMENTS`; one row at least), covering ``rows`` rows."""
+    limit = chunk if chunk is not None else CHUNK_ELEMENTS
+    if limit < 1:
+        raise ValueError(f"chunk must be >= 1 element, got {limit}")
+    step = max(1, limit // max(1, features))
+    for start in range(0, max(rows, 1), step):
+        yield slice(start, start + step)
+
+
+def row_block_max(
+    ratio_of: Callable[..., torch.Tensor],
+    features: int,
+    *per_row: torch.Tensor,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """The largest of ``ratio_of(*blocks)`` over blocks of whole rows (:func:`row_blocks`):
+    each of ``per_row`` has one entry per row along its first dimension (a row of features, or a
+    per-row statistic) and is sliced to the block's rows. ``ratio_of`` judges each row on its
+    own up to its final max, so the result is its ratio on the whole tensors."""
+    rows = per_row[0].shape[0]
+    limit = chunk if chunk is not None else CHUNK_ELEMENTS
+    if rows * max(1, features) <= limit:
+        return ratio_of(*per_row)
+    parts = [ratio_of(*(t[block] for t in per_row)) for block in row_blocks(rows, features, chunk)]
+    return torch.stack([p.float() for p in parts]).max()
 
 
 def sqrt_length(features: int) -> float:

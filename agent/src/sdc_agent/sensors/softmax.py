@@ -51,7 +51,8 @@ from .rows import (
     autocast_fp32,
     autocast_mirrored,
     output_rounding,
-    rows_of,
+    row_block_max,
+    row_view,
     sqrt_length,
     worst_row_ratio,
 )
@@ -74,58 +75,84 @@ def _bound(
     return growth * (norm + total) + output_rounding(dtype, norm)
 
 
-def softmax_ratio(y: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Softmax forward: each row's ``|Σy - 1| / bound`` (0-dim fp32; module docstring)."""
-    y32, x32 = rows_of(y, dim), rows_of(x, dim)
-    z = x32 - x32.amax(dim=1, keepdim=True)
-    # A healthy probability is in [0, 1]: clamped, a corrupted y cannot widen its own bound.
-    error = y32.clamp(0.0, 1.0) * (2.0 + z.abs())
-    bound = _bound(error, y.dtype)
-    return worst_row_ratio(y32.sum(dim=1), torch.ones_like(bound), bound)
+def softmax_ratio(
+    y: torch.Tensor, x: torch.Tensor, dim: int, *, chunk: int | None = None
+) -> torch.Tensor:
+    """Softmax forward: each row's ``|Σy - 1| / bound`` (0-dim fp32; module docstring), in
+    blocks of rows of at most ``chunk`` elements (:func:`.rows.row_block_max`)."""
+
+    def block(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        y32, x32 = y.float(), x.float()
+        z = x32 - x32.amax(dim=1, keepdim=True)
+        # A healthy probability is in [0, 1]: clamped, a corrupted y cannot widen its own bound.
+        error = y32.clamp(0.0, 1.0) * (2.0 + z.abs())
+        bound = _bound(error, y.dtype)
+        return worst_row_ratio(y32.sum(dim=1), torch.ones_like(bound), bound)
+
+    return row_block_max(block, y.shape[dim], row_view(y, dim), row_view(x, dim), chunk=chunk)
 
 
-def log_softmax_ratio(y: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Log-softmax forward: each row's ``|Σexp(y) - 1| / bound`` (0-dim fp32)."""
-    y32, x32 = rows_of(y, dim), rows_of(x, dim)
-    top = x32.amax(dim=1, keepdim=True)
-    z = (x32 - top).abs()
-    p = y32.exp()
-    # From the inputs: |y_i| <= |z_i| + log D for a healthy row, p_i in [0, 1] (clamped), so a
-    # corrupted y cannot widen its own bound.
-    error = p.clamp(0.0, 1.0) * (2.0 + 2.0 * z + math.log(y32.shape[1]) + top.abs())
-    # A 16-bit y errs by up to u |y_i|, which exp turns into a relative error of p_i: equal
-    # inputs (ReLU zeros, padding) round alike, so these add up over the row instead of
-    # cancelling as a random walk (measured: uniform-ish bf16 rows of 8192 read up to 10 with
-    # the random-walk term alone). Bounded by their sum, from the inputs.
-    bound = _bound(error, y.dtype) + output_rounding(y.dtype, error.sum(dim=1))
-    return worst_row_ratio(p.sum(dim=1), torch.ones_like(bound), bound)
+def log_softmax_ratio(
+    y: torch.Tensor, x: torch.Tensor, dim: int, *, chunk: int | None = None
+) -> torch.Tensor:
+    """Log-softmax forward: each row's ``|Σexp(y) - 1| / bound`` (0-dim fp32), in blocks of
+    rows (:func:`softmax_ratio`)."""
+
+    def block(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        y32, x32 = y.float(), x.float()
+        top = x32.amax(dim=1, keepdim=True)
+        z = (x32 - top).abs()
+        p = y32.exp()
+        # From the inputs: |y_i| <= |z_i| + log D for a healthy row, p_i in [0, 1] (clamped), so
+        # a corrupted y cannot widen its own bound.
+        error = p.clamp(0.0, 1.0) * (2.0 + 2.0 * z + math.log(y32.shape[1]) + top.abs())
+        # A 16-bit y errs by up to u |y_i|, which exp turns into a relative error of p_i: equal
+        # inputs (ReLU zeros, padding) round alike, so these add up over the row instead of
+        # cancelling as a random walk (measured: uniform-ish bf16 rows of 8192 read up to 10
+        # with the random-walk term alone). Bounded by their sum, from the inputs.
+        bound = _bound(error, y.dtype) + output_rounding(y.dtype, error.sum(dim=1))
+        return worst_row_ratio(p.sum(dim=1), torch.ones_like(bound), bound)
+
+    return row_block_max(block, y.shape[dim], row_view(y, dim), row_view(x, dim), chunk=chunk)
 
 
 def softmax_dgrad_ratio(
-    dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, dim: int
+    dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, dim: int, *, chunk: int | None = None
 ) -> torch.Tensor:
-    """Softmax backward: each row's ``|Σdx - s (1 - Σy)| / bound`` (0-dim fp32)."""
-    dx32, dy32, y32 = rows_of(dx, dim), rows_of(dy, dim), rows_of(y, dim)
-    s = (dy32 * y32).sum(dim=1, keepdim=True)
-    expected = (s * (1.0 - y32.sum(dim=1, keepdim=True))).reshape(-1)
-    # |dx_i| <= y_i (|dy_i| + |s|): from the backward's inputs, not from the dx it checks.
-    error = 2.0 * y32.abs() * (dy32.abs() + s.abs())
-    bound = _bound(error, dx.dtype, s)
-    return worst_row_ratio(dx32.sum(dim=1), expected, bound)
+    """Softmax backward: each row's ``|Σdx - s (1 - Σy)| / bound`` (0-dim fp32), in blocks of
+    rows (:func:`softmax_ratio`)."""
+
+    def block(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        dx32, dy32, y32 = dx.float(), dy.float(), y.float()
+        s = (dy32 * y32).sum(dim=1, keepdim=True)
+        expected = (s * (1.0 - y32.sum(dim=1, keepdim=True))).reshape(-1)
+        # |dx_i| <= y_i (|dy_i| + |s|): from the backward's inputs, not from the dx it checks.
+        error = 2.0 * y32.abs() * (dy32.abs() + s.abs())
+        bound = _bound(error, dx.dtype, s)
+        return worst_row_ratio(dx32.sum(dim=1), expected, bound)
+
+    views = (row_view(dx, dim), row_view(dy, dim), row_view(y, dim))
+    return row_block_max(block, dx.shape[dim], *views, chunk=chunk)
 
 
 def log_softmax_dgrad_ratio(
-    dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, dim: int
+    dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, dim: int, *, chunk: int | None = None
 ) -> torch.Tensor:
-    """Log-softmax backward: each row's ``|Σdx - Σdy (1 - Σexp(y))| / bound`` (0-dim fp32)."""
-    dx32, dy32, y32 = rows_of(dx, dim), rows_of(dy, dim), rows_of(y, dim)
-    p = y32.exp()
-    total = dy32.sum(dim=1, keepdim=True)
-    expected = (total * (1.0 - p.sum(dim=1, keepdim=True))).reshape(-1)
-    # |dx_i| <= |dy_i| + p_i |Σdy|: from the backward's inputs, not from the dx it checks.
-    error = 2.0 * dy32.abs() + p.clamp(0.0, 1.0) * total.abs() * (2.0 + y32.abs())
-    bound = _bound(error, dx.dtype, total)
-    return worst_row_ratio(dx32.sum(dim=1), expected, bound)
+    """Log-softmax backward: each row's ``|Σdx - Σdy (1 - Σexp(y))| / bound`` (0-dim fp32), in
+    blocks of rows (:func:`softmax_ratio`)."""
+
+    def block(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        dx32, dy32, y32 = dx.float(), dy.float(), y.float()
+        p = y32.exp()
+        total = dy32.sum(dim=1, keepdim=True)
+        expected = (total * (1.0 - p.sum(dim=1, keepdim=True))).reshape(-1)
+        # |dx_i| <= |dy_i| + p_i |Σdy|: from the backward's inputs, not from the dx it checks.
+        error = 2.0 * dy32.abs() + p.clamp(0.0, 1.0) * total.abs() * (2.0 + y32.abs())
+        bound = _bound(error, dx.dtype, total)
+        return worst_row_ratio(dx32.sum(dim=1), expected, bound)
+
+    views = (row_view(dx, dim), row_view(dy, dim), row_view(y, dim))
+    return row_block_max(block, dx.shape[dim], *views, chunk=chunk)
 
 
 class _RowNormaliserFunction(torch.autograd.Function):

@@ -19,8 +19,9 @@ result of the local GEMM, as on one GPU), and wraps the result as the DTensor th
   partial output, bias share included: ``y_partial 1 = x_local (W_localᵀ 1) + Σ b / n``.
 
 The values are those ``F.linear`` computes on the DTensors (the same ``addmm`` on the same
-local tensors), and the layer takes this path whether or not a sensor checks it at a step, so
-training and replays compute alike. Any other layout (a replicated weight, an input laid out
+local tensors); an unarmed layer runs that plain ``F.linear`` on the local tensors, an armed one
+its protected function (:mod:`.linear`: which GEMMs are on the checked path is the step's, in
+training and in its replays alike). Any other layout (a replicated weight, an input laid out
 otherwise) runs ``F.linear`` on the DTensors unchecked.
 """
 

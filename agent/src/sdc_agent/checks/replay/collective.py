@@ -20,9 +20,23 @@ so its fingerprint differs from the replayer's: it is caught as under DDP. A red
 gradient would not do: it mixes every rank's contribution (the faulty rank's is averaged away by
 the reduce-scatter, and every rank holds a different shard).
 
+Memory: with sync off nothing reduce-scatters a replay's gradient, so kept on the unsharded
+parameters the whole model's unsharded gradient would be held at once (for an 8B model 16 GB in
+bf16, 32 GB with an fp32 reduce dtype, which FSDP2 would convert it into). So each one is dropped
+the moment it is fingerprinted: a post-accumulate-grad hook on each unsharded parameter, added
+for the replay after check 1's tap (a tensor's hooks run in the order they were registered), sets
+``unsharded_param.grad`` to None once the tap took its fingerprint and its non-finite flag. FSDP2
+then finds no gradient to convert or keep, and the replay holds about one parameter's gradient
+at a time, plus the fingerprints. The fingerprints are those of the very tensors autograd stored,
+taken before the drop, so the outcome is what it was when the gradients were kept. A parameter
+autograd reaches twice in one backward (its gradient accumulated twice, as a reentrant
+checkpoint can do) would then be fingerprinted from its second part alone: the replay raises
+instead (a failed replay, never a false mismatch).
+
 A replay restores what it changed, so training continues bit-identically: the replay's unsharded
-gradients are dropped, the sharded (reduced) gradients of the audited step, the buffers and the
-RNG are put back, and gradient sync is turned back on. A replay that raises on some ranks only
+gradients are dropped (as they are produced, above; whatever is left at the end), the sharded
+(reduced) gradients of the audited step, the buffers and the RNG are put back, and gradient sync
+is turned back on. A replay that raises on some ranks only
 would leave the others waiting in FSDP2's collectives, so ``rebuild_batch`` runs first and every
 rank agrees that every batch was rebuilt before any forward starts; ``compute_loss`` must not
 raise on one rank alone.
@@ -30,6 +44,8 @@ raise on one rank alone.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -140,9 +156,10 @@ class CollectiveReplayer(Replayer):
                 records_events=step_state.records_events and self.grad_accum == 1,
             )
             record.arm(capture_fingerprints=deterministic, device=adapter.param_device)
+            taps = adapter.gradient_taps()
             try:
                 adapter.set_gradient_sync(False)
-                with adapter.gradient_taps().recording_into(record):
+                with taps.recording_into(record), _dropped_once_tapped(taps.unsharded_parameters()):
                     seed_all(seed)
                     with deterministic_kernels(deterministic):
                         loss = micro_batch_loss(
@@ -156,3 +173,31 @@ class CollectiveReplayer(Replayer):
             finally:
                 adapter.set_gradient_sync(True)
                 adapter.discard_unsynced_gradients()
+
+
+@contextlib.contextmanager
+def _dropped_once_tapped(params: Sequence[nn.Parameter]) -> Iterator[None]:
+    """Inside the block, drop each of ``params``' gradients (FSDP2's unsharded parameters) the
+    moment autograd stored it and the hooks registered before this one (check 1's tap: its
+    fingerprint and non-finite flag) saw it, so a replay never holds the unsharded gradients of
+    the whole model (module docstring). A parameter whose gradient arrives a second time in the
+    block raises: its first part is gone, so its fingerprint could not be the accumulated one."""
+    seen: set[int] = set()
+
+    def drop(param: torch.Tensor) -> None:
+        if id(param) in seen:
+            raise RuntimeError(
+                "sdc_agent: an FSDP2 replay's backward accumulated a parameter's gradient twice "
+                f"(shape {tuple(param.shape)}; a reentrant activation checkpoint around a shared "
+                "weight?): the replay drops each gradient once fingerprinted and cannot compare "
+                "the accumulated one; use torch.utils.checkpoint(..., use_reentrant=False)"
+            )
+        seen.add(id(param))
+        param.grad = None
+
+    handles = [p.register_post_accumulate_grad_hook(drop) for p in params]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
