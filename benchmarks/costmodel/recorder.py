@@ -228,6 +228,14 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _storage(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s storage (None: no valid storage, e.g. FSDP2's freed buffers)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
 def _caller(skip_torch: bool = True) -> tuple[str, bool]:
     """(file:line of the innermost frame outside torch and this module, whether sdc_agent
     code is on the stack)."""
@@ -438,9 +446,9 @@ class StepRecorder(TorchDispatchMode):
             for gpu, seconds in self.timer(full_bytes, full_flops, gemm, fp32).items():
                 totals.modelled_s[gpu] = totals.modelled_s.get(gpu, 0.0) + seconds
         # Live memory: outputs with storage of their own.
-        held = {t.untyped_storage().data_ptr() for t in inputs if t.device.type != "meta"}
+        held = {_storage(t) for t in inputs}
         for t in outputs:
-            if t.untyped_storage().data_ptr() in held:
+            if _storage(t) in held:
                 continue
             size, size_full = _nbytes(t), _nbytes(t) * scale(t.shape)
             self.live += size
