@@ -270,6 +270,7 @@ class _ThreadMode(TorchDispatchMode):
 _CURRENT: StepRecorder | None = None
 """The recorder recording now (collectives, waits and callbacks report to it)."""
 _INSTALLED = False
+_ORIGINALS: list[tuple[Any, str, Any]] = []
 
 
 class _TrackedWork:
@@ -341,9 +342,20 @@ def install() -> None:
         return
     for op in COLLECTIVES:
         if hasattr(dist, op):
+            _ORIGINALS.append((dist, op, getattr(dist, op)))
             setattr(dist, op, _collective(op, getattr(dist, op)))
+    _ORIGINALS.append((torch.futures.Future, "then", torch.futures.Future.then))
     torch.futures.Future.then = _then(torch.futures.Future.then)  # type: ignore[method-assign]
     _INSTALLED = True
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (a test's process goes on without the wrappers)."""
+    global _INSTALLED
+    while _ORIGINALS:
+        owner, name, original = _ORIGINALS.pop()
+        setattr(owner, name, original)
+    _INSTALLED = False
 
 
 class StepRecorder(TorchDispatchMode):

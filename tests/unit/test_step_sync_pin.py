@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from costmodel import slices  # noqa: E402
-from costmodel.recorder import difference  # noqa: E402
+from costmodel.recorder import difference, uninstall  # noqa: E402
 
 TINY = {"hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128}
 PARAMETERS = 12
@@ -86,6 +86,7 @@ def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     try:
         yield
     finally:
+        uninstall()  # the recorder's wrappers of torch.distributed go with the group
         dist.destroy_process_group()
         torch.set_num_threads(threads)
 
