@@ -279,12 +279,15 @@ class _TrackedWork:
 
     def __init__(self, work: Any, op: str) -> None:
         self._work, self._op = work, op
+        self._issued_by = _CURRENT
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        """Wait for the collective (counted as a blocking wait)."""
+        """Wait for the collective (counted as a blocking wait; ``same_step``: issued in the
+        step that waits for it, so the wait is for the slowest rank)."""
         if _CURRENT is not None:
             where, agent = _caller()
             _CURRENT._event("wait", f"wait({self._op})", where, agent)
+            _CURRENT.events[-1]["same_step"] = self._issued_by is _CURRENT
         return self._work.wait(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -358,6 +361,28 @@ def uninstall() -> None:
     _INSTALLED = False
 
 
+class Emulator(TorchDispatchMode):
+    """Runs what :class:`StepRecorder` runs with ``emulate_16bit_gemms`` (warm-up steps: the
+    same numerics, nothing counted)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return _emulated(func, args, kwargs or {}, emulate=True)
+
+
+def _emulated(func: Any, args: Any, kwargs: dict[str, Any], *, emulate: bool) -> Any:
+    """``func(*args, **kwargs)``, a 16-bit GEMM as an fp32 product rounded once (``emulate``),
+    and CUDA's ``mm(out_dtype=float32)`` (no CPU kernel) as the same fp32 product."""
+    if emulate and func in (aten.mm.default, aten.addmm.default, aten.bmm.default):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        dtype = tensors[0].dtype
+        if dtype in (torch.bfloat16, torch.float16):
+            up = tree_map(lambda a: a.float() if isinstance(a, torch.Tensor) else a, args)
+            return func(*up, **kwargs).to(dtype)
+    if func is aten.mm.dtype:
+        return torch.mm(args[0].float(), args[1].float())
+    return func(*args, **kwargs)
+
+
 class StepRecorder(TorchDispatchMode):
     """Records what ran between ``__enter__`` and ``__exit__`` (see the module docstring).
 
@@ -406,17 +431,7 @@ class StepRecorder(TorchDispatchMode):
         return out
 
     def _run(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        if self.emulate and func in (aten.mm.default, aten.addmm.default, aten.bmm.default):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            dtype = tensors[0].dtype
-            if dtype in (torch.bfloat16, torch.float16):
-                up = tree_map(lambda a: a.float() if isinstance(a, torch.Tensor) else a, args)
-                return func(*up, **kwargs).to(dtype)
-        if func is aten.mm.dtype:
-            # CUDA's 16-bit GEMM with an fp32 output (no CPU kernel): the same fp32 product.
-            a, b = args[0], args[1]
-            return torch.mm(a.float(), b.float())
-        return func(*args, **kwargs)
+        return _emulated(func, args, kwargs, emulate=self.emulate)
 
     def _account(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         name = str(func.overloadpacket.__name__)

@@ -27,7 +27,7 @@ from torch import nn
 
 import sdc_agent as sdc
 
-from .recorder import Scaling, StepRecorder, install
+from .recorder import Emulator, Scaling, StepRecorder, install
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,35 +69,31 @@ PLAIN = Configuration(name="plain", schedule={}, recorded=(2,), warmup=(1,))
 COMMON = {"audit_every": 0, "check_every": 0, "check_on_start": False, "peer_offset": 1}
 CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration(name="checks", schedule={**COMMON, "sensors": False}),
-    # Weight fingerprints launched after step 1's update (check_every=2), judged in step 2.
-    Configuration(
-        name="weights", schedule={**COMMON, "sensors": False, "check_every": 2}, recorded=(1, 2)
-    ),
-    # Step 2 is an audit step (audit_every=2); step 1, the warm-up, is not.
-    Configuration(name="audit", schedule={**COMMON, "sensors": False, "audit_every": 2}),
     # The default budget, after the burn-in: a step on which no sensor checks (the burst steps
     # are what "every sensor" records; the period comes from the GPU plan).
-    Configuration(
-        name="sensors_idle",
-        schedule={**COMMON, "sensor_burn_in": 0},
-        protect=True,
-        warmup=(1,),
-        recorded=(2,),
-    ),
+    Configuration(name="sensors_idle", schedule={**COMMON, "sensor_burn_in": 0}, protect=True),
     Configuration(
         name="sensors_all",
         schedule={**COMMON, "sensor_burn_in": 0, "sensor_budget": math.inf},
         protect=True,
     ),
 )
-BY_NAME = {c.name: c for c in (PLAIN, *CONFIGURATIONS)}
+"""What one process records (no replica needed)."""
+PERIODIC = Configuration(
+    name="periodic",
+    schedule={**COMMON, "sensors": False, "check_every": 4, "audit_every": 5},
+    recorded=(2, 3, 4, 5),
+)
+"""What three processes (three nodes) record: step 2 a common step (it settles step 1's flags),
+weight fingerprints launched after step 3's update ((3 + 1) % 4 == 0) and judged in step 4, and
+step 5 an audit step (5 % 5 == 0)."""
+BY_NAME = {c.name: c for c in (PLAIN, *CONFIGURATIONS, PERIODIC)}
 
 
 def llama(shape: SliceShape, *, layers: int, vocab: int, seed: int = 0) -> nn.Module:
     """The slice's Llama (fp32 parameters), the same on every rank."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=shape.hidden,
@@ -110,7 +106,21 @@ def llama(shape: SliceShape, *, layers: int, vocab: int, seed: int = 0) -> nn.Mo
         use_cache=False,  # training: no key/value cache
         attn_implementation="sdpa",
     )
-    return LlamaForCausalLM(config)
+    # Built without initialisation (seconds per layer at the real width on a busy CPU), then
+    # filled once: N(0, 0.02) weights, unit norms, the rotary table recomputed.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 1:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+    rotary = model.model.rotary_emb
+    model.model.rotary_emb = type(rotary)(config)
+    return model
 
 
 def wrap(model: nn.Module, shape: SliceShape) -> nn.Module:
@@ -152,6 +162,8 @@ class Slice:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     guard: sdc.Guard | None
+    board: Any
+    """The sensor board ``sdc.protect`` returned (None: not protected)."""
     compute_loss: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     tokens: int
     vocab: int
@@ -160,7 +172,7 @@ class Slice:
         """Run step ``n`` (recorded by ``recorder`` when given)."""
         rank = dist.get_rank()
         ids = batch(n, rank, tokens=self.tokens, vocab=self.vocab)
-        with recorder if recorder is not None else _nothing():
+        with recorder if recorder is not None else Emulator():
             if recorder is not None:
                 recorder.phase = "step"
             if self.guard is None:
@@ -188,14 +200,6 @@ class Slice:
             raise RuntimeError(f"alarm in a fault-free run at step {n}: {alarm.to_dict()}")
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def build(
     shape: SliceShape,
     configuration: Configuration,
@@ -208,8 +212,7 @@ def build(
     """The slice under ``configuration`` (its model built by :func:`llama` unless given)."""
     install()  # before any collective: a step's flags are waited for in the next step
     module = model if model is not None else llama(shape, layers=layers, vocab=vocab)
-    if configuration.protect:
-        sdc.protect(module)
+    board = sdc.protect(module) if configuration.protect else None
     wrapped = wrap(module, shape)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-4)
     compute_loss = loss_function(shape)
@@ -222,7 +225,7 @@ def build(
             rebuild_batch=lambda step, rank: batch(step, rank, tokens=tokens, vocab=vocab),
             schedule=sdc.Schedule(**configuration.schedule),
         )
-    return Slice(wrapped, optimizer, guard, compute_loss, tokens, vocab)
+    return Slice(wrapped, optimizer, guard, board, compute_loss, tokens, vocab)
 
 
 def record_steps(
