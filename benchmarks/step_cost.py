@@ -242,13 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--jobs",
-        default=",".join(j.name for j in project.JOBS),
-        help="comma-separated jobs (default: all: %(default)s)",
+        default="blog-953m-ddp,llama3-70b-tp8-fsdp,llama3-8b-fsdp",
+        help="comma-separated jobs, run in this order (default: all, the cheapest first: "
+        "%(default)s)",
     )
     parser.add_argument(
         "--tokens",
         type=int,
-        default=48,
+        default=24,
         help="the slice's sequence length (no other dimension may have this size)",
     )
     parser.add_argument(
@@ -264,22 +265,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--jobs: unknown {unknown}; known: {sorted(project.JOBS_BY_NAME)}")
     print("A MODEL, not a measurement: no GPU ran. Constants:", project.constants())
     torch.set_num_threads(1)
-    projections = {}
+    projections: dict[str, Any] = {}
+
+    def write(complete: bool) -> None:
+        if args.json:
+            recorder.write(
+                args.json,
+                {
+                    "args": vars(args),
+                    "model_not_measurement": True,
+                    "complete": complete,
+                    "jobs_asked": names,
+                    "constants": project.constants(),
+                    "targets_percent_h100": project.TARGETS,
+                    "amortised_every": project.AMORTISED,
+                    "jobs": projections,
+                },
+            )
+
     for name in names:
         projections[name] = run_job(project.JOBS_BY_NAME[name], args)
         print_projection(projections[name])
-    if args.json:
-        recorder.write(
-            args.json,
-            {
-                "args": vars(args),
-                "model_not_measurement": True,
-                "constants": project.constants(),
-                "targets_percent_h100": project.TARGETS,
-                "amortised_every": project.AMORTISED,
-                "jobs": projections,
-            },
-        )
+        # After each job: a run stopped later keeps what it recorded (``complete`` False).
+        write(complete=len(projections) == len(names))
     return 0
 
 

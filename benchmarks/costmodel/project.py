@@ -229,7 +229,26 @@ JOBS = (
         "accumulation, fp32 parameters under bf16 autocast",
     ),
 )
-JOBS_BY_NAME = {j.name: j for j in JOBS}
+SMOKE = Job(
+    name="smoke-tiny",
+    title="a tiny Llama (a smoke test of the pipeline, not a job)",
+    layers=4,
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+    ffn=128,
+    vocab=4096,
+    tp=1,
+    gpus=16,
+    sequence=512,
+    micro_batch=2,
+    micro_batches=2,
+    parallel="fsdp",
+    bf16="params",
+    note="not a real job: `--jobs smoke-tiny` checks the recorder and the projection in a minute",
+)
+JOBS_BY_NAME = {j.name: j for j in (*JOBS, SMOKE)}
 
 TARGETS = {
     "checks": 1.0,
