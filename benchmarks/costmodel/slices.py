@@ -70,12 +70,22 @@ COMMON = {"audit_every": 0, "check_every": 0, "check_on_start": False, "peer_off
 CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration(name="checks", schedule={**COMMON, "sensors": False}),
     # The default budget, after the burn-in: a step on which no sensor checks (the burst steps
-    # are what "every sensor" records; the period comes from the GPU plan).
-    Configuration(name="sensors_idle", schedule={**COMMON, "sensor_burn_in": 0}, protect=True),
+    # are what "every sensor" records; the period comes from the GPU plan). Two warm-up steps:
+    # the plan is made (an all-reduce and a read of the agreed rows) at the first step after a
+    # protected layer ran, i.e. step 2.
+    Configuration(
+        name="sensors_idle",
+        schedule={**COMMON, "sensor_burn_in": 0},
+        protect=True,
+        warmup=(1, 2),
+        recorded=(3,),
+    ),
     Configuration(
         name="sensors_all",
         schedule={**COMMON, "sensor_burn_in": 0, "sensor_budget": math.inf},
         protect=True,
+        warmup=(1, 2),
+        recorded=(3,),
     ),
 )
 """What one process records (no replica needed)."""
