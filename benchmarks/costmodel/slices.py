@@ -210,6 +210,19 @@ class Slice:
             raise RuntimeError(f"alarm in a fault-free run at step {n}: {alarm.to_dict()}")
 
 
+def cuda_linear_path() -> None:
+    """Make protected 16-bit layers take their CUDA path: ``torch.mm(..., out_dtype=float32)``
+    on the 16-bit operands (torch >= 2.8 on a GPU), not the CPU's fp32 copies and fp32 GEMM.
+    The recorder (and the warm-up's emulator) compute that operator as an fp32 product, and
+    record it as the 16-bit GEMM with an fp32 output that a GPU runs."""
+    from sdc_agent.sensors import linear
+
+    def supported(device: torch.device, dtype: torch.dtype) -> bool:
+        return dtype in (torch.bfloat16, torch.float16)
+
+    linear._fp32_out_supported = supported  # type: ignore[assignment]
+
+
 def build(
     shape: SliceShape,
     configuration: Configuration,
@@ -221,6 +234,8 @@ def build(
 ) -> Slice:
     """The slice under ``configuration`` (its model built by :func:`llama` unless given)."""
     install()  # before any collective: a step's flags are waited for in the next step
+    if configuration.protect:
+        cuda_linear_path()
     module = model if model is not None else llama(shape, layers=layers, vocab=vocab)
     board = sdc.protect(module) if configuration.protect else None
     wrapped = wrap(module, shape)
