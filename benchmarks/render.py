@@ -660,6 +660,18 @@ def step_cost(results: Results) -> list[str]:
                     f"{target}: {verdict}",
                 ]
             )
+        common = job["recorded"]["2"]["checks"][0]["phases"]
+        syncs = [
+            f"`{x['where']}` {x['what']}"
+            for phase in ("micro", "step")
+            for x in common[phase]["sync_list"]
+            if x["guard"] and "/" in x["where"]  # in the agent's code (not a model's file)
+        ]
+        waits = [f"`{w['where']}`" for p in common.values() for w in p["waits"] if w["guard"]]
+        notes.append(
+            f"{title}, the common step's host syncs (recorded): {'; '.join(syncs) or 'none'}; "
+            f"blocking waits: {', '.join(waits) or 'none'}."
+        )
         plain = job["plain_step_s"]
         notes.append(
             f"{title}: {job['job']['note']}; {job['parameters'] / 1e9:.2f}B parameters, "
