@@ -595,6 +595,122 @@ def publish(results: Results) -> list[str]:
     return lines + _provenances(results, ["publish"])
 
 
+STEP_COST_CONFIGURATIONS = {
+    "checks": "check 1 + flags (always on)",
+    "weights": "+ weight checks every 10",
+    "audit": "+ deterministic audits every 100",
+    "sensors": "+ sensors, default budget",
+    "sensors_all": "+ every sensor every step",
+}
+
+
+STEP_COST_JOBS = ("llama3-8b-fsdp", "llama3-70b-tp8-fsdp", "blog-953m-ddp")
+"""The table's order: (a), (b), the 953M job."""
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:,.2f} GB" if abs(nbytes) >= 1e7 else _bytes(nbytes)
+
+
+def step_cost(results: Results) -> list[str]:
+    """The GPU cost model's projection: per job x configuration, what the guard adds per step
+    and its share of an H100's and an H200's step, against issue 31's targets."""
+    document = results["step-cost"]
+    head = [
+        "job",
+        "configuration",
+        "bytes moved",
+        "launches",
+        "host syncs",
+        "collectives",
+        "extra peak memory",
+        "H100",
+        "H200",
+        "own share, H100",
+        "target",
+    ]
+    rows = []
+    notes = []
+    order = {name: i for i, name in enumerate(STEP_COST_JOBS)}
+    jobs = sorted(document["jobs"].items(), key=lambda item: order.get(item[0], len(order)))
+    for _, job in jobs:
+        title = job["job"]["title"]
+        for configuration, label in STEP_COST_CONFIGURATIONS.items():
+            row = job["configurations"][configuration]
+            added = row["added"]
+            own = row["own_percent"]["H100"]
+            base = row["target_is_share_over"]
+            target = f"<= {row['target_percent']:g}%" + (" over check 1" if base else "")
+            verdict = "met" if row["meets_target_h100"] else "**MISSED**"
+            collectives = f"{added['guard_collectives']:.2f}"
+            if added["guard_collective_bytes"]:
+                collectives += f" ({_gb(added['guard_collective_bytes'])})"
+            rows.append(
+                [
+                    title if configuration == "checks" else "",
+                    label,
+                    _gb(added["full_bytes"]),
+                    f"{added['launches']:,.0f}",
+                    f"{added['syncs']:.2f}",
+                    collectives,
+                    _gb(row["extra_peak_bytes"]),
+                    f"{row['percent']['H100']:+.2f}%",
+                    f"{row['percent']['H200']:+.2f}%",
+                    f"{own:+.2f}%",
+                    f"{target}: {verdict}",
+                ]
+            )
+        common = job["recorded"]["2"]["checks"][0]["phases"]
+        syncs = [
+            f"`{x['where']}` {x['what']}"
+            for phase in ("micro", "step")
+            for x in common[phase]["sync_list"]
+            if x["guard"] and "/" in x["where"]  # in the agent's code (not a model's file)
+        ]
+        waits = [f"`{w['where']}`" for p in common.values() for w in p["waits"] if w["guard"]]
+        notes.append(
+            f"{title}, the common step's host syncs (recorded): {'; '.join(syncs) or 'none'}; "
+            f"blocking waits: {', '.join(waits) or 'none'}."
+        )
+        plain = job["plain_step_s"]
+        notes.append(
+            f"{title}: {job['job']['note']}; {job['parameters'] / 1e9:.2f}B parameters, "
+            f"{job['tokens_per_gpu']:,} tokens per GPU per step, plain step {plain:.2f} s "
+            f"(H100 and H200: the same bf16 rate) at {document['constants']['mfu_of_the_plain_step']:.0%} "
+            f"MFU; sensor period on a GPU {job['sensor_period_gpu']} steps; slice "
+            f"{job['slice']['shape']}, {job['slice']['tokens']} tokens, vocabulary "
+            f"{job['slice']['vocab']}, {job['slice']['world']} gloo processes."
+        )
+    lines = _table(head, rows)
+    c = document["constants"]
+    gpus = "; ".join(
+        f"{g['name']} {g['hbm_tb_s']} TB/s HBM, {g['bf16_tflops']:g} TF/s bf16, "
+        f"{g['fp32_tflops']:g} TF/s fp32, NVLink {g['nvlink_gb_s']:g} GB/s, EFA "
+        f"{g['efa_gb_s_per_node']:g} GB/s per node"
+        for g in c["gpus"]
+    )
+    lines += [
+        "",
+        "A MODEL, not a measurement: no GPU ran. Per step (micro-batches and layers included;"
+        " weight checks and audits amortised over their period, the default budget's sensor"
+        " step over the GPU plan's period). Constants: "
+        f"{gpus}; memory-bound operators at {c['memory_efficiency']:.0%} of HBM, GEMMs at "
+        f"{c['gemm_efficiency']:.0%} of the dense rate, at least {c['launch_s'] * 1e6:g} us per "
+        f"kernel, {c['sync_s'] * 1e6:g} us per host sync, {c['straggler_s'] * 1e6:g} us per "
+        f"blocking wait on a collective of the same step; collectives at {c['collectives']}.",
+    ]
+    for note in notes:
+        lines += ["", note]
+    missing = [j for j in document["jobs_asked"] if j not in document["jobs"]]
+    if missing:
+        lines += [
+            "",
+            f"**Not recorded in this run** (stopped before them): {', '.join(missing)}; "
+            "`make bench BENCH=step-cost` records them.",
+        ]
+    return lines + _provenances(results, ["step-cost"], timed=False)
+
+
 def bench_runs(results: Results) -> list[str]:
     """Every job of ``make bench``: its command, when it last ran, how long it took, the load."""
     from bench import JOBS  # the runner's job list (bench.py imports nothing of this module)
@@ -654,6 +770,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "sensor-soak": sensor_soak,
     "three-d": three_d,
     "publish": publish,
+    "step-cost": step_cost,
 }
 """Every table a document can hold, by marker name."""
 

@@ -1,0 +1,164 @@
+"""The guard's common step (check 1 only: no audit, no sensor, no weight check) is pinned: its
+host syncs, blocking waits, collectives and kernel launches over the plain step, as
+``benchmarks/costmodel``'s dispatch-level recorder counts them on a tiny Llama in a 1-process
+gloo group (the recorder of the GPU cost model, ``benchmarks/step_cost.py``).
+
+On a GPU every host sync drains the stream and stalls the next launch; at 1,024 GPUs each one
+waits for the slowest rank. So a change that adds a sync (or a wait, a collective, a launch) to
+the common step must fail here, not in a benchmark run nobody reads.
+
+LOWERING a number is welcome: update the pin in the same commit and say which sync went where
+(issue 31's target is at most one host sync per common step). RAISING one needs a reason
+written in the commit message and in the comment beside the pin.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from costmodel import slices  # noqa: E402
+from costmodel.recorder import difference, uninstall  # noqa: E402
+
+TINY = {"hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128}
+PARAMETERS = 12
+"""Trainable tensors of the tiny Llama (1 layer): embedding, 4 attention and 3 MLP weights, 2
+norms in the layer, the final norm, the head."""
+
+# Today's host syncs of the guard's common step, all in check_gradients (exchange.py, main @
+# 11d463f):
+#   exchange.py FlagExchange.summary: the previous step's flags, `self._reduced.tolist()` after
+#       `self._work.wait()` (S1, settled in this step's check_gradients);
+#   exchange.py GradientCheck.exchange: `torch.cat(local flags, reduced sums).tolist()` (S2);
+#   exchange.py FlagExchange.__init__: `torch.tensor([...], device=device)`, a pageable
+#       host-to-device copy of the four flag integers (S3).
+COMMON_SYNCS = Counter(
+    {
+        ("checks/gradients/exchange.py", "host_read"): 2,
+        ("checks/gradients/exchange.py", "host_to_device"): 1,
+    }
+)
+# The one blocking wait: FlagExchange.summary's `self._work.wait()` on the previous step's
+# flag reduction (exchange.py).
+COMMON_WAITS = Counter({"checks/gradients/exchange.py": 1})
+# The one collective the guard adds: the flags' all-reduce MAX of four int64 (exchange.py,
+# FlagExchange.__init__). DDP's bucket all-reduce from the comm hook replaces DDP's own.
+COMMON_COLLECTIVES = [("all_reduce", "MAX", 32)]
+# Launches over the plain step. micro (forward + backward): DDP, one bucket: the comm hook's
+# zeros(1) flag, the fused non-finite check that also divides by the world (DDP's own division,
+# a mul, becomes a copy into the bucket: no net launch), the reduced bucket's fp32 sum (K1-K3);
+# FSDP2: per parameter the fused check on the unsharded gradient and the fp32 sum of the
+# reduced shard, plus one zeros(1). step: stack(reduced sums), cat(flags), the host-to-device
+# flag tensor, the flags' all-reduce.
+COMMON_LAUNCHES = {
+    "ddp": {"micro": 3, "step": 4},
+    "fsdp": {"micro": 2 * PARAMETERS + 1, "step": 4},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A 1-process gloo group for the test (the guard's collectives run in it)."""
+    if dist.is_initialized():
+        pytest.fail("a process group is already initialised in this test process")
+    monkeypatch.setenv("NODE_NAME", "hyperpod-i-00000000000000000")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        uninstall()  # the recorder's wrappers of torch.distributed go with the group
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+
+
+def _common_step(parallel: str) -> tuple[dict, dict]:
+    """(the guarded common step's recording, its difference from the plain step's)."""
+    shape = slices.SliceShape(
+        **TINY, parallel=parallel, bf16="params" if parallel == "fsdp" else "autocast"
+    )
+    recorded = {}
+    for configuration in (slices.PLAIN, slices.BY_NAME["checks"]):
+        built = slices.build(shape, configuration, layers=1, tokens=24, vocab=50)
+        [recorded[configuration.name]] = slices.record_steps(built, configuration)
+    return recorded["checks"], difference(recorded["checks"], recorded["plain"])
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_common_step_adds_three_host_syncs_one_wait_one_collective(
+    one_process_group: None, parallel: str
+) -> None:
+    # Given a tiny Llama under DDP or FSDP2 in a 1-process gloo group, plain and guarded with
+    # check 1 only, after a warm-up step
+    # When one steady-state step of each is recorded at the dispatch level
+    guarded, added = _common_step(parallel)
+    phases = guarded["phases"]
+    # Then the guard's host syncs are exactly today's (module docstring: lower is welcome)
+    syncs = [s for p in phases.values() for s in p["sync_list"] if s["guard"]]
+    found = Counter((s["where"].split(":")[0], s["kind"]) for s in syncs)
+    assert found == COMMON_SYNCS, [s["where"] for s in syncs]
+    assert sum(added["phases"][p]["syncs"] for p in phases) == sum(COMMON_SYNCS.values())
+    # And so are its blocking waits and the collectives it adds
+    waits = Counter(w["where"].split(":")[0] for p in phases.values() for w in p["waits"])
+    assert waits == COMMON_WAITS
+    issued = [
+        (c["op"], c["reduce"], c["bytes"])
+        for p in phases.values()
+        for c in p["collectives"]
+        if c["guard"] and not c["replaces"]
+    ]
+    assert issued == COMMON_COLLECTIVES
+    # And the kernel launches it adds, per phase
+    launches = {p: added["phases"][p]["launches"] for p in phases}
+    assert launches == COMMON_LAUNCHES[parallel], added["phases"]["micro"]["ops"]
+
+
+def test_the_recorder_counts_a_sync_and_a_wait_added_to_the_step(one_process_group: None) -> None:
+    # Given the recorder on a step that reads a device value and waits for a collective
+    from costmodel.recorder import StepRecorder, install
+
+    install()
+    x = torch.ones(8)
+    recorder = StepRecorder()
+    # When it records a .item(), a .tolist(), a data-dependent nonzero and an awaited all_reduce
+    with recorder:
+        recorder.phase = "step"
+        y = x * 2
+        y.sum().item()
+        y.tolist()
+        torch.nonzero(y)
+        dist.all_reduce(y, async_op=True).wait()
+    recorder.stop()
+    summary = recorder.summary()["phases"]["step"]
+    # Then each host read is one sync, the wait and the collective are listed
+    assert [s["what"] for s in summary["sync_list"]] == [
+        "_local_scalar_dense",
+        "Tensor.tolist",
+        "nonzero",
+    ]
+    assert [w["what"] for w in summary["waits"]] == ["wait(all_reduce)"]
+    assert [(c["op"], c["bytes"]) for c in summary["collectives"]] == [("all_reduce", 32)]
+    # And the multiply, the sum and the nonzero are kernels reading and writing their bytes
+    assert summary["ops"]["mul"]["launches"] == 1
+    assert (
+        summary["ops"]["mul"]["bytes_read"] == 32 and summary["ops"]["mul"]["bytes_written"] == 32
+    )
