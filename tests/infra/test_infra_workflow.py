@@ -596,3 +596,76 @@ def test_a_late_node_that_never_shows_is_recorded_and_the_others_are_not_held(
     assert failed["state"]["pending"] == LATE
     late_looks = [p for p in run.inputs("localize") if "pending" in p]
     assert len(late_looks) == 1 + 6  # the first look and the workflow's 6 retries
+
+
+class LedgerUnwritable(Exception):
+    """A record step that cannot write (an error nobody expected: caught by States.ALL)."""
+
+
+def test_an_item_whose_failure_cannot_be_recorded_ends_alone_and_the_others_go_on(
+    fast_synth: Synth,
+) -> None:
+    # Given two admitted suspects, and a record step that cannot write anything about the
+    # first (its `cordoned` raises, then RecordItemFailed raises too)
+    other = {
+        **SUSPECT,
+        "node_name": "hyperpod-i-0fedcba9876543210",
+        "instance_id": "i-0fedcba9876543210",
+    }
+    steps = happy_steps(["passed", "passed"])
+    steps["localize"] = localized([SUSPECT, other])
+
+    def record(payload: dict[str, Any]) -> Any:
+        suspect = payload["state"].get("suspect") or {}
+        if suspect.get("instance_id") == SUSPECT["instance_id"]:
+            raise LedgerUnwritable("the ledger refuses this item")
+        return {"recorded": True}
+
+    steps["record"] = record
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        execution = start(sfn, machine, EVENT, "isolated")
+        # When the second suspect reaches its approval and an operator approves it
+        decide(
+            sfn,
+            run,
+            {"decision": "approve", "approver": "arn:aws:iam::1:user/op", "approval_id": "a"},
+        )
+        result = finish(sfn, execution)
+    # Then the second suspect was replaced: the first item's failure did not stop it
+    (replaced,) = run.inputs("replace")
+    assert replaced["suspect"]["instance_id"] == other["instance_id"]
+    recorded = [
+        (r["transition"], (r["state"].get("suspect") or {}).get("instance_id"))
+        for r in run.inputs("record")
+    ]
+    assert ("replaced", other["instance_id"]) in recorded
+    # And the first item tried to record its failure, and nothing else touched its node
+    assert ("failed", SUSPECT["instance_id"]) in recorded
+    assert [s["suspect"]["instance_id"] for s in run.inputs("start_health_check")] == [
+        other["instance_id"]
+    ]
+    # And once every item ended, the loss is recorded and notified at the alarm's level and
+    # the execution reports the failure (the sweeper closes the open remediation)
+    assert result["status"] == "FAILED", result
+    assert result.get("error") == "RemediationFailed"
+    last = run.inputs("record")[-1]
+    assert last["transition"] == "failed" and last["notify"] is True
+    assert last["error"]["Error"] == "ItemFailureUnrecorded"
+    assert "suspect" not in last["state"]
+
+
+def test_every_item_succeeds_alone_without_a_fail_state_inside_a_map(fast_synth: Synth) -> None:
+    # Given the synthesized definition
+    from tests.infra.infra_template import all_states, definition
+
+    states = definition(fast_synth.template)["States"]
+    # Then no state inside either Map is a Fail (one would fail the Map and every sibling)
+    for name in ("RemediateSuspects", "RemediateLateNodes"):
+        inside = all_states(all_states(states)[name]["ItemProcessor"]["States"])
+        assert [n for n, s in inside.items() if s["Type"] == "Fail"] == [], name
+        # And every path of an item ends in one of the Pass states its Map reads
+        ends = {n for n, s in inside.items() if s.get("End")}
+        prefix = "Late" if name == "RemediateLateNodes" else ""
+        failed = {"LateNodeFailed", "LateItemFailed"} if prefix else {"ItemFailed"}
+        assert ends == {f"{prefix}ItemDone", *failed}, name
+        assert all(inside[n]["Type"] == "Pass" for n in ends), name
