@@ -103,6 +103,10 @@ def state_machine_arn(scope: Construct, state_machine_name: str) -> str:
         arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
     )
 
+REFUSAL_ERROR_PATH = "$.refusal_error"
+"""Where RecordRefused's failure waits while the suspects are handled (never $.error: the
+items' record steps would take it for their own)."""
+
 
 class Workflow(Construct):
     """The state machine and its log group, and every grant on the state machine.
@@ -341,8 +345,17 @@ class Workflow(Construct):
         # they all have, the execution records the loss once more at the alarm's level and
         # ends FAILED (the item's remediation stays open, so the sweeper closes it as
         # abandoned and notifies: the node stays cordoned).
+        # A refusal notice that could not be recorded did not hold the suspects up
+        # (RefusalUnrecorded); it ends the execution recorded as failed once they are handled.
+        refusal_unrecorded = sfn.Pass(
+            self,
+            "RefusalNoticeFailed",
+            input_path=REFUSAL_ERROR_PATH,
+            result_path=ERROR_PATH,
+        ).next(record_failed)
         both.next(
             sfn.Choice(self, "AnyItemUnrecorded")
+            .when(sfn.Condition.is_present(REFUSAL_ERROR_PATH), refusal_unrecorded)
             .when(
                 sfn.Condition.boolean_equals("$.items.unrecorded", True),
                 sfn.Pass(
@@ -365,8 +378,19 @@ class Workflow(Construct):
         record_ambiguous = self._record("RecordAmbiguous", "ambiguous", notify=True)
         record_no_suspects = self._record("RecordNoSuspects", "no_suspects", notify=True)
         record_refused = self._record("RecordRefused", "refused", notify=True)
-        for task in (record_ambiguous, record_no_suspects, record_refused):
+        for task in (record_ambiguous, record_no_suspects):
             _catch_terminal(task, record_failed)
+        # The refusal notice must never block the corroborated suspects: its failure is kept
+        # apart (not at $.error, which the items' record steps read) and the suspects go on.
+        # The failure is recorded once they are handled (RefusalNoticeFailed).
+        refusal_failed = sfn.Pass(
+            self,
+            "RefusalUnrecorded",
+            comment="Recording or notifying the refusals failed; the suspects are handled anyway",
+            input_path=ERROR_PATH,
+            result_path=REFUSAL_ERROR_PATH,
+        )
+        _catch_terminal(record_refused, refusal_failed)
         refused_only = sfn.Succeed(
             self,
             "NothingElse",
@@ -381,6 +405,13 @@ class Workflow(Construct):
                     sfn.Condition.is_present("$.pending[0]"),
                 ),
                 both,
+            )
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.is_present("$.refused[0]"),
+                    sfn.Condition.is_present(REFUSAL_ERROR_PATH),
+                ),
+                refusal_unrecorded,
             )
             .when(sfn.Condition.is_present("$.refused[0]"), refused_only)
             .otherwise(record_no_suspects)
@@ -403,6 +434,7 @@ class Workflow(Construct):
             .otherwise(suspects)
         )
         record_refused.next(suspects)
+        refusal_failed.next(suspects)
         return localize.next(refusals)
 
     def _map(self, construct_id: str, key: str, items_path: str, comment: str) -> sfn.Map:

@@ -669,3 +669,43 @@ def test_every_item_succeeds_alone_without_a_fail_state_inside_a_map(fast_synth:
         failed = {"LateNodeFailed", "LateItemFailed"} if prefix else {"ItemFailed"}
         assert ends == {f"{prefix}ItemDone", *failed}, name
         assert all(inside[n]["Type"] == "Pass" for n in ends), name
+
+
+def _record_failing_on(transition: str) -> Any:
+    def record(payload: dict[str, Any]) -> Any:
+        if payload["transition"] == transition:
+            raise LedgerUnwritable(f"the ledger refuses {transition}")
+        return {"recorded": True}
+
+    return record
+
+
+def test_a_refusal_notice_that_fails_never_blocks_the_corroborated_suspect(
+    fast_synth: Synth,
+) -> None:
+    # Given localize refused one claim and named one genuine suspect, and recording the
+    # refusal fails
+    steps = happy_steps(["replaced_by_hyperpod"])
+    steps["localize"] = localized([SUSPECT], refused=[REFUSAL])
+    steps["record"] = _record_failing_on("refused")
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "refusal-fails"))
+    # Then the genuine suspect is still cordoned and handled
+    assert [s["suspect"]["instance_id"] for s in run.inputs("cordon")] == [SUSPECT["instance_id"]]
+    assert run.transitions() == ["refused", "cordoned", "replaced_by_hyperpod", "failed"]
+    # And afterwards the lost notice is recorded and notified as the execution's failure
+    failed = run.inputs("record")[-1]
+    assert failed["notify"] is True and failed["error"]["Error"] == "LedgerUnwritable"
+    assert "suspect" not in failed["state"]
+    assert result["status"] == "FAILED"
+
+
+def test_a_refusal_notice_that_fails_alone_ends_recorded_as_failed(fast_synth: Synth) -> None:
+    # Given an alarm whose only claim was refused, and recording the refusal fails
+    steps = {"localize": localized([], refused=[REFUSAL]), "record": _record_failing_on("refused")}
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "refusal-fails-alone"))
+    # Then the execution does not end as if it had been told: the failure is recorded
+    assert run.transitions() == ["refused", "failed"]
+    assert run.inputs("record")[-1]["error"]["Error"] == "LedgerUnwritable"
+    assert result["status"] == "FAILED"
