@@ -45,7 +45,11 @@ from constructs import Construct
 from infra import nag
 from infra.constructs.approval import request_approval_task
 from infra.grants import allow
-from sdc_contract.errors import TERMINAL_ERROR_NAMES, TRANSIENT_ERROR_NAMES
+from sdc_contract.errors import (
+    REPORT_NOT_YET_VISIBLE,
+    TERMINAL_ERROR_NAMES,
+    TRANSIENT_ERROR_NAMES,
+)
 
 # ---- the error contract (sdc_contract.errors) -------------------------------------
 TRANSIENT_ERRORS: tuple[str, ...] = (
@@ -53,7 +57,8 @@ TRANSIENT_ERRORS: tuple[str, ...] = (
     # Throttling of our own functions (account concurrency under a storm).
     "Lambda.TooManyRequestsException",
 )
-"""Retried with exponential, fully jittered backoff."""
+"""Retried with exponential, fully jittered backoff (ReportNotYetVisible: without jitter, see
+REPORT_WAIT_SECONDS)."""
 
 LAMBDA_SERVICE_ERRORS: tuple[str, ...] = (
     "Lambda.ClientExecutionTimeoutException",
@@ -67,14 +72,27 @@ instead, with the same jittered backoff (`retry_on_service_exceptions=False` on 
 TERMINAL_ERRORS: tuple[str, ...] = TERMINAL_ERROR_NAMES
 """Never retried: caught, recorded as `failed`, humans notified."""
 
-# 5 s doubling to 6 attempts: about 5 minutes, enough for CloudWatch's eventual consistency
-# (ReportNotYetVisible) and a Kubernetes API server restart, short next to a training job's hour.
+# 5 s doubling to 6 attempts: up to about 5 minutes, enough for a Kubernetes API server restart,
+# short next to a training job's hour.
 RETRY_INTERVAL = cdk.Duration.seconds(5)
 RETRY_MAX_ATTEMPTS = 6
 RETRY_BACKOFF_RATE = 2.0
 # Full jitter: the items of one storm that lost the guard's transaction race retry at random
 # times within the backoff instead of all together again.
 RETRY_JITTER = sfn.JitterType.FULL
+
+# The wait for a report CloudWatch Logs does not show yet (ReportNotYetVisible) is a wait, not
+# a race: retried without jitter, so its length is exact. 5 s doubling, 6 retries:
+# 5 + 10 + 20 + 40 + 80 + 160 = 315 s after the first look, never less (full jitter would make
+# "about 5 minutes" anything down to ~0 s). Log ingestion is usually visible within seconds.
+REPORT_WAIT_INTERVAL = cdk.Duration.seconds(5)
+REPORT_WAIT_MAX_ATTEMPTS = 6
+REPORT_WAIT_BACKOFF_RATE = 2.0
+REPORT_WAIT_SECONDS = sum(
+    REPORT_WAIT_INTERVAL.to_seconds() * REPORT_WAIT_BACKOFF_RATE**attempt
+    for attempt in range(REPORT_WAIT_MAX_ATTEMPTS)
+)
+"""The total of the report-visibility retries' waits: the floor and the ceiling of the wait."""
 
 MAP_MAX_CONCURRENCY = 10
 """Suspects of one alarm remediated at once. The guard admits few nodes anyway (its transaction
@@ -89,6 +107,10 @@ on, and the execution ends FAILED once they have."""
 ERROR_PATH = "$.error"
 """Where a Catch puts {Error, Cause}; the record step reads it."""
 
+REFUSAL_ERROR_PATH = "$.refusal_error"
+"""Where RecordRefused's failure waits while the suspects are handled (never $.error: the
+items' record steps would take it for their own)."""
+
 
 def state_machine_arn(scope: Construct, state_machine_name: str) -> str:
     """The ARN the state machine named `state_machine_name` will have, known before it exists.
@@ -102,10 +124,6 @@ def state_machine_arn(scope: Construct, state_machine_name: str) -> str:
         resource_name=state_machine_name,
         arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
     )
-
-REFUSAL_ERROR_PATH = "$.refusal_error"
-"""Where RecordRefused's failure waits while the suspects are handled (never $.error: the
-items' record steps would take it for their own)."""
 
 
 class Workflow(Construct):
@@ -774,8 +792,19 @@ class Workflow(Construct):
 
 
 def _retry_transient(task: sfn.TaskStateBase) -> None:
+    # The first retrier that names an error is the one used: the report wait comes first.
     task.add_retry(
-        errors=[*LAMBDA_SERVICE_ERRORS, *TRANSIENT_ERRORS],
+        errors=[REPORT_NOT_YET_VISIBLE],
+        interval=REPORT_WAIT_INTERVAL,
+        max_attempts=REPORT_WAIT_MAX_ATTEMPTS,
+        backoff_rate=REPORT_WAIT_BACKOFF_RATE,
+        jitter_strategy=sfn.JitterType.NONE,
+    )
+    task.add_retry(
+        errors=[
+            *LAMBDA_SERVICE_ERRORS,
+            *(e for e in TRANSIENT_ERRORS if e != REPORT_NOT_YET_VISIBLE),
+        ],
         interval=RETRY_INTERVAL,
         max_attempts=RETRY_MAX_ATTEMPTS,
         backoff_rate=RETRY_BACKOFF_RATE,

@@ -402,9 +402,34 @@ def test_storms_are_bounded_and_retries_jittered(fast_synth: Synth) -> None:
     # Then each Map runs a bounded number of suspects at once
     for name in ("RemediateSuspects", "RemediateLateNodes"):
         assert 1 <= states[name]["MaxConcurrency"] <= 20
-    # And every retry is fully jittered, so the items that lost a race do not retry together
+    # And every retry of a race (the guard's transaction, a throttled API) is fully jittered,
+    # so the items that lost it do not retry together; the report wait is not a race (below)
     retries = [r for s in states.values() for r in s.get("Retry", [])]
-    assert retries and all(r.get("JitterStrategy") == "FULL" for r in retries)
+    races = [r for r in retries if r["ErrorEquals"] != ["ReportNotYetVisible"]]
+    assert races and all(r.get("JitterStrategy") == "FULL" for r in races)
+    assert not any("ReportNotYetVisible" in r["ErrorEquals"] for r in races)
+
+
+def test_the_wait_for_a_late_report_has_a_floor_of_five_minutes(fast_synth: Synth) -> None:
+    # Given the retries of every task that may raise ReportNotYetVisible (localize's two)
+    from tests.infra.infra_template import all_states, definition
+
+    states = all_states(definition(fast_synth.template)["States"])
+    for name in ("Localize", "LocalizeLate"):
+        retries = states[name]["Retry"]
+        # Then the first retrier for it is its own (Step Functions uses the first that matches)
+        (first,) = [r for r in retries if "ReportNotYetVisible" in r["ErrorEquals"]]
+        assert retries.index(first) == 0 and first["ErrorEquals"] == ["ReportNotYetVisible"]
+        # And it waits without jitter: every wait is exactly interval * rate**n, so the whole
+        # wait is bounded below (and above) by 5+10+20+40+80+160 = 315 s, never ~0 s
+        assert first.get("JitterStrategy", "NONE") == "NONE", name
+        assert "MaxDelaySeconds" not in first
+        waits = [
+            first["IntervalSeconds"] * first["BackoffRate"] ** n
+            for n in range(first["MaxAttempts"])
+        ]
+        assert sum(waits) == 315, (name, waits)
+        assert sum(waits) >= 300
 
 
 def _missing_keys_steps(broken: str) -> dict[str, Any]:
