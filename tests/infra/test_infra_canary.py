@@ -188,10 +188,8 @@ def test_no_training_pod_can_put_a_datum_the_canary_alarm_reads(default_synth: S
     template = default_synth.template
     (policy,) = [
         p
-        for p in resources(template, "AWS::IAM::ManagedPolicy").values()
-        if "cloudwatch:PutMetricData"
-        in {a for s in p["Properties"]["PolicyDocument"]["Statement"] for a in as_list(s["Action"])}
-        and "Agent" in json.dumps(p)
+        for logical_id, p in resources(template, "AWS::IAM::ManagedPolicy").items()
+        if logical_id.startswith("Agent")
     ]
     puts = [
         s
