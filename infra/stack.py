@@ -214,7 +214,7 @@ class SdcGuardStack(cdk.Stack):
             # passes write its progress; nothing of it reaches a node.
             ledger.grant_canary_runs(fn("canary"))
             reports.grant_write_canary_report(fn("canary"))
-            sdc.grant_put_metric_data(fn("canary"), sid="CanaryDatum")
+            self.canary.grant_put_datum(fn("canary"))
             self.canary.grant_where_it_stopped(fn("canary"))
             workflow.grant_list_executions(fn("canary"))
             notify(fn("canary"))

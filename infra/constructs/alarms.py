@@ -89,8 +89,8 @@ class SdcAlarms(Construct):
     def grant_put_metric_data(
         self, grantee: iam.IGrantable, *, sid: str = "PublishSdcMetrics"
     ) -> iam.PolicyStatement:
-        """Put data into the SDC namespace, and no other (the agent's findings and liveness;
-        the canary's synthetic finding)."""
+        """Put data into the SDC namespace, and no other (the agent's findings and liveness).
+        StringEquals: not the canary's ``<namespace>/Canary`` either (`Canary.grant_put_datum`)."""
         return allow(
             grantee,
             sid=sid,

@@ -50,6 +50,8 @@ class Canary(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         cluster = config.hyperpod_cluster_name
+        self.namespace = contract.canary_namespace(config.namespace)
+        """The canary's datum and alarm live here, apart from the training pods' namespace."""
         # A run is open this long: after it, its report and approval are refused (runs expire).
         function.add_environment(
             contract.CANARY_TIMEOUT_SECONDS, str(config.canary_timeout_seconds)
@@ -66,7 +68,10 @@ class Canary(Construct):
                 "canary node"
             ),
             query=contract.job_alarm_query(
-                config.namespace, contract.CANARY_METRIC, cluster, only_job=contract.CANARY_JOB
+                self.namespace,
+                contract.CANARY_METRIC,
+                cluster,
+                only_job=contract.CANARY_JOB,
             ),
             threshold=1,
             period_seconds=config.alarm_period_seconds,
@@ -130,6 +135,22 @@ class Canary(Construct):
             resource="alarm",
             resource_name=canary_alarm_name(config),
             arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+
+    def grant_put_datum(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Put the canary's synthetic finding into the canary's own namespace, and no other
+        (the canary function). The training pods' policy puts data into the SDC namespace
+        only, so nothing a pod writes reaches the canary's alarm."""
+        return allow(
+            grantee,
+            sid="CanaryDatum",
+            actions=["cloudwatch:PutMetricData"],
+            resources=["*"],
+            conditions={"StringEquals": {"cloudwatch:namespace": self.namespace}},
+            wildcard_reason=(
+                "cloudwatch:PutMetricData has no resource-level permissions; the "
+                f"cloudwatch:namespace condition limits it to the canary's {self.namespace}"
+            ),
         )
 
     def grant_where_it_stopped(self, grantee: iam.IGrantable) -> iam.PolicyStatement:

@@ -17,7 +17,12 @@ Contracts this file keeps (docs/CONTRACT.md):
 - Retry/Catch match the exception class names the Lambdas raise. Transient ones are retried with
   backoff; anything else is caught, recorded as `failed` with a notification, and the item ends
   where it is: the workflow never uncordons or replaces on an error path.
-- Plain JSONPath ASL (lambda:invoke, Wait, Choice, Map, Pass, Fail) so the end-to-end tests can
+- An item ends alone, whatever happens in it: no Fail state inside a Map (one would stop every
+  sibling, one waiting for approval too). An item whose failure cannot even be recorded answers
+  ITEM_UNRECORDED; once all items ended, the execution records that at the alarm's level and
+  ends FAILED, and the sweeper closes the item's open remediation as abandoned.
+- Plain JSONPath ASL (lambda:invoke, Wait, Choice, Map, Parallel, Pass, Succeed, Fail; one
+  intrinsic, States.ArrayContains) so the end-to-end tests can
   run the synthesized definition on moto's executor.
 
 A `lambda:invoke` task returns {Payload, StatusCode, ...}; JSONPath cannot put just the Payload at
@@ -40,7 +45,11 @@ from constructs import Construct
 from infra import nag
 from infra.constructs.approval import request_approval_task
 from infra.grants import allow
-from sdc_contract.errors import TERMINAL_ERROR_NAMES, TRANSIENT_ERROR_NAMES
+from sdc_contract.errors import (
+    REPORT_NOT_YET_VISIBLE,
+    TERMINAL_ERROR_NAMES,
+    TRANSIENT_ERROR_NAMES,
+)
 
 # ---- the error contract (sdc_contract.errors) -------------------------------------
 TRANSIENT_ERRORS: tuple[str, ...] = (
@@ -48,7 +57,8 @@ TRANSIENT_ERRORS: tuple[str, ...] = (
     # Throttling of our own functions (account concurrency under a storm).
     "Lambda.TooManyRequestsException",
 )
-"""Retried with exponential, fully jittered backoff."""
+"""Retried with exponential, fully jittered backoff (ReportNotYetVisible: without jitter, see
+REPORT_WAIT_SECONDS)."""
 
 LAMBDA_SERVICE_ERRORS: tuple[str, ...] = (
     "Lambda.ClientExecutionTimeoutException",
@@ -62,8 +72,8 @@ instead, with the same jittered backoff (`retry_on_service_exceptions=False` on 
 TERMINAL_ERRORS: tuple[str, ...] = TERMINAL_ERROR_NAMES
 """Never retried: caught, recorded as `failed`, humans notified."""
 
-# 5 s doubling to 6 attempts: about 5 minutes, enough for CloudWatch's eventual consistency
-# (ReportNotYetVisible) and a Kubernetes API server restart, short next to a training job's hour.
+# 5 s doubling to 6 attempts: up to about 5 minutes, enough for a Kubernetes API server restart,
+# short next to a training job's hour.
 RETRY_INTERVAL = cdk.Duration.seconds(5)
 RETRY_MAX_ATTEMPTS = 6
 RETRY_BACKOFF_RATE = 2.0
@@ -71,12 +81,35 @@ RETRY_BACKOFF_RATE = 2.0
 # times within the backoff instead of all together again.
 RETRY_JITTER = sfn.JitterType.FULL
 
+# The wait for a report CloudWatch Logs does not show yet (ReportNotYetVisible) is a wait, not
+# a race: retried without jitter, so its length is exact. 5 s doubling, 6 retries:
+# 5 + 10 + 20 + 40 + 80 + 160 = 315 s after the first look, never less (full jitter would make
+# "about 5 minutes" anything down to ~0 s). Log ingestion is usually visible within seconds.
+REPORT_WAIT_INTERVAL = cdk.Duration.seconds(5)
+REPORT_WAIT_MAX_ATTEMPTS = 6
+REPORT_WAIT_BACKOFF_RATE = 2.0
+REPORT_WAIT_SECONDS = sum(
+    REPORT_WAIT_INTERVAL.to_seconds() * REPORT_WAIT_BACKOFF_RATE**attempt
+    for attempt in range(REPORT_WAIT_MAX_ATTEMPTS)
+)
+"""The total of the report-visibility retries' waits: the floor and the ceiling of the wait."""
+
 MAP_MAX_CONCURRENCY = 10
 """Suspects of one alarm remediated at once. The guard admits few nodes anyway (its transaction
 serialises the admissions); this bounds the Lambda concurrency a 64-node alarm can cause."""
 
+ITEM_RECORDED = "recorded"
+"""What a Map item answers when its outcome is in the ledger (whatever the outcome)."""
+ITEM_UNRECORDED = "unrecorded"
+"""What a Map item answers when recording its failure failed too: it ends alone, the others go
+on, and the execution ends FAILED once they have."""
+
 ERROR_PATH = "$.error"
 """Where a Catch puts {Error, Cause}; the record step reads it."""
+
+REFUSAL_ERROR_PATH = "$.refusal_error"
+"""Where RecordRefused's failure waits while the suspects are handled (never $.error: the
+items' record steps would take it for their own)."""
 
 
 def state_machine_arn(scope: Construct, state_machine_name: str) -> str:
@@ -123,6 +156,8 @@ class Workflow(Construct):
             arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
         )
         self._shadow_health_check = shadow_health_check
+        self._unrecorded: list[sfn.State] = []
+        """The items' ends for a failure that could not be recorded (`_item_failed`)."""
 
         self._approval_timeout = approval_timeout
         self._health_check_poll = health_check_poll
@@ -293,16 +328,15 @@ class Workflow(Construct):
         _retry_transient(localize)
         _catch_terminal(localize, record_failed)
 
-        # The items' states are discarded: 64 of them beside localize's output would pass Step
-        # Functions' 256 KiB (States.DataLimitExceeded cannot be caught). Each item's outcome is
-        # in the ledger and in the execution history.
+        # Each item's outcome is in the ledger and in the execution history; the Maps keep only
+        # whether an item's failure went unrecorded (`_map`, `_item`).
         remediate = self._map(
             "RemediateSuspects",
             "suspect",
             "$.suspects",
             "One remediation per suspect node, independent of the others",
         )
-        remediate.item_processor(self._remediate_one(""))
+        remediate.item_processor(self._item(self._remediate_one("")))
         late = self._map(
             "RemediateLateNodes",
             "pending",
@@ -310,22 +344,71 @@ class Workflow(Construct):
             "A node with a series but no visible report yet: its report is looked for again "
             "(retried as localize is), then it is remediated like any suspect",
         )
-        late.item_processor(self._late_node())
+        late.item_processor(self._item(self._late_node(), "Late"))
         both = sfn.Parallel(
             self,
             "RemediateInParallel",
-            result_path=sfn.JsonPath.DISCARD,
+            # Each branch (a Map) answers {unrecorded: whether one of its items' outcomes is
+            # not in the ledger}; the Parallel keeps whether either does. (Written out: CDK's
+            # intrinsic helpers take no boolean literal. `$[*]` rather than `$[0]`/`$[1]`,
+            # which moto's executor reads as one-element lists.)
+            result_selector={"unrecorded.$": "States.ArrayContains($[*].unrecorded, true)"},
+            result_path="$.items",
             comment="The suspects and the late nodes side by side: neither waits for the other",
         )
         both.branch(remediate)
         both.branch(late)
         both.add_catch(record_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
+        # An item whose failure could not be recorded ended alone (its siblings went on); once
+        # they all have, the execution records the loss once more at the alarm's level and
+        # ends FAILED (the item's remediation stays open, so the sweeper closes it as
+        # abandoned and notifies: the node stays cordoned).
+        # A refusal notice that could not be recorded did not hold the suspects up
+        # (RefusalUnrecorded); it ends the execution recorded as failed once they are handled.
+        refusal_unrecorded = sfn.Pass(
+            self,
+            "RefusalNoticeFailed",
+            input_path=REFUSAL_ERROR_PATH,
+            result_path=ERROR_PATH,
+        ).next(record_failed)
+        both.next(
+            sfn.Choice(self, "AnyItemUnrecorded")
+            .when(sfn.Condition.is_present(REFUSAL_ERROR_PATH), refusal_unrecorded)
+            .when(
+                sfn.Condition.boolean_equals("$.items.unrecorded", True),
+                sfn.Pass(
+                    self,
+                    "ItemsUnrecorded",
+                    result=sfn.Result.from_object(
+                        {
+                            "Error": "ItemFailureUnrecorded",
+                            "Cause": "An item's failure could not be recorded; that item ended "
+                            "where it was (the node left as it was) and the other items went on. "
+                            "The sweeper closes its remediation as abandoned.",
+                        }
+                    ),
+                    result_path=ERROR_PATH,
+                ).next(record_failed),
+            )
+            .otherwise(sfn.Succeed(self, "Remediated"))
+        )
 
         record_ambiguous = self._record("RecordAmbiguous", "ambiguous", notify=True)
         record_no_suspects = self._record("RecordNoSuspects", "no_suspects", notify=True)
         record_refused = self._record("RecordRefused", "refused", notify=True)
-        for task in (record_ambiguous, record_no_suspects, record_refused):
+        for task in (record_ambiguous, record_no_suspects):
             _catch_terminal(task, record_failed)
+        # The refusal notice must never block the corroborated suspects: its failure is kept
+        # apart (not at $.error, which the items' record steps read) and the suspects go on.
+        # The failure is recorded once they are handled (RefusalNoticeFailed).
+        refusal_failed = sfn.Pass(
+            self,
+            "RefusalUnrecorded",
+            comment="Recording or notifying the refusals failed; the suspects are handled anyway",
+            input_path=ERROR_PATH,
+            result_path=REFUSAL_ERROR_PATH,
+        )
+        _catch_terminal(record_refused, refusal_failed)
         refused_only = sfn.Succeed(
             self,
             "NothingElse",
@@ -340,6 +423,13 @@ class Workflow(Construct):
                     sfn.Condition.is_present("$.pending[0]"),
                 ),
                 both,
+            )
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.is_present("$.refused[0]"),
+                    sfn.Condition.is_present(REFUSAL_ERROR_PATH),
+                ),
+                refusal_unrecorded,
             )
             .when(sfn.Condition.is_present("$.refused[0]"), refused_only)
             .otherwise(record_no_suspects)
@@ -362,6 +452,7 @@ class Workflow(Construct):
             .otherwise(suspects)
         )
         record_refused.next(suspects)
+        refusal_failed.next(suspects)
         return localize.next(refusals)
 
     def _map(self, construct_id: str, key: str, items_path: str, comment: str) -> sfn.Map:
@@ -382,20 +473,60 @@ class Workflow(Construct):
                 # allows: the alarm's nodes, all of them.
                 "suspects_in_alarm": sfn.JsonPath.number_at("$.suspect_count"),
             },
-            result_path=sfn.JsonPath.DISCARD,
+            # Each item answers only whether its outcome is recorded (`_item`): the items'
+            # whole states, 64 of them beside localize's output, would pass Step Functions'
+            # 256 KiB (States.DataLimitExceeded cannot be caught). The Map answers only
+            # whether one of them is ITEM_UNRECORDED.
+            result_selector={
+                "unrecorded": sfn.JsonPath.array_contains(
+                    sfn.JsonPath.object_at("$"), ITEM_UNRECORDED
+                )
+            },
+            result_path="$.items",
+            output_path="$.items",
             max_concurrency=MAP_MAX_CONCURRENCY,
             comment=comment,
         )
 
+    def _item(self, start: sfn.State, prefix: str = "") -> sfn.State:
+        """End every path of a Map item in one of two Pass states, so that one item never stops
+        its siblings: `<prefix>ItemDone` (ITEM_RECORDED: the item's outcome is in the ledger) or
+        a `..Failed` Pass of `_item_failed` (ITEM_UNRECORDED: recording its failure failed too). A Fail
+        state in an inline Map fails the whole Map, and the siblings with it (one waiting for
+        approval would be abandoned until the sweeper)."""
+        done = sfn.Pass(
+            self,
+            f"{prefix}ItemDone",
+            comment="The item's outcome is in the ledger",
+            result=sfn.Result.from_string(ITEM_RECORDED),
+            result_path="$",
+        )
+        # find_reachable_end_states counts a task with a Catch as going on: look at each
+        # state's own rendering instead (a Pass or Task without Next ends the item).
+        for state in sfn.State.find_reachable_states(start, include_error_handlers=True):
+            rendered = state.to_state_json()
+            if rendered.get("End") and state not in self._unrecorded:
+                state.next(done)  # type: ignore[attr-defined]
+        return start
+
+    def _item_failed(self, name: str) -> sfn.Pass:
+        """The end of an item whose failure could not be recorded: it answers ITEM_UNRECORDED to its Map
+        and ends alone (the workflow then ends FAILED, see `AnyItemUnrecorded`)."""
+        state = sfn.Pass(
+            self,
+            name,
+            comment="Recording a failure failed; the node was left as it was. The sweeper "
+            "closes the remediation once the execution ends.",
+            result=sfn.Result.from_string(ITEM_UNRECORDED),
+            result_path="$",
+        )
+        self._unrecorded.append(state)
+        return state
+
     def _late_node(self) -> sfn.IChainable:
         """A pending node's item: look for its report again (retried while it is not visible,
         as localize is), then the per-suspect chain; recorded as failed when it never shows."""
-        item_failed = sfn.Fail(
-            self,
-            "LateNodeFailed",
-            error="RemediationFailed",
-            cause="Recording a failure failed; the node was left as it was.",
-        )
+        item_failed = self._item_failed("LateNodeFailed")
         record_failed = self._record("RecordLateNodeFailed", "failed", notify=True, with_error=True)
         record_failed.add_catch(item_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
         task, found = self._step("LocalizeLate", "localize", "suspect")
@@ -411,12 +542,7 @@ class Workflow(Construct):
         def n(name: str) -> str:
             return f"{prefix}{name}"
 
-        item_failed = sfn.Fail(
-            self,
-            n("ItemFailed"),
-            error="RemediationFailed",
-            cause="Recording a failure failed; the node was left as it was.",
-        )
+        item_failed = self._item_failed(n("ItemFailed"))
         record_failed = self._record(n("RecordItemFailed"), "failed", notify=True, with_error=True)
         record_failed.add_catch(item_failed, errors=[sfn.Errors.ALL], result_path=ERROR_PATH)
 
@@ -666,8 +792,19 @@ class Workflow(Construct):
 
 
 def _retry_transient(task: sfn.TaskStateBase) -> None:
+    # The first retrier that names an error is the one used: the report wait comes first.
     task.add_retry(
-        errors=[*LAMBDA_SERVICE_ERRORS, *TRANSIENT_ERRORS],
+        errors=[REPORT_NOT_YET_VISIBLE],
+        interval=REPORT_WAIT_INTERVAL,
+        max_attempts=REPORT_WAIT_MAX_ATTEMPTS,
+        backoff_rate=REPORT_WAIT_BACKOFF_RATE,
+        jitter_strategy=sfn.JitterType.NONE,
+    )
+    task.add_retry(
+        errors=[
+            *LAMBDA_SERVICE_ERRORS,
+            *(e for e in TRANSIENT_ERRORS if e != REPORT_NOT_YET_VISIBLE),
+        ],
         interval=RETRY_INTERVAL,
         max_attempts=RETRY_MAX_ATTEMPTS,
         backoff_rate=RETRY_BACKOFF_RATE,

@@ -77,9 +77,9 @@ def test_the_canary_function_has_least_privilege(default_synth: Synth) -> None:
     assert {r.split(":log-group:")[1] for r in report} == {
         f"/sdc/{CLUSTER}", f"/sdc/{CLUSTER}:log-stream:{contract.CANARY_JOB}"
     }  # fmt: skip
-    # ... puts metrics in the SDC namespace only
+    # ... puts metrics in the canary's own namespace only (not the training pods' SDC)
     assert statements["CanaryDatum"]["Condition"] == {
-        "StringEquals": {"cloudwatch:namespace": "SDC"}
+        "StringEquals": {"cloudwatch:namespace": "SDC/Canary"}
     }
     # ... reads its own alarm and lists this state machine's executions, nothing else of them
     assert flatten(statements["WhereTheCanaryStopped"]["Resource"]).endswith(
@@ -121,7 +121,7 @@ def test_the_canary_alarm_takes_the_stacks_one_rule(default_synth: Synth) -> Non
     # no action of its own
     (query,) = alarm["Metrics"]
     assert query["Expression"] == contract.job_alarm_query(
-        "SDC", contract.CANARY_METRIC, CLUSTER, only_job=contract.CANARY_JOB
+        "SDC/Canary", contract.CANARY_METRIC, CLUSTER, only_job=contract.CANARY_JOB
     )
     assert "AlarmActions" not in alarm
     # And the one rule routes it into the workflow beside the real alarms
@@ -181,3 +181,28 @@ def test_canary_off_removes_it_and_its_grants() -> None:
     assert len(resources(template, "AWS::Scheduler::Schedule")) == 1  # the sweeper's
     flat = json.dumps(template)
     assert "CanaryApproval" not in flat and "CanaryProgress" not in flat
+
+
+def test_no_training_pod_can_put_a_datum_the_canary_alarm_reads(default_synth: Synth) -> None:
+    # Given the agent's managed policy (what the training pods' role gets) and the canary alarm
+    template = default_synth.template
+    (policy,) = [
+        p
+        for logical_id, p in resources(template, "AWS::IAM::ManagedPolicy").items()
+        if logical_id.startswith("Agent")
+    ]
+    puts = [
+        s
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if "cloudwatch:PutMetricData" in as_list(s["Action"])
+    ]
+    _, alarm = _alarm(template, f"{PREFIX}-{contract.CANARY_ALARM_SUFFIX}")
+    (query,) = alarm["Metrics"]
+    # Then every PutMetricData the pods have is bound to namespaces by exact match, and the
+    # canary alarm's namespace is none of them
+    canary_namespace = contract.canary_namespace("SDC")
+    assert f'SCHEMA("{canary_namespace}"' in query["Expression"]
+    for statement in puts:
+        assert set(statement["Condition"]) == {"StringEquals"}, statement
+        allowed = as_list(statement["Condition"]["StringEquals"]["cloudwatch:namespace"])
+        assert canary_namespace not in allowed and not any("*" in a for a in allowed)

@@ -402,9 +402,34 @@ def test_storms_are_bounded_and_retries_jittered(fast_synth: Synth) -> None:
     # Then each Map runs a bounded number of suspects at once
     for name in ("RemediateSuspects", "RemediateLateNodes"):
         assert 1 <= states[name]["MaxConcurrency"] <= 20
-    # And every retry is fully jittered, so the items that lost a race do not retry together
+    # And every retry of a race (the guard's transaction, a throttled API) is fully jittered,
+    # so the items that lost it do not retry together; the report wait is not a race (below)
     retries = [r for s in states.values() for r in s.get("Retry", [])]
-    assert retries and all(r.get("JitterStrategy") == "FULL" for r in retries)
+    races = [r for r in retries if r["ErrorEquals"] != ["ReportNotYetVisible"]]
+    assert races and all(r.get("JitterStrategy") == "FULL" for r in races)
+    assert not any("ReportNotYetVisible" in r["ErrorEquals"] for r in races)
+
+
+def test_the_wait_for_a_late_report_has_a_floor_of_five_minutes(fast_synth: Synth) -> None:
+    # Given the retries of every task that may raise ReportNotYetVisible (localize's two)
+    from tests.infra.infra_template import all_states, definition
+
+    states = all_states(definition(fast_synth.template)["States"])
+    for name in ("Localize", "LocalizeLate"):
+        retries = states[name]["Retry"]
+        # Then the first retrier for it is its own (Step Functions uses the first that matches)
+        (first,) = [r for r in retries if "ReportNotYetVisible" in r["ErrorEquals"]]
+        assert retries.index(first) == 0 and first["ErrorEquals"] == ["ReportNotYetVisible"]
+        # And it waits without jitter: every wait is exactly interval * rate**n, so the whole
+        # wait is bounded below (and above) by 5+10+20+40+80+160 = 315 s, never ~0 s
+        assert first.get("JitterStrategy", "NONE") == "NONE", name
+        assert "MaxDelaySeconds" not in first
+        waits = [
+            first["IntervalSeconds"] * first["BackoffRate"] ** n
+            for n in range(first["MaxAttempts"])
+        ]
+        assert sum(waits) == 315, (name, waits)
+        assert sum(waits) >= 300
 
 
 def _missing_keys_steps(broken: str) -> dict[str, Any]:
@@ -596,3 +621,116 @@ def test_a_late_node_that_never_shows_is_recorded_and_the_others_are_not_held(
     assert failed["state"]["pending"] == LATE
     late_looks = [p for p in run.inputs("localize") if "pending" in p]
     assert len(late_looks) == 1 + 6  # the first look and the workflow's 6 retries
+
+
+class LedgerUnwritable(Exception):
+    """A record step that cannot write (an error nobody expected: caught by States.ALL)."""
+
+
+def test_an_item_whose_failure_cannot_be_recorded_ends_alone_and_the_others_go_on(
+    fast_synth: Synth,
+) -> None:
+    # Given two admitted suspects, and a record step that cannot write anything about the
+    # first (its `cordoned` raises, then RecordItemFailed raises too)
+    other = {
+        **SUSPECT,
+        "node_name": "hyperpod-i-0fedcba9876543210",
+        "instance_id": "i-0fedcba9876543210",
+    }
+    steps = happy_steps(["passed", "passed"])
+    steps["localize"] = localized([SUSPECT, other])
+
+    def record(payload: dict[str, Any]) -> Any:
+        suspect = payload["state"].get("suspect") or {}
+        if suspect.get("instance_id") == SUSPECT["instance_id"]:
+            raise LedgerUnwritable("the ledger refuses this item")
+        return {"recorded": True}
+
+    steps["record"] = record
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        execution = start(sfn, machine, EVENT, "isolated")
+        # When the second suspect reaches its approval and an operator approves it
+        decide(
+            sfn,
+            run,
+            {"decision": "approve", "approver": "arn:aws:iam::1:user/op", "approval_id": "a"},
+        )
+        result = finish(sfn, execution)
+    # Then the second suspect was replaced: the first item's failure did not stop it
+    (replaced,) = run.inputs("replace")
+    assert replaced["suspect"]["instance_id"] == other["instance_id"]
+    recorded = [
+        (r["transition"], (r["state"].get("suspect") or {}).get("instance_id"))
+        for r in run.inputs("record")
+    ]
+    assert ("replaced", other["instance_id"]) in recorded
+    # And the first item tried to record its failure, and nothing else touched its node
+    assert ("failed", SUSPECT["instance_id"]) in recorded
+    assert [s["suspect"]["instance_id"] for s in run.inputs("start_health_check")] == [
+        other["instance_id"]
+    ]
+    # And once every item ended, the loss is recorded and notified at the alarm's level and
+    # the execution reports the failure (the sweeper closes the open remediation)
+    assert result["status"] == "FAILED", result
+    assert result.get("error") == "RemediationFailed"
+    last = run.inputs("record")[-1]
+    assert last["transition"] == "failed" and last["notify"] is True
+    assert last["error"]["Error"] == "ItemFailureUnrecorded"
+    assert "suspect" not in last["state"]
+
+
+def test_every_item_succeeds_alone_without_a_fail_state_inside_a_map(fast_synth: Synth) -> None:
+    # Given the synthesized definition
+    from tests.infra.infra_template import all_states, definition
+
+    states = definition(fast_synth.template)["States"]
+    # Then no state inside either Map is a Fail (one would fail the Map and every sibling)
+    for name in ("RemediateSuspects", "RemediateLateNodes"):
+        inside = all_states(all_states(states)[name]["ItemProcessor"]["States"])
+        assert [n for n, s in inside.items() if s["Type"] == "Fail"] == [], name
+        # And every path of an item ends in one of the Pass states its Map reads
+        ends = {n for n, s in inside.items() if s.get("End")}
+        prefix = "Late" if name == "RemediateLateNodes" else ""
+        failed = {"LateNodeFailed", "LateItemFailed"} if prefix else {"ItemFailed"}
+        assert ends == {f"{prefix}ItemDone", *failed}, name
+        assert all(inside[n]["Type"] == "Pass" for n in ends), name
+
+
+def _record_failing_on(transition: str) -> Any:
+    def record(payload: dict[str, Any]) -> Any:
+        if payload["transition"] == transition:
+            raise LedgerUnwritable(f"the ledger refuses {transition}")
+        return {"recorded": True}
+
+    return record
+
+
+def test_a_refusal_notice_that_fails_never_blocks_the_corroborated_suspect(
+    fast_synth: Synth,
+) -> None:
+    # Given localize refused one claim and named one genuine suspect, and recording the
+    # refusal fails
+    steps = happy_steps(["replaced_by_hyperpod"])
+    steps["localize"] = localized([SUSPECT], refused=[REFUSAL])
+    steps["record"] = _record_failing_on("refused")
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "refusal-fails"))
+    # Then the genuine suspect is still cordoned and handled
+    assert [s["suspect"]["instance_id"] for s in run.inputs("cordon")] == [SUSPECT["instance_id"]]
+    assert run.transitions() == ["refused", "cordoned", "replaced_by_hyperpod", "failed"]
+    # And afterwards the lost notice is recorded and notified as the execution's failure
+    failed = run.inputs("record")[-1]
+    assert failed["notify"] is True and failed["error"]["Error"] == "LedgerUnwritable"
+    assert "suspect" not in failed["state"]
+    assert result["status"] == "FAILED"
+
+
+def test_a_refusal_notice_that_fails_alone_ends_recorded_as_failed(fast_synth: Synth) -> None:
+    # Given an alarm whose only claim was refused, and recording the refusal fails
+    steps = {"localize": localized([], refused=[REFUSAL]), "record": _record_failing_on("refused")}
+    with workflow(fast_synth.template, steps) as (sfn, machine, run):
+        result = finish(sfn, start(sfn, machine, EVENT, "refusal-fails-alone"))
+    # Then the execution does not end as if it had been told: the failure is recorded
+    assert run.transitions() == ["refused", "failed"]
+    assert run.inputs("record")[-1]["error"]["Error"] == "LedgerUnwritable"
+    assert result["status"] == "FAILED"

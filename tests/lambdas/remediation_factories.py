@@ -70,7 +70,15 @@ def alarm_event(
                 "metrics": [
                     {
                         "id": "m1",
-                        "expression": contract.job_alarm_query(namespace, metric, cluster, **scope),
+                        # The canary's alarm reads its own namespace (canary_namespace).
+                        "expression": contract.job_alarm_query(
+                            contract.canary_namespace(namespace)
+                            if job == contract.CANARY_JOB
+                            else namespace,
+                            metric,
+                            cluster,
+                            **scope,
+                        ),
                         "returnData": True,
                         "period": 60,
                     }

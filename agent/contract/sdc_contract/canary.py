@@ -18,12 +18,22 @@ CANARY_INSTANCE_ID = "i-0000000000000c0de"
 CANARY_NODE_NAME = node_name_of(CANARY_INSTANCE_ID)
 CANARY_INSTANCE_GROUP = "sdc-canary"
 CANARY_METRIC = REPLAY_MISMATCH_METRIC
-"""The SDC metric the canary publishes (on its own {ClusterName, JobName} series)."""
+"""The SDC metric the canary publishes (on its own {ClusterName, JobName} series, in
+``canary_namespace``)."""
 CANARY_ALARM_SUFFIX = f"canary-{CANARY_METRIC}"
 """The canary's SDC alarm is named ALARM_NAME_PREFIX + this (infra/constructs/canary.py)."""
 CANARY_COMPLETED_METRIC = "canary_completed"
 """Put (namespace POWERTOOLS_METRICS_NAMESPACE, dimension ClusterName) when a canary closes;
 the canary alarm fires when none arrived in its window."""
+
+
+def canary_namespace(namespace: str) -> str:
+    """The CloudWatch namespace of the canary's datum and alarm: ``<namespace>/Canary``, apart
+    from the training pods' ``namespace``. The agent's policy may put data only into
+    ``namespace`` itself (StringEquals on cloudwatch:namespace), so no pod can put a datum the
+    canary's alarm reads (one a minute would hold its contributor in ALARM: no canary run would
+    ever start a workflow)."""
+    return f"{namespace}/Canary"
 
 
 def canary_runs_key(cluster: str) -> str:
@@ -40,5 +50,6 @@ __all__ = [
     "CANARY_JOB",
     "CANARY_METRIC",
     "CANARY_NODE_NAME",
+    "canary_namespace",
     "canary_runs_key",
 ]

@@ -7,10 +7,14 @@ same strings. Both import them from here, so a renamed error cannot leave a step
 
 from __future__ import annotations
 
+REPORT_NOT_YET_VISIBLE = "ReportNotYetVisible"
+"""A series names a node whose report CloudWatch Logs does not show yet (eventual consistency):
+retried without jitter, so the wait for the report has a floor (the workflow's REPORT_WAIT)."""
+
 TRANSIENT_ERROR_NAMES: tuple[str, ...] = (
     "ClusterApiUnavailable",
     "AwsApiUnavailable",
-    "ReportNotYetVisible",
+    REPORT_NOT_YET_VISIBLE,
 )
 """Raised when a dependency is briefly unavailable: retried with jittered backoff."""
 
@@ -27,4 +31,4 @@ TERMINAL_ERROR_NAMES: tuple[str, ...] = (
 )
 """Never retried: caught, recorded as ``failed``, humans notified."""
 
-__all__ = ["TERMINAL_ERROR_NAMES", "TRANSIENT_ERROR_NAMES"]
+__all__ = ["REPORT_NOT_YET_VISIBLE", "TERMINAL_ERROR_NAMES", "TRANSIENT_ERROR_NAMES"]

@@ -174,12 +174,16 @@ class AlarmSpec:
     @staticmethod
     def is_evaluated(props: dict[str, Any], namespace: str) -> bool:
         """Whether an alarm of the template is one this evaluator runs: a metric alarm in the
-        SDC ``namespace``, or a Metrics Insights alarm on it."""
+        SDC ``namespace``, or a Metrics Insights alarm on it or on the canary's
+        ``<namespace>/Canary``."""
         if props.get("Namespace") == namespace and "MetricName" in props:
             return True
         return any(
             str(m.get("Expression", "")).startswith("SELECT ")
-            and f'"{namespace}"' in str(m.get("Expression", ""))
+            and (
+                f'"{namespace}"' in str(m.get("Expression", ""))
+                or f'"{namespace}/Canary"' in str(m.get("Expression", ""))
+            )
             for m in props.get("Metrics", [])
         )
 

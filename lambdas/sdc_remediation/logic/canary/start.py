@@ -76,7 +76,10 @@ def start_run(settings: Settings) -> Run:
         json.dumps(canary_report(cluster, run.run_id, now)),
         int(now.timestamp() * 1000),
     )
-    cloudwatch.put_metric_data(settings.metric_namespace, datum(cluster, now))
+    # Its own namespace, which the training pods' policy cannot write (canary_namespace).
+    cloudwatch.put_metric_data(
+        contract.canary_namespace(settings.metric_namespace), datum(cluster, now)
+    )
     store.reach(run.run_id, "published")
     logger.info("canary started", extra={"run": run.run_id})
     return store.get(run.run_id) or run

@@ -61,7 +61,10 @@ def alarm_queries(settings: Settings) -> dict[str, tuple[str, bool]]:
         for metric in contract.SDC_ALARM_METRICS
     }
     canary = contract.job_alarm_query(
-        namespace, contract.CANARY_METRIC, cluster, only_job=contract.CANARY_JOB
+        contract.canary_namespace(namespace),
+        contract.CANARY_METRIC,
+        cluster,
+        only_job=contract.CANARY_JOB,
     )
     queries[canary] = (contract.CANARY_METRIC, True)
     return queries
@@ -112,7 +115,12 @@ def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
         reason=text.printable(detail.state.reason, 2000),
         time=clock.iso(end),
         metric_name=metric_name,
-        namespace=settings.metric_namespace,
+        # The canary's series are in its own namespace (contract.canary_namespace).
+        namespace=(
+            contract.canary_namespace(settings.metric_namespace)
+            if canary
+            else settings.metric_namespace
+        ),
         cluster_name=settings.hyperpod_cluster_name,
         window_start=clock.iso(start),
         window_end=clock.iso(end + timedelta(seconds=GRACE_SECONDS)),
