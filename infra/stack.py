@@ -192,6 +192,8 @@ class SdcGuardStack(cdk.Stack):
             workflow.grant_auto_approve(fn("request_approval"))
 
         hyperpod.grant_replace(fn("replace"))
+        # Replace acts only on the decision the approvals table holds (not the token).
+        approvals.grant_read_decision(fn("replace"))
 
         ledger.grant_record(fn("record"))
         notify(fn("record"))

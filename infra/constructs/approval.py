@@ -80,6 +80,23 @@ class Approvals(Construct):
             resources=[self.table.table_arn],
         )
 
+    def grant_read_decision(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Read an approval's decision, never its task token (replace verifies the decision it
+        was sent against the table): GetItem of the contract's decision attributes only, by a
+        ProjectionExpression (``dynamodb:Attributes``, ``dynamodb:Select``)."""
+        return allow(
+            grantee,
+            sid="ReadApprovalDecision",
+            actions=["dynamodb:GetItem"],
+            resources=[self.table.table_arn],
+            conditions={
+                "ForAllValues:StringEquals": {
+                    "dynamodb:Attributes": list(contract.names.APPROVAL_DECISION_ATTRIBUTES)
+                },
+                "StringEqualsIfExists": {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"},
+            },
+        )
+
 
 def request_approval_task(
     scope: Construct,

@@ -121,11 +121,20 @@ __all__ = [
 ]
 
 
+class ApprovalNotVerified(RemediationError):
+    """The decision a step received is not one the approvals table holds: no such request, not
+    claimed with that decision, claimed after its ``decide_by``, by another approver, or for
+    another node or execution. The task token sits in the execution's history, so whoever may
+    read it and send task results could resume the workflow with any message; only what the
+    approve function claimed in the table (a person's, or the auto-approval policy's, decision)
+    replaces a node. Terminal: recorded ``failed``, the node stays cordoned."""
+
+
 class NodeNotHeld(RemediationError):
     """``sdc-remediation release``: the blast-radius guard does not hold that node."""
 
 
-__all__ += ["NodeNotHeld"]
+__all__ += ["ApprovalNotVerified", "NodeNotHeld"]
 
 
 class NodeStillCordoned(RemediationError):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from botocore.stub import Stubber
-from remediation_factories import CLUSTER, LEDGER, alarm_state, item_state
+from remediation_factories import CLUSTER, LEDGER, alarm_state, approved, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.dal.dynamo import from_item, to_item
@@ -153,7 +153,7 @@ def test_dry_run_runs_every_step_but_writes_nothing_to_the_cluster(
     node_id = cloud.nodes[0]
     node = f"hyperpod-{node_id}"
     k8s.add_node(node)
-    approve = {"decision": "approve", "approver": "arn:aws:iam::1:user/a", "approval_id": "a-1"}
+    approve = approved(node_id)  # a person's decision, in the approvals table
     release = {
         "decision": "reject",
         "release": True,
