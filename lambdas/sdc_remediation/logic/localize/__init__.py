@@ -95,6 +95,22 @@ def localize(
                 )
             )
             continue
+        if job == contract.CANARY_JOB and node != contract.CANARY_NODE_NAME:
+            # The canary's series are the canary's: a datum under its job that names a real node
+            # (a pod may put any JobName on its metrics) never becomes that node's item.
+            refused.append(
+                refusal(
+                    UntrustedReport(
+                        f"a series of the canary job {job} names node {node[:80]!r}, not the "
+                        f"canary's reserved node {contract.CANARY_NODE_NAME}: not a real node's "
+                        "evidence",
+                        field="series",
+                    ),
+                    job=job,
+                    node=node,
+                )
+            )
+            continue
         pending.append(PendingNode(job=job, node_name=node))
     suspects = resolution.suspects
     total = len(suspects) + len(pending)
