@@ -143,3 +143,13 @@ class NodeStillCordoned(RemediationError):
 
 
 __all__ += ["NodeStillCordoned"]
+
+
+class NodeInRemediation(RemediationError):
+    """``sdc-remediation release``: a remediation of the node is still in flight (admitted, not
+    yet closed). Releasing it then would drop the guard's hold of a node the remediation is
+    about to cordon and keep; decide its approval (reject, with ``--release`` to uncordon) or
+    wait for it to end, then release."""
+
+
+__all__ += ["NodeInRemediation"]

@@ -42,6 +42,7 @@ from ..errors import (
     ApprovalNotFound,
     AwsApiUnavailable,
     InvalidStepInput,
+    NodeInRemediation,
     NodeNotHeld,
     NodeStillCordoned,
     RemediationError,
@@ -56,6 +57,7 @@ STATUS_OF: dict[type[RemediationError], int] = {
     NodeNotHeld: 404,
     ApprovalAlreadyDecided: 409,
     NodeStillCordoned: 409,
+    NodeInRemediation: 409,
     ApprovalExpired: 410,
     AwsApiUnavailable: 503,
 }
