@@ -404,6 +404,8 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         # and the canary's approval is settled through it)
         own = {
             "request_approval": {contract.APPROVAL_URL},
+            # approve alone knows request_approval's role (confined to the canary's action)
+            "approve": {contract.APPROVAL_REQUESTER_ROLE},
             "canary": {contract.CANARY_TIMEOUT_SECONDS},  # how long a run stays open
         }.get(props["Handler"].split(".")[0], set())
         assert set(env) == CONTRACT_ENV | own
