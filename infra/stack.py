@@ -192,8 +192,10 @@ class SdcGuardStack(cdk.Stack):
             workflow.grant_auto_approve(fn("request_approval"))
 
         hyperpod.grant_replace(fn("replace"))
-        # Replace acts only on the decision the approvals table holds (not the token).
+        # Replace, and uncordon after a reject-with-release, act only on the decision the
+        # approvals table holds (never reading the token).
         approvals.grant_read_decision(fn("replace"))
+        approvals.grant_read_decision(fn("uncordon"))
 
         ledger.grant_record(fn("record"))
         notify(fn("record"))

@@ -5,17 +5,14 @@ was then taken for ours, and a reject-with-release made the node schedulable).""
 from __future__ import annotations
 
 from click.testing import CliRunner
-from remediation_factories import LEDGER, held_after_rejection, item_state
+from remediation_factories import LEDGER, approved, held_after_rejection, item_state
 
 from sdc_remediation.cli import main
 
-REJECT_AND_RELEASE = {
-    "decision": "reject",
-    "release": True,
-    "approver": "arn:aws:iam::123456789012:user/alice",
-    "reason": "flaky kernel",
-    "approval_id": "a-1",
-}
+
+def _reject_and_release(instance: str) -> dict:
+    """A person's reject-with-release of the node, in the approvals table."""
+    return approved(instance, decision="reject", release=True)
 
 
 def _admitted(instance: str, remediation_id: str) -> dict:
@@ -63,7 +60,9 @@ def test_a_later_cordon_on_a_node_with_a_stale_label_is_never_lifted(cloud, k8s,
 
     # When a new remediation r-2 cordons it, and a person rejects with release
     cordoned = invoke("cordon", _admitted(instance, "r-2"))
-    released = invoke("uncordon", {**_admitted(instance, "r-2"), "approval": REJECT_AND_RELEASE})
+    released = invoke(
+        "uncordon", {**_admitted(instance, "r-2"), "approval": _reject_and_release(instance)}
+    )
 
     # Then r-2 recorded the cordon as someone else's, and the node stays cordoned
     assert cordoned["changed"] is True
@@ -80,7 +79,9 @@ def test_another_remediations_mark_is_left_alone_by_uncordon(cloud, k8s, invoke)
     invoke("cordon", _admitted(instance, "r-1"))
 
     # When an item of another remediation (r-2) uncordons after a reject-with-release
-    out = invoke("uncordon", {**_admitted(instance, "r-2"), "approval": REJECT_AND_RELEASE})
+    out = invoke(
+        "uncordon", {**_admitted(instance, "r-2"), "approval": _reject_and_release(instance)}
+    )
 
     # Then nothing is sent: the cordon is r-1's
     assert out == {
@@ -101,7 +102,9 @@ def test_the_remediation_that_cordoned_lifts_its_own_cordon(cloud, k8s, invoke):
     invoke("cordon", _admitted(instance, "r-1"))
 
     # When r-1's reject-with-release uncordons
-    out = invoke("uncordon", {**_admitted(instance, "r-1"), "approval": REJECT_AND_RELEASE})
+    out = invoke(
+        "uncordon", {**_admitted(instance, "r-1"), "approval": _reject_and_release(instance)}
+    )
 
     # Then the node is schedulable and every mark is gone
     assert out["changed"] is True and out["cordoned"] is False

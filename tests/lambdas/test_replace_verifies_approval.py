@@ -12,7 +12,7 @@ from remediation_factories import ALICE, APPROVALS, approved, item_state
 from sdc_remediation import aws
 from sdc_remediation.dal.approvals import Approvals
 from sdc_remediation.errors import ApprovalNotVerified
-from sdc_remediation.logic.replace import verify_decision
+from sdc_remediation.logic.decision import verify_decision
 from sdc_remediation.models import ApprovalDecision, ItemState
 
 MALLORY = "arn:aws:iam::123456789012:role/ci-admin"
@@ -133,3 +133,37 @@ def test_a_decision_claimed_after_its_deadline_is_refused():
         verify_decision(late, decision, _state())
     with pytest.raises(ApprovalNotVerified, match="no decision time"):
         verify_decision(_record(decided_at=None), decision, _state())
+
+
+def test_a_forged_reject_with_release_uncordons_nothing(cloud, k8s, invoke):
+    # Given a node this remediation cordoned, a request nobody decided, and a message sent
+    # straight with the token asking to reject and release
+    node = cloud.nodes[0]
+    k8s.add_node(f"hyperpod-{node}")
+    admission = {"decision": "admitted", "remediation_id": "r-1", "reason": "admitted"}
+    invoke("cordon", item_state(node, admission=admission))
+    forged = {
+        "decision": "reject",
+        "release": True,
+        "approver": ALICE,
+        "approval_id": _pending_request(node),
+    }
+
+    # When / Then: refused, and the node stays cordoned (one PATCH: the cordon)
+    with pytest.raises(ApprovalNotVerified):
+        invoke("uncordon", item_state(node, admission=admission, approval=forged))
+    assert len(k8s.patches) == 1 and k8s.nodes[f"hyperpod-{node}"]["spec"]["unschedulable"]
+
+
+def test_a_rejection_without_release_sent_as_one_with_release_uncordons_nothing(cloud, k8s, invoke):
+    # Given a person rejected the node and asked to keep it cordoned
+    node = cloud.nodes[0]
+    k8s.add_node(f"hyperpod-{node}")
+    admission = {"decision": "admitted", "remediation_id": "r-1", "reason": "admitted"}
+    invoke("cordon", item_state(node, admission=admission))
+    decision = {**approved(node, decision="reject", release=False), "release": True}
+
+    # When / Then
+    with pytest.raises(ApprovalNotVerified, match="release"):
+        invoke("uncordon", item_state(node, admission=admission, approval=decision))
+    assert k8s.nodes[f"hyperpod-{node}"]["spec"]["unschedulable"] is True

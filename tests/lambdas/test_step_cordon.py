@@ -6,7 +6,7 @@ import base64
 import urllib.parse
 
 import pytest
-from remediation_factories import EKS_CLUSTER, item_state
+from remediation_factories import EKS_CLUSTER, approved, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.clients import kube
@@ -160,13 +160,7 @@ def test_uncordon_releases_only_what_we_cordoned(cloud, k8s, invoke):
     # Given a node we cordoned, and a rejection that asks for release
     k8s.add_node(NODE)
     invoke("cordon", _item())
-    approval = {
-        "decision": "reject",
-        "release": True,
-        "approver": "arn:aws:iam::123456789012:user/alice",
-        "reason": "flaky test",
-        "approval_id": "a-1",
-    }
+    approval = approved(NODE_ID, decision="reject", release=True)  # alice's, in the table
 
     # When
     out = invoke("uncordon", _item(approval=approval))
@@ -190,12 +184,7 @@ def test_uncordon_keeps_a_cordon_someone_else_set_before_us(cloud, k8s, invoke):
     # Given a node an operator had cordoned before our alarm
     k8s.add_node(NODE, unschedulable=True)
     invoke("cordon", _item())
-    approval = {
-        "decision": "reject",
-        "release": True,
-        "approver": "arn:aws:iam::1:user/a",
-        "approval_id": "a-1",
-    }
+    approval = approved(NODE_ID, decision="reject", release=True)
 
     # When
     out = invoke("uncordon", _item(approval=approval))

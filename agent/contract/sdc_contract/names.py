@@ -91,6 +91,7 @@ APPROVAL_DECISION_ATTRIBUTES: tuple[str, ...] = (
     "status",
     "decision",
     "approver",
+    "release",
     "decided_at",
     "decide_by",
     "expires_at",

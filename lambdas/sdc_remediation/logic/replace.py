@@ -2,86 +2,27 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
-
 import botocore.exceptions
 
-from .. import aws, clock
+from .. import aws
 from ..clients import hyperpod
 from ..clients.hyperpod import HEALTH_LABEL, PENDING_REPLACEMENT
 from ..clients.kube import KubeApi, node_labels
 from ..config import Settings
-from ..dal.approvals import Approvals
-from ..errors import ApprovalNotVerified, AwsApiUnavailable, InvalidStepInput, ReplaceFailed
-from ..models import ApprovalDecision, ItemState, ReplaceResult
+from ..errors import AwsApiUnavailable, InvalidStepInput, ReplaceFailed
+from ..models import ItemState, ReplaceResult
 from ..observability import logger
+from .decision import verify
 
-__all__ = ["PENDING_REPLACEMENT", "replace", "verify_decision"]
-
-CLAIMED = ("sending", "approved")
-"""The statuses of a claimed approval: ``sending`` while (or after) SendTaskSuccess resumed
-the workflow and before the approve function wrote ``approved``, which may be after this step
-already runs."""
-
-
-def verify_decision(
-    record: dict[str, Any] | None, approval: ApprovalDecision, state: ItemState
-) -> None:
-    """The decision the workflow received must be the one the approvals table holds.
-
-    ``record`` is the approval as the table holds it (``Approvals.decision_record``): it must
-    exist, be claimed (``CLAIMED``) with the same decision, before its ``decide_by``, by the same
-    approver (the IAM ARN the approve function recorded, or the auto-approval policy's name),
-    for this suspect's node and instance and this execution. Anything else is
-    ``ApprovalNotVerified``: a message a principal with the task token (it is in the
-    execution's history) sent itself, naming whomever it likes.
-    """
-    where = f"approval {approval.approval_id!r} of node {state.suspect.node_name}"
-    if record is None:
-        raise ApprovalNotVerified(f"{where}: no such request in the approvals table")
-    if record.get("status") not in CLAIMED or record.get("decision") != approval.decision:
-        raise ApprovalNotVerified(
-            f"{where}: the table holds status {str(record.get('status'))[:20]!r} with decision "
-            f"{str(record.get('decision'))[:20]!r}, not a claimed {approval.decision!r}: nobody "
-            "decided it through the approve function"
-        )
-    if record.get("approver") != approval.approver:
-        raise ApprovalNotVerified(
-            f"{where}: decided by {str(record.get('approver'))[:200]!r} in the table, but the "
-            f"workflow was sent {approval.approver[:200]!r}"
-        )
-    expected = {
-        "node_name": state.suspect.node_name,
-        "instance_id": state.suspect.instance_id,
-        "execution": state.execution,
-    }
-    for key, value in expected.items():
-        if record.get(key) != value:
-            raise ApprovalNotVerified(
-                f"{where}: the request is for {key} {str(record.get(key))[:200]!r}, not {value!r}"
-            )
-    try:
-        decided_at = int(clock.parse_iso(str(record.get("decided_at"))).timestamp())
-        deadline = min(int(record["decide_by"]), int(record["expires_at"]))
-    except (KeyError, TypeError, ValueError):
-        raise ApprovalNotVerified(
-            f"{where}: the request has no decision time or deadline"
-        ) from None
-    if decided_at >= deadline:
-        raise ApprovalNotVerified(
-            f"{where}: claimed at {record.get('decided_at')}, after its deadline "
-            f"{clock.iso(datetime.fromtimestamp(deadline, UTC))}"
-        )
+__all__ = ["PENDING_REPLACEMENT", "replace"]
 
 
 def replace(settings: Settings, state: ItemState, kube: KubeApi | None) -> ReplaceResult:
     """Request the node's replacement; only ever after the approvals table shows that a person
-    (or the auto-approval policy, through the same claim) approved it (``verify_decision``)."""
+    (or the auto-approval policy, through the same claim) approved it (``decision.verify``)."""
     if state.approval is None or state.approval.decision != "approve":
         raise InvalidStepInput("replace needs an approval with decision 'approve' in $.approval")
-    record = Approvals(settings.approvals_table).decision_record(state.approval.approval_id)
-    verify_decision(record, state.approval, state)
+    verify(settings, state, state.approval)
     mode = settings.replace_mode
     suspect = state.suspect
     if settings.dry_run:
