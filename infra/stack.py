@@ -281,9 +281,9 @@ class SdcGuardStack(cdk.Stack):
             "KubernetesRbacCommand": (
                 f"kubectl apply -n {self.config.training_namespace} -f infra/k8s/rbac.yaml "
                 "-f infra/k8s/admission-policy.yaml",
-                "Run once against the EKS cluster: the sdc-reader/sdc-cordoner/sdc-replacer groups "
-                "(the reader's pod access in the training namespace only) and the admission "
-                "policy limiting what they may change on a node",
+                "Run once against the EKS cluster: the sdc-reader/sdc-cordoner/sdc-releaser/"
+                "sdc-replacer groups (the reader's pod access in the training namespace only) and "
+                "the admission policy limiting what they may change on a node",
             ),
         }
         if self.canary is not None:

@@ -635,14 +635,18 @@ def test_eks_access_entries_put_each_kubernetes_step_in_its_own_group(
             found[roles[props["PrincipalArn"]["Fn::GetAtt"][0]]] = props["KubernetesGroups"]
         return found
 
-    # Then localize (which parses untrusted reports), the health check's start and poll, and
-    # approve (release reads the node first) only read; cordon and uncordon may cordon; only
-    # replace, in label mode, is in the group that may trigger a replacement
+    # Then localize (which parses untrusted reports) and the health check's start and poll only
+    # read; cordon and uncordon may cordon; approve (release reads the node, then takes
+    # sdc-guard's marks off it) is the releaser, sdc.guard/* metadata only; only replace, in
+    # label mode, is in the group that may trigger a replacement
     reading = {
-        step: ["sdc-reader"]
-        for step in ("localize", "poll_health_check", "start_health_check", "approve")
+        step: ["sdc-reader"] for step in ("localize", "poll_health_check", "start_health_check")
     }
-    cordoning = {"cordon": ["sdc-cordoner"], "uncordon": ["sdc-cordoner"]}
+    cordoning = {
+        "cordon": ["sdc-cordoner"],
+        "uncordon": ["sdc-cordoner"],
+        "approve": ["sdc-releaser"],
+    }
     assert entries(default_synth.template) == reading | cordoning
     assert entries(variant_synth.template) == reading | cordoning | {"replace": ["sdc-replacer"]}
     (entry,) = [e for e in resources(variant_synth.template, "AWS::EKS::AccessEntry").values()][:1]
