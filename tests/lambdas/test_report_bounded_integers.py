@@ -41,6 +41,7 @@ def _set(body: dict, path: str, value: object) -> None:
         ("last_audit_pass", HUGE, "last_audit_pass"),
         ("last_weight_check_pass", HUGE, "last_weight_check_pass"),
         ("nonfinite", [HUGE], "nonfinite.0"),
+        ("nonfinite", [-HUGE], "nonfinite.0"),
         ("culprits", [HUGE], "culprits.0"),
         ("suspects", [0, HUGE], "suspects.1"),
         ("mismatched_pairs.0.1", HUGE, "mismatched_pairs.0.1"),

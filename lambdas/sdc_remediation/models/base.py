@@ -24,6 +24,11 @@ leaves every real value in range and refuses the rest at parse, naming the field
 LedgerInt = Annotated[int, Field(ge=0, lt=LEDGER_INT_LIMIT)]
 """A step, rank or count: ``0 <= value < LEDGER_INT_LIMIT``."""
 
+LedgerRank = Annotated[int, Field(gt=-LEDGER_INT_LIMIT, lt=LEDGER_INT_LIMIT)]
+"""A rank in a report's lists (pairs, culprits, suspects, verdicts): a signed 64-bit integer,
+within the ledger's range. Not refused below 0 here, as the reports have always been read (what
+a rank names is checked where it is used: a node, a pod, HyperPod)."""
+
 LedgerFloat = Annotated[float, Field(ge=0, le=2**53, allow_inf_nan=False)]
 """A metric value a report carries (a count of ranks, pairs or tensors): finite, non-negative,
 and an integer below 2**53 stays exact in a float and in a DynamoDB Number."""
@@ -62,6 +67,7 @@ __all__ = [
     "LEDGER_INT_LIMIT",
     "LedgerFloat",
     "LedgerInt",
+    "LedgerRank",
     "Model",
     "first_errors",
     "parse_step",

@@ -25,7 +25,7 @@ from sdc_contract.report import (
     check_window,
 )
 
-from .base import LEDGER_INT_LIMIT, LedgerFloat, LedgerInt
+from .base import LEDGER_INT_LIMIT, LedgerFloat, LedgerInt, LedgerRank
 from .base import Model as _Model
 
 
@@ -88,9 +88,9 @@ SuspectWindow = Annotated[list[LedgerInt], AfterValidator(_window)]
 class VerdictEntry(_Model):
     """One confirmation result: the pair replayed, the third GPU, whom it blames, and how."""
 
-    pair: list[LedgerInt]
-    third: LedgerInt | None = None
-    suspect: LedgerInt | None = None
+    pair: list[LedgerRank]
+    third: LedgerRank | None = None
+    suspect: LedgerRank | None = None
     kind: str = Field(max_length=64)
     """How the confirmation settled (``sdc_contract.report.VERDICT_KINDS``). Kept as the agent
     wrote it: a newer agent's kind is not refused here, and whatever the pipeline derives from it
@@ -112,14 +112,15 @@ class Report(_Model):
     job: JobName
     time: datetime
     step: LedgerInt
-    """Every integer of a report (steps, ranks) is a ``LedgerInt``: ``0 <= n < 2**63``, so it
-    fits the ledger; a larger one is refused here with its field named."""
+    """Every integer of a report is within the ledger's range, refused here with its field named
+    otherwise: steps and passes ``LedgerInt`` (``0 <= n < 2**63``), ranks ``LedgerRank``
+    (``|n| < 2**63``)."""
     check: Check
-    nonfinite: list[LedgerInt] = Field(default_factory=list)
-    mismatched_pairs: list[list[LedgerInt]] = Field(default_factory=list)
-    culprits: list[LedgerInt] = Field(default_factory=list)
+    nonfinite: list[LedgerRank] = Field(default_factory=list)
+    mismatched_pairs: list[list[LedgerRank]] = Field(default_factory=list)
+    culprits: list[LedgerRank] = Field(default_factory=list)
     verdicts: list[VerdictEntry] = Field(default_factory=list)
-    suspects: list[LedgerInt] | None = None
+    suspects: list[LedgerRank] | None = None
     suspect_window: SuspectWindow = Field(default_factory=lambda: [0, 0])
     last_audit_pass: LedgerInt | None = None
     last_weight_check_pass: LedgerInt | None = None
