@@ -192,6 +192,10 @@ class SdcGuardStack(cdk.Stack):
             workflow.grant_auto_approve(fn("request_approval"))
 
         hyperpod.grant_replace(fn("replace"))
+        # Replace, and uncordon after a reject-with-release, act only on the decision the
+        # approvals table holds (never reading the token).
+        approvals.grant_read_decision(fn("replace"))
+        approvals.grant_read_decision(fn("uncordon"))
 
         ledger.grant_record(fn("record"))
         notify(fn("record"))
@@ -277,9 +281,9 @@ class SdcGuardStack(cdk.Stack):
             "KubernetesRbacCommand": (
                 f"kubectl apply -n {self.config.training_namespace} -f infra/k8s/rbac.yaml "
                 "-f infra/k8s/admission-policy.yaml",
-                "Run once against the EKS cluster: the sdc-reader/sdc-cordoner/sdc-replacer groups "
-                "(the reader's pod access in the training namespace only) and the admission "
-                "policy limiting what they may change on a node",
+                "Run once against the EKS cluster: the sdc-reader/sdc-cordoner/sdc-releaser/"
+                "sdc-replacer groups (the reader's pod access in the training namespace only) and "
+                "the admission policy limiting what they may change on a node",
             ),
         }
         if self.canary is not None:

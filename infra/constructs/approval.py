@@ -80,6 +80,23 @@ class Approvals(Construct):
             resources=[self.table.table_arn],
         )
 
+    def grant_read_decision(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Read an approval's decision, never its task token (replace verifies the decision it
+        was sent against the table): GetItem of the contract's decision attributes only, by a
+        ProjectionExpression (``dynamodb:Attributes``, ``dynamodb:Select``)."""
+        return allow(
+            grantee,
+            sid="ReadApprovalDecision",
+            actions=["dynamodb:GetItem"],
+            resources=[self.table.table_arn],
+            conditions={
+                "ForAllValues:StringEquals": {
+                    "dynamodb:Attributes": list(contract.names.APPROVAL_DECISION_ATTRIBUTES)
+                },
+                "StringEqualsIfExists": {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"},
+            },
+        )
+
 
 def request_approval_task(
     scope: Construct,
@@ -153,8 +170,13 @@ class ApprovalUrl(Construct):
 
     def announce_url(self, function: lambda_.Function) -> None:
         """Give request_approval the URL (`APPROVAL_URL`): its messages name it in the command
-        to approve, and the canary's approval is settled through it."""
+        to approve, and the canary's approval is settled through it. The approve function is
+        told request_approval's role (`APPROVAL_REQUESTER_ROLE`): calls signed with it may
+        settle the canary's approval and nothing else (IAM cannot tell one action of the URL
+        from another)."""
         function.add_environment(contract.APPROVAL_URL, self.url)
+        if function.role is not None:
+            self.function.add_environment(contract.APPROVAL_REQUESTER_ROLE, function.role.role_name)
 
     def grant_settle_canary(self, grantee: iam.IGrantable) -> list[iam.PolicyStatement]:
         """Call the URL to settle a canary's approval (request_approval, only when the canary

@@ -1,11 +1,13 @@
 """Kubernetes access for the functions that read or patch nodes, each with the least it needs.
 
 Each role gets an EKS access entry in ONE Kubernetes group, by what its step does:
-- `sdc-reader` (localize, poll_health_check, start_health_check, approve): read nodes, and pods
-  in the training namespace. localize parses reports that training pods write (it lists a job's
-  pods on a node to corroborate one); it must not be able to change anything in the cluster.
-  start_health_check reads a shadowed node's health-check label before its check, approve that
-  a released node is uncordoned.
+- `sdc-reader` (localize, poll_health_check, start_health_check): read nodes, and pods in the
+  training namespace. localize parses reports that training pods write (it lists a job's pods
+  on a node to corroborate one); it must not be able to change anything in the cluster.
+  start_health_check reads a shadowed node's health-check label before its check.
+- `sdc-releaser` (approve): reads that a released node is uncordoned, then takes sdc-guard's
+  label and annotations off it; the admission policy lets it change nothing else (not even
+  spec.unschedulable).
 - `sdc-cordoner` (cordon, uncordon): patch nodes, limited by the admission policy to
   spec.unschedulable and sdc-guard's own labels, taints and annotations.
 - `sdc-replacer` (replace, only in REPLACE_MODE `label`): the one group allowed to set HyperPod's
@@ -28,12 +30,13 @@ from infra.grants import allow
 READER_GROUP = "sdc-reader"
 CORDON_GROUP = "sdc-cordoner"
 REPLACE_GROUP = "sdc-replacer"
+RELEASE_GROUP = "sdc-releaser"
 
 STEP_GROUPS: dict[str, str] = {
     "localize": READER_GROUP,
     "poll_health_check": READER_GROUP,
     "start_health_check": READER_GROUP,
-    "approve": READER_GROUP,
+    "approve": RELEASE_GROUP,
     "cordon": CORDON_GROUP,
     "uncordon": CORDON_GROUP,
     "replace": REPLACE_GROUP,

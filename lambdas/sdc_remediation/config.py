@@ -221,6 +221,18 @@ class Settings:
         return value
 
     @property
+    def approval_requester_role(self) -> str | None:
+        """APPROVAL_REQUESTER_ROLE (the approve function's): the name of request_approval's IAM
+        role. Its calls of the URL may settle the canary's approval only (``operator_api``);
+        unset (a function run outside the stack), no caller is confined."""
+        value = self._optional(contract.APPROVAL_REQUESTER_ROLE)
+        if value is not None and (len(value) > 64 or "/" in value or ":" in value):
+            raise ConfigurationError(
+                f"{contract.APPROVAL_REQUESTER_ROLE}={value[:80]!r} is not an IAM role name"
+            )
+        return value
+
+    @property
     def approval_ttl_seconds(self) -> int:
         """APPROVAL_TTL_SECONDS: lifetime of an approval request: the workflow's approval
         timeout plus one day, as infra/config.py computes it (default 24 h + 1 day)."""

@@ -121,11 +121,20 @@ __all__ = [
 ]
 
 
+class ApprovalNotVerified(RemediationError):
+    """The decision a step received is not one the approvals table holds: no such request, not
+    claimed with that decision, claimed after its ``decide_by``, by another approver, or for
+    another node or execution. The task token sits in the execution's history, so whoever may
+    read it and send task results could resume the workflow with any message; only what the
+    approve function claimed in the table (a person's, or the auto-approval policy's, decision)
+    replaces a node. Terminal: recorded ``failed``, the node stays cordoned."""
+
+
 class NodeNotHeld(RemediationError):
     """``sdc-remediation release``: the blast-radius guard does not hold that node."""
 
 
-__all__ += ["NodeNotHeld"]
+__all__ += ["ApprovalNotVerified", "NodeNotHeld"]
 
 
 class NodeStillCordoned(RemediationError):
@@ -134,3 +143,13 @@ class NodeStillCordoned(RemediationError):
 
 
 __all__ += ["NodeStillCordoned"]
+
+
+class NodeInRemediation(RemediationError):
+    """``sdc-remediation release``: a remediation of the node is still in flight (admitted, not
+    yet closed). Releasing it then would drop the guard's hold of a node the remediation is
+    about to cordon and keep; decide its approval (reject, with ``--release`` to uncordon) or
+    wait for it to end, then release."""
+
+
+__all__ += ["NodeInRemediation"]

@@ -57,6 +57,7 @@ def test_the_reader_only_reads_and_the_writers_only_get_and_patch_nodes() -> Non
     assert _rules(roles["sdc-reader"]) == {"nodes": {"get", "list"}}
     assert _rules(roles["sdc-cordoner"]) == {"nodes": {"get", "patch"}}
     assert _rules(roles["sdc-replacer"]) == {"nodes": {"get", "patch"}}
+    assert _rules(roles["sdc-releaser"]) == {"nodes": {"get", "patch"}}
     # No role reaches a subresource (nodes/status) or anything but nodes and pods
     assert all(
         "/" not in r for role in roles.values() for rule in role["rules"] for r in rule["resources"]
@@ -96,6 +97,7 @@ def test_the_admission_policy_limits_the_writers_on_every_node_update() -> None:
     [condition] = spec["matchConditions"]
     assert "'sdc-cordoner'" in condition["expression"]
     assert "'sdc-replacer'" in condition["expression"]
+    assert "'sdc-releaser'" in condition["expression"]  # sdc.guard/* metadata only
     assert "sdc-reader" not in condition["expression"]
     assert spec["failurePolicy"] == "Fail"
     assert binding["spec"] == {

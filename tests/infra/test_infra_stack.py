@@ -404,6 +404,8 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         # and the canary's approval is settled through it)
         own = {
             "request_approval": {contract.APPROVAL_URL},
+            # approve alone knows request_approval's role (confined to the canary's action)
+            "approve": {contract.APPROVAL_REQUESTER_ROLE},
             "canary": {contract.CANARY_TIMEOUT_SECONDS},  # how long a run stays open
         }.get(props["Handler"].split(".")[0], set())
         assert set(env) == CONTRACT_ENV | own
@@ -633,14 +635,18 @@ def test_eks_access_entries_put_each_kubernetes_step_in_its_own_group(
             found[roles[props["PrincipalArn"]["Fn::GetAtt"][0]]] = props["KubernetesGroups"]
         return found
 
-    # Then localize (which parses untrusted reports), the health check's start and poll, and
-    # approve (release reads the node first) only read; cordon and uncordon may cordon; only
-    # replace, in label mode, is in the group that may trigger a replacement
+    # Then localize (which parses untrusted reports) and the health check's start and poll only
+    # read; cordon and uncordon may cordon; approve (release reads the node, then takes
+    # sdc-guard's marks off it) is the releaser, sdc.guard/* metadata only; only replace, in
+    # label mode, is in the group that may trigger a replacement
     reading = {
-        step: ["sdc-reader"]
-        for step in ("localize", "poll_health_check", "start_health_check", "approve")
+        step: ["sdc-reader"] for step in ("localize", "poll_health_check", "start_health_check")
     }
-    cordoning = {"cordon": ["sdc-cordoner"], "uncordon": ["sdc-cordoner"]}
+    cordoning = {
+        "cordon": ["sdc-cordoner"],
+        "uncordon": ["sdc-cordoner"],
+        "approve": ["sdc-releaser"],
+    }
     assert entries(default_synth.template) == reading | cordoning
     assert entries(variant_synth.template) == reading | cordoning | {"replace": ["sdc-replacer"]}
     (entry,) = [e for e in resources(variant_synth.template, "AWS::EKS::AccessEntry").values()][:1]

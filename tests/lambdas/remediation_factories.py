@@ -290,3 +290,47 @@ def grow_cluster(total: int) -> list[str]:
         node.instance_id = f"i-{index + 1:017x}"
         cluster.nodes[node.instance_id] = node
     return list(cluster.nodes)
+
+
+ALICE = "arn:aws:iam::123456789012:user/alice"
+
+
+def approved(
+    instance_id: str,
+    execution: str = "exec-1",
+    *,
+    approver: str = ALICE,
+    decision: str = "approve",
+    release: bool = False,
+    node_name: str | None = None,
+) -> dict[str, Any]:
+    """A decision as the approve function makes it: the request stored in the approvals table
+    (as request_approval stores it), claimed and sent by ``Approvals.decide`` (SendTaskSuccess
+    stubbed). Returns what the workflow then receives in ``$.approval``."""
+    from botocore.stub import ANY, Stubber
+
+    from sdc_remediation import aws
+    from sdc_remediation.dal.approvals import Approvals
+
+    approvals = Approvals(APPROVALS)
+    token = f"token-{execution}-{instance_id}-{len(_TOKENS)}"
+    _TOKENS.append(token)
+    approval_id, _ = approvals.create(
+        task_token=token,
+        remediation_id=None,
+        instance_id=instance_id,
+        node_name=node_name or f"hyperpod-{instance_id}",
+        evidence={},
+        ttl_seconds=2 * 86400,
+        execution=execution,
+        timeout_seconds=86400,
+    )
+    with Stubber(aws.client("stepfunctions")) as sfn:
+        sfn.add_response("send_task_success", {}, {"taskToken": token, "output": ANY})
+        result = approvals.decide(
+            approval_id, decision, release=release, reason="persistent", approver=approver
+        )
+    return result.model_dump()
+
+
+_TOKENS: list[str] = []

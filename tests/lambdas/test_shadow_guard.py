@@ -120,3 +120,20 @@ def ledger_table() -> str:
     from remediation_factories import LEDGER
 
     return LEDGER
+
+
+def test_a_suspect_and_a_late_node_with_the_same_map_index_take_a_slot_each(cloud, shadow, invoke):
+    # Given one shadowed alarm of two nodes whose suspect (suspects' Map, index 0) and late
+    # node (late nodes' Map, also index 0) are admitted, and another alarm's node after them
+    # (the fraction allows 2 shadow checks at once)
+    a, b, c = cloud.nodes[:3]
+    suspect = _admit(invoke, a, "arn:exec:one", item=0, in_alarm=2)
+    late = _admit(invoke, b, "arn:exec:one", item=0, in_alarm=2)
+    other = _admit(invoke, c, "arn:exec:two", item=0)
+
+    # Then the suspect and the late node each hold a slot, and the third check does not run:
+    # 2 is the limit, not 3
+    assert [x["shadow_health_check"] for x in (suspect, late, other)] == [True, True, False]
+    assert "limit" in other["reason"]
+    # And a retried admission of the suspect's item is still its own slot
+    assert _admit(invoke, a, "arn:exec:one", item=0, in_alarm=2)["shadow_health_check"] is True

@@ -6,7 +6,7 @@ import base64
 import urllib.parse
 
 import pytest
-from remediation_factories import EKS_CLUSTER, item_state
+from remediation_factories import EKS_CLUSTER, approved, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.clients import kube
@@ -21,6 +21,13 @@ from tests.support.kube_standin import KubeStandIn, decode_token
 
 NODE_ID = "i-0123456789abcdef0"
 NODE = f"hyperpod-{NODE_ID}"
+ADMITTED = {"decision": "admitted", "remediation_id": "r-cordon-1", "reason": "admitted"}
+
+
+def _item(remediation_id: str = "r-cordon-1", **results: object) -> dict:
+    """The item state of the remediation ``remediation_id`` (admitted), as cordon receives it."""
+    admission = {**ADMITTED, "remediation_id": remediation_id}
+    return item_state(NODE_ID, admission=admission, **results)
 
 
 def test_cordon_patches_the_node_with_a_verified_eks_token(cloud, k8s, invoke):
@@ -28,7 +35,7 @@ def test_cordon_patches_the_node_with_a_verified_eks_token(cloud, k8s, invoke):
     k8s.add_node(NODE)
 
     # When
-    out = invoke("cordon", item_state(NODE_ID))
+    out = invoke("cordon", _item())
 
     # Then: one strategic-merge PATCH with the cordon, our label and the alarm summary
     assert out == {
@@ -62,10 +69,10 @@ def test_cordon_patches_the_node_with_a_verified_eks_token(cloud, k8s, invoke):
 def test_cordon_is_idempotent(cloud, k8s, invoke):
     # Given a node we already cordoned
     k8s.add_node(NODE)
-    invoke("cordon", item_state(NODE_ID))
+    invoke("cordon", _item())
 
     # When cordon runs again (a retry or a second alarm)
-    out = invoke("cordon", item_state(NODE_ID))
+    out = invoke("cordon", _item())
 
     # Then: nothing is sent
     assert out["changed"] is False and out["cordoned"] is True
@@ -76,7 +83,7 @@ def test_cordon_of_a_node_missing_from_kubernetes_is_node_not_found(cloud, k8s, 
     # Given no such node
     # When / Then
     with pytest.raises(NodeNotFound, match=NODE):
-        invoke("cordon", item_state(NODE_ID))
+        invoke("cordon", _item())
 
 
 @pytest.mark.parametrize("status", [500, 503, 429])
@@ -87,7 +94,7 @@ def test_kubernetes_server_errors_are_transient(cloud, k8s, invoke, status):
 
     # When / Then: the retried error, and no PATCH was applied
     with pytest.raises(ClusterApiUnavailable, match=str(status)):
-        invoke("cordon", item_state(NODE_ID))
+        invoke("cordon", _item())
     assert k8s.nodes[NODE]["spec"] == {}
 
 
@@ -99,7 +106,7 @@ def test_a_hanging_kubernetes_api_times_out_as_transient(cloud, k8s, invoke, mon
 
     # When / Then
     with pytest.raises(ClusterApiUnavailable, match="unreachable"):
-        invoke("cordon", item_state(NODE_ID))
+        invoke("cordon", _item())
 
 
 def test_forbidden_is_a_configuration_error(cloud, k8s, invoke):
@@ -109,7 +116,7 @@ def test_forbidden_is_a_configuration_error(cloud, k8s, invoke):
 
     # When / Then
     with pytest.raises(ConfigurationError, match="RBAC"):
-        invoke("cordon", item_state(NODE_ID))
+        invoke("cordon", _item())
 
 
 def test_tls_is_verified_against_the_cluster_ca(cloud, k8s, invoke, monkeypatch):
@@ -120,7 +127,7 @@ def test_tls_is_verified_against_the_cluster_ca(cloud, k8s, invoke, monkeypatch)
 
     # When / Then: the connection is refused, nothing was received
     with pytest.raises(ConfigurationError, match="TLS verification"):
-        invoke("cordon", item_state(NODE_ID))
+        invoke("cordon", _item())
     assert k8s.requests == []
 
 
@@ -142,7 +149,7 @@ def test_cordon_reports_the_verdict_an_earlier_health_check_left_on_the_node(clo
     k8s.add_node(NODE, labels={"sagemaker.amazonaws.com/deep-health-check-status": "Passed"})
 
     # When
-    out = invoke("cordon", item_state(NODE_ID))
+    out = invoke("cordon", _item())
 
     # Then: the label is passed on, so the coming check's poll can tell it is not its verdict
     assert out["cordoned"] is True
@@ -152,17 +159,11 @@ def test_cordon_reports_the_verdict_an_earlier_health_check_left_on_the_node(clo
 def test_uncordon_releases_only_what_we_cordoned(cloud, k8s, invoke):
     # Given a node we cordoned, and a rejection that asks for release
     k8s.add_node(NODE)
-    invoke("cordon", item_state(NODE_ID))
-    approval = {
-        "decision": "reject",
-        "release": True,
-        "approver": "arn:aws:iam::123456789012:user/alice",
-        "reason": "flaky test",
-        "approval_id": "a-1",
-    }
+    invoke("cordon", _item())
+    approval = approved(NODE_ID, decision="reject", release=True)  # alice's, in the table
 
     # When
-    out = invoke("uncordon", item_state(NODE_ID, approval=approval))
+    out = invoke("uncordon", _item(approval=approval))
 
     # Then: schedulable again, our label and annotation gone, the release annotated
     assert out == {
@@ -182,16 +183,11 @@ def test_uncordon_releases_only_what_we_cordoned(cloud, k8s, invoke):
 def test_uncordon_keeps_a_cordon_someone_else_set_before_us(cloud, k8s, invoke):
     # Given a node an operator had cordoned before our alarm
     k8s.add_node(NODE, unschedulable=True)
-    invoke("cordon", item_state(NODE_ID))
-    approval = {
-        "decision": "reject",
-        "release": True,
-        "approver": "arn:aws:iam::1:user/a",
-        "approval_id": "a-1",
-    }
+    invoke("cordon", _item())
+    approval = approved(NODE_ID, decision="reject", release=True)
 
     # When
-    out = invoke("uncordon", item_state(NODE_ID, approval=approval))
+    out = invoke("uncordon", _item(approval=approval))
 
     # Then: our mark is gone but their cordon stays
     assert out["cordoned"] is True
@@ -206,7 +202,7 @@ def test_uncordon_without_a_release_decision_is_refused(cloud, k8s, invoke):
 
     # When / Then: never uncordon by mistake
     with pytest.raises(InvalidStepInput, match="release"):
-        invoke("uncordon", item_state(NODE_ID, approval=approval))
+        invoke("uncordon", _item(approval=approval))
     assert k8s.requests == []
 
 
@@ -216,7 +212,7 @@ def test_ca_data_that_is_not_base64_is_a_configuration_error(cloud, k8s, invoke,
 
     # When / Then
     with pytest.raises(ConfigurationError, match="base64"):
-        invoke("cordon", item_state(NODE_ID))
+        invoke("cordon", _item())
     assert base64  # the module is used by the stand-in's token decoder too
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from botocore.stub import Stubber
-from remediation_factories import CLUSTER, item_state
+from remediation_factories import CLUSTER, approved, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.errors import (
@@ -188,7 +188,7 @@ def test_replace_calls_batch_replace_for_the_approved_instance(sagemaker, invoke
     )
 
     # When
-    out = invoke("replace", item_state(INSTANCE, approval=APPROVED))
+    out = invoke("replace", item_state(INSTANCE, approval=approved(INSTANCE)))
 
     # Then
     assert out == {
@@ -221,7 +221,7 @@ def test_replace_failed_entries_raise_typed_errors(sagemaker, invoke, code, erro
 
     # When / Then: the error code is in the message; InternalServerError is retried
     with pytest.raises(error, match=code):
-        invoke("replace", item_state(INSTANCE, approval=APPROVED))
+        invoke("replace", item_state(INSTANCE, approval=approved(INSTANCE)))
 
 
 def test_replace_is_idempotent_when_the_instance_is_already_leaving(sagemaker, invoke):
@@ -229,7 +229,7 @@ def test_replace_is_idempotent_when_the_instance_is_already_leaving(sagemaker, i
     sagemaker.add_response("describe_cluster_node", _node("ShuttingDown"))
 
     # When (no BatchReplaceClusterNodes is stubbed: a call would fail the test)
-    out = invoke("replace", item_state(INSTANCE, approval=APPROVED))
+    out = invoke("replace", item_state(INSTANCE, approval=approved(INSTANCE)))
 
     # Then
     assert out["requested"] is True
@@ -242,8 +242,8 @@ def test_replace_by_label_marks_the_node_for_hyperpod(cloud, k8s, invoke, monkey
     k8s.add_node(NODE)
 
     # When
-    out = invoke("replace", item_state(INSTANCE, approval=APPROVED))
-    again = invoke("replace", item_state(INSTANCE, approval=APPROVED))
+    out = invoke("replace", item_state(INSTANCE, approval=approved(INSTANCE)))
+    again = invoke("replace", item_state(INSTANCE, approval=approved(INSTANCE)))
 
     # Then: one PATCH with HyperPod's replacement label; the retry sends nothing
     assert out["mode"] == "label" and out["requested"] is True

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from botocore.stub import Stubber
-from remediation_factories import CLUSTER, LEDGER, alarm_state, item_state
+from remediation_factories import CLUSTER, LEDGER, alarm_state, approved, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.dal.dynamo import from_item, to_item
@@ -153,13 +153,8 @@ def test_dry_run_runs_every_step_but_writes_nothing_to_the_cluster(
     node_id = cloud.nodes[0]
     node = f"hyperpod-{node_id}"
     k8s.add_node(node)
-    approve = {"decision": "approve", "approver": "arn:aws:iam::1:user/a", "approval_id": "a-1"}
-    release = {
-        "decision": "reject",
-        "release": True,
-        "approver": "arn:aws:iam::1:user/a",
-        "approval_id": "a-1",
-    }
+    approve = approved(node_id)  # a person's decision, in the approvals table
+    release = approved(node_id, decision="reject", release=True)
 
     with Stubber(aws.client("sagemaker")):
         # When every writing step runs
@@ -169,8 +164,11 @@ def test_dry_run_runs_every_step_but_writes_nothing_to_the_cluster(
         replaced = invoke("replace", item_state(node_id, approval=approve))
         monkeypatch.setenv("REPLACE_MODE", "label")
         labelled = invoke("replace", item_state(node_id, approval=approve))
-        k8s.nodes[node]["metadata"]["labels"]["sdc.guard/suspect"] = "true"  # as if cordoned
-        released = invoke("uncordon", item_state(node_id, approval=release))
+        # as if this remediation had cordoned it (its label and its remediation id)
+        k8s.nodes[node]["metadata"]["labels"]["sdc.guard/suspect"] = "true"
+        k8s.nodes[node]["metadata"]["annotations"]["sdc.guard/remediation"] = "r-dry"
+        admission = {"decision": "admitted", "remediation_id": "r-dry", "reason": "admitted"}
+        released = invoke("uncordon", item_state(node_id, admission=admission, approval=release))
 
     # Then: no PATCH reached Kubernetes, every result says dry_run, and the logs say what it would do
     assert k8s.patches == []

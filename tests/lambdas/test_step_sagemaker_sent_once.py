@@ -15,19 +15,12 @@ from typing import Any
 import botocore.exceptions
 import pytest
 from botocore.awsrequest import AWSResponse
-from remediation_factories import item_state
+from remediation_factories import approved, item_state
 
 from sdc_remediation import aws
 from sdc_remediation.errors import AwsApiUnavailable
 
 INSTANCE = "i-0123456789abcdef0"
-APPROVED = {
-    "decision": "approve",
-    "release": False,
-    "approver": "arn:aws:iam::123456789012:user/alice",
-    "reason": "persistent",
-    "approval_id": "a-1",
-}
 
 
 class _Raw:
@@ -137,14 +130,15 @@ def test_a_start_health_check_answered_5xx_is_sent_once(wire, invoke):
 
 @pytest.mark.parametrize("after", ["ShuttingDown", "gone"])
 def test_a_lost_replace_answer_is_settled_as_replaced_when_the_instance_is_leaving(
-    wire, invoke, after
+    cloud, wire, invoke, after
 ):
-    # Given an approved suspect whose BatchReplaceClusterNodes answer is lost, and HyperPod then
+    # Given an approved suspect (its decision in the approvals table: moto) whose
+    # BatchReplaceClusterNodes answer is lost, and HyperPod then
     # shows the instance shutting down (or no longer in the cluster)
     sm = wire(["Running", after])
 
     # When
-    out = invoke("replace", item_state(INSTANCE, approval=APPROVED))
+    out = invoke("replace", item_state(INSTANCE, approval=approved(INSTANCE)))
 
     # Then: sent once, recorded as requested (not failed)
     assert sm.sent["BatchReplaceClusterNodes"] == 1
@@ -152,11 +146,11 @@ def test_a_lost_replace_answer_is_settled_as_replaced_when_the_instance_is_leavi
     assert "already leaving" in out["detail"]
 
 
-def test_a_lost_replace_answer_with_the_instance_still_running_is_transient(wire, invoke):
+def test_a_lost_replace_answer_with_the_instance_still_running_is_transient(cloud, wire, invoke):
     # Given the answer is lost and the instance still runs
     sm = wire(["Running"])
 
     # When / Then: the workflow retries the step, which describes the node before sending again
     with pytest.raises(AwsApiUnavailable):
-        invoke("replace", item_state(INSTANCE, approval=APPROVED))
+        invoke("replace", item_state(INSTANCE, approval=approved(INSTANCE)))
     assert sm.sent["BatchReplaceClusterNodes"] == 1

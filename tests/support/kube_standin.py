@@ -250,24 +250,44 @@ class KubeStandIn:
         labels: dict[str, str] | None = None,
         phase: str = "Running",
         finished_at: str | None = None,
+        started: bool = True,
+        owner: dict[str, Any] | None = None,
     ) -> None:
-        """Register a pod scheduled on ``node`` (``phase`` Succeeded/Failed with the time its
-        container terminated, ``finished_at``, for a pod that ended)."""
+        """Register a pod scheduled on ``node``, with the status the kubelet gives it.
+
+        ``phase`` Running: started, its container running. Succeeded/Failed: its container
+        terminated at ``finished_at`` (started then too). ``started=False``: the kubelet never
+        started a container (an image that does not pull: Pending and waiting, or ended without
+        a start). ``owner``: its controller owner reference (``{"apiVersion", "kind", "name"}``,
+        a training operator's job), none for a bare pod.
+        """
         status: dict[str, Any] = {"phase": phase}
-        if finished_at is not None:
-            status["containerStatuses"] = [
-                {"name": "trainer", "state": {"terminated": {"finishedAt": finished_at}}}
+        if phase != "Pending":
+            status["startTime"] = finished_at or "2026-01-01T00:00:00Z"
+        if not started:
+            waiting = {"waiting": {"reason": "ImagePullBackOff"}}
+            status["containerStatuses"] = [{"name": "trainer", "state": waiting}]
+        elif finished_at is not None:
+            terminated = {"startedAt": finished_at, "finishedAt": finished_at}
+            status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": terminated}}]
+        elif phase == "Running":
+            running = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+            status["containerStatuses"] = [{"name": "trainer", "state": running}]
+        metadata: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(labels or {}),
+        }
+        if owner is not None:
+            metadata["ownerReferences"] = [
+                {"uid": f"uid-{owner['name']}", "controller": True, **owner}
             ]
         with self.lock:
             self.pods.append(
                 {
                     "apiVersion": "v1",
                     "kind": "Pod",
-                    "metadata": {
-                        "name": name,
-                        "namespace": namespace,
-                        "labels": dict(labels or {}),
-                    },
+                    "metadata": metadata,
                     "spec": {"nodeName": node},
                     "status": status,
                 }
@@ -281,10 +301,17 @@ class KubeStandIn:
         *,
         name: str | None = None,
         label: str = JOB_LABEL,
+        bare: bool = False,
         **kwargs: Any,
     ) -> str:
-        """Register a pod of training job ``job`` on ``node`` (its job-name ``label``, as the
-        Kubeflow training operator sets it); returns the pod's name."""
+        """Register a pod of training job ``job`` on ``node``, as the Kubeflow training operator
+        creates it: its job-name ``label`` and a controller owner reference to the
+        ``PyTorchJob`` ``job`` (``bare=True``: the label only, a pod a namespace editor made,
+        no owner); returns the pod's name."""
+        if not bare:
+            kwargs.setdefault(
+                "owner", {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job}
+            )
         with self.lock:
             name = name or f"{job}-worker-{len(self.pods)}"
             self.add_pod(name, node, namespace, labels={label: job}, **kwargs)

@@ -34,6 +34,9 @@ SHADOW_HEALTH_CHECK = "SHADOW_HEALTH_CHECK"
 JOB_LABEL = "JOB_LABEL"
 """The pod label that names a pod's training job (default ``names.DEFAULT_JOB_LABEL``)."""
 APPROVAL_URL = "APPROVAL_URL"
+APPROVAL_REQUESTER_ROLE = "APPROVAL_REQUESTER_ROLE"
+"""Set on the approve function only: the name of request_approval's role, whose calls of the
+approve URL may settle the canary's approval and nothing else."""
 CHECK_MODES = "CHECK_MODES"
 AUTO_APPROVE = "AUTO_APPROVE"
 CANARY_TIMEOUT_SECONDS = "CANARY_TIMEOUT_SECONDS"
@@ -108,6 +111,7 @@ __all__ = [
     "ALARM_ACCOUNT_ID",
     "ALARM_NAME_PREFIX",
     "APPROVALS_TABLE",
+    "APPROVAL_REQUESTER_ROLE",
     "APPROVAL_TIMEOUT_SECONDS",
     "APPROVAL_TTL_MARGIN_SECONDS",
     "APPROVAL_TTL_SECONDS",

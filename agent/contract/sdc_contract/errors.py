@@ -28,6 +28,8 @@ TERMINAL_ERROR_NAMES: tuple[str, ...] = (
     "ConfigurationError",
     # A report that is malformed or contradicts HyperPod/Kubernetes: nothing is cordoned.
     "UntrustedReport",
+    # A decision that is not the one the approvals table holds: nothing is replaced.
+    "ApprovalNotVerified",
 )
 """Never retried: caught, recorded as ``failed``, humans notified."""
 

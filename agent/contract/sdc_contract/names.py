@@ -86,7 +86,26 @@ def node_name_of(instance_id: str) -> str:
     return NODE_NAME_PREFIX + instance_id
 
 
+APPROVAL_DECISION_ATTRIBUTES: tuple[str, ...] = (
+    "approval_id",
+    "status",
+    "decision",
+    "approver",
+    "release",
+    "decided_at",
+    "decide_by",
+    "expires_at",
+    "node_name",
+    "instance_id",
+    "execution",
+    "remediation_id",
+)
+"""The approvals table's attributes a step that acts on a decision reads (replace verifies the
+decision it was sent against them): never the task token. The functions read exactly these
+(a ProjectionExpression) and infra conditions that grant on them (``dynamodb:Attributes``)."""
+
 __all__ = [
+    "APPROVAL_DECISION_ATTRIBUTES",
     "DEFAULT_HEALTH_CHECKS",
     "DEFAULT_JOB_LABEL",
     "DNS1123_LABEL",

@@ -247,11 +247,12 @@ class KubeApi:
         return self._call(f"get pod {namespace}/{pod_name}", "GET", path)
 
     def list_pods(
-        self, namespace: str, *, label_selector: dict[str, str], node_name: str
+        self, namespace: str, *, label_selector: dict[str, str], node_name: str | None
     ) -> list[dict[str, Any]]:
         """The pods in ``namespace`` carrying every label of ``label_selector`` (equality) and
-        scheduled on ``node_name``: the API's ``labelSelector`` and ``fieldSelector`` on
-        ``spec.nodeName``, so the server does the filtering, following ``continue`` tokens.
+        scheduled on ``node_name`` (any node when None): the API's ``labelSelector`` and
+        ``fieldSelector`` on ``spec.nodeName``, so the server does the filtering, following
+        ``continue`` tokens.
 
         Every key and value is validated first (a label key, a label value, a node name): the
         selectors are built from a report's job name.
@@ -259,14 +260,15 @@ class KubeApi:
         for key, value in label_selector.items():
             if not is_label_key(key) or not is_job_name(value):
                 raise InvalidStepInput(f"label selector {key}={value!r} is not a valid selector")
-        if not is_subdomain_name(node_name):
+        if node_name is not None and not is_subdomain_name(node_name):
             raise InvalidStepInput(f"node name {node_name!r} is not a valid Kubernetes name")
         query = {
             "labelSelector": ",".join(f"{k}={v}" for k, v in sorted(label_selector.items())),
-            "fieldSelector": f"spec.nodeName={node_name}",
             "limit": str(LIST_PAGE_SIZE),
         }
-        what = f"list pods in {namespace} on {node_name}"
+        if node_name is not None:
+            query["fieldSelector"] = f"spec.nodeName={node_name}"
+        what = f"list pods in {namespace} on {node_name or 'any node'}"
         pods: list[dict[str, Any]] = []
         for _ in range(LIST_MAX_PAGES):
             page = self._call(what, "GET", self._pods_path(namespace), query=query)
@@ -278,22 +280,64 @@ class KubeApi:
         return pods
 
 
+TRAINING_OWNER_KINDS = frozenset(
+    {"PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "MXJob", "TrainJob"}
+)
+"""The training operators' job kinds (Kubeflow's ``kubeflow.org`` and ``trainer.kubeflow.org``)
+whose controller owner reference on a pod names the job that created it."""
+TRAINING_OWNER_GROUPS = ("kubeflow.org/", "trainer.kubeflow.org/")
+
+
+def _moment(value: Any) -> datetime | None:
+    """An API timestamp, or None when absent or not a time."""
+    if not value:
+        return None
+    try:
+        return parse_iso(str(value))
+    except ValueError:
+        return None
+
+
 def pod_ran_since(pod: dict[str, Any], since: datetime) -> bool:
-    """Whether ``pod`` is live (not Succeeded or Failed), or ended at or after ``since``: its
-    containers' latest ``state.terminated.finishedAt``. A pod that ended without a recorded end
-    time does not count."""
+    """Whether ``pod`` ran: phase ``Running``, or ended (``Succeeded``/``Failed``) with a start
+    time (``status.startTime``) and a container that started (its ``state.terminated`` has a
+    ``startedAt``, not before the pod's start) and finished at or after ``since``.
+
+    A pod that is ``Pending`` (an image that never pulls, a pod bound to a node by
+    ``spec.nodeName`` that the kubelet never ran) or ``Unknown`` used nothing on the node, and
+    an ended pod whose containers never started did not either: none of them is proof that the
+    job ran there, whatever its labels say.
+    """
     status = pod.get("status") or {}
-    if status.get("phase") not in ("Succeeded", "Failed"):
+    phase = status.get("phase")
+    if phase == "Running":
         return True
-    ends = []
+    if phase not in ("Succeeded", "Failed"):
+        return False
+    started = _moment(status.get("startTime"))
+    if started is None:
+        return False
     for container in status.get("containerStatuses") or []:
-        finished = ((container.get("state") or {}).get("terminated") or {}).get("finishedAt")
-        if finished:
-            try:
-                ends.append(parse_iso(str(finished)))
-            except ValueError:
-                continue
-    return bool(ends) and max(ends) >= since
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        began, ended = _moment(terminated.get("startedAt")), _moment(terminated.get("finishedAt"))
+        if began is not None and ended is not None and began >= started and ended >= since:
+            return True
+    return False
+
+
+def training_owner(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the pod's controller owner reference when it is a training operator's
+    job (``TRAINING_OWNER_KINDS`` of the Kubeflow API groups), else None (a bare pod, or one a
+    ReplicaSet, Job or JobSet controls)."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if not ref.get("controller"):
+            continue
+        api_version = str(ref.get("apiVersion") or "")
+        kind = str(ref.get("kind") or "")
+        if kind in TRAINING_OWNER_KINDS and api_version.startswith(TRAINING_OWNER_GROUPS):
+            return kind, str(ref.get("name") or "")
+        return None
+    return None
 
 
 def node_labels(node: dict[str, Any]) -> dict[str, str]:

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import botocore.exceptions
 
+from sdc_contract.names import APPROVAL_DECISION_ATTRIBUTES
+
 from .. import aws, clock
 from ..errors import (
     ApprovalAlreadyDecided,
@@ -33,6 +35,11 @@ EXPIRED_TOKEN_ERRORS = {"TaskTimedOut", "TaskDoesNotExist", "InvalidToken"}
 # unknown) -> approved | rejected | expired; a send that certainly failed goes back to pending.
 PENDING = "pending"
 SENDING = "sending"
+
+
+DECISION_ATTRIBUTES: tuple[str, ...] = APPROVAL_DECISION_ATTRIBUTES
+"""What a step that acts on a decision reads of its approval (``Approvals.decision_record``):
+never the task token; the replace function's grant is conditioned on these attributes."""
 
 
 def approval_id_for(task_token: str) -> str:
@@ -142,6 +149,20 @@ class Approvals:
         if item is None:
             raise ApprovalNotFound(f"no approval request with id {approval_id!r}")
         return item
+
+    def decision_record(self, approval_id: str) -> dict[str, Any] | None:
+        """The approval's decision as the table holds it (``DECISION_ATTRIBUTES`` only, never
+        the token; a consistent read), or None when there is no such request."""
+        names = {f"#a{index}": name for index, name in enumerate(DECISION_ATTRIBUTES)}
+        with aws.aws_errors("dynamodb:GetItem"):
+            resp = self._ddb.get_item(
+                TableName=self.table,
+                Key=to_item({"approval_id": approval_id}),
+                ConsistentRead=True,
+                ProjectionExpression=", ".join(names),
+                ExpressionAttributeNames=names,
+            )
+        return from_item(resp.get("Item"))
 
     def pending(self) -> list[dict[str, Any]]:
         """Approvals still waiting for a decision, with their evidence (token removed), oldest

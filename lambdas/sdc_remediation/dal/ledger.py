@@ -36,7 +36,7 @@ from typing import Any
 import botocore.exceptions
 
 from .. import aws, clock
-from ..errors import AwsApiUnavailable, NodeNotHeld
+from ..errors import AwsApiUnavailable, NodeInRemediation, NodeNotHeld
 from ..logic.admission import (
     WINDOW,
     AdmitDecision,
@@ -452,7 +452,8 @@ class Ledger:
         Records a ``released`` transition with ``approver`` = ``released_by`` (the caller's
         authenticated IAM ARN). Does not uncordon (run ``kubectl uncordon`` first, or replace
         the node). ``cluster`` None: the one the node's STATE names. Returns the instance id;
-        ``NodeNotHeld`` when the guard does not hold it.
+        ``NodeNotHeld`` when the guard does not hold it, ``NodeInRemediation`` while a
+        remediation of it is open (refused, not deferred: the operator decides that one).
         """
         instance_id = node.removeprefix("hyperpod-")
         if cluster is None:
@@ -462,6 +463,15 @@ class Ledger:
             cluster = str(state["cluster"])
         for _ in range(_MAX_ATTEMPTS):
             guard = self.guard(cluster)
+            if instance_id in guard["open_instances"]:
+                # Read in the same guard item the release is conditioned on (its version): a
+                # remediation admitted between admit and cordon still holds the node.
+                raise NodeInRemediation(
+                    f"{node} has a remediation in flight (cluster {cluster}): releasing it now "
+                    "would drop the guard's hold of a node that remediation cordons; decide its "
+                    "approval (`sdc-remediation reject ID --release` to uncordon it) or wait "
+                    "for it to end, then release"
+                )
             entry = next((h for h in guard["held"] if h["instance_id"] == instance_id), None)
             if entry is None:
                 raise NodeNotHeld(

@@ -8,7 +8,8 @@ have a guard of their own, a fraction of the cluster like the enforced one: at m
 more nodes than that (a storm).
 
 One item per cluster, ``pk=GUARD#<cluster>, sk=SHADOW``: ``version`` and ``running`` (``{instance_id,
-execution, item, at}``), rewritten under its version. The record step frees a slot when it records
+execution, item, at}``: a slot is one Map item's, by execution, item index and node, since the
+two Maps' indexes overlap), rewritten under its version. The record step frees a slot when it records
 the shadow; a slot older than ``SLOT_SECONDS`` counts no more (an execution that ended without
 its record).
 """
@@ -69,7 +70,15 @@ def _current(running: list[dict[str, Any]], now: int) -> list[dict[str, Any]]:
 
 
 def _same(slot: dict[str, Any], req: AdmitRequest) -> bool:
-    return slot.get("execution") == req.execution and slot.get("item") == req.item
+    """Whether ``slot`` is this request's own (a retried admit): the same execution, Map item
+    index AND node. The index alone is not an item's identity: the suspects' Map and the late
+    nodes' Map both count from 0, so a suspect and a late node of one alarm share it, and the
+    late node once took the suspect's slot as its own (three checks ran, the limit was two)."""
+    return (
+        slot.get("execution") == req.execution
+        and slot.get("item") == req.item
+        and slot.get("instance_id") == req.instance_id
+    )
 
 
 def admit(table: str, req: AdmitRequest) -> tuple[bool, str]:

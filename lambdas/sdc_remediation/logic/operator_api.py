@@ -42,6 +42,7 @@ from ..errors import (
     ApprovalNotFound,
     AwsApiUnavailable,
     InvalidStepInput,
+    NodeInRemediation,
     NodeNotHeld,
     NodeStillCordoned,
     RemediationError,
@@ -49,13 +50,21 @@ from ..errors import (
 from ..observability import logger
 from . import canary, release
 
+
+class CallerNotAllowed(RemediationError):
+    """The caller may not ask for this action: request_approval's role (``APPROVAL_REQUESTER_ROLE``)
+    may settle the canary's approval only, never approve, reject or release a node."""
+
+
 STATUS_OF: dict[type[RemediationError], int] = {
     InvalidStepInput: 400,
     canary.CanaryApprovalRefused: 403,
+    CallerNotAllowed: 403,
     ApprovalNotFound: 404,
     NodeNotHeld: 404,
     ApprovalAlreadyDecided: 409,
     NodeStillCordoned: 409,
+    NodeInRemediation: 409,
     ApprovalExpired: 410,
     AwsApiUnavailable: 503,
 }
@@ -64,6 +73,33 @@ STATUS_OF: dict[type[RemediationError], int] = {
 
 class NotAuthenticated(RemediationError):
     """The request carries no IAM caller (the function URL is not AWS_IAM, or a direct invoke)."""
+
+
+def role_name_of(caller: str) -> str | None:
+    """The IAM role name in an ARN the function URL authenticated (``arn:aws:sts::<account>:
+    assumed-role/<role>/<session>``, or an ``iam`` role ARN); None for any other principal."""
+    parts = caller.split(":", 5)
+    if len(parts) != 6 or parts[0] != "arn":
+        return None
+    service, resource = parts[2], parts[5]
+    if service == "sts" and resource.startswith("assumed-role/"):
+        segments = resource.split("/")
+        return segments[1] if len(segments) >= 3 else None
+    if service == "iam" and resource.startswith("role/"):
+        return resource.rsplit("/", 1)[-1]
+    return None
+
+
+def confine(request: OperatorRequest, caller: str, settings: Settings) -> None:
+    """request_approval's role reaches the URL to settle the canary's approval: that action is
+    all it may ask for (``CallerNotAllowed`` otherwise). Everyone else is confined by the
+    actions themselves (``settle_canary_approval`` settles a canary approval only)."""
+    role = settings.approval_requester_role
+    if role and role_name_of(caller) == role and request.action != canary.SETTLE_ACTION:
+        raise CallerNotAllowed(
+            f"{caller[:200]} (request_approval's role) may call the approve URL only to settle "
+            f"the canary's approval ({canary.SETTLE_ACTION}), not {request.action!r}"
+        )
 
 
 class OperatorRequest(BaseModel):
@@ -108,6 +144,7 @@ def perform(
     request: OperatorRequest, caller: str, settings: Settings, kube: Callable[[], KubeApi]
 ) -> dict[str, Any]:
     """Do what the operator asked, as ``caller``; the JSON result."""
+    confine(request, caller, settings)
     if request.action == "pending":
         return {"pending": Approvals(settings.approvals_table).pending()}
     if request.action == "release":

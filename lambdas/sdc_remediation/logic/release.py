@@ -5,6 +5,11 @@ The guard counts a node sdc-guard cordoned until someone says it is back; releas
 is still cordoned would make the guard count it in service while it is not, and let the next
 alarms take more nodes out. So the node is read first (Kubernetes): gone is fine (replaced, or
 removed from the cluster), schedulable is fine, still cordoned is ``NodeStillCordoned``.
+
+Once released, sdc-guard's label and annotations leave the node too: a mark that outlived the
+cordon (``kubectl uncordon`` by hand) would say "suspect" of a node in service. Whose cordon a
+node carries is never read from the label alone (``cordon.ours`` compares the remediation id),
+so a mark that could not be removed is stale text, never a cordon a later remediation lifts.
 """
 
 from __future__ import annotations
@@ -13,9 +18,18 @@ from collections.abc import Callable
 
 from sdc_contract.names import NODE_NAME_PREFIX, is_instance_id, node_name_of
 
-from ..clients.kube import KubeApi, node_unschedulable
+from .. import clock
+from ..clients.kube import KubeApi, node_labels, node_unschedulable
 from ..dal.ledger import Ledger
-from ..errors import InvalidStepInput, NodeNotFound, NodeStillCordoned
+from ..errors import (
+    ClusterApiUnavailable,
+    ConfigurationError,
+    InvalidStepInput,
+    NodeNotFound,
+    NodeStillCordoned,
+)
+from ..observability import logger
+from .cordon import RELEASED_ANNOTATION, SUSPECT_LABEL, mark_removal
 
 
 def release(
@@ -32,8 +46,9 @@ def release(
     if not is_instance_id(instance_id):
         raise InvalidStepInput(f"{node!r} is neither a HyperPod node name nor an instance id")
     name = node_name_of(instance_id)
+    api = kube()
     try:
-        found = kube().get_node(name)
+        found = api.get_node(name)
     except NodeNotFound:
         found = None  # replaced or removed: nothing of it is in service or out of it
     if found is not None and node_unschedulable(found):
@@ -41,7 +56,26 @@ def release(
             f"{name} is still cordoned: uncordon it (kubectl uncordon {name}) or replace it "
             "first; the guard counts it out of service until then"
         )
-    return ledger.release(None, node, released_by=released_by, reason=reason)
+    released = ledger.release(None, node, released_by=released_by, reason=reason)
+    if found is not None and node_labels(found).get(SUSPECT_LABEL) is not None:
+        _remove_mark(api, name, released_by)
+    return released
+
+
+def _remove_mark(api: KubeApi, name: str, released_by: str) -> None:
+    """Take sdc-guard's label and annotations off a released (schedulable) node. The release
+    itself is done (the ledger's): a failure here is logged, not raised, since the mark left
+    behind is inert (see the module's docstring) and repeating the release would answer
+    ``NodeNotHeld``."""
+    metadata = mark_removal()
+    metadata["annotations"][RELEASED_ANNOTATION] = f"{clock.iso(clock.now())} by {released_by}"
+    try:
+        api.patch_node(name, {"metadata": metadata})
+    except (ClusterApiUnavailable, ConfigurationError, NodeNotFound, InvalidStepInput) as exc:
+        logger.warning(
+            "released, but sdc-guard's label could not be removed from the node",
+            extra={"node": name, "error": str(exc)[:300]},
+        )
 
 
 __all__ = ["release"]

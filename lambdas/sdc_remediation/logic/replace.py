@@ -12,14 +12,17 @@ from ..config import Settings
 from ..errors import AwsApiUnavailable, InvalidStepInput, ReplaceFailed
 from ..models import ItemState, ReplaceResult
 from ..observability import logger
+from .decision import verify
 
 __all__ = ["PENDING_REPLACEMENT", "replace"]
 
 
 def replace(settings: Settings, state: ItemState, kube: KubeApi | None) -> ReplaceResult:
-    """Request the node's replacement; only ever after a human approved it."""
+    """Request the node's replacement; only ever after the approvals table shows that a person
+    (or the auto-approval policy, through the same claim) approved it (``decision.verify``)."""
     if state.approval is None or state.approval.decision != "approve":
         raise InvalidStepInput("replace needs an approval with decision 'approve' in $.approval")
+    verify(settings, state, state.approval)
     mode = settings.replace_mode
     suspect = state.suspect
     if settings.dry_run:

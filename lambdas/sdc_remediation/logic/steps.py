@@ -32,7 +32,7 @@ from ..models import (
 )
 from ..observability import logger
 from ..targets import KubeFactory, target_for
-from . import health, notify, recording
+from . import decision, health, notify, recording
 from . import localize as localize_mod
 from . import replace as replace_mod
 from .admission import AdmitRequest
@@ -81,6 +81,7 @@ def uncordon(state: ItemState, settings: Settings, kube: KubeFactory) -> CordonR
     """Uncordon step (only after a rejection that asked for release)."""
     if state.approval is None or state.approval.decision != "reject" or not state.approval.release:
         raise InvalidStepInput("uncordon needs $.approval with decision 'reject' and release true")
+    decision.verify(settings, state, state.approval)
     return target_for(state.suspect).uncordon(state, state.approval.approver, settings, kube)
 
 

@@ -7,12 +7,31 @@ it needs (docs/CONTRACT.md, "Workflow state").
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from aws_lambda_powertools.utilities.parser import parse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InvalidStepInput
+
+LEDGER_INT_LIMIT = 2**63
+"""Every integer a report or a workflow state carries (steps, ranks, counts) is below this: the
+ledger is DynamoDB, whose Number holds 38 significant digits, and a step of ``10**40`` once
+made the record step raise ``decimal.Inexact`` after the node was cordoned (no event, no
+message). 2**63 (19 digits, a signed 64-bit integer, what torch and the agent count steps in)
+leaves every real value in range and refuses the rest at parse, naming the field."""
+
+LedgerInt = Annotated[int, Field(ge=0, lt=LEDGER_INT_LIMIT)]
+"""A step, rank or count: ``0 <= value < LEDGER_INT_LIMIT``."""
+
+LedgerRank = Annotated[int, Field(gt=-LEDGER_INT_LIMIT, lt=LEDGER_INT_LIMIT)]
+"""A rank in a report's lists (pairs, culprits, suspects, verdicts): a signed 64-bit integer,
+within the ledger's range. Not refused below 0 here, as the reports have always been read (what
+a rank names is checked where it is used: a node, a pod, HyperPod)."""
+
+LedgerFloat = Annotated[float, Field(ge=0, le=2**53, allow_inf_nan=False)]
+"""A metric value a report carries (a count of ranks, pairs or tensors): finite, non-negative,
+and an integer below 2**53 stays exact in a float and in a DynamoDB Number."""
 
 
 class Model(BaseModel):
@@ -44,4 +63,12 @@ def first_errors(exc: Exception, limit: int = 3) -> str:
     return str(exc)
 
 
-__all__ = ["Model", "first_errors", "parse_step"]
+__all__ = [
+    "LEDGER_INT_LIMIT",
+    "LedgerFloat",
+    "LedgerInt",
+    "LedgerRank",
+    "Model",
+    "first_errors",
+    "parse_step",
+]

@@ -25,11 +25,17 @@ from sdc_contract.report import (
     check_window,
 )
 
+from .base import LEDGER_INT_LIMIT, LedgerFloat, LedgerInt, LedgerRank
 from .base import Model as _Model
 
 
 def _rank_keyed(value: dict[str, RankInfo]) -> dict[str, RankInfo]:
     check_rank_keys(value)
+    # A decimal key of any length passes the contract's check; a rank is an integer like any
+    # other the ledger keeps.
+    big = [key[:40] for key in value if len(key) > 19 or int(key) >= LEDGER_INT_LIMIT]
+    if big:
+        raise ValueError(f"rank keys must be below 2**63, got {big[:3]}")
     return value
 
 
@@ -75,16 +81,16 @@ class RankInfo(_Model):
 
 RankMapping = Annotated[dict[str, RankInfo], AfterValidator(_rank_keyed)]
 """Ranks keyed by the global rank as a decimal string (``sdc_contract.report.check_rank_keys``)."""
-SuspectWindow = Annotated[list[int], AfterValidator(_window)]
+SuspectWindow = Annotated[list[LedgerInt], AfterValidator(_window)]
 """``[first, last]`` step, ``0 <= first <= last`` (``sdc_contract.report.check_window``)."""
 
 
 class VerdictEntry(_Model):
     """One confirmation result: the pair replayed, the third GPU, whom it blames, and how."""
 
-    pair: list[int]
-    third: int | None = None
-    suspect: int | None = None
+    pair: list[LedgerRank]
+    third: LedgerRank | None = None
+    suspect: LedgerRank | None = None
     kind: str = Field(max_length=64)
     """How the confirmation settled (``sdc_contract.report.VERDICT_KINDS``). Kept as the agent
     wrote it: a newer agent's kind is not refused here, and whatever the pipeline derives from it
@@ -95,7 +101,7 @@ class ReportMetric(_Model):
     """Which SDC metric the report incremented and by how much."""
 
     name: str
-    value: float
+    value: LedgerFloat
 
 
 class Report(_Model):
@@ -105,16 +111,19 @@ class Report(_Model):
     cluster: str = Field(max_length=256)
     job: JobName
     time: datetime
-    step: int
+    step: LedgerInt
+    """Every integer of a report is within the ledger's range, refused here with its field named
+    otherwise: steps and passes ``LedgerInt`` (``0 <= n < 2**63``), ranks ``LedgerRank``
+    (``|n| < 2**63``)."""
     check: Check
-    nonfinite: list[int] = Field(default_factory=list)
-    mismatched_pairs: list[list[int]] = Field(default_factory=list)
-    culprits: list[int] = Field(default_factory=list)
+    nonfinite: list[LedgerRank] = Field(default_factory=list)
+    mismatched_pairs: list[list[LedgerRank]] = Field(default_factory=list)
+    culprits: list[LedgerRank] = Field(default_factory=list)
     verdicts: list[VerdictEntry] = Field(default_factory=list)
-    suspects: list[int] | None = None
+    suspects: list[LedgerRank] | None = None
     suspect_window: SuspectWindow = Field(default_factory=lambda: [0, 0])
-    last_audit_pass: int | None = None
-    last_weight_check_pass: int | None = None
+    last_audit_pass: LedgerInt | None = None
+    last_weight_check_pass: LedgerInt | None = None
     divergent_tensors: list[str] = Field(default_factory=list)
     ranks: RankMapping = Field(default_factory=dict)
     metric: ReportMetric | None = None

@@ -17,6 +17,7 @@ from sdc_contract.names import is_instance_id, is_subdomain_name, node_name_of
 from sdc_contract.report import Check, SuspectVerdict, verdict_name
 
 from .. import text
+from .base import LedgerInt
 from .base import Model as _Model
 from .report import JobName, RankInfo, RankMapping, SuspectWindow
 from .results import HealthResult, StepResults
@@ -67,21 +68,21 @@ class Suspect(_Model):
     instance_group: str = Field(max_length=64)
     job: JobName
     ranks: RankMapping
-    rank_count: int = 0
+    rank_count: LedgerInt = 0
     """How many ranks the reports named on this node (``ranks`` lists at most 8 of them)."""
     check: Check
     verdict: SuspectVerdict
     """How the reports named the node: one of the contract's verdicts, ``unknown`` for a kind
     the contract does not list (a newer agent's); never free text."""
-    step: int
+    step: LedgerInt
     suspect_window: SuspectWindow
-    last_audit_pass: int | None = None
-    last_weight_check_pass: int | None = None
+    last_audit_pass: LedgerInt | None = None
+    last_weight_check_pass: LedgerInt | None = None
     divergent_tensors: list[str] = Field(default_factory=list, max_length=MAX_TENSOR_NAMES)
     """At most ``MAX_TENSOR_NAMES`` of the report's divergent tensors, for the message."""
-    divergent_tensor_count: int = 0
+    divergent_tensor_count: LedgerInt = 0
     """How many tensors the report named as divergent (all of them are in the report)."""
-    nonfinite_count: int = 0
+    nonfinite_count: LedgerInt = 0
     """How many ranks the report found with a non-finite gradient (the resume rule reads it)."""
     report_log_group: str | None = Field(default=None, max_length=512)
     report_log_stream: str | None = Field(default=None, max_length=512)
@@ -215,9 +216,9 @@ class ItemState(StepResults):
     alarm: Alarm
     suspect: Suspect
     execution: str = ""
-    suspects_in_alarm: int = Field(default=1, ge=1)
+    suspects_in_alarm: LedgerInt = Field(default=1, ge=1)
     """How many nodes the same alarm names (the Map's item count)."""
-    item: int | None = None
+    item: LedgerInt | None = None
     """The Map item's index (``$$.Map.Item.Index``): with ``execution``, what the execution
     itself knows about this remediation, whatever the steps returned."""
 

@@ -46,14 +46,20 @@ class HyperPodNode:
     def cordon(
         self, state: ItemState, settings: Settings, kube: Callable[[], KubeApi]
     ) -> CordonResult:
-        """Cordon the node (spec.unschedulable, sdc-guard's label and annotation)."""
-        return cordon.cordon(kube(), state.alarm, state.suspect, settings.dry_run)
+        """Cordon the node (spec.unschedulable, sdc-guard's label and annotations, the
+        remediation's id among them)."""
+        return cordon.cordon(
+            kube(), state.alarm, state.suspect, settings.dry_run, _remediation_id(state)
+        )
 
     def uncordon(
         self, state: ItemState, approver: str, settings: Settings, kube: Callable[[], KubeApi]
     ) -> CordonResult:
-        """Release the node, as ``approver`` (who rejected and asked for it)."""
-        return cordon.uncordon(kube(), state.suspect, approver, settings.dry_run)
+        """Release the node, as ``approver`` (who rejected and asked for it), when this
+        remediation cordoned it."""
+        return cordon.uncordon(
+            kube(), state.suspect, approver, settings.dry_run, _remediation_id(state)
+        )
 
     def approval_evidence(self) -> dict[str, Any]:
         """Nothing beyond the suspect's evidence."""
@@ -74,6 +80,11 @@ class HyperPodNode:
 
     def recorded(self, transition: str, error: str | None, settings: Settings) -> None:
         """Nothing beyond the ledger event the record step writes."""
+
+
+def _remediation_id(state: ItemState) -> str | None:
+    """The remediation this item admitted (None: no admission in the state)."""
+    return state.admission.remediation_id if state.admission else None
 
 
 HYPERPOD = HyperPodNode()

@@ -310,6 +310,10 @@ class LocalPipeline(Driver):
             "ledger": next(v for k, v in self._physical.items() if k.startswith("Ledger")),
             "approvals": next(v for k, v in self._physical.items() if k.startswith("Approvals")),
         }
+        for logical_id in self._resources("AWS::IAM::Role"):
+            # A role's name (approve is told request_approval's); the functions here run as the
+            # embedded AWS's own credentials, never as these roles.
+            self._physical[logical_id] = f"{logical_id}-local"
         for folder, logical_id in function_logical_ids(self.template).items():
             # A function's name is its folder here (what the runtime dispatches on).
             self._physical[logical_id] = folder

@@ -34,9 +34,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import sdc_contract as contract
-from sdc_contract.names import is_job_name, is_subdomain_name
+from sdc_contract.names import NODE_NAME_PREFIX, is_instance_id, is_job_name, is_subdomain_name
 
 from ... import errors
+from ...clients import hyperpod
 from ...clients.kube import KubeApi
 from ...config import Settings
 from ...errors import ReportNotYetVisible, UntrustedReport
@@ -95,7 +96,25 @@ def localize(
                 )
             )
             continue
+        if job == contract.CANARY_JOB and node != contract.CANARY_NODE_NAME:
+            # The canary's series are the canary's: a datum under its job that names a real node
+            # (a pod may put any JobName on its metrics) never becomes that node's item.
+            refused.append(
+                refusal(
+                    UntrustedReport(
+                        f"a series of the canary job {job} names node {node[:80]!r}, not the "
+                        f"canary's reserved node {contract.CANARY_NODE_NAME}: not a real node's "
+                        "evidence",
+                        field="series",
+                    ),
+                    job=job,
+                    node=node,
+                )
+            )
+            continue
         pending.append(PendingNode(job=job, node_name=node))
+    pending, unknown = _known_to_hyperpod(pending, settings)
+    refused.extend(unknown)
     suspects = resolution.suspects
     total = len(suspects) + len(pending)
     for suspect in suspects:
@@ -123,6 +142,53 @@ def localize(
         refused=refused[:MAX_REFUSALS],
         refused_count=len(refused),
     )
+
+
+def _known_to_hyperpod(
+    candidates: list[PendingNode], settings: Settings
+) -> tuple[list[PendingNode], list[Refusal]]:
+    """The pending nodes HyperPod knows (DescribeClusterNode of the node's instance), and a
+    refusal for each other one.
+
+    A series is a datum any pod can put: only a node of the cluster may count toward the
+    alarm's size (``suspect_count``, which the guard compares with its budget), or two data
+    points on made-up nodes refuse a genuine one-node alarm as a storm. At most
+    ``MAX_SUSPECTS`` candidates are described (enough to exceed any budget when they are real);
+    the rest are not counted, in one refusal. The canary's reserved node, pending for the canary
+    job only, is the canary's (no HyperPod node) and stays.
+    """
+    cluster = settings.hyperpod_cluster_name
+    known: list[PendingNode] = []
+    refused: list[Refusal] = []
+    checked = 0
+    for candidate in candidates:
+        node, job = candidate.node_name, candidate.job
+        if job == contract.CANARY_JOB and node == contract.CANARY_NODE_NAME:
+            known.append(candidate)
+            continue
+        if checked == MAX_SUSPECTS:
+            left = len(candidates) - len(known) - len(refused)
+            reason = (
+                f"{left} more nodes with a series of the alarm were not checked against "
+                f"HyperPod (at most {MAX_SUSPECTS} are) and do not count"
+            )
+            refused.append(refusal(UntrustedReport(reason, field="series"), job=job))
+            break
+        checked += 1
+        instance_id = node.removeprefix(NODE_NAME_PREFIX)
+        if not node.startswith(NODE_NAME_PREFIX) or not is_instance_id(instance_id):
+            problem = "is not a HyperPod node name (hyperpod-<instance id>)"
+        elif hyperpod.describe_node(cluster, instance_id) is None:
+            problem = f"is not a node of HyperPod cluster {cluster}"
+        else:
+            known.append(candidate)
+            continue
+        exc = UntrustedReport(
+            f"a series of job {job} names node {node[:80]!r}, which {problem}: not counted",
+            field="series",
+        )
+        refused.append(refusal(exc, job=job, node=node))
+    return known, refused
 
 
 def localize_late(state: LateInput, settings: Settings, kube: Callable[[], KubeApi]) -> Suspect:

@@ -2,7 +2,8 @@
 every claim of the report checked: names well-formed, the node HyperPod's name of the instance,
 a named pod the job's (in TRAINING_NAMESPACE) and on that node, the instance in the cluster, and
 the cluster's corroboration that the job ran on that node (``RankResolver.corroborate``: a pod
-of the job, by its job-name label, on the node, live or ended within the lookback). Anything
+of the job, by its job-name label and its training operator's owner reference where it has one,
+on the node, that ran: Running, or ended with a started container within the lookback). Anything
 else is ``UntrustedReport`` (or ``InstanceNotInCluster``, ``NodeNotFound``) naming the field,
 before any node is touched."""
 
@@ -20,7 +21,7 @@ from sdc_contract.names import (
 
 from ... import clock
 from ...clients import hyperpod
-from ...clients.kube import KubeApi, pod_ran_since
+from ...clients.kube import KubeApi, pod_ran_since, training_owner
 from ...config import Settings
 from ...errors import InstanceNotInCluster, NodeNotFound, UntrustedReport
 from ...models import RankInfo, RankMap, Report
@@ -40,6 +41,7 @@ class RankResolver:
         self._rank_maps: dict[str, RankMap | None] = {}
         self._groups: dict[str, str] = {}
         self._corroborated: dict[tuple[str, str], bool] = {}
+        self._operator_run: dict[str, bool] = {}
 
     def rank_info(self, report: Report, rank: int) -> RankInfo:
         """Where the report puts ``rank``, completed from the job's rank map."""
@@ -144,24 +146,56 @@ class RankResolver:
 
     def corroborate(self, job: str, node: str, since: datetime) -> None:
         """The cluster confirms that ``job`` ran on ``node``: a pod in TRAINING_NAMESPACE on
-        that node whose job-name label (JOB_LABEL) is the job, running, or ended at or after
-        ``since`` (the alarm's lookback). Otherwise ``UntrustedReport`` (field ``job``): a report
-        is a claim by a pod, and a job may not name a node it did not run on."""
+        that node whose job-name label (JOB_LABEL) is the job and that ran (``pod_ran_since``:
+        Running, or ended with a started container at or after ``since``, the alarm's
+        lookback). Otherwise ``UntrustedReport`` (field ``job``): a report is a claim by a pod,
+        and a job may not name a node it did not run on.
+
+        Where a training operator runs the job (a pod of the job in the namespace has a
+        controller owner reference to a ``PyTorchJob``, ``TrainJob``, ... named the job), only
+        a pod with that owner counts: a bare pod that a namespace editor labels with the job
+        and binds to a node by ``spec.nodeName`` is not the operator's. A pod whose training
+        owner names another job never counts (its label and its owner disagree). Labels and
+        owner references are still whatever the namespace's editors write (lambdas/README)."""
         key = (job, node)
         if key not in self._corroborated:
             namespace, label = self._settings.training_namespace, self._settings.job_label
             pods = self._kube_api().list_pods(
                 namespace, label_selector={label: job}, node_name=node
             )
-            self._corroborated[key] = any(pod_ran_since(pod, since) for pod in pods)
+            ran = [pod for pod in pods if pod_ran_since(pod, since)]
+            owners = [training_owner(pod) for pod in ran]
+            if any(owner is not None and owner[1] == job for owner in owners):
+                self._corroborated[key] = True
+            elif any(owner is None for owner in owners):
+                # Only pods without a training owner ran here: they count unless the operator
+                # runs this job (then they are not its pods).
+                self._corroborated[key] = not self._run_by_operator(job)
+            else:
+                self._corroborated[key] = False
         if not self._corroborated[key]:
             namespace, label = self._settings.training_namespace, self._settings.job_label
             raise UntrustedReport(
                 f"job {job} names node {node}, but no pod of it ({label}={job}) ran there in "
                 f"namespace {namespace} since {clock.iso(since)}: a job may only name nodes "
-                "it runs on",
+                "it runs on (a pod that never started, or one the job's training operator does "
+                "not own, is no proof)",
                 field="job",
             )
+
+    def _run_by_operator(self, job: str) -> bool:
+        """Whether a training operator runs ``job``: one of the job's pods in the namespace
+        (any node, any phase) has a controller owner reference to an operator's job of that
+        name."""
+        if job not in self._operator_run:
+            namespace, label = self._settings.training_namespace, self._settings.job_label
+            pods = self._kube_api().list_pods(
+                namespace, label_selector={label: job}, node_name=None
+            )
+            self._operator_run[job] = any(
+                (owner := training_owner(pod)) is not None and owner[1] == job for pod in pods
+            )
+        return self._operator_run[job]
 
     def instance_group(self, instance_id: str) -> str:
         """The instance's group; ``InstanceNotInCluster`` when HyperPod does not know it."""
