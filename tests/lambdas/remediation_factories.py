@@ -166,11 +166,12 @@ def put_node_metric(
     metric: str = "sdc_replay_mismatch",
     job: str = JOB,
     cluster: str = CLUSTER,
+    namespace: str = NAMESPACE,
 ) -> None:
     """The per-node series, the job series and the cluster series, as the agent publishes
-    them."""
+    them (``namespace``: the agent's, unless a test writes the canary's)."""
     cw.put_metric_data(
-        Namespace=NAMESPACE,
+        Namespace=namespace,
         MetricData=[
             {
                 "MetricName": metric,

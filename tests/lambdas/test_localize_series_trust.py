@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from remediation_factories import (
     CLUSTER,
+    NAMESPACE,
     alarm_event,
     put_node_metric,
     put_report,
@@ -27,12 +28,19 @@ def _now() -> datetime:
 
 
 def test_a_canary_series_naming_a_real_node_is_no_item_of_that_node(cloud, invoke):
-    # Given a canary run (its report names the reserved node), and a pod that put a datum under
-    # the canary's job naming a real node
+    # Given a canary run (its report names the reserved node), and a datum under the canary's
+    # job naming a real node in the canary's namespace (which the agent's policy cannot write
+    # since the canary moved apart: whoever could, it must still make no real node an item)
     started = invoke("canary", {"action": "start"})
     t = datetime.now(UTC)
     real = f"hyperpod-{cloud.nodes[0]}"
-    put_node_metric(cloud.client("cloudwatch"), real, t, job=contract.CANARY_JOB)
+    put_node_metric(
+        cloud.client("cloudwatch"),
+        real,
+        t,
+        job=contract.CANARY_JOB,
+        namespace=contract.canary_namespace(NAMESPACE),
+    )
 
     # When the canary alarm's contributor fires
     out = invoke("localize", alarm_event(time=t, alarm_name=CANARY_ALARM, job=contract.CANARY_JOB))
