@@ -103,3 +103,20 @@ def test_role_names_are_read_from_the_callers_arn():
     assert role_name_of("arn:aws:iam::123456789012:user/alice") is None
     assert role_name_of("arn:aws:sts::123456789012:federated-user/x") is None
     assert role_name_of("not an arn") is None
+
+
+def test_the_requester_role_setting_takes_an_emulator_length_name_and_refuses_an_arn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """moto's server names a stack's role past IAM's 64 characters (the deploy rehearsal's
+    `SdcGuard-sdc-local-FunctionsRequestApprovalRole…`): the setting takes it, as the stack sets
+    it from a role that exists. An ARN or a path is not a role name and is refused by name."""
+    from sdc_remediation.config import settings
+    from sdc_remediation.errors import ConfigurationError
+
+    long_name = "SdcGuard-sdc-local-FunctionsRequestApprovalRole6685434B-6Q8T1VK3E8GN"
+    monkeypatch.setenv(contract.APPROVAL_REQUESTER_ROLE, long_name)
+    assert settings().approval_requester_role == long_name
+    monkeypatch.setenv(contract.APPROVAL_REQUESTER_ROLE, f"arn:aws:iam::123456789012:role/{ROLE}")
+    with pytest.raises(ConfigurationError, match=contract.APPROVAL_REQUESTER_ROLE):
+        settings().approval_requester_role
