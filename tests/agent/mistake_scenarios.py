@@ -242,3 +242,37 @@ def sharded_mistake(*, parallel: str, mistake: str, steps: int = 8) -> dict[str,
         "dp_rank": guard.dp_rank if rank == 0 else -1,
         "error_type": None,
     }
+
+
+def pipeline_mistake(*, mistake: str, steps: int = 12) -> dict[str, Any]:
+    """The drill's pipeline (3 replicas x 2 stages, HSDP) with a rebuild_batch that raises at
+    every audit (``rebuild_raises``): the pipeline's audits must count the skips and turn
+    themselves off loudly, as the data-parallel audit does."""
+    from sdc_agent.drills.pipeline import build_pipeline, make_feed
+
+    schedule = {**SCHEDULE, "peer_offset": 1}
+    publisher = RecordingPublisher()
+    _, _, optimizer, guard = build_pipeline(schedule, publisher=publisher)
+    if mistake != "rebuild_raises":
+        raise ValueError(f"unknown pipeline mistake {mistake!r}")
+
+    def raising(step: int, target: int) -> Any:
+        raise KeyError(f"no batch cached for step {step}")
+
+    guard.rebuild_batch = raising
+    updates: list[int] = []
+    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
+    rank = dist.get_rank()
+    alarm = guard.train(make_feed(s, rank) for s in range(steps))
+    return {
+        "alarm": alarm.to_dict() if alarm else None,
+        "reports": publisher.reports if rank == 0 else None,
+        "node_series": publisher.node_series,
+        "metrics": publisher.metrics,
+        "updates": updates,
+        "audit": guard.coverage()["checks"]["replay_audit"],
+        "dp_rank": 0 if rank == 0 else -1,
+        "audits_skipped": publisher.audits_skipped,
+        "audit_passes": publisher.audit_passes,
+        "error_type": None,
+    }

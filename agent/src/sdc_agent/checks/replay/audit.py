@@ -410,22 +410,7 @@ class RingAudit:
         rows = torch.stack(gathered).cpu().tolist()
         failed = [a.global_rank(dp) for dp, r in enumerate(rows) if is_failed(r[1])]
         if failed:
-            # Not a pass (liveness shows audits stopping) and not an alarm (no GPU is implicated).
-            self.skipped_in_a_row += 1
-            self.reporter.record_skipped_audit(step)
-            if self.skipped_in_a_row > self.skipped_audits_allowed:
-                return self.setup_alarm(step, repeated_failure(step, failed, self.skipped_in_a_row))
-            if self.reporter.publishes:
-                logger.error(
-                    "sdc_agent: the audit of step %d did not run: replays raised on ranks %s "
-                    "(see their logs); the step is applied unaudited (%d of %d skipped audits "
-                    "in a row allowed before the audits stop)",
-                    step,
-                    failed,
-                    self.skipped_in_a_row,
-                    self.skipped_audits_allowed,
-                )
-            return None
+            return self.skipped(step, failed)
         self.skipped_in_a_row = 0
         owns = [Outcome.from_row(r[0]) for r in rows]
         replays = [Outcome.from_row(r[1]) for r in rows]
@@ -534,6 +519,29 @@ class RingAudit:
             verdicts=verdicts,
             diagnosis=diagnosis,
         )
+
+    def skipped(self, step: int, failed: list[int]) -> Alarm | None:
+        """The audit of ``step`` did not run: replays raised on global ranks ``failed``. Not a
+        pass (liveness shows audits stopping) and not an alarm on a GPU (none is implicated):
+        the skip is logged and counted (``sdc_audit_skipped``), and the
+        ``skipped_audits_allowed + 1``-th in a row is a set-up finding (the audits stop, or the
+        job does where so configured). Every rank gets the same ``failed``, so every rank takes
+        the same branch."""
+        self.skipped_in_a_row += 1
+        self.reporter.record_skipped_audit(step)
+        if self.skipped_in_a_row > self.skipped_audits_allowed:
+            return self.setup_alarm(step, repeated_failure(step, failed, self.skipped_in_a_row))
+        if self.reporter.publishes:
+            logger.error(
+                "sdc_agent: the audit of step %d did not run: replays raised on ranks %s "
+                "(see their logs); the step is applied unaudited (%d of %d skipped audits "
+                "in a row allowed before the audits stop)",
+                step,
+                failed,
+                self.skipped_in_a_row,
+                self.skipped_audits_allowed,
+            )
+        return None
 
     def _self_replays(self, step: int, own: Outcome, deterministic: bool) -> int:
         """The preflight's share of this rank (collective under lockstep replays: every rank

@@ -21,7 +21,6 @@ non-finite gradient run the same rounds.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,7 +45,6 @@ from .pipeline import (
 if TYPE_CHECKING:
     from ...parallel.pp import PipelineAdapter
 
-logger = logging.getLogger("sdc_agent")
 
 
 class PipelineRingAudit(CollectiveRingAudit):
@@ -240,14 +238,8 @@ class PipelineRingAudit(CollectiveRingAudit):
         rows = torch.stack(gathered).cpu().tolist()
         failed = [rank for rank, r in enumerate(rows) if is_failed_row(r[1])]
         if failed:
-            if self.reporter.publishes:
-                logger.error(
-                    "sdc_agent: the audit of step %d did not run: replays raised on ranks %s "
-                    "(see their logs); the step is applied unaudited",
-                    step,
-                    failed,
-                )
-            return None
+            return self.skipped(step, failed)
+        self.skipped_in_a_row = 0
         columns = a.replica_columns()
         owns = [[PipelineOutcome.from_row(rows[g][0]) for g in column] for column in columns]
         replays = [[PipelineOutcome.from_row(rows[g][1]) for g in column] for column in columns]
