@@ -110,3 +110,47 @@ def test_the_burn_in_checks_every_step_then_the_budget_rotates_and_agreement_cos
     # exactly as without sensors
     quiet = [s for s in range(14, 14 + 3 * period) if s not in sensed and s > 14]
     assert quiet and all(per_step[s] == [("all_reduce", 4)] for s in quiet)
+
+
+def test_the_kernels_backends_are_chosen_at_construction_not_in_the_first_forward(
+    calls, monkeypatch
+):
+    """On a GPU with Triton the fingerprint and checksum kernels compile and self-check (a sync
+    each) when their backend is first chosen: the Guard chooses it at construction, so the first
+    forward and backward of training pay neither."""
+    import importlib
+
+    import sdc_agent.guard as guard_module
+    from sdc_agent.sensors import abft
+
+    fingerprint = importlib.import_module("sdc_agent.fingerprint")  # the package exports a
+    # function of the same name
+
+    chosen: list[tuple[str, torch.device]] = []
+    real_fp, real_sensor = guard_module.prepare_backend, guard_module.sensor_backend
+    monkeypatch.setattr(
+        guard_module,
+        "prepare_backend",
+        lambda d: chosen.append(("fingerprint", d)) or real_fp(d),
+    )
+    monkeypatch.setattr(
+        guard_module, "sensor_backend", lambda d: chosen.append(("sensor", d)) or real_sensor(d)
+    )
+    # Given a protected model: the Guard's construction chose both backends for its device
+    guard_of(protected=True)
+    assert chosen == [("fingerprint", torch.device("cpu")), ("sensor", torch.device("cpu"))]
+
+    # And where the kernel is available (a CUDA device, Triton importable), choosing runs the
+    # self-check once, and the later choices (inside forwards) reuse it
+    checks: list[torch.device] = []
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(fingerprint._fingerprint_triton, "AVAILABLE", True)
+    monkeypatch.setattr(fingerprint, "_self_check", lambda d: checks.append(d) or True)
+    monkeypatch.setattr(fingerprint, "_TRITON_TRUSTED", {})
+    assert fingerprint.prepare_backend(cuda) == "triton"
+    assert fingerprint._backend(cuda) == "triton" and checks == [cuda]
+    monkeypatch.setattr(abft._triton_checksum, "AVAILABLE", True)
+    monkeypatch.setattr(abft, "_self_check", lambda d: checks.append(d) or True)
+    monkeypatch.setattr(abft, "_TRITON_TRUSTED", {})
+    assert abft.sensor_backend(cuda) == "triton"
+    assert abft.sensor_backend(cuda) == "triton" and checks == [cuda, cuda]

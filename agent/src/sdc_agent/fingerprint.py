@@ -109,6 +109,14 @@ def _backend(device: torch.device) -> str:
     return "triton" if _TRITON_TRUSTED[device] else "torch"
 
 
+def prepare_backend(device: torch.device) -> str:
+    """Choose how fingerprints of tensors on ``device`` are computed, now: on a GPU with Triton,
+    the kernel is compiled and self-checked here (once per device, one sync) instead of lazily
+    inside the first forward that fingerprints. The Guard calls it at construction. Returns
+    ``"torch"`` or ``"triton"``; raises ValueError for a bad ``SDC_FINGERPRINT_BACKEND``."""
+    return _backend(device)
+
+
 def _self_check(device: torch.device) -> bool:
     """Whether the Triton kernel matches the torch path on ``device`` (runs once; syncs once).
 

@@ -62,11 +62,13 @@ from .checks.replay.setup import (
 )
 from .checks.weights.check import weight_check
 from .coverage import describe
+from .fingerprint import prepare_backend
 from .parallel import ParallelAdapter, adapter_for
 from .publisher import NullPublisher, Publisher
 from .recording import open_alarm_log
 from .reporting import Reporter
 from .schedule import Schedule
+from .sensors.abft import sensor_backend
 from .sensors.check import SensorCheck
 from .topology import TopologyError, all_gather_text, groups_on, rank_map, validate_placement
 
@@ -304,6 +306,11 @@ class Guard:
         """Whether online sensors run in this job (decided once: without them, a step skips
         every sensor call). Their plan itself is made at the first step (the cost model needs
         the batch's rows), so this asks whether there is a board to plan for, not a plan."""
+        # The kernels' backends chosen now: on a GPU with Triton, their compiles and
+        # self-checks (one sync each) run here, not inside the first forward or backward.
+        prepare_backend(a.param_device)
+        if self.sensors_planned:
+            sensor_backend(a.param_device)
 
         self.current_step: int | None = None
         """The step being run (fault drills read it); None before the first step."""
