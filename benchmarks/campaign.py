@@ -50,6 +50,7 @@ import sdc_agent as sdc
 from sdc_agent.drills.faults import _flip_bit_
 from sdc_agent.drills.launch import launch
 from sdc_agent.sensors import SensorConfig
+from sdc_agent.sensors.linear import find_board
 from sdc_agent.sensors.sites import find_sites
 from tests.support.llama import causal_lm_loss, llama, tokens
 
@@ -197,6 +198,16 @@ def _build(bf16: bool, budget: float, attention: str) -> dict[str, Any]:
         # A short warm-up (the campaign's few steps) so that every sensor checks from the
         # first trial on.
         sdc.protect(model, attention=attention, config=SensorConfig(warmup_checks=WARMUP_STEPS))
+    # The twin computes with the kernels the guarded model's sensors put on the checked path:
+    # at full coverage every sensor, every step. A 16-bit protected GEMM on that path (an fp32
+    # accumulator rounded once) is not bit-identical to the plain kernel an unarmed layer runs,
+    # so an unarmed twin would not be the guarded model's fault-free reference. Armed, then
+    # told to check nothing: the twin's board never flags.
+    twin_board = find_board(twin)
+    if twin_board is None:
+        raise RuntimeError("campaign: the twin has no protected layer")
+    twin_board.arm(frozenset(range(len(twin_board))))
+    twin_board.stop_checking()
     ddp, twin_ddp = (nn.parallel.DistributedDataParallel(m) for m in (guarded_model, twin))
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     twin_optimizer = torch.optim.AdamW(twin_ddp.parameters(), lr=1e-3)
