@@ -208,6 +208,8 @@ class SdcGuardStack(cdk.Stack):
         approvals.grant_read_decision(fn("uncordon"))
 
         ledger.grant_record(fn("record"))
+        # The ledger records the approver the approvals table holds, not the message's.
+        approvals.grant_read_decision(fn("record"))
         notify(fn("record"))
 
         # The approve function is the only principal that reads task tokens and sends task
