@@ -19,6 +19,7 @@ from infra.constructs.approval import Approvals, ApprovalUrl, OperatorPolicy
 from infra.constructs.canary import Canary
 from infra.constructs.dashboard import Dashboard
 from infra.constructs.eks_access import EksAccess
+from infra.constructs.encryption import LogsKey
 from infra.constructs.functions import SWEEP_RATE, Functions, log_retention
 from infra.constructs.hyperpod import HyperPodCluster
 from infra.constructs.ledger import Ledger
@@ -26,7 +27,7 @@ from infra.constructs.notifications import Notifications
 from infra.constructs.reports import ReportLogGroup
 from infra.constructs.rule import AlarmRule
 from infra.constructs.sweeper import SweeperSchedule
-from infra.constructs.workflow import Workflow, state_machine_arn
+from infra.constructs.workflow import Workflow, log_group_name, state_machine_arn
 
 # Margin on top of the health-check and approval windows before the execution itself times out:
 # retries, waits and the record steps; generous so it never cuts a legitimate run short.
@@ -59,6 +60,13 @@ class SdcGuardStack(cdk.Stack):
         self.reports = ReportLogGroup(self, "Reports", log_group_name=config.report_log_group)
 
         self.ledger = Ledger(self, "Ledger", cluster_name=config.hyperpod_cluster_name)
+        # The stack's log groups: the functions' (CloudFormation names them "<stack>-<id>-<n>")
+        # and the state machine's.
+        self.logs_key = LogsKey(
+            self,
+            "LogsKey",
+            log_group_names=[f"{self.stack_name}-*", log_group_name(state_machine_name)],
+        )
         self.approvals = Approvals(self, "Approvals")
         self.notifications = Notifications(
             self,
@@ -76,6 +84,7 @@ class SdcGuardStack(cdk.Stack):
             # Known before the state machine exists, so the functions can name it in messages
             # without a dependency cycle (the state machine depends on the functions).
             state_machine_arn=state_machine_arn(self, state_machine_name),
+            logs_key=self.logs_key.key,
         )
         self.approval_url = ApprovalUrl(
             self, "ApproveFunctionUrl", function=self.functions.function("approve")
@@ -91,6 +100,7 @@ class SdcGuardStack(cdk.Stack):
                 config.health_check_timeout_seconds + config.approval_timeout_seconds
             ).plus(EXECUTION_TIMEOUT_MARGIN),
             log_retention=log_retention(config.log_retention_days),
+            logs_key=self.logs_key.key,
             shadow_health_check=config.shadow_health_check,
         )
         state_machine = self.workflow.state_machine
@@ -198,6 +208,8 @@ class SdcGuardStack(cdk.Stack):
         approvals.grant_read_decision(fn("uncordon"))
 
         ledger.grant_record(fn("record"))
+        # The ledger records the approver the approvals table holds, not the message's.
+        approvals.grant_read_decision(fn("record"))
         notify(fn("record"))
 
         # The approve function is the only principal that reads task tokens and sends task

@@ -18,6 +18,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 import sdc_contract as contract
+from infra.constructs.encryption import grant_table_key, table_key
 from infra.grants import allow
 
 TTL_ATTRIBUTE = "expires_at"
@@ -39,6 +40,8 @@ class Approvals(Construct):
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
+        # The table holds task tokens: its own key, granted only with a grant on the table.
+        self.key = table_key(self, "Key", description="sdc-guard approvals", retain=False)
         self.table = dynamodb.Table(
             self,
             "Table",
@@ -46,7 +49,8 @@ class Approvals(Construct):
                 name="approval_id", type=dynamodb.AttributeType.STRING
             ),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            encryption=dynamodb.TableEncryption.AWS_MANAGED,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
+            encryption_key=self.key,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
@@ -58,6 +62,7 @@ class Approvals(Construct):
     def grant_request(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
         """Store a task token under a new approval id and read it back, and withdraw it when
         its announcement could not be sent (request_approval)."""
+        grant_table_key(grantee, self.key, sid="WriteApprovalsKey", write=True)
         return allow(
             grantee,
             sid="Approvals",
@@ -73,6 +78,7 @@ class Approvals(Construct):
     def grant_decide(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
         """Read a token, claim its approval once, list the pending ones (approve alone: the
         only role that may read task tokens)."""
+        grant_table_key(grantee, self.key, sid="WriteApprovalsKey", write=True)
         return allow(
             grantee,
             sid="DecideApprovals",
@@ -84,6 +90,7 @@ class Approvals(Construct):
         """Read an approval's decision, never its task token (replace verifies the decision it
         was sent against the table): GetItem of the contract's decision attributes only, by a
         ProjectionExpression (``dynamodb:Attributes``, ``dynamodb:Select``)."""
+        grant_table_key(grantee, self.key, sid="ReadApprovalsKey", write=False)
         return allow(
             grantee,
             sid="ReadApprovalDecision",

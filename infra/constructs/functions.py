@@ -17,6 +17,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
@@ -114,6 +115,7 @@ class StepFunction(Construct):
         layer: lambda_.ILayerVersion,
         environment: Mapping[str, str],
         retention: logs.RetentionDays,
+        logs_key: kms.IKey | None = None,
         vpc: ec2.IVpc | None = None,
         subnets: Sequence[ec2.ISubnet] = (),
         security_groups: Sequence[ec2.ISecurityGroup] = (),
@@ -131,6 +133,7 @@ class StepFunction(Construct):
             self,
             "Logs",
             retention=retention,
+            encryption_key=logs_key,
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
         self.log_group.grant_write(self.role)
@@ -198,9 +201,11 @@ class Functions(Construct):
         approvals: dynamodb.ITable,
         topic: sns.ITopic,
         state_machine_arn: str,
+        logs_key: kms.IKey | None = None,
     ) -> None:
         """`ledger`, `approvals`, `topic` and `state_machine_arn` are named in the environment
-        (`environment`); nothing is granted on them here."""
+        (`environment`); nothing is granted on them here. `logs_key` encrypts every function's
+        log group (its policy lets CloudWatch Logs use it: infra/constructs/encryption.py)."""
         super().__init__(scope, construct_id)
         self.layer = lambda_.LayerVersion(
             self,
@@ -246,6 +251,7 @@ class Functions(Construct):
                 layer=self.layer,
                 environment=environment,
                 retention=retention,
+                logs_key=logs_key,
                 vpc=vpc if in_vpc else None,
                 subnets=subnets if in_vpc else (),
                 security_groups=security_groups if in_vpc else (),

@@ -9,6 +9,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 import sdc_contract as contract
+from infra.constructs.encryption import grant_table_key, table_key
 from infra.grants import allow
 
 # TransactWriteItems (the guard's transaction) is authorized per item as PutItem/UpdateItem/
@@ -21,6 +22,8 @@ READ_WRITE: tuple[str, ...] = (
     "dynamodb:ConditionCheckItem",
 )
 READ: tuple[str, ...] = ("dynamodb:GetItem", "dynamodb:Query")
+WRITES = frozenset({"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"})
+"""A grant with one of these uses the table's key to write (`grant_table_key`)."""
 TTL_ATTRIBUTE = "expires_at"
 
 
@@ -36,13 +39,16 @@ class Ledger(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cluster_name: str) -> None:
         super().__init__(scope, construct_id)
         self.cluster_name = cluster_name
+        # Retained with the table: the history outlives the stack, and so must its key.
+        self.key = table_key(self, "Key", description="sdc-guard remediation ledger", retain=True)
         self.table = dynamodb.Table(
             self,
             "Table",
             partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING),
             sort_key=dynamodb.Attribute(name="sk", type=dynamodb.AttributeType.STRING),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            encryption=dynamodb.TableEncryption.AWS_MANAGED,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
+            encryption_key=self.key,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
@@ -116,6 +122,11 @@ class Ledger(Construct):
                 "dynamodb:LeadingKeys": [contract.canary_runs_key(self.cluster_name)]
             }
         }
+        # Every grant on the table grants its key, to read or to write as the grant does.
+        write = bool(WRITES.intersection(actions))
+        grant_table_key(
+            grantee, self.key, sid="WriteLedgerKey" if write else "ReadLedgerKey", write=write
+        )
         return allow(
             grantee,
             sid=sid,

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -126,6 +127,13 @@ def state_machine_arn(scope: Construct, state_machine_name: str) -> str:
     )
 
 
+def log_group_name(state_machine_name: str) -> str:
+    """The state machine's log group: the /aws/vendedlogs/ prefix keeps the account's CloudWatch
+    Logs resource policy small (AWS guidance for Step Functions logging); the stack's log key
+    names it (infra/constructs/encryption.py)."""
+    return f"/aws/vendedlogs/states/{state_machine_name}"
+
+
 class Workflow(Construct):
     """The state machine and its log group, and every grant on the state machine.
 
@@ -144,6 +152,7 @@ class Workflow(Construct):
         health_check_poll: cdk.Duration,
         execution_timeout: cdk.Duration,
         log_retention: logs.RetentionDays,
+        logs_key: kms.IKey | None = None,
         shadow_health_check: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -165,10 +174,9 @@ class Workflow(Construct):
         self.log_group = logs.LogGroup(
             self,
             "Logs",
-            # The /aws/vendedlogs/ prefix keeps the account's CloudWatch Logs resource policy
-            # small (AWS guidance for Step Functions logging).
-            log_group_name=f"/aws/vendedlogs/states/{state_machine_name}",
+            log_group_name=log_group_name(state_machine_name),
             retention=log_retention,
+            encryption_key=logs_key,
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
         self.state_machine = sfn.StateMachine(

@@ -49,8 +49,11 @@ def test_cloudwatch_alarms_may_publish_to_the_topic_despite_the_tls_only_policy(
 
 
 def test_cloudwatch_may_use_the_topic_key_only_for_this_stacks_alarms(default_synth: Any) -> None:
-    # Given the topic's customer managed key
-    (key,) = resources(default_synth.template, "AWS::KMS::Key").values()
+    # Given the topic's customer managed key (the tables and log groups have their own)
+    (topic,) = resources(default_synth.template, "AWS::SNS::Topic").values()
+    key = resources(default_synth.template, "AWS::KMS::Key")[
+        topic["Properties"]["KmsMasterKeyId"]["Fn::GetAtt"][0]
+    ]
     statements = key["Properties"]["KeyPolicy"]["Statement"]
     # Then CloudWatch may encrypt for the topic, under the same conditions as the topic policy
     allow = _statement(statements, "AllowCloudWatchAlarmsToPublish")

@@ -450,7 +450,8 @@ def test_tables_have_the_contract_keys_and_protection(default_synth: Any) -> Non
                     ],
                     "BillingMode": "PAY_PER_REQUEST",
                     "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
-                    "SSESpecification": {"SSEEnabled": True},  # the AWS managed KMS key
+                    # a customer managed key of the stack (test_infra_encryption; issue 32)
+                    "SSESpecification": Match.object_like({"SSEEnabled": True, "SSEType": "KMS"}),
                 }
             ),
         },
@@ -462,7 +463,8 @@ def test_tables_have_the_contract_keys_and_protection(default_synth: Any) -> Non
             "KeySchema": [{"AttributeName": "approval_id", "KeyType": "HASH"}],
             "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
             "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
-            "SSESpecification": {"SSEEnabled": True},  # the AWS managed KMS key
+            # a customer managed key of the stack (test_infra_encryption; issue 32)
+            "SSESpecification": Match.object_like({"SSEEnabled": True, "SSEType": "KMS"}),
         },
     )
 
@@ -472,9 +474,11 @@ def test_topic_is_encrypted_and_subscribes_the_configured_emails(
 ) -> None:
     # Given both configs
     (topic,) = resources(default_synth.template, "AWS::SNS::Topic").values()
-    (key_id,) = resources(default_synth.template, "AWS::KMS::Key")
-    # Then the topic uses the stack's rotating key
+    # Then the topic uses a rotating key of the stack (its own: the tables and log groups have
+    # theirs, test_infra_encryption)
+    key_id = topic["Properties"]["KmsMasterKeyId"]["Fn::GetAtt"][0]
     assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+    assert key_id.startswith("NotificationsKey")
     assert (
         resources(default_synth.template, "AWS::KMS::Key")[key_id]["Properties"][
             "EnableKeyRotation"

@@ -304,6 +304,7 @@ def approved(
     decision: str = "approve",
     release: bool = False,
     node_name: str | None = None,
+    reason: str = "persistent",
 ) -> dict[str, Any]:
     """A decision as the approve function makes it: the request stored in the approvals table
     (as request_approval stores it), claimed and sent by ``Approvals.decide`` (SendTaskSuccess
@@ -329,7 +330,7 @@ def approved(
     with Stubber(aws.client("stepfunctions")) as sfn:
         sfn.add_response("send_task_success", {}, {"taskToken": token, "output": ANY})
         result = approvals.decide(
-            approval_id, decision, release=release, reason="persistent", approver=approver
+            approval_id, decision, release=release, reason=reason, approver=approver
         )
     return result.model_dump()
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from remediation_factories import CLUSTER, JOB, LEDGER, item_state
+from remediation_factories import CLUSTER, JOB, LEDGER, approved, item_state
 
 from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
@@ -29,14 +29,14 @@ def roomy_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAX_FRACTION", "1")
 
 
-def _approval(decision: str, *, release: bool = False, reason: str = "") -> dict[str, Any]:
-    return {
-        "decision": decision,
-        "release": release,
-        "approver": ALICE,
-        "reason": reason,
-        "approval_id": "a-0123456789abcdef",
-    }
+def _approval(
+    decision: str, node: str, execution: str, *, release: bool = False, reason: str = ""
+) -> dict[str, Any]:
+    """Alice's decision as the approve function claims it in the approvals table: the record
+    step records the table's approver (issue 32), so a decision must be there."""
+    return approved(
+        node, execution, approver=ALICE, decision=decision, release=release, reason=reason
+    )
 
 
 def _run(invoke, node: str, execution: str, steps: list[tuple[str, dict[str, Any]]]) -> None:
@@ -69,7 +69,7 @@ def test_every_terminal_path_is_recorded_against_its_check_and_verdict(cloud, in
             ("cordoned", {}),
             ("health_check_failed", failed_check),
             ("awaiting_approval", {}),
-            ("approved", {"approval": _approval("approve")}),
+            ("approved", {"approval": _approval("approve", confirmed, "e-confirmed")}),
             (
                 "replaced",
                 {"replacement": {"mode": "api", "requested": True, "dry_run": False, "detail": ""}},
@@ -83,7 +83,10 @@ def test_every_terminal_path_is_recorded_against_its_check_and_verdict(cloud, in
         [
             ("cordoned", {}),
             ("health_check_passed", passed_check),
-            ("rejected", {"approval": _approval("reject", reason="flaky kernel")}),
+            (
+                "rejected",
+                {"approval": _approval("reject", rejected, "e-rejected", reason="flaky kernel")},
+            ),
         ],
     )
     _run(
@@ -93,7 +96,14 @@ def test_every_terminal_path_is_recorded_against_its_check_and_verdict(cloud, in
         [
             ("cordoned", {}),
             ("health_check_passed", passed_check),
-            ("released", {"approval": _approval("reject", release=True, reason="not the GPU")}),
+            (
+                "released",
+                {
+                    "approval": _approval(
+                        "reject", released, "e-released", release=True, reason="not the GPU"
+                    )
+                },
+            ),
         ],
     )
     _run(invoke, timed_out, "e-timeout", [("cordoned", {}), ("approval_timed_out", {})])
@@ -145,7 +155,12 @@ def test_an_abandoned_remediation_keeps_its_check_and_verdict(cloud, invoke):
 def test_the_same_instance_alarming_again_makes_a_repeat_offender(cloud, invoke):
     # Given a rejected remediation, then a second alarm on the same node
     node = cloud.nodes[0]
-    _run(invoke, node, "e-1", [("cordoned", {}), ("rejected", {"approval": _approval("reject")})])
+    _run(
+        invoke,
+        node,
+        "e-1",
+        [("cordoned", {}), ("rejected", {"approval": _approval("reject", node, "e-1")})],
+    )
     _run(invoke, node, "e-2", [("cordoned", {})])
 
     # When the ledger is summarised with the default window
@@ -339,7 +354,7 @@ def test_record_counts_outcomes_per_check_and_verdict_for_the_dashboard(cloud, i
     capsys.readouterr()
 
     # When its rejection is recorded
-    state["approval"] = _approval("reject")
+    state["approval"] = _approval("reject", node, "e-metric")
     invoke("record", {"transition": "rejected", "notify": False, "state": state})
 
     # Then one EMF metric "rejected" carries the cluster, check and verdict as dimensions

@@ -31,7 +31,7 @@ from ..errors import InvalidStepInput
 from ..models import RecordInput, RecordResult, RecordState, StepError, Transition, parse_step
 from ..observability import logger, metrics
 from ..targets import target_for
-from . import notify, shadow
+from . import decision, notify, shadow
 
 # Every terminal transition of an admitted remediation closes it: the node is free for a new
 # admission and its place in flight is given back. Whether the node keeps counting against the
@@ -191,6 +191,18 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     cluster = st.alarm.cluster_name if st.alarm else settings.hyperpod_cluster_name
     execution = st.execution or inp.execution
     instance_id = st.suspect.instance_id if st.suspect else (node.instance_id if node else None)
+    unverified_approval = None
+    if st.approval is not None:
+        # The approver (and decision) recorded are the approvals table's, never the message's:
+        # whoever holds the task token may send any name (issue 32).
+        recorded = decision.recorded_decision(
+            settings, st.approval, instance_id=instance_id, execution=execution
+        )
+        unverified_approval = recorded.unverified
+        st = st.model_copy(update={"approval": recorded.decision})
+        inp = inp.model_copy(update={"state": st})
+        if unverified_approval:
+            logger.warning("approval not as the table holds it", extra={"why": unverified_approval})
     node_name = st.suspect.node_name if st.suspect else (node.node_name if node else None)
     remediation_id = (
         st.admission.remediation_id if st.admission else None
@@ -201,6 +213,8 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         for key in ("admission", "cordon", "health", "replacement", "uncordon")
         if getattr(st, key) is not None
     }
+    if unverified_approval:
+        detail["unverified_approval"] = unverified_approval
     if st.suspects:
         detail["suspects"] = [s.node_name for s in st.suspects]
     if st.refused:
