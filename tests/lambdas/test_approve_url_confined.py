@@ -119,4 +119,4 @@ def test_the_requester_role_setting_takes_an_emulator_length_name_and_refuses_an
     assert settings().approval_requester_role == long_name
     monkeypatch.setenv(contract.APPROVAL_REQUESTER_ROLE, f"arn:aws:iam::123456789012:role/{ROLE}")
     with pytest.raises(ConfigurationError, match=contract.APPROVAL_REQUESTER_ROLE):
-        settings().approval_requester_role
+        _ = settings().approval_requester_role
