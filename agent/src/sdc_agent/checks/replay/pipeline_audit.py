@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from ...parallel.pp import PipelineAdapter
 
 
-
 class PipelineRingAudit(CollectiveRingAudit):
     """Check 2 (and check 1's confirmations) for a pipeline-parallel job; see the module
     docstring. ``adapter`` is a :class:`~sdc_agent.parallel.pp.PipelineAdapter`."""
