@@ -265,6 +265,22 @@ step <= 3% (over check 1)."""
 AMORTISED = {"weights": 10, "audit": 100}
 """Steps per weight check and per audit in the projected schedule."""
 
+PERIODIC_ROLES = (
+    "common",
+    "first_launched",
+    "first_judged",
+    "first_audit",
+    "launched",
+    "judged",
+    "audit",
+)
+"""The three-process run's recorded steps, in order (``slices.PERIODIC``): a common step, the
+first weight check (launched, judged) and the first audit, then a later weight check and audit.
+The time rows amortise the later ones (the steady state); the first ones also pay what a process
+does once (the audit's preflight: two self-replays; each fingerprint plan's index constants,
+built once and cached), and count in the peak memory only (an out-of-memory at the first audit
+stops the job)."""
+
 
 # ---------------------------------------------------------------------------- combining
 def _phase_quantities(phase: dict[str, Any], job: Job) -> dict[str, Any]:
@@ -320,7 +336,13 @@ def added(
     weight-check judgement, an audit step: their own baseline, as the world differs)."""
     q = {name: [step_quantities(r, job) for r in recs] for name, recs in recordings.items()}
     plain, checks = q["plain"][0], q["checks"][0]
-    common, launched, judged, audited = q["periodic"]
+    if len(q["periodic"]) != len(PERIODIC_ROLES):
+        raise ValueError(
+            f"periodic: {len(q['periodic'])} recorded steps, expected {len(PERIODIC_ROLES)} "
+            f"({', '.join(PERIODIC_ROLES)})"
+        )
+    role = dict(zip(PERIODIC_ROLES, q["periodic"], strict=True))
+    common, launched, judged, audited = (role[r] for r in ("common", "launched", "judged", "audit"))
     out: dict[str, dict[str, float]] = {}
     for phase in ("micro", "step"):
         p, c = plain[phase], checks[phase]
@@ -352,8 +374,14 @@ def added(
     if configuration == "checks":
         extra = checks_peak
     elif configuration in ("weights", "audit"):
-        steps = peak["periodic"][1:3] if configuration == "weights" else peak["periodic"][3:]
-        extra = checks_peak + max(0.0, max(steps) - peak["periodic"][0])
+        periodic = dict(zip(PERIODIC_ROLES, peak["periodic"], strict=True))
+        roles = (
+            ("first_launched", "first_judged", "launched", "judged")
+            if configuration == "weights"
+            else ("first_audit", "audit")
+        )
+        steps = [periodic[r] for r in roles]
+        extra = checks_peak + max(0.0, max(steps) - periodic["common"])
     elif configuration == "sensors":
         extra = max(peak["sensors_idle"][0], peak["sensors_all"][0]) - peak["plain"][0]
     else:
