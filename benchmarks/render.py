@@ -708,7 +708,12 @@ def step_cost(results: Results) -> list[str]:
             f"**Not recorded in this run** (stopped before them): {', '.join(missing)}; "
             "`make bench BENCH=step-cost` records them.",
         ]
-    return lines + _provenances(results, ["step-cost"], timed=False)
+    lines += _provenances(results, ["step-cost"], timed=False)
+    for _, job in jobs:
+        # A job kept from an earlier run (step_cost.py --add-to) says where it came from.
+        if "provenance" in job and job["provenance"] != document["provenance"]:
+            lines += ["", f"{job['job']['title']}: " + provenance(job, timed=False)]
+    return lines
 
 
 def bench_runs(results: Results) -> list[str]:

@@ -31,6 +31,7 @@ what the recorder counts is what a GPU would run.
     python benchmarks/step_cost.py                          # all three jobs (~5-10 min, 2 cores)
     python benchmarks/step_cost.py --jobs blog-953m-ddp     # one
     python benchmarks/step_cost.py --json out.json
+    python benchmarks/step_cost.py --jobs blog-953m-ddp --add-to out.json --json out.json
 """
 
 from __future__ import annotations
@@ -263,7 +264,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per launch")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--add-to",
+        type=Path,
+        help="a results file of an earlier run: its jobs not recorded in this run are kept in "
+        "--json, each with that run's provenance (two runs of one tree, e.g. a job re-recorded)",
+    )
     args = parser.parse_args(argv)
+    earlier: dict[str, Any] = {}
+    earlier_asked: list[str] = []
+    if args.add_to is not None:
+        if args.json is None:
+            parser.error("--add-to needs --json (where the combined results go)")
+        import json
+
+        try:
+            old = json.loads(args.add_to.read_text())
+            earlier = {
+                name: {**job, "provenance": job.get("provenance", old["provenance"])}
+                for name, job in old["jobs"].items()
+            }
+            earlier_asked = list(old["jobs_asked"])
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"--add-to {args.add_to}: not a step-cost results file ({error})")
     recorder = Recorder(__file__, argv)
     names = [n.strip() for n in args.jobs.split(",") if n.strip()]
     unknown = [n for n in names if n not in project.JOBS_BY_NAME]
@@ -275,17 +298,21 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(complete: bool) -> None:
         if args.json:
+            kept = {n: j for n, j in earlier.items() if n not in projections}
+            asked = [*names, *(n for n in earlier_asked if n not in names)]
             recorder.write(
                 args.json,
                 {
-                    "args": vars(args),
+                    "args": {
+                        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                    },
                     "model_not_measurement": True,
-                    "complete": complete,
-                    "jobs_asked": names,
+                    "complete": complete and all(n in projections or n in kept for n in asked),
+                    "jobs_asked": asked,
                     "constants": project.constants(),
                     "targets_percent_h100": project.TARGETS,
                     "amortised_every": project.AMORTISED,
-                    "jobs": projections,
+                    "jobs": {**kept, **projections},
                 },
             )
 
