@@ -270,7 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a results file of an earlier run: its jobs not recorded in this run are kept in "
         "--json, each with that run's provenance (two runs of one tree, e.g. a job re-recorded)",
     )
+    parser.add_argument(
+        "--reproject",
+        action="store_true",
+        help="with --add-to: project the kept jobs' saved recordings again with the current "
+        "costmodel.project (their recording's provenance stays theirs); --jobs '' records none",
+    )
     args = parser.parse_args(argv)
+    if args.reproject and args.add_to is None:
+        parser.error("--reproject needs --add-to (the recordings to project again)")
     earlier: dict[str, Any] = {}
     earlier_asked: list[str] = []
     if args.add_to is not None:
@@ -287,6 +295,14 @@ def main(argv: list[str] | None = None) -> int:
             earlier_asked = list(old["jobs_asked"])
         except (OSError, ValueError, KeyError) as error:
             parser.error(f"--add-to {args.add_to}: not a step-cost results file ({error})")
+        if args.reproject:
+            for name, job in earlier.items():
+                by_layers = {int(k): v for k, v in job["recorded"].items()}
+                again = project.project(
+                    by_layers, project.JOBS_BY_NAME[name], job["sensor_period_gpu"]
+                )
+                job.update(again)
+                job["reprojected"] = True
     recorder = Recorder(__file__, argv)
     names = [n.strip() for n in args.jobs.split(",") if n.strip()]
     unknown = [n for n in names if n not in project.JOBS_BY_NAME]
@@ -321,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         print_projection(projections[name])
         # After each job: a run stopped later keeps what it recorded (``complete`` False).
         write(complete=len(projections) == len(names))
+    if not names:
+        write(complete=True)
+    for name, job in earlier.items():
+        if name not in projections:
+            print_projection(job)
     return 0
 
 

@@ -18,6 +18,8 @@ From the slice to the model: the slice runs 1 and 2 decoder layers; per phase (a
 forward and backward; the rest of the step) the per-layer part is the difference and the rest
 the 1-layer run minus it, so ``full = one_layer + (layers - 1) x (two_layers - one_layer)``;
 the micro-batch phase counts ``micro_batches`` times. Tokens and vocabulary scale by shape.
+The extra peak memory is the 2-layer run's plus, per further layer, its growth from 1 to 2
+layers when it grows (a maximum does not add up over layers; it never shrinks with them).
 """
 
 from __future__ import annotations
@@ -403,7 +405,11 @@ def project(
             per_layer = _linear((1, two[phase]), (-1, one[phase]))
             phases[phase] = _linear((1, one[phase]), (job.layers - 1, per_layer))
         total = _linear((job.micro_batches, phases["micro"]), (1, phases["step"]))
-        peak = peak_one + (job.layers - 1) * (peak_two - peak_one)
+        # A peak is a maximum, not a sum: it may grow with the layers (what the guard holds for
+        # each layer at once), never shrink (a replay that holds one layer's gradient at a
+        # time peaks alike at 1 and 2 layers, and the 1-layer run's lower-order terms must not
+        # extrapolate to a negative peak at 80 layers).
+        peak = peak_two + (job.layers - 2) * max(0.0, peak_two - peak_one)
         percent = {}
         for g in GPUS:
             seconds = (

@@ -131,3 +131,31 @@ def test_periodic_checks_are_amortised_over_their_period() -> None:
     # And a run that recorded the wrong number of periodic steps is refused, naming them
     with pytest.raises(ValueError, match="first_audit"):
         project.added({**recordings, "periodic": recordings["periodic"][:4]}, "audit", job, 50)
+
+
+def _depth(audit_peak: float) -> dict:
+    periodic = [_recording(12, 8)] * 3 + [_recording(12, 908, peak=audit_peak)]
+    periodic += [_recording(12, 18), _recording(12, 28), _recording(12, 508, peak=audit_peak)]
+    return {
+        "plain": [_recording(10, 5)],
+        "checks": [_recording(12, 8)],
+        "sensors_idle": [_recording(12, 8)],
+        "sensors_all": [_recording(112, 8, peak=3.0)],
+        "periodic": periodic,
+    }
+
+
+def test_an_extra_peak_grows_with_the_layers_but_never_shrinks_with_them() -> None:
+    # Given an audit whose extra peak is 10 at 1 layer and 7 at 2 (a replay holding one layer's
+    # gradient at a time: the 1-layer run's other terms weigh more), and sensors whose peak is
+    # 3 at both depths
+    job = project.JOBS_BY_NAME["llama3-70b-tp8-fsdp"]
+    by_layers = {1: _depth(10.0), 2: _depth(7.0)}
+    # When it is projected onto the job's 80 layers
+    rows = project.project(by_layers, job, period=50)["configurations"]
+    # Then the audit's peak is the 2-layer run's, not 7 - 79 x 3 (a negative peak)
+    assert rows["audit"]["extra_peak_bytes"] == pytest.approx(7.0)
+    # And a peak that grows by 2 per layer grows so over the 80 layers
+    by_layers = {1: _depth(5.0), 2: _depth(7.0)}
+    rows = project.project(by_layers, job, period=50)["configurations"]
+    assert rows["audit"]["extra_peak_bytes"] == pytest.approx(5.0 + 79 * 2.0)
