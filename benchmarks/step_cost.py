@@ -267,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--add-to",
         type=Path,
-        help="a results file of an earlier run: its jobs not recorded in this run are kept in "
-        "--json, each with that run's provenance (two runs of one tree, e.g. a job re-recorded)",
+        action="append",
+        help="a results file of an earlier run (repeatable; a later file's job replaces an "
+        "earlier's): its jobs not recorded in this run are kept in --json, each with that "
+        "run's provenance (runs of one tree, e.g. a job re-recorded)",
     )
     parser.add_argument(
         "--reproject",
@@ -286,15 +288,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--add-to needs --json (where the combined results go)")
         import json
 
-        try:
-            old = json.loads(args.add_to.read_text())
-            earlier = {
-                name: {**job, "provenance": job.get("provenance", old["provenance"])}
-                for name, job in old["jobs"].items()
-            }
-            earlier_asked = list(old["jobs_asked"])
-        except (OSError, ValueError, KeyError) as error:
-            parser.error(f"--add-to {args.add_to}: not a step-cost results file ({error})")
+        for path in args.add_to:
+            try:
+                old = json.loads(path.read_text())
+                earlier.update(
+                    {
+                        name: {**job, "provenance": job.get("provenance", old["provenance"])}
+                        for name, job in old["jobs"].items()
+                    }
+                )
+                earlier_asked += [n for n in old["jobs_asked"] if n not in earlier_asked]
+            except (OSError, ValueError, KeyError) as error:
+                parser.error(f"--add-to {path}: not a step-cost results file ({error})")
         if args.reproject:
             for name, job in earlier.items():
                 by_layers = {int(k): v for k, v in job["recorded"].items()}
