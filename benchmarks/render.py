@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -708,7 +709,12 @@ def step_cost(results: Results) -> list[str]:
             f"**Not recorded in this run** (stopped before them): {', '.join(missing)}; "
             "`make bench BENCH=step-cost` records them.",
         ]
-    return lines + _provenances(results, ["step-cost"], timed=False)
+    lines += _provenances(results, ["step-cost"], timed=False)
+    for _, job in jobs:
+        # A job kept from an earlier run (step_cost.py --add-to) says where it came from.
+        if "provenance" in job and job["provenance"] != document["provenance"]:
+            lines += ["", f"{job['job']['title']}: " + provenance(job, timed=False)]
+    return lines
 
 
 def bench_runs(results: Results) -> list[str]:
@@ -729,8 +735,24 @@ def bench_runs(results: Results) -> list[str]:
         if took is None:  # run outside bench.py: the script's own clock, imports excluded
             took = (parse(meta["finished_utc"]) - parse(meta["started_utc"])).total_seconds()
             mark = "*"
-        total += took
         load_ = meta["load"]
+        # Jobs kept from earlier runs (step_cost.py --add-to): those runs' time and load too.
+        earlier = {
+            json.dumps(j["provenance"], sort_keys=True): j["provenance"]
+            for j in results[job.name].get("jobs", {}).values()
+            if isinstance(j, dict) and "provenance" in j and j["provenance"] != meta
+        }
+        if earlier:
+            runs = list(earlier.values())
+            took += sum(
+                (parse(m["finished_utc"]) - parse(m["started_utc"])).total_seconds() for m in runs
+            )
+            mark = "*"
+            load_ = {
+                "during_mean": max(m["load"]["during_mean"] for m in runs),
+                "during_max": max(m["load"]["during_max"] for m in runs),
+            }
+        total += took
         rows.append(
             [
                 job.name,

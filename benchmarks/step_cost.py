@@ -11,6 +11,8 @@ audits need), plainly and under ``sdc_agent.Guard`` in five configurations:
 * ``weights``: + weight fingerprints every 10 steps (a check step and the step that judges it,
   amortised 1/10);
 * ``audit``: + deterministic ring replay audits every 100 steps (an audit step, amortised 1/100);
+  the time rows amortise a later weight check and audit, not the first (whose preflight and
+  fingerprint-plan constants a process pays once; they count in the peak memory);
 * ``sensors``: ``sdc.protect(model)`` at the default budget after the burn-in: a step on which
   no sensor checks, plus the burst step on which every one does (the ``sensors_all`` step),
   amortised over the period the plan makes for a GPU;
@@ -29,6 +31,7 @@ what the recorder counts is what a GPU would run.
     python benchmarks/step_cost.py                          # all three jobs (~5-10 min, 2 cores)
     python benchmarks/step_cost.py --jobs blog-953m-ddp     # one
     python benchmarks/step_cost.py --json out.json
+    python benchmarks/step_cost.py --jobs blog-953m-ddp --add-to out.json --json out.json
 """
 
 from __future__ import annotations
@@ -170,13 +173,14 @@ def run_job(job: project.Job, args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {job.name}: {group} recorded ({rank0['seconds']} s)", flush=True)
     projection = project.project(by_layers, job, period)  # type: ignore[arg-type]
     two = by_layers[2]
-    periodic = two["periodic"]
+    periodic = dict(zip(project.PERIODIC_ROLES, two["periodic"], strict=True))
     projection["top_ops"] = {
         name: _top_ops(guarded, baseline)
         for name, guarded, baseline in (
             ("checks", two["checks"][0], two["plain"][0]),
-            ("weight check judged", periodic[2], periodic[0]),
-            ("audit step", periodic[3], periodic[0]),
+            ("weight check judged", periodic["judged"], periodic["common"]),
+            ("audit step", periodic["audit"], periodic["common"]),
+            ("first audit step", periodic["first_audit"], periodic["common"]),
             ("sensors, idle step", two["sensors_idle"][0], two["plain"][0]),
             ("sensors_all", two["sensors_all"][0], two["plain"][0]),
         )
@@ -199,9 +203,12 @@ def run_job(job: project.Job, args: argparse.Namespace) -> dict[str, Any]:
         }
         for name, guarded, baseline in (
             ("checks", two["checks"][0], two["plain"][0]),
-            ("weight check launched", periodic[1], periodic[0]),
-            ("weight check judged", periodic[2], periodic[0]),
-            ("audit step", periodic[3], periodic[0]),
+            ("weight check launched", periodic["launched"], periodic["common"]),
+            ("weight check judged", periodic["judged"], periodic["common"]),
+            ("audit step", periodic["audit"], periodic["common"]),
+            ("first weight check launched", periodic["first_launched"], periodic["common"]),
+            ("first weight check judged", periodic["first_judged"], periodic["common"]),
+            ("first audit step", periodic["first_audit"], periodic["common"]),
             ("sensors, idle step", two["sensors_idle"][0], two["plain"][0]),
             ("sensors_all", two["sensors_all"][0], two["plain"][0]),
         )
@@ -257,7 +264,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per launch")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--add-to",
+        type=Path,
+        action="append",
+        help="a results file of an earlier run (repeatable; a later file's job replaces an "
+        "earlier's): its jobs not recorded in this run are kept in --json, each with that "
+        "run's provenance (runs of one tree, e.g. a job re-recorded)",
+    )
+    parser.add_argument(
+        "--reproject",
+        action="store_true",
+        help="with --add-to: project the kept jobs' saved recordings again with the current "
+        "costmodel.project (their recording's provenance stays theirs); --jobs '' records none",
+    )
     args = parser.parse_args(argv)
+    if args.reproject and args.add_to is None:
+        parser.error("--reproject needs --add-to (the recordings to project again)")
+    earlier: dict[str, Any] = {}
+    earlier_asked: list[str] = []
+    if args.add_to is not None:
+        if args.json is None:
+            parser.error("--add-to needs --json (where the combined results go)")
+        import json
+
+        for path in args.add_to:
+            try:
+                old = json.loads(path.read_text())
+                earlier.update(
+                    {
+                        name: {**job, "provenance": job.get("provenance", old["provenance"])}
+                        for name, job in old["jobs"].items()
+                    }
+                )
+                earlier_asked += [n for n in old["jobs_asked"] if n not in earlier_asked]
+            except (OSError, ValueError, KeyError) as error:
+                parser.error(f"--add-to {path}: not a step-cost results file ({error})")
+        if args.reproject:
+            for name, job in earlier.items():
+                by_layers = {int(k): v for k, v in job["recorded"].items()}
+                again = project.project(
+                    by_layers, project.JOBS_BY_NAME[name], job["sensor_period_gpu"]
+                )
+                job.update(again)
+                job["reprojected"] = True
     recorder = Recorder(__file__, argv)
     names = [n.strip() for n in args.jobs.split(",") if n.strip()]
     unknown = [n for n in names if n not in project.JOBS_BY_NAME]
@@ -269,17 +319,21 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(complete: bool) -> None:
         if args.json:
+            kept = {n: j for n, j in earlier.items() if n not in projections}
+            asked = [*names, *(n for n in earlier_asked if n not in names)]
             recorder.write(
                 args.json,
                 {
-                    "args": vars(args),
+                    "args": {
+                        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                    },
                     "model_not_measurement": True,
-                    "complete": complete,
-                    "jobs_asked": names,
+                    "complete": complete and all(n in projections or n in kept for n in asked),
+                    "jobs_asked": asked,
                     "constants": project.constants(),
                     "targets_percent_h100": project.TARGETS,
                     "amortised_every": project.AMORTISED,
-                    "jobs": projections,
+                    "jobs": {**kept, **projections},
                 },
             )
 
@@ -288,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         print_projection(projections[name])
         # After each job: a run stopped later keeps what it recorded (``complete`` False).
         write(complete=len(projections) == len(names))
+    if not names:
+        write(complete=True)
+    for name, job in earlier.items():
+        if name not in projections:
+            print_projection(job)
     return 0
 
 

@@ -18,6 +18,8 @@ From the slice to the model: the slice runs 1 and 2 decoder layers; per phase (a
 forward and backward; the rest of the step) the per-layer part is the difference and the rest
 the 1-layer run minus it, so ``full = one_layer + (layers - 1) x (two_layers - one_layer)``;
 the micro-batch phase counts ``micro_batches`` times. Tokens and vocabulary scale by shape.
+The extra peak memory is the 2-layer run's plus, per further layer, its growth from 1 to 2
+layers when it grows (a maximum does not add up over layers; it never shrinks with them).
 """
 
 from __future__ import annotations
@@ -265,6 +267,22 @@ step <= 3% (over check 1)."""
 AMORTISED = {"weights": 10, "audit": 100}
 """Steps per weight check and per audit in the projected schedule."""
 
+PERIODIC_ROLES = (
+    "common",
+    "first_launched",
+    "first_judged",
+    "first_audit",
+    "launched",
+    "judged",
+    "audit",
+)
+"""The three-process run's recorded steps, in order (``slices.PERIODIC``): a common step, the
+first weight check (launched, judged) and the first audit, then a later weight check and audit.
+The time rows amortise the later ones (the steady state); the first ones also pay what a process
+does once (the audit's preflight: two self-replays; each fingerprint plan's index constants,
+built once and cached), and count in the peak memory only (an out-of-memory at the first audit
+stops the job)."""
+
 
 # ---------------------------------------------------------------------------- combining
 def _phase_quantities(phase: dict[str, Any], job: Job) -> dict[str, Any]:
@@ -320,7 +338,13 @@ def added(
     weight-check judgement, an audit step: their own baseline, as the world differs)."""
     q = {name: [step_quantities(r, job) for r in recs] for name, recs in recordings.items()}
     plain, checks = q["plain"][0], q["checks"][0]
-    common, launched, judged, audited = q["periodic"]
+    if len(q["periodic"]) != len(PERIODIC_ROLES):
+        raise ValueError(
+            f"periodic: {len(q['periodic'])} recorded steps, expected {len(PERIODIC_ROLES)} "
+            f"({', '.join(PERIODIC_ROLES)})"
+        )
+    role = dict(zip(PERIODIC_ROLES, q["periodic"], strict=True))
+    common, launched, judged, audited = (role[r] for r in ("common", "launched", "judged", "audit"))
     out: dict[str, dict[str, float]] = {}
     for phase in ("micro", "step"):
         p, c = plain[phase], checks[phase]
@@ -352,8 +376,14 @@ def added(
     if configuration == "checks":
         extra = checks_peak
     elif configuration in ("weights", "audit"):
-        steps = peak["periodic"][1:3] if configuration == "weights" else peak["periodic"][3:]
-        extra = checks_peak + max(0.0, max(steps) - peak["periodic"][0])
+        periodic = dict(zip(PERIODIC_ROLES, peak["periodic"], strict=True))
+        roles = (
+            ("first_launched", "first_judged", "launched", "judged")
+            if configuration == "weights"
+            else ("first_audit", "audit")
+        )
+        steps = [periodic[r] for r in roles]
+        extra = checks_peak + max(0.0, max(steps) - periodic["common"])
     elif configuration == "sensors":
         extra = max(peak["sensors_idle"][0], peak["sensors_all"][0]) - peak["plain"][0]
     else:
@@ -375,7 +405,11 @@ def project(
             per_layer = _linear((1, two[phase]), (-1, one[phase]))
             phases[phase] = _linear((1, one[phase]), (job.layers - 1, per_layer))
         total = _linear((job.micro_batches, phases["micro"]), (1, phases["step"]))
-        peak = peak_one + (job.layers - 1) * (peak_two - peak_one)
+        # A peak is a maximum, not a sum: it may grow with the layers (what the guard holds for
+        # each layer at once), never shrink (a replay that holds one layer's gradient at a
+        # time peaks alike at 1 and 2 layers, and the 1-layer run's lower-order terms must not
+        # extrapolate to a negative peak at 80 layers).
+        peak = peak_two + (job.layers - 2) * max(0.0, peak_two - peak_one)
         percent = {}
         for g in GPUS:
             seconds = (

@@ -239,8 +239,15 @@ def _storage(t: torch.Tensor) -> int | None:
 def _caller(skip_torch: bool = True) -> tuple[str, bool]:
     """(file:line of the innermost frame outside torch and this module, whether sdc_agent
     code is on the stack)."""
-    frame = sys._getframe(2)
+    where, agent, _ = _call_site(sys._getframe(2), skip_torch)
+    return where, agent
+
+
+def _call_site(frame: Any, skip_torch: bool = True) -> tuple[str, bool, tuple[int, int]]:
+    """From ``frame`` outwards: (file:line of the innermost frame outside torch and this
+    module, whether sdc_agent code is on the stack, that frame's (id, instruction offset))."""
     where = ""
+    site = (0, -1)
     agent = False
     while frame is not None:
         name = frame.f_code.co_filename
@@ -248,12 +255,14 @@ def _caller(skip_torch: bool = True) -> tuple[str, bool]:
             agent = True
             if not where:
                 where = f"{name.split(AGENT + '/', 1)[-1]}:{frame.f_lineno}"
+                site = (id(frame), frame.f_lasti)
         elif not where and not (skip_torch and ("/torch/" in name or __file__ == name)):
             where = f"{name.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+            site = (id(frame), frame.f_lasti)
         if agent and where:
             break
-        frame = frame.f_back  # type: ignore[assignment]
-    return where, agent
+        frame = frame.f_back
+    return where, agent, site
 
 
 class _ThreadMode(TorchDispatchMode):
@@ -437,15 +446,15 @@ class StepRecorder(TorchDispatchMode):
         name = str(func.overloadpacket.__name__)
         totals = self.ops[(self.phase, name)]
         totals.calls += 1
-        where, agent = _caller()
+        where, agent, site = _call_site(sys._getframe(1))
         totals.guard += agent
         if func in DEVICE_TO_HOST:
-            self._event("host_read", name, where, agent)
+            self._event("host_read", name, where, agent, site)
             return
         if func in DATA_DEPENDENT:
-            self._event("host_read", name, where, agent)
+            self._event("host_read", name, where, agent, site)
         if func in HOST_TO_DEVICE:
-            self._event("host_to_device", name, where, agent)
+            self._event("host_to_device", name, where, agent, site)
             totals.launches += 1
             return
         if func.is_view or func in NO_KERNEL:
@@ -523,12 +532,21 @@ class StepRecorder(TorchDispatchMode):
         return int(raw), float(full)
 
     # ------------------------------------------------------------------ events
-    def _event(self, kind: str, what: str, where: str, agent: bool) -> None:
+    def _event(
+        self, kind: str, what: str, where: str, agent: bool, site: tuple[int, int] = (0, -1)
+    ) -> None:
         if not self._alive:
             return
         with self._lock:
             self.events.append(
-                {"kind": kind, "what": what, "where": where, "guard": agent, "phase": self.phase}
+                {
+                    "kind": kind,
+                    "what": what,
+                    "where": where,
+                    "guard": agent,
+                    "phase": self.phase,
+                    "site": site,
+                }
             )
 
     def _host_read(self, method: str) -> Callable[..., Any]:
@@ -536,8 +554,8 @@ class StepRecorder(TorchDispatchMode):
         recorder = self
 
         def read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            where, agent = _caller()
-            recorder._event("host_read", f"Tensor.{method}", where, agent)
+            where, agent, site = _call_site(sys._getframe(1))
+            recorder._event("host_read", f"Tensor.{method}", where, agent, site)
             return original(tensor, *args, **kwargs)
 
         return read
@@ -586,17 +604,27 @@ class StepRecorder(TorchDispatchMode):
 
     # ------------------------------------------------------------------ summary
     def syncs(self) -> list[dict[str, Any]]:
-        """The host syncs: device-to-host reads and host-to-device copies, one per source line
-        in a row (``t.cpu().tolist()`` on one line blocks once)."""
+        """The host syncs: device-to-host reads and host-to-device copies, one per execution of
+        a source line (``t.cpu().tolist()`` blocks once: the second read comes from a later
+        call on the same line of the same frame). The same line run again (a loop, or each
+        call of a function or hook) is a sync each time: it blocks again."""
         out: list[dict[str, Any]] = []
         for event in self.events:
             if event["kind"] == "wait":
                 continue
-            if out and out[-1]["where"] == event["where"] and out[-1]["kind"] == event["kind"]:
-                out[-1]["what"] += f" + {event['what']}"
+            previous = out[-1] if out else None
+            if (
+                previous is not None
+                and previous["where"] == event["where"]
+                and previous["kind"] == event["kind"]
+                and previous["site"][0] == event["site"][0]
+                and event["site"][1] > previous["site"][1]
+            ):
+                previous["what"] += f" + {event['what']}"
+                previous["site"] = event["site"]
                 continue
             out.append(dict(event))
-        return out
+        return [{k: v for k, v in s.items() if k != "site"} for s in out]
 
     def summary(self) -> dict[str, Any]:
         """What was recorded, JSON-ready: per phase (``micro``, ``step``) the totals, the
@@ -618,7 +646,11 @@ class StepRecorder(TorchDispatchMode):
                 "modelled_s": dict(modelled),
                 "syncs": sum(s["phase"] == phase for s in syncs),
                 "sync_list": [s for s in syncs if s["phase"] == phase],
-                "waits": [e for e in self.events if e["kind"] == "wait" and e["phase"] == phase],
+                "waits": [
+                    {k: v for k, v in e.items() if k != "site"}
+                    for e in self.events
+                    if e["kind"] == "wait" and e["phase"] == phase
+                ],
                 "collectives": [c for c in self.collectives if c["phase"] == phase],
                 "ops": {name: t.as_dict() for name, t in sorted(mine.items())},
             }

@@ -92,11 +92,14 @@ CONFIGURATIONS: tuple[Configuration, ...] = (
 PERIODIC = Configuration(
     name="periodic",
     schedule={**COMMON, "sensors": False, "check_every": 4, "audit_every": 5},
-    recorded=(2, 3, 4, 5),
+    recorded=(2, 3, 4, 5, 7, 8, 10),
 )
-"""What three processes (three nodes) record: step 2 a common step (it settles step 1's flags),
-weight fingerprints launched after step 3's update ((3 + 1) % 4 == 0) and judged in step 4, and
-step 5 an audit step (5 % 5 == 0)."""
+"""What three processes (three nodes) record, in the order of ``project.PERIODIC_ROLES``: step 2
+a common step (it settles step 1's flags); the first weight fingerprints, launched after step 3's
+update ((3 + 1) % 4 == 0) and judged in step 4; the first audit step, 5 (5 % 5 == 0: the
+preflight's two self-replays, and each fingerprint plan's constants built once); then the
+steady state: weight fingerprints launched after step 7 and judged in step 8, and the audit of
+step 10. Steps 6 and 9 run unrecorded."""
 BY_NAME = {c.name: c for c in (PLAIN, *CONFIGURATIONS, PERIODIC)}
 
 
@@ -261,12 +264,15 @@ def record_steps(
     emulate_16bit_gemms: bool = True,
     timer: Any = None,
 ) -> list[dict[str, Any]]:
-    """Run the configuration's warm-up steps, then record each of its recorded steps; returns
-    one :meth:`StepRecorder.summary` per recorded step."""
-    for n in configuration.warmup:
-        built.step(n)
+    """Run every step from the configuration's first warm-up step to its last recorded step,
+    recording each of its recorded steps; returns one :meth:`StepRecorder.summary` per recorded
+    step, in order."""
+    steps = sorted(set(configuration.warmup) | set(configuration.recorded))
     out = []
-    for n in configuration.recorded:
+    for n in range(steps[0], steps[-1] + 1):
+        if n not in configuration.recorded:
+            built.step(n)
+            continue
         recorder = StepRecorder(
             scaling=scaling, emulate_16bit_gemms=emulate_16bit_gemms, timer=timer
         )

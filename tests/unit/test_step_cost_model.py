@@ -95,8 +95,9 @@ def _recording(micro: float, step: float, peak: float = 0.0) -> dict:
 
 def test_periodic_checks_are_amortised_over_their_period() -> None:
     # Given recordings: plain 10 launches per micro-batch, check 1 adds 2 and 3 (per phase);
-    # in the three-process run a common step, a weight check launched (+10), judged (+20), and
-    # an audit step (+500)
+    # in the three-process run a common step, the first weight check launched (+40) and judged
+    # (+20), the first audit (+900, its preflight), then a weight check launched (+10), judged
+    # (+20), and an audit step (+500)
     job = project.JOBS_BY_NAME["blog-953m-ddp"]
     recordings = {
         "plain": [_recording(10, 5)],
@@ -105,6 +106,9 @@ def test_periodic_checks_are_amortised_over_their_period() -> None:
         "sensors_all": [_recording(112, 8)],
         "periodic": [
             _recording(12, 8),
+            _recording(12, 48),
+            _recording(12, 28),
+            _recording(12, 908, peak=9.0),
             _recording(12, 18),
             _recording(12, 28),
             _recording(12, 508, peak=7.0),
@@ -115,10 +119,43 @@ def test_periodic_checks_are_amortised_over_their_period() -> None:
     weights, _ = project.added(recordings, "weights", job, period=50)
     audit, audit_peak = project.added(recordings, "audit", job, period=50)
     sensors, _ = project.added(recordings, "sensors", job, period=50)
-    # Then check 1's is the difference, the others' their share of the period on top
+    # Then check 1's is the difference, the others' their steady share of the period on top
+    # (the first weight check and the first audit pay once what a process builds once)
     assert (checks["micro"]["launches"], checks["step"]["launches"]) == (2, 3)
     assert weights["step"]["launches"] == pytest.approx(3 + (10 + 20) / 10)
     assert audit["step"]["launches"] == pytest.approx(3 + 500 / 100)
     assert sensors["micro"]["launches"] == pytest.approx(2 + 100 / 50)
-    # And the audit's extra peak is the audit step's over its common step (not amortised)
-    assert audit_peak == pytest.approx(7.0)
+    # And the audit's extra peak is the largest audit step's over its common step (the first
+    # one's: an out-of-memory there stops the job; not amortised)
+    assert audit_peak == pytest.approx(9.0)
+    # And a run that recorded the wrong number of periodic steps is refused, naming them
+    with pytest.raises(ValueError, match="first_audit"):
+        project.added({**recordings, "periodic": recordings["periodic"][:4]}, "audit", job, 50)
+
+
+def _depth(audit_peak: float) -> dict:
+    periodic = [_recording(12, 8)] * 3 + [_recording(12, 908, peak=audit_peak)]
+    periodic += [_recording(12, 18), _recording(12, 28), _recording(12, 508, peak=audit_peak)]
+    return {
+        "plain": [_recording(10, 5)],
+        "checks": [_recording(12, 8)],
+        "sensors_idle": [_recording(12, 8)],
+        "sensors_all": [_recording(112, 8, peak=3.0)],
+        "periodic": periodic,
+    }
+
+
+def test_an_extra_peak_grows_with_the_layers_but_never_shrinks_with_them() -> None:
+    # Given an audit whose extra peak is 10 at 1 layer and 7 at 2 (a replay holding one layer's
+    # gradient at a time: the 1-layer run's other terms weigh more), and sensors whose peak is
+    # 3 at both depths
+    job = project.JOBS_BY_NAME["llama3-70b-tp8-fsdp"]
+    by_layers = {1: _depth(10.0), 2: _depth(7.0)}
+    # When it is projected onto the job's 80 layers
+    rows = project.project(by_layers, job, period=50)["configurations"]
+    # Then the audit's peak is the 2-layer run's, not 7 - 79 x 3 (a negative peak)
+    assert rows["audit"]["extra_peak_bytes"] == pytest.approx(7.0)
+    # And a peak that grows by 2 per layer grows so over the 80 layers
+    by_layers = {1: _depth(5.0), 2: _depth(7.0)}
+    rows = project.project(by_layers, job, period=50)["configurations"]
+    assert rows["audit"]["extra_peak_bytes"] == pytest.approx(5.0 + 79 * 2.0)

@@ -162,3 +162,41 @@ def test_the_recorder_counts_a_sync_and_a_wait_added_to_the_step(one_process_gro
     assert (
         summary["ops"]["mul"]["bytes_read"] == 32 and summary["ops"]["mul"]["bytes_written"] == 32
     )
+
+
+def _read_twice_on_one_line(t: torch.Tensor) -> list[float]:
+    return t.cpu().tolist()
+
+
+def test_a_line_run_again_is_a_sync_again_and_one_chained_read_is_one() -> None:
+    # Given the recorder (no collective: nothing to install for the reads themselves)
+    from costmodel.recorder import StepRecorder, install
+
+    install()
+    try:
+        x, two = torch.ones(4), torch.full((2,), 2.0)
+        recorder = StepRecorder()
+        # When a host read on one line runs three times in a loop, a function reading twice in
+        # one expression is called twice, and a Python list indexes a tensor (a host-to-device
+        # copy of the index) twice in a row
+        with recorder:
+            for _ in range(3):
+                x.sum().item()
+            _read_twice_on_one_line(x)
+            _read_twice_on_one_line(x)
+            for _ in range(2):
+                x[[0, 1]] = two
+        recorder.stop()
+        syncs = recorder.summary()["phases"]["step"]["sync_list"]
+    finally:
+        uninstall()
+    # Then each execution of a line blocks once: 3 + 2 (each `t.cpu().tolist()` once) + 2
+    assert [s["what"] for s in syncs] == [
+        "_local_scalar_dense",
+        "_local_scalar_dense",
+        "_local_scalar_dense",
+        "Tensor.cpu + Tensor.tolist",
+        "Tensor.cpu + Tensor.tolist",
+        "lift_fresh",
+        "lift_fresh",
+    ]

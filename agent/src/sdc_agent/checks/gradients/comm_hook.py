@@ -39,9 +39,10 @@ def grad_stats_hook(
     buffer = bucket.buffer()
     if state.capture_fingerprints and state.local_fingerprints is not None:
         # One batched call per bucket: the per-call overhead dominates for small parameters.
-        rows = [state.param_index[id(param)] for param in bucket.parameters()]
+        device = state.local_fingerprints.device
+        rows = _rows(tuple(state.param_index[id(param)] for param in bucket.parameters()), device)
         table = fingerprints(bucket.gradients())
-        state.local_fingerprints[rows] = table.to(state.local_fingerprints.device)
+        state.local_fingerprints[rows] = table.to(device)
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     state.local_flags.append(divide_and_check(buffer, group.size()))
 
@@ -54,6 +55,14 @@ def grad_stats_hook(
         return reduced
 
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(after_reduction)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rows(rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A bucket's fingerprint-table rows as an int64 index on ``device``, made once per bucket
+    layout: indexing with a Python list copies it to the device on every audit step, and on a
+    GPU that pageable copy blocks the host once per bucket (only read, never written)."""
+    return torch.tensor(rows, dtype=torch.int64, device=device)
 
 
 def _fused_supported(buffer: torch.Tensor) -> bool:

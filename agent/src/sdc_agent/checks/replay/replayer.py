@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ...fingerprint import bit_patterns, fingerprints
-from ..gradients.finiteness import all_finite
+from ..gradients.finiteness import mark_non_finite, new_flag
 from .accumulation import MicroBatchIsolation
 from .attribution import Outcome
 from .environment import RngState, deterministic_kernels, seed_all
@@ -174,13 +174,109 @@ class Replayer:
         the gradient of that alone (from no gradient), as :mod:`.accumulation`
         isolates it in training."""
         with self.state_set_aside():
-            zero_start = self.zero_grads_at_start or [False] * len(self.params)
-            for p, zero in zip(self.params, zero_start, strict=True):
-                p.grad = torch.zeros_like(p) if zero else None
+            for p in self.params:
+                p.grad = None
+            produced = ProducedGradients(
+                self.params, fingerprint=deterministic, zero_start=self.zero_grads_at_start
+            )
             seed_all(seed)
-            with deterministic_kernels(deterministic):
+            with deterministic_kernels(deterministic), produced:
                 loss = micro_batch_loss(self.compute_loss(self.module, batch), self.loss_divisor)
                 scaled_for_backward(loss, self.scaler).backward()
-            grads = [p.grad for p in self.params]
-            self.last_table = fingerprints(grads) if deterministic else None
-            return outcome_of(loss, self.last_table, all_finite(grads))
+            self.last_table, finite = produced.finish()
+            return outcome_of(loss, self.last_table, finite)
+
+
+class ProducedGradients:
+    """Reduces a replay's gradients to what its outcome compares AS AUTOGRAD PRODUCES THEM, and
+    drops each one then, so a replay never holds the gradients of the whole model (issue 31,
+    bounded memory): while active (``with``), a post-accumulate hook on each parameter takes
+    that gradient's fingerprint row (``fingerprint``: deterministic replays) and raises the
+    replay's non-finite flag, then sets ``param.grad`` to None. :meth:`finish` covers the
+    parameters whose gradient never arrived (unused in the forward) and returns the table and
+    the finiteness, exactly ``fingerprints(grads)`` and ``all_finite(grads)`` of the gradients
+    a full backward leaves (``fingerprints``' row i is ``fingerprint(tensors[i])``; the flag is
+    element by element).
+
+    ``zero_start`` (per parameter, :attr:`Replayer.zero_grads_at_start`): the step began with a
+    zero gradient tensor, so training's gradient is ``0 + g`` (autograd adds into it, and
+    ``+0.0 + -0.0`` is ``+0.0``). The replay does not allocate those zeros for the whole model:
+    it starts from None and adds ``+0.0`` to each gradient in place as it arrives, the same
+    bits (IEEE addition commutes); a parameter whose gradient never arrives would have kept its
+    zeros, whose fingerprint is ``fingerprint(None)``'s (0, 0) and which are finite.
+
+    A parameter whose gradient is accumulated twice in one backward (a reentrant activation
+    checkpoint around a shared weight) raises: its first part is gone, so its fingerprint could
+    not be the accumulated one (as the FSDP2 replay, :mod:`.collective`)."""
+
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        *,
+        fingerprint: bool,
+        zero_start: list[bool] | None = None,
+    ) -> None:
+        """``params``: the fingerprint table's parameters, in its row order; ``zero_start``:
+        see the class docstring (None: every gradient started as None)."""
+        if zero_start is not None and len(zero_start) != len(params):
+            raise ValueError(f"zero_start: {len(zero_start)} entries for {len(params)} parameters")
+        self.params = params
+        self.fingerprint = fingerprint
+        self.zero_start = zero_start
+        self.rows: list[torch.Tensor | None] = [None] * len(params)
+        self.seen = [False] * len(params)
+        self.flag: torch.Tensor | None = None
+        self._handles: list[Any] = []
+
+    def _take(self, index: int, grad: torch.Tensor) -> None:
+        if self.fingerprint:
+            self.rows[index] = fingerprints([grad])[0]
+        if self.flag is None:
+            self.flag = new_flag(grad.device)
+        mark_non_finite([grad], self.flag)
+
+    def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def produced(param: torch.Tensor) -> None:
+            if self.seen[index]:
+                raise RuntimeError(
+                    "sdc_agent: a replay's backward accumulated a parameter's gradient twice "
+                    f"(shape {tuple(param.shape)}; a reentrant activation checkpoint around a "
+                    "shared weight?): the replay drops each gradient once fingerprinted and "
+                    "cannot compare the accumulated one; use "
+                    "torch.utils.checkpoint(..., use_reentrant=False)"
+                )
+            self.seen[index] = True
+            if param.grad is not None:
+                if self.zero_start is not None and self.zero_start[index]:
+                    param.grad.add_(0.0)  # 0 + g, as into training's zero tensor
+                self._take(index, param.grad)
+            param.grad = None
+
+        return produced
+
+    def __enter__(self) -> ProducedGradients:
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def finish(self) -> tuple[torch.Tensor | None, bool]:
+        """(the fingerprint table, None unless ``fingerprint``; whether every gradient was
+        finite). One sync: the flag's read."""
+        for index, param in enumerate(self.params):
+            if not self.seen[index] and param.grad is not None:
+                self._take(index, param.grad)
+        table = None
+        if self.fingerprint:
+            present = [r for r in self.rows if r is not None]
+            if present:
+                zero = torch.zeros(2, dtype=torch.int64, device=present[0].device)
+                table = torch.stack([zero if r is None else r for r in self.rows])
+            else:
+                table = torch.zeros((len(self.rows), 2), dtype=torch.int64)
+        return table, self.flag is None or not bool(self.flag)
