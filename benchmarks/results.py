@@ -135,6 +135,9 @@ class Recorder:
             raise ValueError(f"interval must be positive, got {interval}")
         self.command = _command(script, list(sys.argv[1:] if argv is None else argv))
         self.started = _now()
+        # The tree the run's code came from: read now, as a commit made while a long run goes
+        # on is not what it ran.
+        self.software = software()
         self.load_before = [round(x, 2) for x in os.getloadavg()]
         self._samples: list[float] = [self.load_before[0]]
         self._stop = threading.Event()
@@ -164,7 +167,7 @@ class Recorder:
                 "samples": len(samples),
                 "sample_interval_s": self._interval,
             },
-            **software(),
+            **self.software,
         }
 
     def write(self, path: Path | str, figures: dict[str, Any]) -> Path:
