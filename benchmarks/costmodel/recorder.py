@@ -14,9 +14,13 @@ plus three patches that the dispatcher does not see, active only while it record
 * ``torch.distributed``'s collectives (their operation, payload and caller) and the waits on
   their ``Work`` objects (``Work.wait()`` blocks the host on gloo; on NCCL it makes the current
   stream wait, and the host blocks at the next read);
-* ``torch.futures.Future.then``: callbacks (DDP's comm hook's ``after_reduction``) run on the
-  process group's thread, where a thread-local dispatch mode sees nothing; they are recorded by
-  the same recorder.
+* future callbacks (``torch.futures.Future.then``, and ``then`` on a collective's
+  ``Work.get_future()``, a ``torch._C.Future`` that patch does not reach): DDP's comm hook's
+  ``after_reduction`` runs inline when the all-reduce has already completed and on the process
+  group's thread otherwise, where a thread-local dispatch mode sees nothing; either way it is
+  recorded once by the same recorder (a gloo all-reduce of a small bucket races the ``then``, so
+  a recorder that saw only the inline case counted the reduced bucket's sum in about half the
+  runs).
 
 Per operator: ``bytes_read`` is the sum of its tensor inputs' sizes (``numel * element_size``),
 ``bytes_written`` of its tensor outputs' (an in-place operator writes the tensor it mutates);
@@ -299,6 +303,10 @@ class _TrackedWork:
             _CURRENT.events[-1]["same_step"] = self._issued_by is _CURRENT
         return self._work.wait(*args, **kwargs)
 
+    def get_future(self) -> _TrackedFuture:
+        """The collective's future, its callbacks recorded (:class:`_TrackedFuture`)."""
+        return _TrackedFuture(self._work.get_future())
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
 
@@ -332,16 +340,56 @@ def _collective(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return issued
 
 
-def _then(original: Callable[..., Any]) -> Callable[..., Any]:
-    def then(future: Any, callback: Callable[..., Any]) -> Any:
-        def recorded(fut: Any) -> Any:
-            recorder = _CURRENT
-            if recorder is None or not recorder._alive:
-                return callback(fut)
+_VIEWING = threading.local()
+"""The recorder whose :class:`_ThreadMode` this thread runs a callback under (a
+``torch.futures.Future`` behind a :class:`_TrackedFuture` wraps its callback twice)."""
+
+
+def _in_view(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """``callback`` as recorded by the recorder recording when it runs: on the process group's
+    thread (the future completed after ``then``) under a :class:`_ThreadMode`, or inline on the
+    recording thread (it had completed), where the recorder already sees it and a second view
+    would count each operator twice."""
+
+    def recorded(fut: Any) -> Any:
+        recorder = _CURRENT
+        seen = getattr(_VIEWING, "recorder", None) is recorder  # a view wrapped twice
+        if (
+            recorder is None
+            or not recorder._alive
+            or seen
+            or recorder._thread == threading.get_ident()
+        ):
+            return callback(fut)
+        _VIEWING.recorder = recorder
+        try:
             with _ThreadMode(recorder):
                 return callback(fut)
+        finally:
+            _VIEWING.recorder = None
 
-        return original(future, recorded)
+    return recorded
+
+
+class _TrackedFuture:
+    """A collective's future whose ``then`` callbacks are recorded wherever they run (a
+    ``Work.get_future()`` is a ``torch._C.Future``, which the ``torch.futures.Future.then``
+    patch does not reach). ``then`` returns the real future, which DDP requires of a hook."""
+
+    def __init__(self, future: Any) -> None:
+        self._future = future
+
+    def then(self, callback: Callable[..., Any]) -> Any:
+        """The real future's ``then`` with ``callback`` recorded (:func:`_in_view`)."""
+        return self._future.then(_in_view(callback))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._future, name)
+
+
+def _then(original: Callable[..., Any]) -> Callable[..., Any]:
+    def then(future: Any, callback: Callable[..., Any]) -> Any:
+        return original(future, _in_view(callback))
 
     return then
 
@@ -427,6 +475,8 @@ class StepRecorder(TorchDispatchMode):
         self._lock = threading.RLock()
         self._patches: contextlib.ExitStack | None = None
         self._alive = True
+        self._thread: int | None = None
+        """The recording thread (set on entry): callbacks that run on it are seen directly."""
 
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -586,6 +636,7 @@ class StepRecorder(TorchDispatchMode):
         self._patches = contextlib.ExitStack()
         self._patches.enter_context(self._patched())
         _CURRENT = self
+        self._thread = threading.get_ident()
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:

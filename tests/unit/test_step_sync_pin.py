@@ -200,3 +200,41 @@ def test_a_line_run_again_is_a_sync_again_and_one_chained_read_is_one() -> None:
         "lift_fresh",
         "lift_fresh",
     ]
+
+
+def test_a_collective_callback_is_recorded_once_whichever_thread_runs_it(
+    one_process_group: None,
+) -> None:
+    # Given the recorder and a collective's future (DDP's comm hook chains its reduced bucket's
+    # sum on one: gloo runs the callback inline when the all-reduce has completed, else on its
+    # own thread, and which one happens is a race)
+    import threading
+
+    from costmodel.recorder import StepRecorder, _TrackedFuture, install
+
+    install()
+    x = torch.ones(8)
+    recorder = StepRecorder()
+    threads = []
+
+    def after(fut: torch.futures.Future) -> torch.Tensor:
+        threads.append(threading.current_thread().name)
+        return fut.value().sum()
+
+    # When one callback is chained on a future that has completed (it runs inline) and one on a
+    # future completed later by another thread (it runs there)
+    with recorder:
+        done = torch.futures.Future()
+        done.set_result(x)
+        _TrackedFuture(done).then(after).wait()
+        later = torch.futures.Future()
+        chained = _TrackedFuture(later).then(after)
+        completer = threading.Thread(target=later.set_result, args=(x,), name="completer")
+        completer.start()
+        completer.join(timeout=60)
+        chained.wait()
+    recorder.stop()
+    ops = recorder.summary()["phases"]["step"]["ops"]
+    # Then both sums are recorded, each once
+    assert threads == [threading.current_thread().name, "completer"]
+    assert ops["sum"]["launches"] == 2, ops
