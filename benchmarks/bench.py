@@ -76,7 +76,8 @@ JOBS: tuple[Job, ...] = (
         tables="the checked attention's cost"),
     Job(name="step-work", script="step_work.py",
         tables="the always-on path counted (this tree)"),
-    Job(name="step-cost", script="step_cost.py",
+    # Each job's launch may take 30 min on 2 busy cores ((a) 8B passed 15 min): its own limit.
+    Job(name="step-cost", script="step_cost.py", args=("--timeout", "1800"),
         tables="the GPU cost model: what the guard adds to (a), (b) and the 953M job's steps"),
     Job(name="publish", script="publish.py", args=("--steps", "1000"),
         tables="the publisher's step times (docs/agent-install.md)"),
