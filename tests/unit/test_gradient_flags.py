@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sdc_agent.checks.gradients.exchange import FlagExchange
@@ -57,3 +58,48 @@ def test_flags_read_to_the_host_launch_the_same_reduction_and_gather(calls):
     table = flagged.table()
     assert calls == [("all_reduce", 4), ("all_reduce", 4), ("all_gather", 3)]
     assert table.reduced == (True,) and table.nonfinite == [] and table.unanimous
+
+
+def test_flags_read_to_the_host_are_reduced_without_a_host_to_device_copy(calls, monkeypatch):
+    # Given the per-step path's flags read to the host, every combination of them
+    made = []
+    real_tensor = torch.tensor
+
+    def tensor(*args, **kwargs):
+        made.append(args[0])
+        return real_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
+    for local in (False, True):
+        for reduced in (False, True):
+            for sensor in (False, True):
+                # When each is exchanged
+                exchange = FlagExchange(
+                    1, (local, reduced, sensor), None, 1, device=torch.device("cpu")
+                )
+                # Then the reduction is this rank's flags and `clean`, as before
+                clean = not (local or reduced or sensor)
+                assert exchange.reduced_for_reading().tolist() == [
+                    int(local),
+                    int(reduced),
+                    int(sensor),
+                    int(clean),
+                ]
+    # And no step made a tensor from host values: one table of the eight rows was made once
+    # per device (a host-to-device copy from pageable memory blocks the host on a GPU)
+    assert len(made) <= 1
+    assert calls == [("all_reduce", 4)] * 8
+
+
+def test_an_exchange_settled_from_values_read_elsewhere_reads_nothing_again(calls):
+    # Given an exchange in flight whose reduction the caller reads with its own values
+    exchange = FlagExchange(2, (True, True, False), None, 1, device=torch.device("cpu"))
+    values = exchange.reduced_for_reading().tolist()
+    # When it is settled from them
+    summary = exchange.settle_from(values)
+    # Then its summary is that one, with no second wait or read (the same object)
+    assert exchange.settled and exchange.summary() is summary
+    assert summary.any_local and summary.unanimous
+    # And a wrong number of values is refused by name
+    with pytest.raises(ValueError, match="4 values"):
+        FlagExchange(3, (False, False, False), None, 1).settle_from([0, 0])

@@ -35,19 +35,15 @@ PARAMETERS = 12
 """Trainable tensors of the tiny Llama (1 layer): embedding, 4 attention and 3 MLP weights, 2
 norms in the layer, the final norm, the head."""
 
-# Today's host syncs of the guard's common step, all in check_gradients (exchange.py, main @
-# 11d463f):
-#   exchange.py FlagExchange.summary: the previous step's flags, `self._reduced.tolist()` after
-#       `self._work.wait()` (S1, settled in this step's check_gradients);
-#   exchange.py GradientCheck.exchange: `torch.cat(local flags, reduced sums).tolist()` (S2);
-#   exchange.py FlagExchange.__init__: `torch.tensor([...], device=device)`, a pageable
-#       host-to-device copy of the four flag integers (S3).
-COMMON_SYNCS = Counter(
-    {
-        ("checks/gradients/exchange.py", "host_read"): 2,
-        ("checks/gradients/exchange.py", "host_to_device"): 1,
-    }
-)
+# The guard's common step makes ONE host sync (issue 31's target), in check_gradients:
+#   exchange.py GradientCheck.read_flags: `torch.cat([this step's flags and reduced sums, the
+#       previous step's reduced flags]).tolist()`: the previous step's reduction (waited for
+#       first) is read with this step's values, and settle() then judges it without reading
+#       again. Lowered from three (main @ 11d463f): the previous step's flags had a read of
+#       their own (FlagExchange.summary), and the reduction's four integers were a pageable
+#       host-to-device copy of the values read (now a device-to-device copy of one row of a
+#       table made once per device, exchange.py _reduction_rows).
+COMMON_SYNCS = Counter({("checks/gradients/exchange.py", "host_read"): 1})
 # The one blocking wait: FlagExchange.summary's `self._work.wait()` on the previous step's
 # flag reduction (exchange.py).
 COMMON_WAITS = Counter({"checks/gradients/exchange.py": 1})
@@ -58,8 +54,9 @@ COMMON_COLLECTIVES = [("all_reduce", "MAX", 32)]
 # zeros(1) flag, the fused non-finite check that also divides by the world (DDP's own division,
 # a mul, becomes a copy into the bucket: no net launch), the reduced bucket's fp32 sum (K1-K3);
 # FSDP2: per parameter the fused check on the unsharded gradient and the fp32 sum of the
-# reduced shard, plus one zeros(1). step: stack(reduced sums), cat(flags), the host-to-device
-# flag tensor, the flags' all-reduce.
+# reduced shard, plus one zeros(1). step: stack(reduced sums), cat(the values read, the previous
+# step's reduction among them), the copy of the flags' row (exchange.py _reduction_rows), the
+# flags' all-reduce.
 COMMON_LAUNCHES = {
     "ddp": {"micro": 3, "step": 4},
     "fsdp": {"micro": 2 * PARAMETERS + 1, "step": 4},
@@ -104,7 +101,7 @@ def _common_step(parallel: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_the_common_step_adds_three_host_syncs_one_wait_one_collective(
+def test_the_common_step_adds_one_host_sync_one_wait_one_collective(
     one_process_group: None, parallel: str
 ) -> None:
     # Given a tiny Llama under DDP or FSDP2 in a 1-process gloo group, plain and guarded with

@@ -48,7 +48,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
-from .checks.gradients.exchange import FlagExchange, GradientCheck
+from .checks.gradients.exchange import FlagExchange, GradientCheck, StepFlags
 from .checks.replay.audit import RebuildBatch, ring_audit_type
 from .checks.replay.environment import StepEnvironment
 from .checks.replay.pipeline import PipelineReplayer
@@ -614,23 +614,32 @@ class Guard:
         if self.sensors_planned:
             self.sensors.end_step()
 
-    def start_flag_exchange(self, step: int) -> tuple[FlagExchange, bool]:
-        """Check 1's per-step collective: launch the flag reduction (after settling the previous
-        step's, which every rank does first, at the same point). Returns the exchange and
-        whether this rank's own flags are bad.
+    def read_flags(self, step: int) -> StepFlags:
+        """Check 1's one host read of a step: this rank's flags, read with the previous step's
+        flag reduction (waited for, so that :meth:`settle` then judges it without reading
+        again; :meth:`GradientCheck.read_flags`).
 
         With a scaler and ``max_grad_norm`` the gradients are unscaled first
         (``scaler.unscale_``), so the clipping sees true values; ``scaler.step`` then does not
         unscale them again."""
         if self.scaler is not None and self.schedule.max_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
-        return self.gradients.exchange(
+        return self.gradients.read_flags(
             step,
             max_grad_norm=self.schedule.max_grad_norm,
-            device=self.parallel.collective_device,
             # SENSORS: travels in the same reduction
             sensor_flag=self.sensors.take_flag() if self.sensors_planned else None,
         )
+
+    def start_flag_exchange(self, flags: StepFlags | int) -> tuple[FlagExchange, bool]:
+        """Check 1's per-step collective: launch the reduction of ``flags`` (from
+        :meth:`read_flags`, after :meth:`settle`, which every rank does first, at the same
+        point; a step number reads them here). Returns the exchange and whether this rank's own
+        flags are bad."""
+        if isinstance(flags, int):
+            flags = self.read_flags(flags)
+        exchange = self.gradients.launch(flags, device=self.parallel.collective_device)
+        return exchange, flags.bad
 
     def defer(self, exchange: FlagExchange) -> None:
         """Leave ``exchange`` to be settled by every rank at the next agreement point."""
@@ -1043,12 +1052,15 @@ class GuardedStep:
         if loss is None and not g.pipelined:  # a pipeline's loss is in its last stage's rows
             raise TypeError("check_gradients needs the step's loss (or use guarded.backward)")
         g.gradients.require_reduction()
-        # The previous step's exchanges ran during this step's forward and backward; every rank
-        # settles them before launching this step's, so the collectives pair up in order.
+        # The step's one host read: this rank's flags and the previous step's reduction, which
+        # ran during this step's forward and backward (clipping first, a collective).
+        flags = g.read_flags(self.step)
+        # Every rank settles the previous step's exchanges before launching this step's, so
+        # the collectives pair up in order.
         if (alarm := g.settle()) is not None:
             return self._refuse(alarm)
         sensing = g.sensors.sensing  # the same on every rank (a function of the step)
-        exchange, own_flags_bad = g.start_flag_exchange(self.step)
+        exchange, own_flags_bad = g.start_flag_exchange(flags)
         together = g.decides_every_step  # FSDP2 + scaler: scaler.step is a collective
         if not self.audit and not own_flags_bad and not sensing and not together:
             g.defer(exchange)  # settled at the next agreement point

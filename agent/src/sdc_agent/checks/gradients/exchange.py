@@ -30,6 +30,7 @@ the same alarm, naming the step at which it happened. No rank ever applies a non
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,6 +100,24 @@ class FlagTable:
         )
 
 
+@dataclass(frozen=True)
+class StepFlags:
+    """This rank's flags of one step as read to the host (:meth:`GradientCheck.read_flags`)."""
+
+    step: int
+    local_bad: bool
+    """This rank's local gradient held a NaN/Inf (that started here, on a pipeline stage)."""
+    reduced_bad: bool
+    """This rank's reduced (clipped) gradient was NaN/Inf."""
+    sensor_bad: bool
+    """An online sensor flagged this step on this rank."""
+
+    @property
+    def bad(self) -> bool:
+        """Something is flagged: this rank must not apply the step on its own say."""
+        return self.local_bad or self.reduced_bad or self.sensor_bad
+
+
 class FlagExchange:
     """One step's flags: an asynchronous all-reduce (MAX) of four int64, then, only when
     something is set, an all-gather of each rank's ``[local_bad, reduced_bad, sensor_flag]``.
@@ -121,8 +140,9 @@ class FlagExchange:
         """Launch the reduction of this rank's flags ``[local_bad, reduced_bad]`` (and
         ``sensor_flag``, 0 when left out): an int64 tensor (judged on its device), or the same
         values already read to the host (the guard's per-step path: the reduction's four
-        integers are then made in one allocation on ``device``, the collective's device, and
-        this rank's flags as a tensor only if the per-rank table is gathered)."""
+        integers are then one device-to-device copy of a row made once per device, on
+        ``device``, the collective's device, and this rank's flags a tensor only if the
+        per-rank table is gathered)."""
         self.step = step
         self._group = group
         self._world = world
@@ -138,28 +158,51 @@ class FlagExchange:
         else:
             local, reduced, sensor = (*map(int, map(bool, flags)), 0)[:3]
             self._own = (local, reduced, sensor)
-            clean = int(not (local or reduced or sensor))
-            self._reduced = torch.tensor(
-                [local, reduced, sensor, clean], dtype=torch.int64, device=device
-            )
+            # A device-to-device copy of one precomputed row: no host-to-device copy, which
+            # from pageable memory would block the host until the stream drains.
+            row = _reduction_rows(torch.device("cpu") if device is None else device)
+            self._reduced = row[local * 4 + reduced * 2 + sensor].clone()
         self._work = dist.all_reduce(
             self._reduced, op=dist.ReduceOp.MAX, group=group, async_op=True
         )
+        self._waited = False
         self._summary: FlagSummary | None = None
         self._table: FlagTable | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether the reduction's values have been read (:meth:`summary` answers at once)."""
+        return self._summary is not None
+
+    def reduced_for_reading(self) -> torch.Tensor:
+        """Wait for the reduction (once; on NCCL the current stream waits, the host does not)
+        and return its four int64, for a host read made together with other values (the
+        guard's one read per step); pass what was read to :meth:`settle_from`."""
+        if not self._waited:
+            self._work.wait()
+            self._waited = True
+        return self._reduced
+
+    def settle_from(self, values: Sequence[float]) -> FlagSummary:
+        """The summary from the reduction's four values as read to the host by the caller,
+        after :meth:`reduced_for_reading`."""
+        if len(values) != 4:
+            raise ValueError(f"settle_from: the reduction has 4 values, got {len(values)}")
+        any_local, any_reduced, any_sensor, any_clean = values
+        self._summary = FlagSummary(
+            step=self.step,
+            any_local=bool(any_local),
+            any_reduced=bool(any_reduced),
+            unanimous=not any_clean,
+            any_sensor=bool(any_sensor),
+        )
+        return self._summary
 
     def summary(self) -> FlagSummary:
         """Wait for the reduction (once) and say whether any rank flagged anything."""
         if self._summary is None:
-            self._work.wait()
-            any_local, any_reduced, any_sensor, any_clean = self._reduced.tolist()
-            self._summary = FlagSummary(
-                step=self.step,
-                any_local=bool(any_local),
-                any_reduced=bool(any_reduced),
-                unanimous=not any_clean,
-                any_sensor=bool(any_sensor),
-            )
+            self.settle_from(self.reduced_for_reading().tolist())
+        assert self._summary is not None
         return self._summary
 
     def table(self) -> FlagTable:
@@ -311,20 +354,22 @@ class GradientCheck:
         :func:`clip_gradients`, over every stage of a pipeline."""
         return clip_gradients(self.params, max_grad_norm, self.hook_state.stage_of)
 
-    def exchange(
+    def read_flags(
         self,
         step: int,
         *,
         max_grad_norm: float | None,
-        device: torch.device,
         sensor_flag: torch.Tensor | None = None,
-    ) -> tuple[FlagExchange, bool]:
-        """Launch ``step``'s flag exchange (collective); returns it and whether this rank's own
-        flags are bad (one host read, as the sync GradScaler makes).
+    ) -> StepFlags:
+        """This rank's flags of ``step``, from the common step's ONE host read (on a GPU, the
+        sync the GradScaler makes too): every value this rank judges, and the previous step's
+        flag reduction (:attr:`pending`, in flight since that step; waited for first, then
+        settled from the same read, so the guard's settle() reads nothing again).
 
-        Clips the reduced gradient to ``max_grad_norm`` when set. ``sensor_flag``: a one-element
-        tensor, nonzero when an online sensor flagged this step (travels in the same
-        reduction). Raises when the hook did not run this step (see :meth:`require_reduction`).
+        Clips the reduced gradient to ``max_grad_norm`` when set (collective under FSDP2 and
+        pipelines; every rank reaches it here). ``sensor_flag``: a one-element tensor, nonzero
+        when an online sensor flagged this step (travels in the same reduction). Raises when
+        the hook did not run this step (see :meth:`require_reduction`).
         """
         self.require_reduction()
         state = self.hook_state
@@ -339,9 +384,19 @@ class GradientCheck:
         origin = state.local_origin
         if origin is not None:  # a pipeline stage: where a non-finite value started
             parts.append(origin.flags().reshape(-1).to(reduced))
-        # One host read of every value this rank judges (on a GPU, the sync the GradScaler
-        # makes too); the verdicts are then Python, and the reduction's integers are made once.
+        pending = self.pending
+        if pending is not None and not pending.settled:
+            previous = pending.reduced_for_reading()
+            if previous.device == reduced.device:
+                parts.append(previous)  # int64 0/1, exact in the float32 of the cat
+            else:
+                pending = None  # a CPU collective: its summary reads it without a device sync
+        else:
+            pending = None
         values = torch.cat(parts).tolist()
+        if pending is not None:
+            pending.settle_from(values[-4:])
+            values = values[:-4]
         count = len(local_flags)
         local_bad = any(values[:count])  # each local flag is nonzero when its bucket was bad
         end = count + reduced.numel()
@@ -351,7 +406,37 @@ class GradientCheck:
             # Flag this rank's local gradient only when the non-finite value started here,
             # not when it arrived from another stage (that stage is flagged instead).
             local_bad = origin.started_here(local_bad, values[end + (sensor_flag is not None) :])
-        exchange = FlagExchange(
-            step, (local_bad, reduced_bad, sensor_bad), self.dp_group, self.world, device=device
-        )
-        return exchange, local_bad or reduced_bad or sensor_bad
+        return StepFlags(step, local_bad, reduced_bad, sensor_bad)
+
+    def launch(self, flags: StepFlags, *, device: torch.device) -> FlagExchange:
+        """Launch ``flags``' exchange on ``device``, the collective's device (collective; no
+        host-to-device copy: :class:`FlagExchange`)."""
+        own = (flags.local_bad, flags.reduced_bad, flags.sensor_bad)
+        return FlagExchange(flags.step, own, self.dp_group, self.world, device=device)
+
+    def exchange(
+        self,
+        step: int,
+        *,
+        max_grad_norm: float | None,
+        device: torch.device,
+        sensor_flag: torch.Tensor | None = None,
+    ) -> tuple[FlagExchange, bool]:
+        """:meth:`read_flags` then :meth:`launch` (collective): ``step``'s exchange and whether
+        this rank's own flags are bad. The guard settles the previous step's exchange between
+        the two (its collectives come first); this is for a caller with nothing to settle."""
+        flags = self.read_flags(step, max_grad_norm=max_grad_norm, sensor_flag=sensor_flag)
+        return self.launch(flags, device=device), flags.bad
+
+
+@functools.lru_cache(maxsize=16)
+def _reduction_rows(device: torch.device) -> torch.Tensor:
+    """Every flag reduction a rank can start from, on ``device``, made once (only read): row
+    ``local * 4 + reduced * 2 + sensor`` is ``[local, reduced, sensor, clean]``."""
+    rows = [
+        [local, reduced, sensor, int(not (local or reduced or sensor))]
+        for local in (0, 1)
+        for reduced in (0, 1)
+        for sensor in (0, 1)
+    ]
+    return torch.tensor(rows, dtype=torch.int64, device=device)
