@@ -340,11 +340,6 @@ def _collective(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return issued
 
 
-_VIEWING = threading.local()
-"""The recorder whose :class:`_ThreadMode` this thread runs a callback under (a
-``torch.futures.Future`` behind a :class:`_TrackedFuture` wraps its callback twice)."""
-
-
 def _in_view(callback: Callable[..., Any]) -> Callable[..., Any]:
     """``callback`` as recorded by the recorder recording when it runs: on the process group's
     thread (the future completed after ``then``) under a :class:`_ThreadMode`, or inline on the
@@ -353,20 +348,10 @@ def _in_view(callback: Callable[..., Any]) -> Callable[..., Any]:
 
     def recorded(fut: Any) -> Any:
         recorder = _CURRENT
-        seen = getattr(_VIEWING, "recorder", None) is recorder  # a view wrapped twice
-        if (
-            recorder is None
-            or not recorder._alive
-            or seen
-            or recorder._thread == threading.get_ident()
-        ):
+        if recorder is None or not recorder._alive or recorder._thread == threading.get_ident():
             return callback(fut)
-        _VIEWING.recorder = recorder
-        try:
-            with _ThreadMode(recorder):
-                return callback(fut)
-        finally:
-            _VIEWING.recorder = None
+        with _ThreadMode(recorder):
+            return callback(fut)
 
     return recorded
 
@@ -380,8 +365,10 @@ class _TrackedFuture:
         self._future = future
 
     def then(self, callback: Callable[..., Any]) -> Any:
-        """The real future's ``then`` with ``callback`` recorded (:func:`_in_view`)."""
-        return self._future.then(_in_view(callback))
+        """The real future's ``then`` with ``callback`` recorded (:func:`_in_view`), called on
+        ``torch._C.Future`` itself: a ``torch.futures.Future``'s patched ``then`` would wrap the
+        callback a second time."""
+        return torch._C.Future.then(self._future, _in_view(callback))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._future, name)

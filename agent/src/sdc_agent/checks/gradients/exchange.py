@@ -384,15 +384,11 @@ class GradientCheck:
         origin = state.local_origin
         if origin is not None:  # a pipeline stage: where a non-finite value started
             parts.append(origin.flags().reshape(-1).to(reduced))
-        pending = self.pending
-        if pending is not None and not pending.settled:
-            previous = pending.reduced_for_reading()
-            if previous.device == reduced.device:
-                parts.append(previous)  # int64 0/1, exact in the float32 of the cat
-            else:
-                pending = None  # a CPU collective: its summary reads it without a device sync
-        else:
-            pending = None
+        pending = self.pending if self.pending is not None and not self.pending.settled else None
+        if pending is not None and pending.reduced_for_reading().device != reduced.device:
+            pending = None  # a CPU collective: its summary reads it without a device sync
+        if pending is not None:
+            parts.append(pending.reduced_for_reading())  # int64 0/1, exact in the cat's float32
         values = torch.cat(parts).tolist()
         if pending is not None:
             pending.settle_from(values[-4:])
