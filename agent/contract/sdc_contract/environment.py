@@ -33,6 +33,9 @@ SHADOW_HEALTH_CHECK = "SHADOW_HEALTH_CHECK"
 """``true``: shadowed alarms run the deep health check, through the shadow guard (admit)."""
 JOB_LABEL = "JOB_LABEL"
 """The pod label that names a pod's training job (default ``names.DEFAULT_JOB_LABEL``)."""
+REPORT_STREAMS = "REPORT_STREAMS"
+"""How the agent names its report streams (``metrics.REPORT_STREAM_MODES``; default ``job``):
+``pod`` makes localize read a job's reports only from its own pods' streams."""
 APPROVAL_URL = "APPROVAL_URL"
 APPROVAL_REQUESTER_ROLE = "APPROVAL_REQUESTER_ROLE"
 """Set on the approve function only: the name of request_approval's role, whose calls of the
@@ -69,6 +72,7 @@ FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     TRAINING_NAMESPACE,
     JOB_LABEL,
     SHADOW_HEALTH_CHECK,
+    REPORT_STREAMS,
 )
 """What infra sets on every function (besides Powertools' own variables below)."""
 
@@ -95,6 +99,11 @@ SDC_METRIC_NAMESPACE = "SDC_METRIC_NAMESPACE"
 SDC_LOG_GROUP = "SDC_LOG_GROUP"
 SDC_SPOOL_DIR = "SDC_SPOOL_DIR"
 SDC_SPOOL_MAX_BYTES = "SDC_SPOOL_MAX_BYTES"
+SDC_REPORT_STREAM = "SDC_REPORT_STREAM"
+"""``job`` (the default: the stream is ``<job>``) or ``pod`` (``<namespace>/<job>/<pod>``, for a
+stack deployed with ``agentIdentity: pod-identity``; needs POD_NAMESPACE and POD_NAME)."""
+POD_NAMESPACE = "POD_NAMESPACE"
+"""The pod's ``metadata.namespace`` (downward API): its report stream's first part."""
 
 AGENT_ENVIRONMENT: tuple[str, ...] = (
     SDC_CLUSTER_NAME,
@@ -103,6 +112,8 @@ AGENT_ENVIRONMENT: tuple[str, ...] = (
     SDC_LOG_GROUP,
     SDC_SPOOL_DIR,
     SDC_SPOOL_MAX_BYTES,
+    SDC_REPORT_STREAM,
+    POD_NAMESPACE,
 )
 """What the agent's CloudWatch publisher reads (arguments override each)."""
 
@@ -141,12 +152,15 @@ __all__ = [
     "METRIC_NAMESPACE",
     "REPLACE_MODE",
     "REPORT_LOG_GROUP",
+    "REPORT_STREAMS",
     "SDC_CLUSTER_NAME",
     "SDC_JOB_NAME",
     "SDC_LOG_GROUP",
     "SDC_METRIC_NAMESPACE",
     "SDC_SPOOL_DIR",
     "SDC_SPOOL_MAX_BYTES",
+    "SDC_REPORT_STREAM",
+    "POD_NAMESPACE",
     "SHADOW_HEALTH_CHECK",
     "STATE_MACHINE_ARN",
     "TOPIC_ARN",

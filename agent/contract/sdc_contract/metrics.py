@@ -6,6 +6,8 @@ docs/CONTRACT.md ("Agent -> CloudWatch") says what each one counts.
 
 from __future__ import annotations
 
+from .names import is_label_name, is_subdomain_name
+
 DEFAULT_NAMESPACE = "SDC"
 """The agent's metric namespace unless configured (context key ``namespace``,
 ``SDC_METRIC_NAMESPACE`` in the job, ``METRIC_NAMESPACE`` in the functions)."""
@@ -101,6 +103,49 @@ def report_log_group(cluster: str) -> str:
     return f"/sdc/{cluster}"
 
 
+REPORT_STREAM_JOB = "job"
+"""Report streams named by the job (``<job>``): any pod the agent's policy covers may write any
+job's stream (deployed with ``agentIdentity: shared``, the default)."""
+REPORT_STREAM_POD = "pod"
+"""Report streams named by the writing pod (``<namespace>/<job>/<pod>``): with EKS Pod
+Identity's session tags the agent's policy lets a pod write only streams that end in its own
+namespace and pod name, and localize reads a job's reports only from streams of the job's own
+pods (``agentIdentity: pod-identity``)."""
+REPORT_STREAM_MODES: tuple[str, ...] = (REPORT_STREAM_JOB, REPORT_STREAM_POD)
+
+
+def pod_report_stream(namespace: str, job: str, pod: str) -> str:
+    """The report stream of ``pod`` (of ``job``, in Kubernetes ``namespace``) when streams are
+    named by the writing pod: ``<namespace>/<job>/<pod>``.
+
+    The namespace and the pod are what IAM checks (the session tags ``kubernetes-namespace``
+    and ``kubernetes-pod-name``); the job in the middle is what localize looks a job's reports
+    up by, and it still checks that the pod is the job's."""
+    if not is_label_name(namespace):
+        raise ValueError(f"{namespace!r} is not a Kubernetes namespace name")
+    if not is_subdomain_name(pod):
+        raise ValueError(f"{pod!r} is not a Kubernetes pod name")
+    if not job or "/" in job or ":" in job or "*" in job:
+        raise ValueError(f"{job!r} cannot name a report stream (no '/', ':' or '*')")
+    return f"{namespace}/{job}/{pod}"
+
+
+def pod_stream_prefix(namespace: str, job: str) -> str:
+    """The prefix every report stream of ``job``'s pods in ``namespace`` starts with."""
+    return f"{namespace}/{job}/"
+
+
+def pod_of_report_stream(stream: str, namespace: str, job: str) -> str | None:
+    """The pod whose report stream ``stream`` is, when it is one of ``job``'s in ``namespace``
+    (``pod_report_stream``); None for any other stream (another job's, another namespace's, a
+    name with more parts, or one whose last part is not a pod name)."""
+    prefix = pod_stream_prefix(namespace, job)
+    if not stream.startswith(prefix):
+        return None
+    pod = stream[len(prefix) :]
+    return pod if is_subdomain_name(pod) else None
+
+
 __all__ = [
     "ALARM_PERIOD_SECONDS",
     "AUDIT_PASS_METRIC",
@@ -120,11 +165,17 @@ __all__ = [
     "POWERTOOLS_METRICS_NAMESPACE",
     "POWERTOOLS_SERVICE_NAME",
     "REPLAY_MISMATCH_METRIC",
+    "REPORT_STREAM_JOB",
+    "REPORT_STREAM_MODES",
+    "REPORT_STREAM_POD",
     "SDC_ALARM_METRICS",
     "SDC_LIVENESS_METRICS",
     "UNCONFIRMED_SENSOR_FLAGS_METRIC",
     "VERDICT_DIMENSION",
     "WEIGHT_CHECK_PASS_METRIC",
     "job_alarm_query",
+    "pod_of_report_stream",
+    "pod_report_stream",
+    "pod_stream_prefix",
     "report_log_group",
 ]

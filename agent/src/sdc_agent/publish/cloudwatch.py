@@ -28,6 +28,11 @@ class CloudWatchPublisher:
     own configuration applies to credentials, region and ``AWS_ENDPOINT_URL``. Raises
     PublishConfigError naming what is missing; after construction nothing raises into training.
 
+    ``report_stream`` ("job" or "pod"), ``pod_namespace`` and ``pod_name`` override
+    SDC_REPORT_STREAM, POD_NAMESPACE and POD_NAME: "pod" writes to the pod's own stream
+    ``<namespace>/<job>/<pod>``, the only one a stack deployed with ``agentIdentity:
+    pod-identity`` lets the pod write.
+
     ``cloudwatch_client`` / ``logs_client`` replace the boto3 clients (tests, custom sessions);
     other keyword options are PublishSettings fields (``spool_dir``, ``queue_size``,
     ``liveness_interval``, ``connect_timeout``, ``read_timeout``, ``retry``, ...).
@@ -43,6 +48,9 @@ class CloudWatchPublisher:
         *,
         cloudwatch_client: Any = None,
         logs_client: Any = None,
+        report_stream: str | None = None,
+        pod_namespace: str | None = None,
+        pod_name: str | None = None,
         **options: Any,
     ) -> None:
         self.settings = PublishSettings.from_env(
@@ -51,6 +59,9 @@ class CloudWatchPublisher:
             namespace=namespace,
             log_group=log_group,
             region=region,
+            report_stream=report_stream,
+            pod_namespace=pod_namespace,
+            pod_name=pod_name,
             **options,
         )
         if cloudwatch_client is None or logs_client is None:
@@ -92,6 +103,7 @@ class CloudWatchPublisher:
                 namespace=self.settings.namespace,
                 log_group=self.settings.log_group,
                 time=utc_now_iso(),
+                log_stream=self.settings.log_stream,
             ):
                 self._sender.submit(delivery)
         except Exception:
@@ -107,6 +119,7 @@ class CloudWatchPublisher:
                 namespace=self.settings.namespace,
                 log_group=self.settings.log_group,
                 time=utc_now_iso(),
+                log_stream=self.settings.log_stream,
             )
         except Exception:
             logger.exception("sdc: could not build the alarm report; the alarm was %r", alarm)

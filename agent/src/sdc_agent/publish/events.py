@@ -237,13 +237,24 @@ class Delivery:
 
 
 def alarm_delivery(
-    alarm: Alarm, *, cluster: str, job: str, namespace: str, log_group: str, time: str
+    alarm: Alarm,
+    *,
+    cluster: str,
+    job: str,
+    namespace: str,
+    log_group: str,
+    time: str,
+    log_stream: str | None = None,
 ) -> Delivery:
-    """Everything one alarm publishes: its report event and its metric data."""
+    """Everything one alarm publishes: its report event and its metric data.
+
+    ``log_stream`` is the publisher's stream (``PublishSettings.log_stream``); None means the
+    job name, the stream of the default report stream mode.
+    """
     return Delivery(
         kind="alarm",
         log_group=log_group,
-        log_stream=job,
+        log_stream=log_stream or job,
         namespace=namespace,
         message=json.dumps(report_event(alarm, cluster, job, time), separators=(",", ":")),
         metrics=tuple(alarm_metric_data(alarm, cluster, job)),
@@ -251,14 +262,22 @@ def alarm_delivery(
 
 
 def rankmap_deliveries(
-    ranks: dict[int, RankInfo], *, cluster: str, job: str, namespace: str, log_group: str, time: str
+    ranks: dict[int, RankInfo],
+    *,
+    cluster: str,
+    job: str,
+    namespace: str,
+    log_group: str,
+    time: str,
+    log_stream: str | None = None,
 ) -> list[Delivery]:
-    """The rank map's log event(s); no metrics."""
+    """The rank map's log event(s); no metrics. ``log_stream`` as in :func:`alarm_delivery`:
+    the rank map goes where the reports go, since localize reads both from one stream."""
     return [
         Delivery(
             kind="rankmap",
             log_group=log_group,
-            log_stream=job,
+            log_stream=log_stream or job,
             namespace=namespace,
             message=json.dumps(event, separators=(",", ":")),
         )

@@ -4,6 +4,11 @@ A HyperPod EKS training pod has no standard variable for the cluster or the job,
 reads its own (``SDC_*``) and falls back to what a Kubeflow PyTorchJob pod always has: its pod
 name ``<job>-<replica type>-<index>`` (POD_NAME from the downward API, else HOSTNAME). Arguments
 win over the environment. Every value is validated here, once, with an error that names it.
+
+The report stream is ``<job>`` by default. With SDC_REPORT_STREAM=pod it is
+``<namespace>/<job>/<pod>`` (POD_NAMESPACE and POD_NAME, both from the downward API): a stack
+deployed with ``agentIdentity: pod-identity`` lets a pod write only the stream that ends in its
+own namespace and pod name, so a job's reports can come only from its own pods.
 """
 
 from __future__ import annotations
@@ -15,15 +20,28 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sdc_contract.environment import POD_NAMESPACE as ENV_POD_NAMESPACE
 from sdc_contract.environment import SDC_CLUSTER_NAME as ENV_CLUSTER_NAME
 from sdc_contract.environment import SDC_JOB_NAME as ENV_JOB_NAME
 from sdc_contract.environment import SDC_LOG_GROUP as ENV_LOG_GROUP
 from sdc_contract.environment import SDC_METRIC_NAMESPACE as ENV_NAMESPACE
+from sdc_contract.environment import SDC_REPORT_STREAM as ENV_REPORT_STREAM
 from sdc_contract.environment import SDC_SPOOL_DIR as ENV_SPOOL_DIR
 from sdc_contract.environment import SDC_SPOOL_MAX_BYTES as ENV_SPOOL_MAX_BYTES
-from sdc_contract.metrics import DEFAULT_NAMESPACE, report_log_group
+from sdc_contract.metrics import (
+    DEFAULT_NAMESPACE,
+    REPORT_STREAM_JOB,
+    REPORT_STREAM_MODES,
+    REPORT_STREAM_POD,
+    pod_of_report_stream,
+    pod_report_stream,
+    report_log_group,
+)
+from sdc_contract.names import is_label_name, is_subdomain_name
 
 DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
+ENV_POD_NAME = "POD_NAME"
+"""The pod's ``metadata.name`` (downward API): the last part of its report stream in pod mode."""
 
 # Kubeflow's training operator names a replica's pod "<job>-<replica type>-<index>".
 _KUBEFLOW_POD = re.compile(r"^(?P<job>.+)-(?:master|worker|launcher)-\d+$")
@@ -67,11 +85,19 @@ class PublishSettings:
     cluster_name: str
     """The HyperPod cluster: the ClusterName dimension and the log group ``/sdc/<cluster>``."""
     job_name: str
-    """The training job: the JobName dimension and the log stream."""
+    """The training job: the JobName dimension, and the log stream unless ``log_stream`` says
+    otherwise."""
     namespace: str = DEFAULT_NAMESPACE
     """CloudWatch metric namespace."""
     log_group: str = ""
     """CloudWatch Logs group for reports and the rank map; empty means ``/sdc/<cluster_name>``."""
+    log_stream: str = ""
+    """CloudWatch Logs stream for reports and the rank map; empty means ``job_name``. In
+    ``report_stream`` "pod" it must be the pod's ``<namespace>/<job_name>/<pod>`` (from_env
+    builds it)."""
+    report_stream: str = REPORT_STREAM_JOB
+    """How the stream is named (``REPORT_STREAM_MODES``): "job" (``<job>``) or "pod"
+    (``<namespace>/<job>/<pod>``, for a stack deployed with ``agentIdentity: pod-identity``)."""
     region: str | None = None
     """AWS region; from_env takes AWS_REGION; None lets boto3 resolve it (AWS_DEFAULT_REGION,
     config files)."""
@@ -104,6 +130,7 @@ class PublishSettings:
                 f"job_name ({ENV_JOB_NAME}) names the log stream and may not contain ':' or '*', "
                 f"got {self.job_name!r}"
             )
+        self._check_log_stream()
         _require_text("namespace", ENV_NAMESPACE, self.namespace, 255)
         if self.namespace.startswith("AWS/"):
             raise PublishConfigError(
@@ -128,6 +155,35 @@ class PublishSettings:
         if not isinstance(self.retry, RetryPolicy):
             raise PublishConfigError(f"retry must be a RetryPolicy, got {self.retry!r}")
 
+    def _check_log_stream(self) -> None:
+        """Validate ``report_stream`` and ``log_stream`` (defaulting the stream to the job).
+
+        In pod mode the stream must be one of this job's pod streams: the stack's pod-identity
+        policy refuses any other, so a wrong one would only fail later, in the background.
+        """
+        check_report_stream_mode(self.report_stream)
+        if not self.log_stream and self.report_stream == REPORT_STREAM_JOB:
+            object.__setattr__(self, "log_stream", self.job_name)
+        if (
+            not isinstance(self.log_stream, str)
+            or not 1 <= len(self.log_stream) <= 512
+            or ":" in self.log_stream
+            or "*" in self.log_stream
+        ):
+            raise PublishConfigError(
+                "log_stream must be 1-512 characters without ':' or '*' (it names the CloudWatch "
+                f"Logs stream), got {self.log_stream!r}"
+            )
+        if self.report_stream == REPORT_STREAM_POD and not _is_pod_stream_of(
+            self.log_stream, self.job_name
+        ):
+            raise PublishConfigError(
+                f"with report_stream 'pod' ({ENV_REPORT_STREAM}=pod) log_stream must be "
+                f"'<namespace>/{self.job_name}/<pod name>' ({ENV_POD_NAMESPACE}/{ENV_JOB_NAME}/"
+                f"{ENV_POD_NAME}): the stack's pod-identity policy lets a pod write only that "
+                f"stream; got {self.log_stream!r}"
+            )
+
     @classmethod
     def from_env(
         cls,
@@ -139,12 +195,18 @@ class PublishSettings:
         log_group: str | None = None,
         region: str | None = None,
         spool_dir: str | None = None,
+        report_stream: str | None = None,
+        pod_namespace: str | None = None,
+        pod_name: str | None = None,
         **options: object,
     ) -> PublishSettings:
         """Settings from arguments, falling back to the environment a HyperPod EKS pod has.
 
         ``env`` defaults to ``os.environ``. ``options`` are the other fields, passed through.
-        Raises PublishConfigError naming the argument and the variable when a value is missing.
+        ``report_stream`` (SDC_REPORT_STREAM, default "job") "pod" names the log stream
+        ``<namespace>/<job>/<pod>`` from ``pod_namespace`` (POD_NAMESPACE) and ``pod_name``
+        (POD_NAME), unless ``log_stream=`` is passed. Raises PublishConfigError naming the
+        argument and the variable when a value is missing.
         """
         env = os.environ if env is None else env
         cluster = cluster_name or env.get(ENV_CLUSTER_NAME, "").strip()
@@ -160,6 +222,10 @@ class PublishSettings:
                 "PyTorchJob, from the pod label training.kubeflow.org/job-name via the downward "
                 "API); POD_NAME/HOSTNAME did not look like a Kubeflow replica '<job>-worker-<n>'"
             )
+        mode = report_stream or env.get(ENV_REPORT_STREAM, "").strip() or REPORT_STREAM_JOB
+        check_report_stream_mode(mode)
+        if mode == REPORT_STREAM_POD and not options.get("log_stream"):
+            options["log_stream"] = pod_stream_from_env(env, job, pod_namespace, pod_name)
         if "spool_max_bytes" not in options and env.get(ENV_SPOOL_MAX_BYTES):
             raw = env[ENV_SPOOL_MAX_BYTES]
             try:
@@ -177,6 +243,7 @@ class PublishSettings:
             # AWS_REGION, which wins over it there, so it wins here too.
             region=region or env.get("AWS_REGION", "").strip() or None,
             spool_dir=spool_dir or env.get(ENV_SPOOL_DIR, "").strip() or default_spool_dir(),
+            report_stream=mode,
             **options,  # type: ignore[arg-type]
         )
 
@@ -191,6 +258,67 @@ def job_from_pod_name(env: Mapping[str, str]) -> str:
     pod = env.get("POD_NAME", "").strip() or env.get("HOSTNAME", "").strip()
     match = _KUBEFLOW_POD.match(pod)
     return match.group("job") if match else ""
+
+
+def check_report_stream_mode(mode: object) -> None:
+    """Refuse a report stream mode the stack does not know: a typo would otherwise fall back
+    to a stream the deployed policy (or localize) does not expect, and fail only later."""
+    if mode not in REPORT_STREAM_MODES:
+        choices = ", ".join(repr(m) for m in REPORT_STREAM_MODES)
+        raise PublishConfigError(
+            f"report_stream ({ENV_REPORT_STREAM}) must be one of {choices}, got {mode!r}"
+        )
+
+
+def pod_stream_from_env(
+    env: Mapping[str, str], job: str, namespace: str | None = None, pod: str | None = None
+) -> str:
+    """The pod's report stream ``<namespace>/<job>/<pod>`` from arguments, else POD_NAMESPACE
+    and POD_NAME.
+
+    Never HOSTNAME for the pod: a hostname is cut to 63 characters while IAM checks the session
+    tag of the full pod name, so a long pod's writes would all be refused.
+    """
+    why = (
+        "the stack's pod-identity policy (agentIdentity: pod-identity) lets a pod write only "
+        "the report stream <namespace>/<job>/<its own pod name>"
+    )
+    namespace = namespace or env.get(ENV_POD_NAMESPACE, "").strip()
+    if not namespace:
+        raise PublishConfigError(
+            f"{ENV_REPORT_STREAM}=pod needs the pod's namespace: pass pod_namespace=... or set "
+            f"{ENV_POD_NAMESPACE} from the downward API (fieldRef metadata.namespace); {why}"
+        )
+    if not is_label_name(namespace):
+        raise PublishConfigError(
+            f"pod_namespace ({ENV_POD_NAMESPACE}) must be a Kubernetes namespace name "
+            f"(lowercase letters, digits and '-', at most 63), got {namespace!r}; {why}"
+        )
+    pod = pod or env.get(ENV_POD_NAME, "").strip()
+    if not pod:
+        raise PublishConfigError(
+            f"{ENV_REPORT_STREAM}=pod needs the pod's name: pass pod_name=... or set "
+            f"{ENV_POD_NAME} from the downward API (fieldRef metadata.name); HOSTNAME is not "
+            f"used, since it is cut to 63 characters and IAM checks the full pod name; {why}"
+        )
+    if not is_subdomain_name(pod):
+        raise PublishConfigError(
+            f"pod_name ({ENV_POD_NAME}) must be a Kubernetes pod name, got {pod!r}; {why}"
+        )
+    try:
+        return pod_report_stream(namespace, job, pod)
+    except ValueError as exc:
+        raise PublishConfigError(
+            f"job_name ({ENV_JOB_NAME}) cannot be part of a pod's report stream: {exc}"
+        ) from None
+
+
+def _is_pod_stream_of(stream: str, job: str) -> bool:
+    """Whether ``stream`` is ``<namespace>/<job>/<pod>`` with a valid namespace and pod."""
+    namespace = stream.split("/", 1)[0]
+    if not is_label_name(namespace):
+        return False
+    return pod_of_report_stream(stream, namespace, job) is not None
 
 
 def _require_text(name: str, variable: str, value: object, max_len: int) -> None:

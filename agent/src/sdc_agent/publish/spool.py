@@ -1,10 +1,11 @@
 """The local spool: alarms (and rank maps) that could not be sent yet, kept on disk as JSONL.
 
 Each job spools into its own private directory under the configured one
-(``$SDC_SPOOL_DIR/job-<cluster>-<job>-<hash>``, see :meth:`Spool.for_job`): mode 0700 and owned by
-this process's user, or the spool refuses to use it (logged once; publishing goes on, and what
-cannot be sent is logged whole instead). A record is re-sent only from its own job's directory and
-only when it is addressed to that job (its log group, log stream, namespace and metric
+(``$SDC_SPOOL_DIR/job-<cluster>-<job>-<hash>``, or ``job-<cluster>-<namespace>_<job>_<pod>-<hash>``
+with per-pod report streams; see :meth:`Spool.for_job`): mode 0700 and owned by this process's
+user, or the spool refuses to use it (logged once; publishing goes on, and what cannot be sent is
+logged whole instead). A record is re-sent only from its own job's directory and only when it is
+addressed to that job (its log group, the publisher's log stream, namespace and metric
 dimensions), so a record another job or user planted is never sent with this job's credentials
 (one found in the job's directory is set aside as ``<name>.foreign``, unsent, and logged).
 
@@ -78,24 +79,49 @@ class SpoolOwner:
     job_name: str
     log_group: str
     namespace: str
+    log_stream: str = ""
+    """The stream its records go to; empty means the job name (the default report stream)."""
 
     @classmethod
     def of(cls, settings: PublishSettings) -> SpoolOwner:
-        """The job a publisher with ``settings`` publishes for."""
-        return cls(settings.cluster_name, settings.job_name, settings.log_group, settings.namespace)
+        """The job (and stream) a publisher with ``settings`` publishes for."""
+        return cls(
+            settings.cluster_name,
+            settings.job_name,
+            settings.log_group,
+            settings.namespace,
+            settings.log_stream,
+        )
+
+    @property
+    def stream(self) -> str:
+        """The log stream a record must be addressed to: ``log_stream``, else the job name."""
+        return self.log_stream or self.job_name
 
     def directory_name(self) -> str:
         """``job-<cluster>-<job>-<hash>``: readable, one path segment whatever the names hold
         (a job name may contain ``/``), and distinct for distinct jobs (the hash is of both
-        names whole, since the readable part is cleaned and shortened)."""
-        digest = hashlib.sha256(f"{self.cluster_name}\0{self.job_name}".encode()).hexdigest()
+        names whole, since the readable part is cleaned and shortened).
+
+        A stream other than the job's (``<namespace>/<job>/<pod>``) gets a directory of its
+        own, ``job-<cluster>-<stream>-<hash>``: only that pod may write that stream, so another
+        pod of the job finding its records on a shared node could only set them aside, and
+        they would never be sent when the pod comes back.
+        """
+        if self.stream == self.job_name:
+            digest = hashlib.sha256(f"{self.cluster_name}\0{self.job_name}".encode()).hexdigest()
+            readable = self.job_name
+        else:
+            key = f"{self.cluster_name}\0{self.job_name}\0{self.stream}"
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            readable = self.stream
         cluster = _UNSAFE_NAME_CHARS.sub("_", self.cluster_name)[:48]
-        job = _UNSAFE_NAME_CHARS.sub("_", self.job_name)[:96]
-        return f"job-{cluster}-{job}-{digest[:16]}"
+        name = _UNSAFE_NAME_CHARS.sub("_", readable)[:96]
+        return f"job-{cluster}-{name}-{digest[:16]}"
 
     def mismatch(self, delivery: Delivery) -> str | None:
-        """Why ``delivery`` is not addressed to this job, or None when it is."""
-        if (delivery.log_group, delivery.log_stream) != (self.log_group, self.job_name):
+        """Why ``delivery`` is not addressed to this job's stream, or None when it is."""
+        if (delivery.log_group, delivery.log_stream) != (self.log_group, self.stream):
             return f"its log stream is {delivery.log_group}/{delivery.log_stream}"
         if delivery.namespace != self.namespace:
             return f"its metric namespace is {delivery.namespace}"
