@@ -40,6 +40,11 @@ _SG_ID = re.compile(r"^sg-[0-9a-f]{8,17}$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
+SHARED_IDENTITY = "shared"
+POD_IDENTITY = "pod-identity"
+AGENT_IDENTITIES: tuple[str, ...] = (SHARED_IDENTITY, POD_IDENTITY)
+"""The values of `agentIdentity`: how the pods' role tells the training pods apart."""
+
 ENV_PREFIX = "SDC_"
 """Environment variables override context: key `maxNodesPerHour` <- `SDC_MAX_NODES_PER_HOUR`."""
 
@@ -123,12 +128,24 @@ class SdcConfig:
     job_label: str = names.DEFAULT_JOB_LABEL
     """The pod label naming a pod's training job, whose value the agent's job name follows:
     localize cordons a node only when a pod of the report's job ran there (`jobLabel`)."""
+    agent_identity: str = SHARED_IDENTITY
+    """How the training pods' role tells pods apart (`agentIdentity`): `shared` (any pod the
+    agent policy is attached to may write any job's report stream: IRSA, or Pod Identity
+    without session tags) or `pod-identity` (EKS Pod Identity's session tags scope the policy:
+    a pod of TRAINING_NAMESPACE writes only its own stream `<namespace>/<job>/<pod>`, and
+    localize reads a job's reports only from its own pods' streams)."""
 
     def __post_init__(self) -> None:
         _check(
             names.is_label_key(self.job_label),
             "jobLabel",
             f"{self.job_label!r} is not a Kubernetes label key ([prefix/]name)",
+        )
+        _check(
+            self.agent_identity in AGENT_IDENTITIES,
+            "agentIdentity",
+            f"{self.agent_identity!r}; expected one of {list(AGENT_IDENTITIES)} (pod-identity: "
+            "EKS Pod Identity with its session tags; shared: IRSA or one role for every pod)",
         )
         _check(
             names.is_label_name(self.training_namespace),
@@ -265,6 +282,20 @@ class SdcConfig:
         """The canary alarm's period: one schedule period plus the time a run may take (at most
         7 days, CloudWatch's limit for an alarm's evaluation range)."""
         return self.canary_schedule_seconds + self.canary_timeout_seconds
+
+    @property
+    def report_streams(self) -> str:
+        """How the agent names its report streams (``sdc_contract.metrics.REPORT_STREAM_MODES``):
+        by the writing pod under Pod Identity, else by the job."""
+        if self.agent_identity == POD_IDENTITY:
+            return metrics.REPORT_STREAM_POD
+        return metrics.REPORT_STREAM_JOB
+
+    @property
+    def pod_identity_namespace(self) -> str | None:
+        """The Kubernetes namespace the agent's grants are scoped to by EKS Pod Identity's
+        session tags (``agentIdentity: pod-identity``), else None."""
+        return self.training_namespace if self.agent_identity == POD_IDENTITY else None
 
     @property
     def resource_prefix(self) -> str:
@@ -468,6 +499,7 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "canaryTimeout": ("canary_timeout_seconds", _as_duration),
     "trainingNamespace": ("training_namespace", _as_str),
     "jobLabel": ("job_label", _as_str),
+    "agentIdentity": ("agent_identity", _as_str),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
 

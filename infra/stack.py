@@ -244,8 +244,11 @@ class SdcGuardStack(cdk.Stack):
         # The people who decide, and the training pods (managed policies the user attaches).
         self.approval_url.grant_invoke_url(self.operator_policy.policy)
         ledger.grant_history(self.operator_policy.policy)
-        sdc.grant_put_metric_data(self.agent_policy.policy)
-        reports.grant_write_job_reports(self.agent_policy.policy)
+        # Under Pod Identity, the pods' session tags scope the agent's grants to the training
+        # namespace and each pod to its own report stream.
+        pods = self.config.pod_identity_namespace
+        sdc.grant_put_metric_data(self.agent_policy.policy, pod_namespace=pods)
+        reports.grant_write_job_reports(self.agent_policy.policy, pod_namespace=pods)
 
     def _outputs(self) -> None:
         approvals = self.approvals.table.table_name

@@ -14,6 +14,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import LIVENESS_METRIC_NAMES, METRIC_NAMES, SdcConfig
+from infra.constructs.reports import POD_NAMESPACE_TAG
 from infra.grants import allow
 from sdc_contract.canary import CANARY_JOB
 from sdc_contract.metrics import job_alarm_query
@@ -87,10 +88,20 @@ class SdcAlarms(Construct):
             )
 
     def grant_put_metric_data(
-        self, grantee: iam.IGrantable, *, sid: str = "PublishSdcMetrics"
+        self,
+        grantee: iam.IGrantable,
+        *,
+        sid: str = "PublishSdcMetrics",
+        pod_namespace: str | None = None,
     ) -> iam.PolicyStatement:
         """Put data into the SDC namespace, and no other (the agent's findings and liveness).
-        StringEquals: not the canary's ``<namespace>/Canary`` either (`Canary.grant_put_datum`)."""
+        StringEquals: not the canary's ``<namespace>/Canary`` either (`Canary.grant_put_datum`).
+        With ``pod_namespace`` (``agentIdentity: pod-identity``) only a pod of that Kubernetes
+        namespace may (EKS Pod Identity's session tag); which JobName it puts is still its own
+        choice: PutMetricData conditions on nothing finer than the namespace."""
+        conditions: dict[str, str] = {"cloudwatch:namespace": self.namespace}
+        if pod_namespace is not None:
+            conditions[POD_NAMESPACE_TAG] = pod_namespace
         return allow(
             grantee,
             sid=sid,
@@ -98,7 +109,7 @@ class SdcAlarms(Construct):
             # PutMetricData has no resource-level permissions; the namespace condition is what
             # scopes it.
             resources=["*"],
-            conditions={"StringEquals": {"cloudwatch:namespace": self.namespace}},
+            conditions={"StringEquals": conditions},
             wildcard_reason=(
                 "cloudwatch:PutMetricData has no resource-level permissions; the "
                 f"cloudwatch:namespace condition limits it to the {self.namespace} namespace"

@@ -298,6 +298,7 @@ class Functions(Construct):
             contract.AUTO_APPROVE: config.auto_approve.as_json(),
             contract.TRAINING_NAMESPACE: config.training_namespace,
             contract.JOB_LABEL: config.job_label,
+            contract.REPORT_STREAMS: config.report_streams,
             contract.SHADOW_HEALTH_CHECK: "true" if config.shadow_health_check else "false",
         }
         return {

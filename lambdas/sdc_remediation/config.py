@@ -179,6 +179,19 @@ class Settings:
         return value
 
     @property
+    def report_streams(self) -> str:
+        """REPORT_STREAMS: how the agent names its report streams (default ``job``: ``<job>``);
+        ``pod`` (a stack deployed with ``agentIdentity: pod-identity``): each pod writes its own
+        ``<namespace>/<job>/<pod>``, and localize reads a job's reports from its pods' only."""
+        value = self._optional(contract.REPORT_STREAMS) or contract.REPORT_STREAM_JOB
+        if value not in contract.REPORT_STREAM_MODES:
+            raise ConfigurationError(
+                f"REPORT_STREAMS must be one of {list(contract.REPORT_STREAM_MODES)}, got "
+                f"{value[:80]!r}"
+            )
+        return value
+
+    @property
     def job_label(self) -> str:
         """JOB_LABEL: the pod label naming a pod's training job, by which localize corroborates
         that a report's job ran on the node it names (default the Kubeflow training operator's

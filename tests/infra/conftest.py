@@ -13,7 +13,8 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from tests.infra.infra_synth import Synth, synthesize
 
 # Everything optional switched on: VPC placement, a scoped HyperPod ARN, label replacement,
-# the liveness alarm, email subscriptions, a short approval timeout.
+# the liveness alarm, email subscriptions, a short approval timeout, the agent's grants scoped by
+# EKS Pod Identity's session tags to its own namespace and pod streams.
 VARIANT_CONTEXT: dict[str, Any] = {
     "hyperPodClusterName": "ml-prod",
     "eksClusterName": "ml-prod-eks",
@@ -25,6 +26,8 @@ VARIANT_CONTEXT: dict[str, Any] = {
     "notificationEmails": ["oncall@example.com", "ml-platform@example.com"],
     "approvalTimeout": "2h",
     "alarmThresholds": {"sdc_replay_mismatch": 2},
+    "agentIdentity": "pod-identity",
+    "trainingNamespace": "ml-training",
 }
 
 

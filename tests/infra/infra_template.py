@@ -79,6 +79,45 @@ def matches(pattern: str, value: str) -> bool:
     return fnmatch.fnmatchcase(value, pattern.replace("[", "[[]"))
 
 
+def evaluate_for(
+    statements: list[dict[str, Any]], action: str, resource: str, context: dict[str, str]
+) -> bool:
+    """Whether ``statements`` allow ``action`` on ``resource`` for a request whose context keys
+    are ``context`` (``aws:PrincipalTag/...``, ``cloudwatch:namespace``): policy variables
+    ``${key}`` in a resource are replaced by the context's value (a statement whose variable
+    has none matches nothing, as IAM does), and StringEquals conditions must hold (any other
+    operator is refused here, so a test cannot pass by not evaluating it). Deny wins."""
+    import re
+
+    def rendered(pattern: str) -> str | None:
+        missing = [key for key in re.findall(r"\$\{([^}]+)\}", pattern) if key not in context]
+        if missing:
+            return None
+        return re.sub(r"\$\{([^}]+)\}", lambda m: context[m.group(1)], pattern)
+
+    def holds(statement: dict[str, Any]) -> bool:
+        for operator, pairs in (statement.get("Condition") or {}).items():
+            if operator != "StringEquals":
+                raise AssertionError(f"evaluate_for does not read condition {operator}")
+            for key, wanted in pairs.items():
+                if context.get(key) not in as_list(wanted):
+                    return False
+        return True
+
+    def covers(statement: dict[str, Any]) -> bool:
+        actions = as_list(statement.get("Action", []))
+        patterns = [rendered(flatten(r)) for r in as_list(statement.get("Resource", []))]
+        return (
+            any(matches(a.lower(), action.lower()) for a in actions)
+            and any(p is not None and matches(p, resource) for p in patterns)
+            and holds(statement)
+        )
+
+    if any(s.get("Effect") == "Deny" and covers(s) for s in statements):
+        return False
+    return any(s.get("Effect", "Allow") == "Allow" and covers(s) for s in statements)
+
+
 def evaluate(statements: list[dict[str, Any]], action: str, resource: str) -> bool:
     """Whether ``statements`` (rendered with ``flatten``) allow ``action`` on ``resource``:
     an explicit Deny matching both wins, else any Allow matching both (conditions are not

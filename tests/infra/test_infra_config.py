@@ -28,6 +28,8 @@ def test_shipped_cdk_json_gives_the_documented_defaults() -> None:
     assert config.dry_run is False
     assert config.report_log_group == "/sdc/example-hyperpod-cluster"
     assert config.training_namespace == "default"
+    assert config.agent_identity == "shared" and config.report_streams == "job"
+    assert config.pod_identity_namespace is None
 
 
 def test_missing_cluster_name_names_the_key_and_how_to_set_it() -> None:
@@ -112,6 +114,7 @@ def test_partial_thresholds_keep_the_default_for_the_others() -> None:
         ("logRetentionDays", 10, "CloudWatch Logs accepts", "logRetentionDays"),
         ("livenessWindow", "90s", "between 5 minutes and 1 day", "livenessWindow"),
         ("trainingNamespace", "Team_A", "not a Kubernetes namespace name", "trainingNamespace"),
+        ("agentIdentity", "irsa", "expected one of ['shared', 'pod-identity']", "agentIdentity"),
         (
             "trainingNamespace",
             "../kube-system",

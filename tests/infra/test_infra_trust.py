@@ -12,6 +12,7 @@ import sdc_contract as contract
 from tests.infra.infra_template import (
     as_list,
     evaluate,
+    evaluate_for,
     flatten,
     function_ids,
     resources,
@@ -47,6 +48,61 @@ def test_the_agent_may_write_training_jobs_streams_but_never_the_canarys(default
     assert not evaluate(statements, "logs:PutLogEvents", canary)
     (deny,) = [s for s in statements if s.get("Effect") == "Deny"]
     assert deny["Sid"] == "NotTheCanarysStream"
+
+
+VARIANT_GROUP = "arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:/sdc/ml-prod"
+
+
+def _pod(name: str, namespace: str = "ml-training", **more: str) -> dict[str, str]:
+    """The request context of a pod's call under EKS Pod Identity (its session tags)."""
+    return {
+        "aws:PrincipalTag/kubernetes-namespace": namespace,
+        "aws:PrincipalTag/kubernetes-pod-name": name,
+        **more,
+    }
+
+
+def test_under_pod_identity_a_pod_writes_only_its_own_stream(variant_synth) -> None:
+    # Given the agent's policy with agentIdentity pod-identity, trainingNamespace ml-training
+    statements = _agent_statements(variant_synth.template)
+    stream = f"{VARIANT_GROUP}:log-stream:"
+    pod = _pod("llama-worker-0")
+    # Then the pod writes its own stream under any job's part (localize checks the job)
+    assert evaluate_for(
+        statements, "logs:PutLogEvents", f"{stream}ml-training/llama/llama-worker-0", pod
+    )
+    assert evaluate_for(
+        statements, "logs:CreateLogStream", f"{stream}ml-training/llama/llama-worker-0", pod
+    )
+    # And no other pod's stream, nor the job-named stream, nor the canary's (superseded: any
+    # pod wrote any job's stream <job>)
+    for other in (
+        "ml-training/llama/llama-worker-1",
+        "ml-training/llama/x-llama-worker-0",
+        "llama",
+        contract.CANARY_JOB,
+        "other-ns/llama/llama-worker-0",
+    ):
+        assert not evaluate_for(statements, "logs:PutLogEvents", f"{stream}{other}", pod), other
+    # And a pod of another namespace writes nothing, not even a stream named like its own
+    stranger = _pod("llama-worker-0", namespace="other-ns")
+    for target in ("other-ns/llama/llama-worker-0", "ml-training/llama/llama-worker-0"):
+        assert not evaluate_for(statements, "logs:PutLogEvents", f"{stream}{target}", stranger)
+    # And a principal without Pod Identity's tags (an IRSA role with this policy) writes nothing
+    assert not evaluate_for(statements, "logs:PutLogEvents", f"{stream}llama", {})
+    # And nobody lists the group's streams (every job's names)
+    assert not evaluate_for(statements, "logs:DescribeLogStreams", VARIANT_GROUP, pod)
+
+
+def test_under_pod_identity_only_the_training_namespace_puts_sdc_metrics(variant_synth) -> None:
+    statements = _agent_statements(variant_synth.template)
+    sdc = {"cloudwatch:namespace": contract.DEFAULT_NAMESPACE}
+    assert evaluate_for(statements, "cloudwatch:PutMetricData", "*", _pod("p", **sdc))
+    assert not evaluate_for(
+        statements, "cloudwatch:PutMetricData", "*", _pod("p", namespace="other-ns", **sdc)
+    )
+    canary = {"cloudwatch:namespace": contract.canary_namespace(contract.DEFAULT_NAMESPACE)}
+    assert not evaluate_for(statements, "cloudwatch:PutMetricData", "*", _pod("p", **canary))
 
 
 def _sagemaker_grants(template: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

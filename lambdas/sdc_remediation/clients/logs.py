@@ -19,14 +19,22 @@ def filter_events(
     streams: Iterable[str] | None,
     start_ms: int | None,
     end_ms: int | None,
+    *,
+    prefix: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Every event of ``group`` matching ``pattern`` (in ``streams`` when given, between the
-    two times when given); ``ReportNotYetVisible`` when the group does not exist yet."""
+    """Every event of ``group`` matching ``pattern`` (in ``streams``, or in the streams whose
+    name starts with ``prefix``, when given; between the two times when given);
+    ``ReportNotYetVisible`` when the group does not exist yet. The caller still checks each
+    event's stream: the prefix narrows what CloudWatch returns, it proves nothing."""
     logs = aws.client("logs")
     kwargs: dict[str, Any] = {"logGroupName": group, "filterPattern": pattern}
     names = sorted(set(streams or []))
+    if names and prefix is not None:
+        raise ValueError("FilterLogEvents takes stream names or a stream name prefix, not both")
     if names:
         kwargs["logStreamNames"] = names[:MAX_STREAMS_PER_FILTER]  # one stream per job
+    if prefix is not None:
+        kwargs["logStreamNamePrefix"] = prefix
     if start_ms is not None:
         kwargs["startTime"] = start_ms
     if end_ms is not None:

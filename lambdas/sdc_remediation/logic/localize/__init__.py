@@ -54,6 +54,7 @@ from ...observability import logger
 from ...targets import target_for
 from .alarm import alarm_from_event
 from .evidence import nonzero_node_series, read_reports, refusal
+from .streams import ReportStreams
 from .suspects import suspects_from_reports, verdict_for
 
 
@@ -70,7 +71,8 @@ def localize(
     alarm = alarm_from_event(event, settings)
     series = nonzero_node_series(alarm)
     jobs = {alarm.job} if alarm.job else {job for job, _ in series}
-    reading = read_reports(alarm, settings.report_log_group, jobs or None)
+    streams = ReportStreams.from_settings(settings)
+    reading = read_reports(alarm, settings.report_log_group, jobs or None, streams)
     if not reading.reports and not reading.refused:
         raise ReportNotYetVisible(
             f"no {contract.ALARM_SCHEMA} report of job {alarm.job or '(any)'} in "
@@ -198,7 +200,9 @@ def localize_late(state: LateInput, settings: Settings, kube: Callable[[], KubeA
     touched); a visible report that only mentions it explains it: ``ReportNotYetVisible``
     ends after the workflow's retries as a recorded failure naming it."""
     alarm, wanted = state.alarm, state.pending
-    reading = read_reports(alarm, settings.report_log_group, [wanted.job])
+    reading = read_reports(
+        alarm, settings.report_log_group, [wanted.job], ReportStreams.from_settings(settings)
+    )
     resolution = suspects_from_reports(reading.reports, settings, kube, alarm)
     for suspect in resolution.suspects:
         if suspect.node_name == wanted.node_name and suspect.job == wanted.job:

@@ -23,6 +23,7 @@ from ...errors import UntrustedReport
 from ...models import Alarm, RankInfo, RankMap, Refusal, Report
 from ...observability import logger
 from .alarm import belongs_to
+from .streams import ReportStreams
 
 
 def nonzero_node_series(alarm: Alarm) -> dict[tuple[str, str], float]:
@@ -55,31 +56,66 @@ class Reading:
     refused: list[Refusal] = field(default_factory=list)
 
 
-def read_reports(alarm: Alarm, group: str, jobs: Iterable[str] | None = None) -> Reading:
-    """The ``sdc.alarm/v1`` reports of this cluster and the alarm's job in the alarm window.
+def read_reports(
+    alarm: Alarm,
+    group: str,
+    jobs: Iterable[str] | None = None,
+    streams: ReportStreams | None = None,
+) -> Reading:
+    """The ``sdc.alarm/v1`` reports of this cluster and the alarm's job in the alarm window,
+    from the job's streams (``streams``: by job, or by the job's pods).
 
     Each is validated alone: one that claims the schema but does not hold (a reversed
     ``suspect_window``, a job that is not a job name, an unbounded name) is refused with the
-    field and the reason, and the others go on.
+    field and the reason, and so is one of a job whose streams do not include the one it is
+    in (per-pod streams: a pod writes only its own); the others go on.
     """
+    streams = streams or ReportStreams()
     start = int(clock.parse_iso(alarm.window_start).timestamp() * 1000)
     end = int(clock.parse_iso(alarm.window_end).timestamp() * 1000)
     reading = Reading()
-    for event in logs.filter_events(group, f'"{contract.ALARM_SCHEMA}"', jobs, start, end):
+    for event in _events(group, f'"{contract.ALARM_SCHEMA}"', streams, jobs, start, end):
+        stream = event.get("logStreamName")
         try:
             report = parse_event(event, Report, contract.ALARM_SCHEMA)
+            if report is not None and not streams.accepts(str(stream), report.job):
+                raise UntrustedReport(
+                    f"a report of job {report.job} is in stream {str(stream)[:120]!r}, which is not "
+                    f"one of that job's (streams {streams.namespace}/<job>/<pod> are written "
+                    "by their pod only)",
+                    field="log_stream",
+                )
         except UntrustedReport as exc:
-            reading.refused.append(refusal(exc, stream=event.get("logStreamName")))
+            reading.refused.append(refusal(exc, stream=stream))
             continue
         if (
             report is not None
             and report.cluster == alarm.cluster_name
             and belongs_to(alarm, report.job)
         ):
-            stream = event.get("logStreamName")
             reading.reports.append(report.model_copy(update={"log_stream": stream}))
     reading.reports.sort(key=lambda r: r.time)
     return reading
+
+
+def _events(
+    group: str,
+    pattern: str,
+    streams: ReportStreams,
+    jobs: Iterable[str] | None,
+    start_ms: int | None,
+    end_ms: int | None,
+) -> list[dict[str, Any]]:
+    """The events of ``jobs``' streams matching ``pattern`` (one FilterLogEvents selection
+    after the other)."""
+    events: list[dict[str, Any]] = []
+    for selection in streams.filters(jobs):
+        events.extend(
+            logs.filter_events(
+                group, pattern, selection.names, start_ms, end_ms, prefix=selection.prefix
+            )
+        )
+    return events
 
 
 def refusal(
@@ -99,15 +135,20 @@ def refusal(
     )
 
 
-def latest_rank_map(group: str, job: str) -> RankMap | None:
-    """The newest ``sdc.rankmap/v1`` map of a job (written once at job start).
+def latest_rank_map(group: str, job: str, stream: str | None = None) -> RankMap | None:
+    """The newest ``sdc.rankmap/v1`` map of a job (written once at job start), from the job's
+    stream, or from ``stream`` when given (per-pod streams: the stream of the report being
+    resolved, whose writer is checked; a map another pod wrote is not read).
 
     A large job's map arrives as several events of the same ``time``, each a part of the ranks
     (the agent splits it under the 1 MiB event limit): all parts of the newest map are merged.
     """
     schema = contract.RANKMAP_SCHEMA
+    source = stream or job
     maps = []
-    for event in logs.filter_events(group, f'"{schema}"', [job], None, None):
+    for event in logs.filter_events(group, f'"{schema}"', [source], None, None):
+        if event.get("logStreamName", source) != source:
+            continue  # a stand-in or a prefix match returned another stream's event
         try:
             maps.append(parse_event(event, RankMap, schema))
         except UntrustedReport as exc:

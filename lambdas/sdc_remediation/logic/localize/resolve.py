@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+import sdc_contract as contract
 from sdc_contract.names import (
     NODE_NAME_PREFIX,
     is_instance_id,
@@ -27,6 +28,7 @@ from ...errors import InstanceNotInCluster, NodeNotFound, UntrustedReport
 from ...models import RankInfo, RankMap, Report
 from ...observability import logger
 from . import evidence
+from .streams import ReportStreams
 
 
 class RankResolver:
@@ -38,7 +40,9 @@ class RankResolver:
         self._settings = settings
         self._kube_factory = kube
         self._kube: KubeApi | None = None
-        self._rank_maps: dict[str, RankMap | None] = {}
+        self._streams = ReportStreams.from_settings(settings)
+        self._rank_maps: dict[tuple[str, str | None], RankMap | None] = {}
+        self._writers: dict[tuple[str, str], str | None] = {}
         self._groups: dict[str, str] = {}
         self._corroborated: dict[tuple[str, str], bool] = {}
         self._operator_run: dict[str, bool] = {}
@@ -48,11 +52,14 @@ class RankResolver:
         info = report.ranks.get(str(rank)) or RankInfo()
         if info.node_name and info.instance_id:
             return info
-        if report.job not in self._rank_maps:
-            self._rank_maps[report.job] = evidence.latest_rank_map(
-                self._settings.report_log_group, report.job
+        # Per-pod streams: the map the report's own (checked) writer wrote, none other.
+        stream = report.log_stream if self._streams.per_pod else None
+        key = (report.job, stream)
+        if key not in self._rank_maps:
+            self._rank_maps[key] = evidence.latest_rank_map(
+                self._settings.report_log_group, report.job, stream
             )
-        mapped = self._rank_maps[report.job]
+        mapped = self._rank_maps[key]
         fallback = mapped.ranks.get(str(rank)) if mapped else None
         if fallback is None:
             return info
@@ -60,6 +67,53 @@ class RankResolver:
             k: v for k, v in info.model_dump().items() if v is not None
         }
         return RankInfo.model_validate(merged)
+
+    def verify_writer(self, report: Report) -> None:
+        """Per-pod streams: the pod that wrote the report's stream is a pod of the report's
+        job (``UntrustedReport``, field ``log_stream``, otherwise). IAM proved which pod wrote
+        the stream (its name is in the stream, from EKS Pod Identity's session tag); this
+        proves the pod is the job's: it exists in TRAINING_NAMESPACE, carries the job's
+        job-name label, and where a training operator runs the job, the operator owns it. A
+        writer that no longer exists cannot be checked and is refused. Streams named by the
+        job prove nothing about their writer: nothing to check."""
+        if not self._streams.per_pod or report.job == contract.CANARY_JOB:
+            return
+        stream = report.log_stream or ""
+        pod = self._streams.writer(stream, report.job)
+        key = (report.job, stream)
+        if key not in self._writers:
+            self._writers[key] = self._writer_problem(report.job, stream, pod)
+        problem = self._writers[key]
+        if problem is not None:
+            raise UntrustedReport(
+                f"the report of job {report.job} in stream {stream[:160]!r}: {problem}",
+                field="log_stream",
+            )
+
+    def _writer_problem(self, job: str, stream: str, pod: str | None) -> str | None:
+        """Why the stream's pod is not ``job``'s, or None when it is."""
+        namespace, label = self._settings.training_namespace, self._settings.job_label
+        if pod is None:
+            return f"not a stream of job {job}'s pods ({namespace}/{job}/<pod>)"
+        try:
+            found = self._kube_api().get_pod(pod, namespace)
+        except NodeNotFound:
+            return (
+                f"its writer, pod {namespace}/{pod}, no longer exists: whose pod it was cannot "
+                "be checked"
+            )
+        pod_job = ((found.get("metadata") or {}).get("labels") or {}).get(label)
+        if pod_job != job:
+            return f"its writer, pod {namespace}/{pod}, is not job {job}'s ({label}={str(pod_job)[:80]!r})"
+        owner = training_owner(found)
+        if owner is not None and owner[1] != job:
+            return f"its writer, pod {namespace}/{pod}, is owned by {owner[0]} {owner[1][:80]!r}"
+        if owner is None and self._run_by_operator(job):
+            return (
+                f"its writer, pod {namespace}/{pod}, carries the job's label but the training "
+                f"operator that runs job {job} does not own it"
+            )
+        return None
 
     def _kube_api(self) -> KubeApi:
         if self._kube is None:

@@ -83,6 +83,7 @@ def suspects_from_reports(
             by_instance[suspect.instance_id] = suspect
             continue
         try:
+            resolver.verify_writer(report)
             canary.refuse_reserved_node(report)
             refuse_setup(report)
         except UntrustedReport as exc:
