@@ -12,7 +12,9 @@ Layers, each importing only those below it (lambdas/README.md, "Layout"):
 - ``dal/``: the DynamoDB tables (ledger, approvals, canary runs);
 - ``clients/``: every call out of the process (HyperPod, Kubernetes, CloudWatch, Logs, SNS,
   Step Functions, Lambda, the approve function's URL);
-- ``models/``: the pydantic models of everything that crosses the workflow;
+- ``models/``: the pydantic models of everything that crosses the workflow, and the plain data
+  admission passes to the ledger (``models.admission``; the rule itself, ``logic.admission``,
+  reaches the ledger as an argument);
 - shared: ``config`` (the environment), ``errors`` (class names are the workflow's contract),
   ``aws`` (lazy boto3 clients, AWS errors typed), ``observability``, ``clock``;
 - ``cli/``: the operator CLI over ``dal``, ``logic`` and ``clients``.

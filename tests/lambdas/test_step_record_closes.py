@@ -11,6 +11,7 @@ from remediation_factories import CLUSTER, LEDGER, item_state
 from sdc_remediation import aws
 from sdc_remediation.dal import ledger
 from sdc_remediation.dal.dynamo import from_item, to_item
+from sdc_remediation.logic.admission import AdmitRequest, decide
 
 FAILURE = {"Error": "ClusterApiUnavailable", "Cause": '{"errorMessage": "API down"}'}
 
@@ -24,7 +25,7 @@ def _admit_on_32_nodes(instance_id: str, execution: str) -> dict[str, Any]:
     """Admission as the admit step does it, for a 32-node cluster with the default limits:
     MAX_FRACTION 0.05 -> at most max(1, floor(1.6)) = 1 node open; MAX_NODES_PER_HOUR 2."""
     decision = ledger.Ledger(LEDGER).admit(
-        ledger.AdmitRequest(
+        AdmitRequest(
             cluster=CLUSTER,
             instance_id=instance_id,
             node_name=f"hyperpod-{instance_id}",
@@ -32,7 +33,8 @@ def _admit_on_32_nodes(instance_id: str, execution: str) -> dict[str, Any]:
             cluster_nodes=32,
             max_nodes_per_hour=2,
             max_fraction=0.05,
-        )
+        ),
+        decide,
     )
     return {
         "decision": decision.decision,
@@ -111,7 +113,7 @@ def test_a_replaced_or_released_node_frees_its_slot_at_once(cloud, invoke):
 
     # When a third node alarms (the hourly cap is 2: lift it for this test)
     third = ledger.Ledger(LEDGER).admit(
-        ledger.AdmitRequest(
+        AdmitRequest(
             cluster=CLUSTER,
             instance_id=c,
             node_name=f"hyperpod-{c}",
@@ -119,7 +121,8 @@ def test_a_replaced_or_released_node_frees_its_slot_at_once(cloud, invoke):
             cluster_nodes=32,
             max_nodes_per_hour=10,
             max_fraction=0.05,
-        )
+        ),
+        decide,
     )
 
     # Then both earlier nodes were admitted in turn and nothing holds the slot any more

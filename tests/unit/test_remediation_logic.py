@@ -14,7 +14,7 @@ from botocore.credentials import Credentials
 
 from sdc_remediation import errors
 from sdc_remediation.clients.kube import eks_token
-from sdc_remediation.dal.ledger import max_open
+from sdc_remediation.logic.admission import max_open
 from sdc_remediation.logic.cordon import cordon_body
 from sdc_remediation.logic.health import classify
 from sdc_remediation.logic.localize import verdict_for

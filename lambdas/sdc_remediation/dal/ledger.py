@@ -37,13 +37,11 @@ import botocore.exceptions
 
 from .. import aws, clock
 from ..errors import AwsApiUnavailable, NodeInRemediation, NodeNotHeld
-from ..logic.admission import (
-    WINDOW,
+from ..models.admission import (
+    AdmissionRule,
     AdmitDecision,
     AdmitRequest,
     GuardSnapshot,
-    decide,
-    max_open,
     recent_admissions,
 )
 from .dynamo import from_item, to_item
@@ -110,11 +108,12 @@ class Ledger:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def admit(self, req: AdmitRequest) -> AdmitDecision:
+    def admit(self, req: AdmitRequest, rule: AdmissionRule) -> AdmitDecision:
         """Claim the node for a remediation, unless it is open already or the guard trips.
 
-        The decision is ``admission.decide`` on the node's STATE and the guard item; an
-        ``admitted`` one is committed under the guard's version, and a lost race re-reads.
+        The decision is ``rule`` (``logic.admission.decide``) on the node's STATE and the guard
+        item; an ``admitted`` one is committed under the guard's version, and a lost race
+        re-reads.
         """
         for _ in range(_MAX_ATTEMPTS):
             state = self.state(req.instance_id)
@@ -127,7 +126,7 @@ class Ledger:
                 held=guard["held"],
                 report=self.report_claim(req),
             )
-            decision = decide(req, snapshot, now)
+            decision = rule(req, snapshot, now)
             if decision.decision != "admitted" or decision.remediation_id is not None:
                 return decision
             remediation_id = f"r-{uuid.uuid4().hex[:16]}"
@@ -138,8 +137,9 @@ class Ledger:
             f"admission of {req.instance_id} lost {_MAX_ATTEMPTS} races on the guard item; retry"
         )
 
-    def would_admit(self, req: AdmitRequest) -> AdmitDecision:
-        """What ``admit`` would decide now, without claiming anything (shadow mode)."""
+    def would_admit(self, req: AdmitRequest, rule: AdmissionRule) -> AdmitDecision:
+        """What ``admit`` would decide now with ``rule``, without claiming anything (shadow
+        mode)."""
         guard = self.guard(req.cluster)
         snapshot = GuardSnapshot(
             node=self.state(req.instance_id),
@@ -148,7 +148,7 @@ class Ledger:
             held=guard["held"],
             report=self.report_claim(req),
         )
-        return decide(req, snapshot, clock.now())
+        return rule(req, snapshot, clock.now())
 
     def claim_report(self, req: AdmitRequest, remediation_id: str) -> dict[str, Any] | None:
         """Claim ``req``'s report for ``remediation_id`` outside an admission (a shadowed
@@ -671,14 +671,10 @@ class Ledger:
 
 __all__ = [
     "RELEASING_TRANSITIONS",
-    "WINDOW",
-    "AdmitDecision",
-    "AdmitRequest",
     "Ledger",
     "cluster_pk",
     "encode_detail",
     "guard_pk",
-    "max_open",
 ]
 
 _RACE_REASONS = {"None", "ConditionalCheckFailed", "TransactionConflict", "ThrottlingError"}

@@ -22,7 +22,7 @@ import botocore.exceptions
 
 from .. import aws, clock
 from ..errors import AwsApiUnavailable
-from ..logic.admission import AdmitRequest, max_open
+from ..models.admission import AdmitRequest
 from .dynamo import from_item, to_item
 
 SHADOW_SK = "SHADOW"
@@ -81,9 +81,9 @@ def _same(slot: dict[str, Any], req: AdmitRequest) -> bool:
     )
 
 
-def admit(table: str, req: AdmitRequest) -> tuple[bool, str]:
-    """Whether the shadowed alarm of ``req`` may run its deep health check now, and why."""
-    limit = max_open(req.cluster_nodes, req.max_fraction)
+def admit(table: str, req: AdmitRequest, limit: int) -> tuple[bool, str]:
+    """Whether the shadowed alarm of ``req`` may run its deep health check now, and why: at
+    most ``limit`` at once (the guard's fraction of the cluster, ``admission.max_open``)."""
     if req.suspects_in_alarm > limit:
         return False, (
             f"not run: the alarm names {req.suspects_in_alarm} nodes, more than the shadow "

@@ -1,7 +1,8 @@
 """The blast-radius guard's admission policy, as a pure function of what the ledger holds.
 
-``decide`` reads no table and no clock: the ledger (``ledger.Ledger.admit``) reads the node's
-STATE and the cluster's guard item, calls it, and commits an ``admitted`` answer in one DynamoDB
+``decide`` reads no table and no clock: the ledger (``ledger.Ledger.admit``, which is given this
+rule by its caller, so the data layer never imports logic) reads the node's STATE and the
+cluster's guard item, calls it, and commits an ``admitted`` answer in one DynamoDB
 transaction conditioned on the guard's version, so the policy is tested on plain values and the
 transaction around it only serialises.
 
@@ -28,59 +29,16 @@ remediations, nor several "right" rows in the precision ledger.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
-WINDOW = timedelta(hours=1)
-
-Decision = Literal["admitted", "duplicate", "circuit_open"]
-
-
-@dataclass(frozen=True)
-class AdmitRequest:
-    """What admission needs to know about one suspect."""
-
-    cluster: str
-    instance_id: str
-    node_name: str
-    execution: str
-    cluster_nodes: int
-    max_nodes_per_hour: int
-    max_fraction: float
-    suspects_in_alarm: int = 1
-    """How many nodes the alarm that named this one names in all."""
-    item: int | None = None
-    """The Map item's index in the execution (``$$.Map.Item.Index``): two items of one alarm
-    naming the same instance are one admission, a retried Lambda of the same item is the same."""
-    report: str | None = None
-    """The identity of the report naming the node (``Suspect.report_key``: job, step, check,
-    report time); None: no identity (nothing dedupes by report)."""
-
-
-@dataclass(frozen=True)
-class AdmitDecision:
-    """The ledger's answer: admitted, duplicate or circuit_open, and why."""
-
-    decision: str
-    remediation_id: str | None
-    reason: str
-
-
-@dataclass(frozen=True)
-class GuardSnapshot:
-    """What the guard item and the node's STATE say, as the policy reads them."""
-
-    node: dict[str, Any] | None
-    """The node's STATE item (None: never remediated)."""
-    admissions: list[dict[str, Any]] = field(default_factory=list)
-    """``{instance_id, at (epoch s), execution?, item?}`` of recent admissions."""
-    open_instances: list[str] = field(default_factory=list)
-    held: list[dict[str, Any]] = field(default_factory=list)
-    """``{instance_id, remediation_id, at}`` of nodes admitted and not released."""
-    report: dict[str, Any] | None = None
-    """The report's claim on this node, if a remediation already took it (``remediation_id``,
-    ``execution``, ``item``)."""
+from ..models.admission import (
+    WINDOW,
+    AdmitDecision,
+    AdmitRequest,
+    GuardSnapshot,
+    recent_admissions,
+)
 
 
 def max_open(cluster_nodes: int, max_fraction: float) -> int:
@@ -91,12 +49,6 @@ def max_open(cluster_nodes: int, max_fraction: float) -> int:
     caps the rate.
     """
     return max(1, math.floor(cluster_nodes * max_fraction))
-
-
-def recent_admissions(admissions: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
-    """The admissions of the rolling hour before ``now``."""
-    start = int((now - WINDOW).timestamp())
-    return [a for a in admissions if int(a["at"]) > start]
 
 
 def _same_item(entry: dict[str, Any], req: AdmitRequest) -> bool:

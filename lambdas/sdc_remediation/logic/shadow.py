@@ -24,7 +24,7 @@ from typing import Any
 from ..dal import shadow_guard
 from ..dal.ledger import Ledger
 from ..models import Admission, ItemState, RecordInput
-from . import notify
+from . import admission, notify
 from .admission import AdmitRequest
 
 WOULD_HAVE = "would have cordoned"
@@ -50,7 +50,7 @@ def admit(ledger: Ledger, req: AdmitRequest, *, health_check: bool = False) -> A
             "report",
             mode="shadow",
         )
-    would = ledger.would_admit(req)
+    would = ledger.would_admit(req, admission.decide)
     if would.decision == "admitted":
         verdict = "enforced, the blast-radius guard would have admitted it"
     else:
@@ -58,7 +58,8 @@ def admit(ledger: Ledger, req: AdmitRequest, *, health_check: bool = False) -> A
     check = False
     note = ""
     if health_check:
-        check, why = shadow_guard.admit(ledger.table, req)
+        limit = admission.max_open(req.cluster_nodes, req.max_fraction)
+        check, why = shadow_guard.admit(ledger.table, req, limit)
         note = f"; deep health check: {why}"
     return Admission(
         decision="admitted",

@@ -15,6 +15,7 @@ from ..clients.kube import KubeApi
 from ..config import Settings
 from ..dal.canary_runs import RunStore
 from ..dal.ledger import Ledger
+from ..logic import admission
 from ..logic.admission import AdmitRequest
 from ..logic.approval import PendingApproval
 from ..logic.autoapprove import AutoDecision
@@ -54,7 +55,7 @@ class CanaryNode:
     def admit(self, state: ItemState, request: AdmitRequest, settings: Settings) -> Admission:
         """Read the guard as a real admission would, claim nothing (no slot, no node STATE),
         and walk the enforce path whatever CHECK_MODES says."""
-        would = Ledger(settings.ledger_table).would_admit(request)
+        would = Ledger(settings.ledger_table).would_admit(request, admission.decide)
         key = f"{request.execution}#{request.item}#{self.run_id}".encode()
         self.reach(settings, "admitted")
         return Admission(

@@ -9,7 +9,7 @@ from typing import Any
 from ..clients.kube import KubeApi
 from ..config import Settings
 from ..dal.ledger import Ledger
-from ..logic import approval, cordon, shadow
+from ..logic import admission, approval, cordon, shadow
 from ..logic.admission import AdmitRequest
 from ..logic.autoapprove import AutoDecision
 from ..models import Admission, ApprovalRequestInput, CordonResult, ItemState
@@ -35,7 +35,7 @@ class HyperPodNode:
         ledger = Ledger(settings.ledger_table)
         if settings.mode_for(state.suspect.check, state.suspect.verdict) == "shadow":
             return shadow.admit(ledger, request, health_check=settings.shadow_health_check)
-        decision = ledger.admit(request)
+        decision = ledger.admit(request, admission.decide)
         logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})
         return Admission(
             decision=decision.decision,  # type: ignore[arg-type]
