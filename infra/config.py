@@ -128,6 +128,10 @@ class SdcConfig:
     job_label: str = names.DEFAULT_JOB_LABEL
     """The pod label naming a pod's training job, whose value the agent's job name follows:
     localize cordons a node only when a pod of the report's job ran there (`jobLabel`)."""
+    flood_threshold: int = 50
+    """Job data points of one SDC metric in one minute, all jobs together, at which the flood
+    alarm pages: a flood of made-up JobNames can keep real jobs out of the SDC alarms
+    (`floodThreshold`)."""
     agent_identity: str = SHARED_IDENTITY
     """How the training pods' role tells pods apart (`agentIdentity`): `shared` (any pod the
     agent policy is attached to may write any job's report stream: IRSA, or Pod Identity
@@ -140,6 +144,11 @@ class SdcConfig:
             names.is_label_key(self.job_label),
             "jobLabel",
             f"{self.job_label!r} is not a Kubernetes label key ([prefix/]name)",
+        )
+        _check(
+            self.flood_threshold >= 2,
+            "floodThreshold",
+            f"{self.flood_threshold}: at least 2 (one real finding gives one data point)",
         )
         _check(
             self.agent_identity in AGENT_IDENTITIES,
@@ -500,6 +509,7 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "trainingNamespace": ("training_namespace", _as_str),
     "jobLabel": ("job_label", _as_str),
     "agentIdentity": ("agent_identity", _as_str),
+    "floodThreshold": ("flood_threshold", _as_int),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
 

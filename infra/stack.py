@@ -14,7 +14,7 @@ from constructs import Construct
 
 from infra.config import SdcConfig
 from infra.constructs.agent_access import AgentPolicy
-from infra.constructs.alarms import LivenessAlarm, PipelineAlarms, SdcAlarms
+from infra.constructs.alarms import LivenessAlarm, PipelineAlarms, SdcAlarms, SeriesFloodAlarms
 from infra.constructs.approval import Approvals, ApprovalUrl, OperatorPolicy
 from infra.constructs.canary import Canary
 from infra.constructs.dashboard import Dashboard
@@ -112,6 +112,10 @@ class SdcGuardStack(cdk.Stack):
         )
 
         self.sdc_alarms = SdcAlarms(self, "SdcAlarms", config=config)
+        # Pages on a flood of made-up JobNames; not routed to the workflow (AlarmRule below).
+        self.flood_alarms = SeriesFloodAlarms(
+            self, "FloodAlarms", config=config, topic=self.notifications.topic
+        )
         self.canary = (
             Canary(
                 self,

@@ -17,7 +17,7 @@ from infra.config import LIVENESS_METRIC_NAMES, METRIC_NAMES, SdcConfig
 from infra.constructs.reports import POD_NAMESPACE_TAG
 from infra.grants import allow
 from sdc_contract.canary import CANARY_JOB
-from sdc_contract.metrics import job_alarm_query
+from sdc_contract.metrics import job_alarm_query, job_count_query
 
 
 def job_alarm(
@@ -127,6 +127,55 @@ class SdcAlarms(Construct):
                 "CloudWatch ListMetrics/GetMetricData have no resource-level permissions (read only)"
             ),
         )
+
+
+class SeriesFloodAlarms(Construct):
+    """One alarm per SDC metric on how many job data points it has in a minute, all jobs
+    together (`sdc_contract.metrics.job_count_query`): a flood of made-up JobNames, which any
+    pod may put (PutMetricData conditions on the namespace only), pages the on-call.
+
+    Why it matters: a Metrics Insights alarm puts at most 100 contributors in ALARM, its query
+    returns at most 500 series and reads the first 10,000 metrics it matches (AWS documents
+    these limits), so such a flood can keep a real job's contributor out of the SDC alarms,
+    silently. These alarms detect it; they prevent nothing, and start no remediation (the
+    EventBridge rule lists the SDC alarms only).
+    """
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: SdcConfig, topic: sns.ITopic
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.alarms: dict[str, cloudwatch.Alarm] = {}
+        cluster = config.hyperpod_cluster_name
+        for metric_name in METRIC_NAMES:
+            alarm = cloudwatch.Alarm(
+                self,
+                metric_name,
+                alarm_name=f"{config.resource_prefix}-{metric_name}-flood",
+                alarm_description=(
+                    f"sdc-guard: {config.flood_threshold} or more job data points of "
+                    f"{metric_name} in one minute on cluster {cluster}, more than real findings "
+                    "give: made-up JobNames may be keeping real jobs' contributors out of the "
+                    "SDC alarms (at most 100 contributors in ALARM, 500 series, the first "
+                    "10,000 metrics). Find the pod that puts them; this alarm starts no "
+                    "remediation"
+                ),
+                metric=cloudwatch.MathExpression(
+                    expression=job_count_query(
+                        config.namespace, metric_name, cluster, except_job=CANARY_JOB
+                    ),
+                    using_metrics={},
+                    period=cdk.Duration.seconds(60),
+                    label="job data points",
+                ),
+                threshold=config.flood_threshold,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                evaluation_periods=1,
+                datapoints_to_alarm=1,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            alarm.add_alarm_action(actions.SnsAction(topic))
+            self.alarms[metric_name] = alarm
 
 
 class LivenessAlarm(Construct):

@@ -6,6 +6,8 @@ import datetime
 import json
 from typing import Any
 
+import sdc_contract as contract
+from infra.config import SdcConfig
 from tests.e2e.harness.alarms import AlarmSpec, LocalAlarmEvaluator
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -207,3 +209,88 @@ def test_the_canary_job_is_not_a_contributor_of_a_training_alarm():
     cw = SeriesCloudWatch()
     cw.put(T0 + MINUTE, "sdc-canary", "hyperpod-i-0000000000000c0de")
     assert _per_job(cw).evaluate(now=T0 + 3 * MINUTE) == []
+
+
+TOPIC = "arn:aws:sns:us-east-1:123456789012:sdc-guard-notifications"
+
+
+class RecordedSns:
+    """Publish, recorded (what the alarm's SNS action sends)."""
+
+    def __init__(self) -> None:
+        self.published: list[dict[str, Any]] = []
+
+    def publish(self, **kwargs: Any) -> None:
+        self.published.append(kwargs)
+
+
+def _flood(cw: SeriesCloudWatch, sns: RecordedSns | None = None) -> LocalAlarmEvaluator:
+    """The stack's flood alarm of sdc_replay_mismatch (infra SeriesFloodAlarms: the contract's
+    query, the default floodThreshold, the topic as its action); tests/infra pins the template
+    to the same."""
+    alarm = AlarmSpec.from_properties(
+        {
+            "AlarmName": "sdc-guard-c-sdc_replay_mismatch-flood",
+            "Metrics": [
+                {
+                    "Id": "m1",
+                    "Expression": contract.job_count_query(
+                        "SDC", "sdc_replay_mismatch", "c", except_job=contract.CANARY_JOB
+                    ),
+                    "Period": 60,
+                    "ReturnData": True,
+                }
+            ],
+            "Threshold": SdcConfig(hyperpod_cluster_name="c", eks_cluster_name="e").flood_threshold,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "EvaluationPeriods": 1,
+            "DatapointsToAlarm": 1,
+            "AlarmActions": [TOPIC],
+        }
+    )
+    return LocalAlarmEvaluator(
+        cloudwatch=cw,
+        alarms=[alarm],
+        rule_pattern={"detail-type": ["CloudWatch Alarm Contributor State Change"]},
+        deliver=lambda event: None,
+        evaluated_until=T0,
+        sns=sns or RecordedSns(),
+    )
+
+
+def test_a_flood_of_made_up_job_names_sets_off_the_flood_alarm():
+    # Given one real job's finding and, in the same minute, 60 made-up JobNames' data from one
+    # pod (the alarm pages before 100 of them could keep real contributors out of ALARM)
+    cw = SeriesCloudWatch()
+    cw.put(T0 + MINUTE + datetime.timedelta(seconds=3), "llama-pretrain", "node-a")
+    for n in range(60):
+        cw.put(T0 + MINUTE + datetime.timedelta(seconds=5), f"junk-{n}", "node-b")
+    sns = RecordedSns()
+    flood, per_job = _flood(cw, sns), _per_job(cw)
+
+    # When the alarms are evaluated
+    fired = flood.evaluate(now=T0 + 3 * MINUTE)
+    recorded = list(cw.states)
+    per_job.evaluate(now=T0 + 3 * MINUTE)
+
+    # Then the flood alarm is in ALARM (it pages through its SNS action) and delivers nothing
+    # to the workflow's rule; the per-job alarm still sees the real job (this evaluator has
+    # no 100-contributor limit: that is what the flood alarm is there for)
+    assert flood.alarms[0].state == "ALARM" and recorded == ["ALARM"]
+    assert fired == []
+    (page,) = sns.published
+    assert page["TopicArn"] == TOPIC
+    assert json.loads(page["Message"])["AlarmName"] == "sdc-guard-c-sdc_replay_mismatch-flood"
+    assert per_job.alarms[0].contributors["llama-pretrain"] == "ALARM"
+
+
+def test_real_findings_alone_leave_the_flood_alarm_ok():
+    # Given three real jobs' findings in one minute (several GPUs failing at once is rare)
+    cw = SeriesCloudWatch()
+    for job in ("llama-pretrain", "mixtral-sft", "qwen-dpo"):
+        cw.put(T0 + MINUTE + datetime.timedelta(seconds=3), job, "node-a")
+    sns = RecordedSns()
+    flood = _flood(cw, sns)
+    # When evaluated / Then no false page
+    assert flood.evaluate(now=T0 + 3 * MINUTE) == []
+    assert flood.alarms[0].state == "OK" and cw.states == [] and sns.published == []

@@ -114,6 +114,8 @@ def test_partial_thresholds_keep_the_default_for_the_others() -> None:
         ("logRetentionDays", 10, "CloudWatch Logs accepts", "logRetentionDays"),
         ("livenessWindow", "90s", "between 5 minutes and 1 day", "livenessWindow"),
         ("trainingNamespace", "Team_A", "not a Kubernetes namespace name", "trainingNamespace"),
+        ("floodThreshold", 1, "at least 2", "floodThreshold"),
+        ("floodThreshold", "x", "expected an integer", "floodThreshold"),
         ("agentIdentity", "irsa", "expected one of ['shared', 'pod-identity']", "agentIdentity"),
         (
             "trainingNamespace",

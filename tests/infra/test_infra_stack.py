@@ -15,7 +15,7 @@ import sdc_contract as contract
 from infra.config import METRIC_NAMES
 from infra.constructs.functions import SERVICES, STEPS
 from infra.template import STEP_HANDLER_SUFFIX
-from sdc_contract.metrics import job_alarm_query
+from sdc_contract.metrics import job_alarm_query, job_count_query
 from tests.infra.infra_template import (
     all_states,
     as_list,
@@ -81,9 +81,9 @@ def test_resource_counts(default_synth: Any) -> None:
     template.resource_count_is("AWS::SNS::Topic", 1)
     template.resource_count_is("AWS::SQS::Queue", 1)
     template.resource_count_is("AWS::CloudWatch::Dashboard", 1)
-    # 3 SDC alarms + workflow failures + undelivered events (no liveness job configured)
-    # + the canary's SDC alarm and its not-completed alarm
-    template.resource_count_is("AWS::CloudWatch::Alarm", 7)
+    # 3 SDC alarms + their 3 flood alarms + workflow failures + undelivered events (no
+    # liveness job configured) + the canary's SDC alarm and its not-completed alarm
+    template.resource_count_is("AWS::CloudWatch::Alarm", 10)
     template.resource_count_is("AWS::IAM::ManagedPolicy", 2)  # operators, agent
 
 
@@ -128,6 +128,36 @@ def test_one_per_job_alarm_per_sdc_metric(default_synth: Any) -> None:
         assert alarm["AlarmName"] == f"sdc-guard-example-hyperpod-cluster-{name}"
         # The rule starts the workflow; an alarm action would notify before localization.
         assert "AlarmActions" not in alarm
+
+
+def test_a_flood_of_job_names_pages_and_starts_nothing(default_synth: Any) -> None:
+    # Given the default stack's alarms on the count of job data points (issue 32: made-up
+    # JobNames can crowd real jobs out of the per-job alarms)
+    template = default_synth.template
+    (topic_id,) = resources(template, "AWS::SNS::Topic")
+    floods = {
+        a["Properties"]["AlarmName"]: (logical_id, a["Properties"])
+        for logical_id, a in resources(template, "AWS::CloudWatch::Alarm").items()
+        if a["Properties"].get("AlarmName", "").endswith("-flood")
+    }
+    # Then each SDC metric has one, on the contract's COUNT query (the canary left out),
+    # paging at 50 data points a minute through the topic
+    assert set(floods) == {f"sdc-guard-example-hyperpod-cluster-{m}-flood" for m in METRIC_NAMES}
+    for name, (_, alarm) in floods.items():
+        metric = name.removeprefix("sdc-guard-example-hyperpod-cluster-").removesuffix("-flood")
+        (query,) = alarm["Metrics"]
+        assert query["Expression"] == job_count_query(
+            "SDC", metric, "example-hyperpod-cluster", except_job="sdc-canary"
+        )
+        assert query["Period"] == 60
+        assert alarm["Threshold"] == 50
+        assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert alarm["TreatMissingData"] == "notBreaching"
+        assert alarm["AlarmActions"] == [{"Ref": topic_id}]
+    # And the workflow's rule does not listen to them
+    (rule,) = resources(template, "AWS::Events::Rule").values()
+    routed = {res["Fn::GetAtt"][0] for res in rule["Properties"]["EventPattern"]["resources"]}
+    assert routed.isdisjoint({logical_id for logical_id, _ in floods.values()})
 
 
 def test_thresholds_follow_the_config(variant_synth: Any) -> None:

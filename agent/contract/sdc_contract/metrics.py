@@ -98,6 +98,25 @@ def job_alarm_query(
     )
 
 
+def job_count_query(
+    namespace: str, metric: str, cluster: str, *, except_job: str | None = None
+) -> str:
+    """The Metrics Insights query of a flood alarm: how many data points ``metric`` has on all
+    the job series {ClusterName, JobName} of ``cluster`` together (no GROUP BY: one series).
+
+    Real findings give a few a minute; a pod that puts data under many made-up JobNames gives
+    many, and such a flood can keep real jobs' contributors out of the per-job alarms
+    (``job_alarm_query``: a Metrics Insights alarm puts at most 100 contributors in ALARM, a
+    query returns at most 500 series and reads the first 10,000 metrics). This is the bound
+    the pipeline checks: an alarm on it pages; it starts no remediation.
+    """
+    where = [f"{CLUSTER_DIMENSION} = '{cluster}'"]
+    if except_job is not None:
+        where.append(f"{JOB_DIMENSION} != '{except_job}'")
+    schema = ", ".join([f'"{namespace}"', *JOB_SERIES])
+    return f"SELECT COUNT({metric}) FROM SCHEMA({schema}) WHERE {' AND '.join(where)}"
+
+
 def report_log_group(cluster: str) -> str:
     """The log group of a cluster's reports and rank maps, unless configured otherwise."""
     return f"/sdc/{cluster}"
@@ -174,6 +193,7 @@ __all__ = [
     "VERDICT_DIMENSION",
     "WEIGHT_CHECK_PASS_METRIC",
     "job_alarm_query",
+    "job_count_query",
     "pod_of_report_stream",
     "pod_report_stream",
     "pod_stream_prefix",

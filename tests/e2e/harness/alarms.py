@@ -14,9 +14,20 @@ runs no Metrics Insights query, so the evaluator runs the stack's form of it
 d != 'v' GROUP BY d``) over ListMetrics and GetMetricData itself, evaluates each contributor on
 its own, and delivers a "CloudWatch Alarm Contributor State Change" event per contributor that
 enters ALARM, with its ``alarmContributor`` (id, attributes), as AWS documents that event. The
-alarm's own state is ALARM while any contributor is. What it cannot prove: CloudWatch's own
-evaluation timing, missing-data edge cases beyond "notBreaching", Metrics Insights beyond that
-query form (and its 3-hour and 10,000-metric limits), or EventBridge's retry/DLQ behaviour.
+alarm's own state is ALARM while any contributor is. A query without GROUP BY (the flood
+alarms, ``SELECT COUNT(m) ... WHERE ...``) is one series over every series it selects, with no
+contributors: the alarm itself changes state. COUNT is the data points of the period (each
+series' SampleCount, summed), SUM the values summed.
+
+With ``sns`` given, an alarm whose own state enters ALARM runs its SNS actions (resolved topic
+ARNs) as CloudWatch does: one notification per topic, with the documented keys a person reads
+(AlarmName, AlarmDescription, NewStateValue, NewStateReason); the local pipeline leaves actions
+out. What it cannot prove: CloudWatch's own evaluation timing, missing-data edge cases beyond
+"notBreaching", Metrics Insights beyond that query form and its limits (3 hours of data, the
+first 10,000 metrics, 500 series, 100 contributors in ALARM: the evaluator reads every series
+and puts every contributor in ALARM, so it cannot show a flood crowding real contributors out,
+only that the flood alarm counts it), CloudWatch's delivery of alarm actions, or EventBridge's
+retry/DLQ behaviour.
 
 CloudWatch evaluates every period; this evaluator runs when a test calls it, however long after
 the datapoints arrived (a busy machine, a slow training job). So each call catches up on every
@@ -60,7 +71,7 @@ def matches_pattern(event: Any, pattern: Any) -> bool:
 _QUERY = re.compile(
     r"^SELECT (?P<fn>SUM|MAX|MIN|AVG|COUNT)\((?P<metric>\w+)\) "
     r'FROM SCHEMA\("(?P<namespace>[^"]+)"(?P<dims>(?:, \w+)*)\)'
-    r"(?: WHERE (?P<where>.+?))? GROUP BY (?P<group>\w+)(?: ORDER BY \w+\(\) (?:ASC|DESC))?$"
+    r"(?: WHERE (?P<where>.+?))?(?: GROUP BY (?P<group>\w+)(?: ORDER BY \w+\(\) (?:ASC|DESC))?)?$"
 )
 _CONDITION = re.compile(r"^(?P<dim>\w+) (?P<op>=|!=) '(?P<value>[^']*)'$")
 _AGGREGATE: dict[str, Callable[[list[float]], float]] = {
@@ -68,7 +79,8 @@ _AGGREGATE: dict[str, Callable[[list[float]], float]] = {
     "MAX": max,
     "MIN": min,
     "AVG": lambda values: sum(values) / len(values),
-    "COUNT": lambda values: float(len(values)),
+    # Over each series' SampleCount (_contributor_points): every data point of the period.
+    "COUNT": sum,
 }
 
 
@@ -82,7 +94,8 @@ class InsightsQuery:
     schema: tuple[str, ...]
     conditions: tuple[tuple[str, str, str], ...]
     """(dimension, "=" or "!=", value), all of which must hold."""
-    group_by: str
+    group_by: str | None
+    """None: no GROUP BY, one series over everything the query selects (the flood alarms)."""
 
     @classmethod
     def parse(cls, text: str) -> InsightsQuery:
@@ -134,6 +147,11 @@ class AlarmSpec:
     """The query as the alarm holds it (what its events carry)."""
     contributors: dict[str, str] = field(default_factory=dict)
     """A Metrics Insights alarm's contributors by their GROUP BY value -> state."""
+    actions: tuple[str, ...] = ()
+    """The alarm's AlarmActions, resolved (SNS topic ARNs); run only with the evaluator's
+    ``sns``."""
+    description: str = ""
+    """The AlarmDescription its notifications carry."""
 
     @classmethod
     def from_properties(cls, props: dict[str, Any]) -> AlarmSpec:
@@ -147,6 +165,8 @@ class AlarmSpec:
             "datapoints_to_alarm": int(
                 props.get("DatapointsToAlarm") or props.get("EvaluationPeriods", 1)
             ),
+            "actions": tuple(props.get("AlarmActions", [])),
+            "description": str(props.get("AlarmDescription", "")),
         }
         expressions = [m for m in props.get("Metrics", []) if m.get("Expression")]
         if expressions:
@@ -206,6 +226,9 @@ class LocalAlarmEvaluator:
     rule_enabled: bool = True
     """False stands for `aws events disable-rule`: alarms still change state, nothing is
     delivered (what a broken route into the workflow looks like)."""
+    sns: Any = None
+    """(moto's) SNS client: when given, an alarm entering ALARM notifies its SNS actions (see
+    the module docstring); None: actions are not run."""
 
     def create_in_cloudwatch(self) -> None:
         """Create the alarms in (moto's) CloudWatch so their state can be recorded there."""
@@ -226,6 +249,7 @@ class LocalAlarmEvaluator:
                     EvaluationPeriods=a.evaluation_periods,
                     DatapointsToAlarm=a.datapoints_to_alarm,
                     TreatMissingData="notBreaching",
+                    AlarmActions=list(a.actions),
                 )
                 continue
             self.cloudwatch.put_metric_alarm(
@@ -240,6 +264,7 @@ class LocalAlarmEvaluator:
                 EvaluationPeriods=a.evaluation_periods,
                 DatapointsToAlarm=a.datapoints_to_alarm,
                 TreatMissingData="notBreaching",
+                AlarmActions=list(a.actions),
             )
 
     def evaluate(self, now: datetime.datetime | None = None) -> list[dict[str, Any]]:
@@ -248,6 +273,9 @@ class LocalAlarmEvaluator:
         since, self.evaluated_until = self.evaluated_until, now
         fired = []
         for alarm in self.alarms:
+            if alarm.query is not None and alarm.query.group_by is None:
+                self._evaluate_aggregate(alarm, since, now)
+                continue
             if alarm.query is not None:
                 fired += self._evaluate_contributors(alarm, since, now)
                 continue
@@ -265,6 +293,7 @@ class LocalAlarmEvaluator:
             )
             if new_state != "ALARM":
                 continue
+            self._notify(alarm, reason)
             # Stamped with the round that would have fired, as CloudWatch's would have been.
             event = self._event(alarm, previous, reason, breaching, round_end)
             if self.rule_enabled and matches_pattern(event, self.rule_pattern):
@@ -306,13 +335,59 @@ class LocalAlarmEvaluator:
         new_alarm_state = "ALARM" if in_alarm else "OK"
         if new_alarm_state != alarm.state:
             alarm.state = new_alarm_state
-            self.cloudwatch.set_alarm_state(
-                AlarmName=alarm.name,
-                StateValue=new_alarm_state,
-                StateReason=f"{len(in_alarm)} out of {len(alarm.contributors)} time series "
-                "evaluated to ALARM",
+            reason = (
+                f"{len(in_alarm)} out of {len(alarm.contributors)} time series evaluated to ALARM"
             )
+            self.cloudwatch.set_alarm_state(
+                AlarmName=alarm.name, StateValue=new_alarm_state, StateReason=reason
+            )
+            if new_alarm_state == "ALARM":
+                self._notify(alarm, reason)
         return fired
+
+    def _evaluate_aggregate(
+        self, alarm: AlarmSpec, since: datetime.datetime, now: datetime.datetime
+    ) -> None:
+        """One round of a Metrics Insights alarm without GROUP BY: one series, the query's
+        function over every selected series per period (COUNT: their data points). Its state is
+        recorded on the alarm and an ALARM runs its actions; no event goes to the workflow's
+        rule, which matches the SDC alarms' contributor events only."""
+        period = datetime.timedelta(seconds=alarm.period)
+        span = period * max(alarm.evaluation_periods, 1)
+        points = self._contributor_points(alarm, since - span, now).get("", [])
+        _values, breaching, _round_end = self._run_of(alarm, points, now)
+        new_state = "ALARM" if breaching else "OK"
+        if new_state == alarm.state:
+            return
+        alarm.state = new_state
+        reason = f"Threshold Crossed: {breaching[:5]} (threshold {alarm.threshold})"
+        self.cloudwatch.set_alarm_state(
+            AlarmName=alarm.name, StateValue=new_state, StateReason=reason
+        )
+        if new_state == "ALARM":
+            self._notify(alarm, reason)
+
+    def _notify(self, alarm: AlarmSpec, reason: str) -> None:
+        """Run ``alarm``'s actions for its entering ALARM: the notification CloudWatch publishes
+        to each SNS topic (nothing without ``sns``). Any other kind of action is refused, so a
+        test cannot pass on an action that was never run."""
+        if self.sns is None:
+            return
+        for action in alarm.actions:
+            if not action.startswith("arn:aws:sns:"):
+                raise ValueError(f"{alarm.name}: this evaluator runs SNS actions only: {action!r}")
+            self.sns.publish(
+                TopicArn=action,
+                Subject=f'ALARM: "{alarm.name}" in {self.region}'[:100],
+                Message=json.dumps(
+                    {
+                        "AlarmName": alarm.name,
+                        "AlarmDescription": alarm.description,
+                        "NewStateValue": "ALARM",
+                        "NewStateReason": reason,
+                    }
+                ),
+            )
 
     def _contributor_points(
         self, alarm: AlarmSpec, start: datetime.datetime, now: datetime.datetime
@@ -336,11 +411,14 @@ class LocalAlarmEvaluator:
                 metric_name=query.metric,
                 dimensions=dims,
                 period=alarm.period,
-                statistic="Sum" if query.function in ("SUM", "COUNT") else query.function.title(),
+                # COUNT counts data points: each series' SampleCount, summed (_AGGREGATE).
+                statistic={"SUM": "Sum", "COUNT": "SampleCount"}.get(
+                    query.function, query.function.title()
+                ),
                 threshold=alarm.threshold,
                 comparison=alarm.comparison,
             )
-            bucket = by_group.setdefault(dims[query.group_by], {})
+            bucket = by_group.setdefault(dims[query.group_by] if query.group_by else "", {})
             for moment, value in self._datapoints(series, start, now):
                 bucket.setdefault(moment, []).append(value)
         aggregate = _AGGREGATE[query.function]
