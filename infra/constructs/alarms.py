@@ -1,6 +1,7 @@
 """CloudWatch alarms: the SDC alarms that start the workflow (and who may put or read the SDC
-metrics they watch), the optional liveness alarm, and alarms on the pipeline itself (so a broken
-pipeline is not silent)."""
+metrics they watch), the flood alarms that page when made-up JobNames could crowd them out, the
+optional liveness alarm, and alarms on the pipeline itself (so a broken pipeline is not
+silent)."""
 
 from __future__ import annotations
 
@@ -165,6 +166,7 @@ class SeriesFloodAlarms(Construct):
                         config.namespace, metric_name, cluster, except_job=CANARY_JOB
                     ),
                     using_metrics={},
+                    # One minute whatever alarmPeriod is: floodThreshold is per minute.
                     period=cdk.Duration.seconds(60),
                     label="job data points",
                 ),

@@ -152,6 +152,7 @@ def test_a_flood_of_job_names_pages_and_starts_nothing(default_synth: Any) -> No
         assert query["Period"] == 60
         assert alarm["Threshold"] == 50
         assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert alarm["EvaluationPeriods"] == 1 and alarm["DatapointsToAlarm"] == 1
         assert alarm["TreatMissingData"] == "notBreaching"
         assert alarm["AlarmActions"] == [{"Ref": topic_id}]
     # And the workflow's rule does not listen to them
