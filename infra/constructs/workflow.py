@@ -310,6 +310,54 @@ class Workflow(Construct):
             result_path=ERROR_PATH,
         )
 
+    def _health_check_loop(
+        self,
+        name: Callable[[str], str],
+        label: str,
+        step: Callable[[str, str, str], tuple[tasks.LambdaInvoke, sfn.Pass]],
+        record_failed: sfn.IChainable,
+    ) -> tuple[tasks.LambdaInvoke, sfn.Pass, sfn.Wait]:
+        """The deep health check's start and poll loop, as both the enforced and the shadowed
+        path run it: StartHealthCheck, then (a status came back) WaitForHealthCheck ->
+        PollHealthCheck. Each state is ``label`` + its name (``Shadow`` on the shadow path),
+        with the Map's prefix: ``step`` adds it to its tasks, ``name`` to the other states.
+        Returns (start, polled, wait): the caller chains ``polled`` into its own verdict
+        Choice, opened with ``_health_status_choice``."""
+        start, started = step(f"{label}StartHealthCheck", "start_health_check", "health")
+        poll, polled = step(f"{label}PollHealthCheck", "poll_health_check", "health")
+        wait = sfn.Wait(
+            self,
+            name(f"{label}WaitForHealthCheck"),
+            time=sfn.WaitTime.duration(self._health_check_poll),
+        )
+        started.next(
+            sfn.Choice(self, name(f"{label}HealthCheckStarted"))
+            .when(sfn.Condition.is_present("$.health.status"), wait)
+            .otherwise(
+                self._unexpected(
+                    name(f"{label}NoStartStatus"), "start_health_check returned no status"
+                ).next(record_failed)
+            )
+        )
+        wait.next(poll)
+        return start, polled, wait
+
+    def _health_status_choice(
+        self, name: Callable[[str], str], label: str, wait: sfn.Wait, record_failed: sfn.IChainable
+    ) -> sfn.Choice:
+        """The poll's verdict Choice, with what both paths do first: no status is unexpected,
+        ``in_progress`` polls again; the caller adds the verdicts."""
+        return (
+            sfn.Choice(self, name(f"{label}HealthCheckStatus"))
+            .when(
+                sfn.Condition.is_not_present("$.health.status"),
+                self._unexpected(
+                    name(f"{label}NoHealthStatus"), "poll_health_check returned no status"
+                ).next(record_failed),
+            )
+            .when(sfn.Condition.string_equals("$.health.status", "in_progress"), wait)
+        )
+
     # ---- the definition ------------------------------------------------------------------------
 
     def _definition(self) -> sfn.IChainable:
@@ -545,7 +593,7 @@ class Workflow(Construct):
     def _remediate_one(self, prefix: str) -> sfn.IChainable:
         """The per-suspect chain (a Map item); its states' names start with `prefix` (the late
         nodes' Map has its own copy of the chain: a state belongs to one Map only)."""
-        approval_timeout, health_check_poll = self._approval_timeout, self._health_check_poll
+        approval_timeout = self._approval_timeout
 
         def n(name: str) -> str:
             return f"{prefix}{name}"
@@ -570,8 +618,7 @@ class Workflow(Construct):
         # Admit: dedupe and the blast-radius guard, before anything touches the node.
         admit, admitted = step("Admit", "admit", "admission")
         cordon, cordoned = step("Cordon", "cordon", "cordon")
-        start_check, started = step("StartHealthCheck", "start_health_check", "health")
-        poll_check, polled = step("PollHealthCheck", "poll_health_check", "health")
+        start_check, polled, wait = self._health_check_loop(n, "", step, record_failed)
         replace, replaced = step("Replace", "replace", "replacement")
         uncordon, uncordoned = step("Uncordon", "uncordon", "uncordon")
 
@@ -604,7 +651,6 @@ class Workflow(Construct):
                         record("RecordShadow", "shadow", notify=True),
                         step,
                         record_failed,
-                        health_check_poll,
                     ),
                 )
                 .when(sfn.Condition.string_equals("$.admission.mode", "enforce"), cordon)
@@ -620,20 +666,7 @@ class Workflow(Construct):
         )
 
         # Cordon, then the deep health check and its poll loop.
-        wait = sfn.Wait(
-            self, n("WaitForHealthCheck"), time=sfn.WaitTime.duration(health_check_poll)
-        )
         cordoned.next(record("RecordCordoned", "cordoned", notify=True)).next(start_check)
-        started.next(
-            sfn.Choice(self, n("HealthCheckStarted"))
-            .when(sfn.Condition.is_present("$.health.status"), wait)
-            .otherwise(
-                unexpected("NoStartStatus", "start_health_check returned no status").next(
-                    record_failed
-                )
-            )
-        )
-        wait.next(poll_check)
 
         # Approval: the decision comes back as the task's output at $.approval.
         approval = request_approval_task(
@@ -654,14 +687,7 @@ class Workflow(Construct):
         )
 
         polled.next(
-            sfn.Choice(self, n("HealthCheckStatus"))
-            .when(
-                sfn.Condition.is_not_present("$.health.status"),
-                unexpected("NoHealthStatus", "poll_health_check returned no status").next(
-                    record_failed
-                ),
-            )
-            .when(sfn.Condition.string_equals("$.health.status", "in_progress"), wait)
+            self._health_status_choice(n, "", wait, record_failed)
             .when(
                 # HyperPod's automatic node recovery already replaced the node: nothing to
                 # approve.
@@ -744,7 +770,6 @@ class Workflow(Construct):
         record_shadow: sfn.IChainable,
         step: Callable[[str, str, str], tuple[tasks.LambdaInvoke, sfn.Pass]],
         record_failed: sfn.IChainable,
-        health_check_poll: cdk.Duration,
     ) -> sfn.IChainable:
         """A shadowed alarm's path: straight to RecordShadow, or (`shadowHealthCheck`, when the
         shadow guard admitted the check: `$.admission.shadow_health_check`) the deep health
@@ -756,30 +781,9 @@ class Workflow(Construct):
         def n(name: str) -> str:
             return f"{prefix}{name}"
 
-        start, started = step("ShadowStartHealthCheck", "start_health_check", "health")
-        poll, polled = step("ShadowPollHealthCheck", "poll_health_check", "health")
-        wait = sfn.Wait(
-            self, n("ShadowWaitForHealthCheck"), time=sfn.WaitTime.duration(health_check_poll)
-        )
-        started.next(
-            sfn.Choice(self, n("ShadowHealthCheckStarted"))
-            .when(sfn.Condition.is_present("$.health.status"), wait)
-            .otherwise(
-                self._unexpected(
-                    n("ShadowNoStartStatus"), "start_health_check returned no status"
-                ).next(record_failed)
-            )
-        )
-        wait.next(poll)
+        start, polled, wait = self._health_check_loop(n, "Shadow", step, record_failed)
         polled.next(
-            sfn.Choice(self, n("ShadowHealthCheckStatus"))
-            .when(
-                sfn.Condition.is_not_present("$.health.status"),
-                self._unexpected(
-                    n("ShadowNoHealthStatus"), "poll_health_check returned no status"
-                ).next(record_failed),
-            )
-            .when(sfn.Condition.string_equals("$.health.status", "in_progress"), wait)
+            self._health_status_choice(n, "Shadow", wait, record_failed)
             # Any verdict (passed, failed, timed out, replaced by HyperPod) is the shadow's
             # evidence: recorded and notified with it, never acted on.
             .otherwise(record_shadow)
