@@ -137,24 +137,35 @@ class SeriesCloudWatch:
         self.states.append(StateValue)
 
 
-def _per_job(cw: SeriesCloudWatch) -> LocalAlarmEvaluator:
-    alarm = AlarmSpec.from_properties(
-        {
-            "AlarmName": "sdc-guard-c-sdc_replay_mismatch",
-            "Metrics": [{"Id": "m1", "Expression": QUERY, "Period": 60, "ReturnData": True}],
-            "Threshold": 1,
-            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
-            "EvaluationPeriods": 1,
-            "DatapointsToAlarm": 1,
-        }
-    )
+def _insights(
+    cw: SeriesCloudWatch, name: str, expression: str, threshold: float, **more: Any
+) -> LocalAlarmEvaluator:
+    """An evaluator of one Metrics Insights alarm as the stack synthesizes it (one minute, one
+    datapoint to alarm), the rule listening to contributor events only; ``more``: AlarmActions
+    in the properties, ``sns`` for the evaluator."""
+    actions = more.pop("actions", None)
+    props: dict[str, Any] = {
+        "AlarmName": name,
+        "Metrics": [{"Id": "m1", "Expression": expression, "Period": 60, "ReturnData": True}],
+        "Threshold": threshold,
+        "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+        "EvaluationPeriods": 1,
+        "DatapointsToAlarm": 1,
+    }
+    if actions:
+        props["AlarmActions"] = actions
     return LocalAlarmEvaluator(
         cloudwatch=cw,
-        alarms=[alarm],
+        alarms=[AlarmSpec.from_properties(props)],
         rule_pattern={"detail-type": ["CloudWatch Alarm Contributor State Change"]},
         deliver=lambda event: None,
         evaluated_until=T0,
+        **more,
     )
+
+
+def _per_job(cw: SeriesCloudWatch) -> LocalAlarmEvaluator:
+    return _insights(cw, "sdc-guard-c-sdc_replay_mismatch", QUERY, 1)
 
 
 def _cluster_level(cw: SeriesCloudWatch) -> LocalAlarmEvaluator:
@@ -228,32 +239,12 @@ def _flood(cw: SeriesCloudWatch, sns: RecordedSns | None = None) -> LocalAlarmEv
     """The stack's flood alarm of sdc_replay_mismatch (infra SeriesFloodAlarms: the contract's
     query, the default floodThreshold, the topic as its action); tests/infra pins the template
     to the same."""
-    alarm = AlarmSpec.from_properties(
-        {
-            "AlarmName": "sdc-guard-c-sdc_replay_mismatch-flood",
-            "Metrics": [
-                {
-                    "Id": "m1",
-                    "Expression": contract.job_count_query(
-                        "SDC", "sdc_replay_mismatch", "c", except_job=contract.CANARY_JOB
-                    ),
-                    "Period": 60,
-                    "ReturnData": True,
-                }
-            ],
-            "Threshold": SdcConfig(hyperpod_cluster_name="c", eks_cluster_name="e").flood_threshold,
-            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
-            "EvaluationPeriods": 1,
-            "DatapointsToAlarm": 1,
-            "AlarmActions": [TOPIC],
-        }
-    )
-    return LocalAlarmEvaluator(
-        cloudwatch=cw,
-        alarms=[alarm],
-        rule_pattern={"detail-type": ["CloudWatch Alarm Contributor State Change"]},
-        deliver=lambda event: None,
-        evaluated_until=T0,
+    return _insights(
+        cw,
+        "sdc-guard-c-sdc_replay_mismatch-flood",
+        contract.job_count_query("SDC", "sdc_replay_mismatch", "c", except_job=contract.CANARY_JOB),
+        SdcConfig(hyperpod_cluster_name="c", eks_cluster_name="e").flood_threshold,
+        actions=[TOPIC],
         sns=sns or RecordedSns(),
     )
 
