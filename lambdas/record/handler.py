@@ -7,7 +7,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from sdc_remediation.config import settings
-from sdc_remediation.logic import recording
+from sdc_remediation.logic import steps
 from sdc_remediation.observability import logger, metrics, tracer
 
 
@@ -19,5 +19,4 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
     A damaged state is salvaged rather than refused: this step is where every failure ends.
     """
-    inp, node = recording.parse_record_input(event)
-    return recording.record(inp, settings(), node).model_dump(mode="json")
+    return steps.record(event, settings()).model_dump(mode="json")

@@ -1,7 +1,9 @@
 """The workflow steps as functions of typed input: what each thin handler calls.
 
-One function per step; each takes the parsed input and the settings and returns the step's
-output model. A per-node step resolves its node target once (``targets.target_for``: a
+One function per workflow step, and every step's handler calls it; each takes the parsed
+input (record: the raw one, which it salvages) and the settings and returns the step's output
+model. The scheduled services (sweeper, canary) and the approve function's URL call their own
+logic module (``sweeper``, ``canary``, ``operator_api``). A per-node step resolves its node target once (``targets.target_for``: a
 HyperPod node, or the live canary's reserved node) and leaves to it what differs. Kubernetes
 access is passed as a factory so steps that may not need it (localize without pods to resolve,
 replace in api mode) never connect.
@@ -25,7 +27,6 @@ from ..models import (
     LateInput,
     LocalizeResult,
     PollInput,
-    RecordInput,
     RecordResult,
     ReplaceResult,
     Suspect,
@@ -139,10 +140,13 @@ def replace(state: ItemState, settings: Settings, kube: KubeFactory) -> ReplaceR
     return replace_mod.replace(settings, state, kube() if needs_kube else None)
 
 
-def record(inp: RecordInput, settings: Settings) -> RecordResult:
-    """Record step (``recording.record``): ledger entry, metric, notification when asked; a
-    terminal transition closes this execution's own remediation of the node."""
-    return recording.record(inp, settings)
+def record(event: object, settings: Settings) -> RecordResult:
+    """Record step: the raw input parsed by salvage, never refused (``recording.
+    parse_record_input``: this is where every failure ends), then ``recording.record``: ledger
+    entry, metric, notification when asked; a terminal transition closes this execution's own
+    remediation of the node."""
+    inp, node = recording.parse_record_input(event)
+    return recording.record(inp, settings, node)
 
 
 __all__ = [
