@@ -78,7 +78,6 @@ class ReportLogGroup(Construct):
                 "logs:CreateLogGroup",
                 "logs:CreateLogStream",
                 "logs:PutLogEvents",
-                "logs:DescribeLogStreams",
             ],
             resources=[self.arn, self.stream_arn("*")],
             wildcard_reason=(

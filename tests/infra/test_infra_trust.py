@@ -48,6 +48,9 @@ def test_the_agent_may_write_training_jobs_streams_but_never_the_canarys(default
     assert not evaluate(statements, "logs:PutLogEvents", canary)
     (deny,) = [s for s in statements if s.get("Effect") == "Deny"]
     assert deny["Sid"] == "NotTheCanarysStream"
+    # And no pod lists the group's streams, every job's name (superseded: DescribeLogStreams
+    # was granted, and the agent never called it)
+    assert not evaluate(statements, "logs:DescribeLogStreams", GROUP)
 
 
 VARIANT_GROUP = "arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:/sdc/ml-prod"
