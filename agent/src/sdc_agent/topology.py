@@ -127,6 +127,17 @@ def validate_placement(
             f"the replay audit needs at least 3 data-parallel ranks on 3 nodes, got {world}; "
             "disable audits with Schedule(audit_every=0)"
         )
+    distinct = sorted(set(nodes))
+    if len(distinct) < 3:
+        # No peer_offset can help: say what the ranks report, which is usually NODE_NAME set
+        # to something else than the node's name (the cluster's, a constant in the manifest).
+        raise TopologyError(
+            f"the {world} data-parallel ranks report only {len(distinct)} node name(s) "
+            f"({', '.join(repr(n) for n in distinct[:2])}); the replay audit needs them on at "
+            "least 3 nodes. If the job does run on 3 or more nodes, NODE_NAME is not the node's "
+            "name: set it from the pod's spec.nodeName (downward API, docs/agent-install.md); "
+            "else disable audits with Schedule(audit_every=0)"
+        )
     problems = []
     for dp_rank in range(world):
         target, replayer, third = replay_partners(dp_rank, world, peer_offset)

@@ -441,6 +441,11 @@ class SensorCheck:
             readings.append(mine)
             if not audit.can_confirm or is_failed(third_row) or is_failed(again_row):
                 kind, who = "unattributable", ""  # a sensor never names a GPU by itself
+            elif audit.rebuilds_differ(
+                target, (Outcome.from_row(third_row), Outcome.from_row(again_row))
+            ):
+                # The third GPU rebuilt another micro-batch: its numbers judge nothing.
+                kind, who = "unattributable", ""
             else:
                 kind, who = sensor_verdict(
                     mine,

@@ -16,10 +16,11 @@ from typing import Any
 
 from ...alarm import VerdictKind
 
-ROW_WIDTH = 8
+ROW_WIDTH = 9
 """Int64 values per outcome in the collectives: loss bits, two digest words, finite, valid, the
-digest of the batch the computation consumed, the digest of the batch its owner trained on
-(known only to the owner), and the set-up flags (:data:`WRAPPER_IN_REPLAY` ...)."""
+digest of the batch the computation's forward consumed, the digest of the batch its owner trained
+on (known only to the owner), the set-up flags (:data:`WRAPPER_IN_REPLAY` ...), and the digest of
+the whole micro-batch a replay's ``rebuild_batch`` returned (labels included)."""
 
 WRAPPER_IN_REPLAY = 1
 """Set-up flag: ``compute_loss`` ran the training wrapper (DDP) during a replay instead of the
@@ -32,8 +33,11 @@ SELF_DIFFERS_FROM_TRAINING = 8
 """Preflight flag: the rank's replay of its own micro-batch differs from its training."""
 NONDETERMINISTIC_OP = 16
 """An op without a deterministic kernel ran in the computation (deterministic mode warned)."""
+SELF_REBUILD_DIFFERS = 32
+"""Preflight flag: two calls of the rank's ``rebuild_batch`` for its own micro-batch returned
+different micro-batches (randomness in the loader, or a cached batch changed in place)."""
 
-FAILED_ROW = [0, 0, 0, 0, 2, 0, 0, 0]
+FAILED_ROW = [0, 0, 0, 0, 2, 0, 0, 0, 0]
 """Sent instead of an outcome when a replay raised: the collective still completes everywhere,
 and nobody is judged on a computation that did not happen."""
 
@@ -57,6 +61,10 @@ class Outcome:
     (0: unknown to the writer of the row)."""
     flags: int = 0
     """Set-up and preflight flags (:data:`WRAPPER_IN_REPLAY` ...)."""
+    rebuilt: int = 0
+    """Digest of everything ``rebuild_batch`` returned for a replay, as ``compute_loss`` received
+    it (the labels too, which the forward never sees); 0 for a training computation. Two replays
+    of one target's batch on two ranks must agree on it (:func:`.setup.rebuild_finding`)."""
 
     def matches(self, other: Outcome, *, compare_grads: bool) -> bool:
         """Bit-for-bit agreement of the loss (and of every gradient, with deterministic kernels)."""
@@ -74,6 +82,7 @@ class Outcome:
             self.batch,
             self.trained,
             self.flags,
+            self.rebuilt,
         ]
 
     @classmethod
@@ -88,6 +97,7 @@ class Outcome:
             batch=row[5],
             trained=row[6],
             flags=row[7],
+            rebuilt=row[8],
         )
 
 

@@ -39,6 +39,7 @@ from .attribution import (
     SELF_DIFFERS_FROM_TRAINING,
     SELF_GRADS_DIFFER,
     SELF_LOSS_DIFFERS,
+    SELF_REBUILD_DIFFERS,
     WRAPPER_IN_REPLAY,
     Outcome,
     confirmation_jobs,
@@ -53,7 +54,7 @@ from .attribution import (
     third_gpu,
     unexplained,
 )
-from .batch_record import BatchRecorder, ReplayCapture, combine_digests
+from .batch_record import BatchRecorder, ReplayCapture, batch_digest, combine_digests
 from .environment import StepEnvironment, nondeterministic_alerts, seed_all, step_seed
 from .replayer import Replayer, combine_outcomes, outcome_of
 from .setup import (
@@ -61,6 +62,7 @@ from .setup import (
     batch_finding,
     pattern_finding,
     preflight,
+    rebuild_finding,
     repeated_failure,
     third_batch_finding,
     wrapper_finding,
@@ -253,6 +255,12 @@ class RingAudit:
         """Recompute global rank ``target``'s audited micro-batch of ``step`` from its rebuilt
         ``micros`` (``whole_step``: each of them alone, combined)."""
         positions = list(range(len(micros))) if whole_step else [self.position]
+        # What rebuild_batch returned, before compute_loss could change it in place.
+        rebuilt = (
+            combine_digests([batch_digest(micros[i]) for i in positions])
+            if self.batches is not None
+            else 0
+        )
         outcomes = []
         digests: list[int] = []
         flags = 0
@@ -281,6 +289,7 @@ class RingAudit:
             batch=combine_digests(digests),
             trained=self.batches.trained_digest(positions) if mine else 0,
             flags=flags,
+            rebuilt=rebuilt,
         )
 
     @contextlib.contextmanager
@@ -491,6 +500,11 @@ class RingAudit:
                 return self.setup_alarm(
                     step, third_batch_finding(a.global_rank(target), self.third_rank(target))
                 )
+            if result is not None and (
+                finding := self.rebuilds_differ(target, result, replayer, replays[replayer])
+            ):
+                # The same, seen where the forward was fed alike: the labels differed.
+                return self.setup_alarm(step, finding)
             kind, who = (
                 mismatch_verdict(
                     owns[target], replays[replayer], *result, compare_grads=compare_grads
@@ -553,6 +567,8 @@ class RingAudit:
         if any(is_failed(r) for r in rows):
             return 0
         first, second = (Outcome.from_row(r) for r in rows)
+        if first.rebuilt and second.rebuilt and first.rebuilt != second.rebuilt:
+            return SELF_REBUILD_DIFFERS  # nothing else can be judged from two other batches
         flags = 0
         if first.loss_bits != second.loss_bits or first.finite != second.finite:
             flags |= SELF_LOSS_DIFFERS
@@ -637,6 +653,25 @@ class RingAudit:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
 
+    def rebuilds_differ(
+        self,
+        target: int,
+        confirmation: tuple[Any, Any],
+        replayer: int | None = None,
+        replayed: Any = None,
+    ) -> SetupFinding | None:
+        """Whether the replays of DP rank ``target``'s batch (its third GPU's and its own, from
+        ``confirmation``, and ``replayer``'s ``replayed`` where given) rebuilt different
+        micro-batches (:func:`.setup.rebuild_finding`); a pipeline's outcomes carry no digest."""
+        a = self.adapter
+        third, again = confirmation
+        replays = [(third_gpu(target, a.world, self.peer_offset), third), (target, again)]
+        if replayer is not None:
+            replays.insert(0, (replayer, replayed))
+        if not all(isinstance(o, Outcome) for _, o in replays):
+            return None
+        return rebuild_finding(target, replays, a.global_rank)
+
     def third_rank(self, target_dp: int) -> int:
         """The global rank of the GPU that settles a dispute over DP rank ``target_dp``'s batch."""
         a = self.adapter
@@ -715,8 +750,9 @@ class RingAudit:
             for target, result in zip(nonfinite, results, strict=True):
                 # A confirmation that could not run leaves check 1's own evidence standing.
                 # (A pipeline's outcomes carry no batch digest: its audit compares stage inputs.)
-                if result is not None and _fed_another_batch(
-                    getattr(result[1], "trained", 0), result[0]
+                if result is not None and (
+                    _fed_another_batch(getattr(result[1], "trained", 0), result[0])
+                    or self.rebuilds_differ(target, result)
                 ):
                     # The third GPU replayed another batch than the target trained on: no
                     # confirmation can judge it (the set-up, not a GPU), so nobody is blamed.

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,27 @@ class ForwardInputs:
             h.update(text.encode())
             h.update(table.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
         return combine_digests([struct.unpack("<q", h.digest())[0]])
+
+
+def _plain(batch: Any) -> Any:
+    """``batch`` with mappings that torch's pytree does not open (a Hugging Face
+    ``BatchEncoding`` is a ``UserDict``) turned into dicts, so their tensors are fingerprinted."""
+    if isinstance(batch, Mapping):
+        return {key: _plain(value) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_plain(value) for value in batch)
+    return batch
+
+
+def batch_digest(batch: Any) -> int:
+    """A non-zero digest of a whole micro-batch as ``compute_loss`` receives it: every tensor's
+    bits, dtype and shape, and the text of the other leaves, labels included (a sync: the
+    tables are read back at once). Replays take it of what ``rebuild_batch`` returned, so that
+    two ranks' rebuilds of one target's batch can be compared even where the labels never reach
+    the module's forward."""
+    inputs = ForwardInputs()
+    inputs.add((_plain(batch),), {})
+    return inputs.digest()
 
 
 def combine_digests(digests: Sequence[int]) -> int:

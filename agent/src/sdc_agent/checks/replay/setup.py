@@ -28,6 +28,7 @@ from .attribution import (
     SELF_DIFFERS_FROM_TRAINING,
     SELF_GRADS_DIFFER,
     SELF_LOSS_DIFFERS,
+    SELF_REBUILD_DIFFERS,
     WRAPPER_IN_REPLAY,
     Outcome,
     replay_target,
@@ -187,6 +188,21 @@ def preflight(owns: Sequence[Outcome], global_rank: Any, *, compare_grads: bool)
     """Judge the preflight flags every rank set in its own row (``compare_grads``: the audit
     compares gradients today)."""
     world = len(owns)
+    unrepeatable = [global_rank(r) for r, o in enumerate(owns) if o.flags & SELF_REBUILD_DIFFERS]
+    if unrepeatable:
+        return Preflight(
+            compare_grads=compare_grads,
+            finding=SetupFinding(
+                cause="rebuild_batch_mismatch",
+                detail=(
+                    f"on ranks {unrepeatable[:8]}, two calls of rebuild_batch(step, rank) for the "
+                    "same step returned different micro-batches (inputs or labels): the loader "
+                    "draws randomness that is not seeded from (step, rank), or a cached batch "
+                    "was changed in place (by compute_loss or the training loop)"
+                ),
+                fix=_REBUILD_FIX + "; never return a tensor that training changes in place",
+            ),
+        )
     loss_differs = [global_rank(r) for r, o in enumerate(owns) if o.flags & SELF_LOSS_DIFFERS]
     grads_differ = [global_rank(r) for r, o in enumerate(owns) if o.flags & SELF_GRADS_DIFFER]
     off_training = [
@@ -257,6 +273,36 @@ def third_batch_finding(target: int, third: int) -> SetupFinding:
     )
 
 
+def rebuild_finding(
+    target: int, replays: Sequence[tuple[int, Outcome]], global_rank: Any
+) -> SetupFinding | None:
+    """Replays of DP rank ``target``'s batch on several ranks (``(dp rank, outcome)``: its
+    replayer, its third GPU, the target itself) whose ``rebuild_batch`` returned different
+    micro-batches (:attr:`.attribution.Outcome.rebuilt`, labels included): whatever their results,
+    they did not compute the same thing, so a dispute between them says nothing about a GPU.
+    The ranks whose rebuild differs from the others' are named as the set-up's, never as GPUs."""
+    known = [(rank, o.rebuilt) for rank, o in replays if o.rebuilt]
+    digests = {d for _, d in known}
+    if len(digests) < 2:
+        return None
+    counts = {d: sum(1 for _, e in known if e == d) for d in digests}
+    usual = max(counts, key=lambda d: counts[d])
+    tie = sum(1 for n in counts.values() if n == counts[usual]) > 1
+    odd = [rank for rank, d in known if tie or d != usual]
+    rest = [rank for rank, d in known if rank not in odd]
+    who = ", ".join(f"rank {global_rank(r)}'s" for r in odd)
+    than = f" than rank(s) {[global_rank(r) for r in rest]} rebuilt" if rest else " from each other"
+    return SetupFinding(
+        cause="rebuild_batch_mismatch",
+        detail=(
+            f"{who} rebuild_batch(step, {global_rank(target)}) returned another micro-batch "
+            f"(inputs or labels){than}: rebuild_batch depends on the rank that calls it, so the "
+            "replays of that batch cannot be compared"
+        ),
+        fix=_REBUILD_FIX,
+    )
+
+
 def compute_signature(device: torch.device) -> str:
     """What decides whether two ranks compute the same bits for the same work: the torch and
     CUDA (cuBLAS) versions, and the GPU model, compute capability and SM count (cuBLAS picks
@@ -320,6 +366,7 @@ __all__ = [
     "heterogeneity_finding",
     "pattern_finding",
     "preflight",
+    "rebuild_finding",
     "repeated_failure",
     "rings_of",
     "third_batch_finding",
