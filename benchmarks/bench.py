@@ -74,6 +74,8 @@ JOBS: tuple[Job, ...] = (
         tables="check 1's local test under FSDP2, 2-thread column"),
     Job(name="attention-cost", script="attention_cost.py",
         tables="the checked attention's cost"),
+    Job(name="mistakes-held-out", script="mistakes.py",
+        tables="the held-out user mistakes (docs/recovery.md)"),
     Job(name="step-work", script="step_work.py",
         tables="the always-on path counted (this tree)"),
     # Each job's launch may take 30 min on 2 busy cores ((a) 8B passed 15 min): its own limit.

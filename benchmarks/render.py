@@ -1,4 +1,5 @@
-"""Render the tables of docs/performance.md (and docs/agent-install.md) from raw results.
+"""Render the tables of docs/performance.md (and docs/agent-install.md, docs/recovery.md) from
+raw results.
 
 Each rendered table sits between two marker comments in the document:
 
@@ -35,7 +36,7 @@ from results import REPO, RESULTS_DIR, load, model_cell
 from results import short_size as _bytes
 from results import short_time as _us
 
-DOCS = ("docs/performance.md", "docs/agent-install.md")
+DOCS = ("docs/performance.md", "docs/agent-install.md", "docs/recovery.md")
 MARKER = re.compile(
     r"^(?P<indent>[ \t]*)<!-- bench:(?P<name>[\w-]+) -->\n(?P<body>.*?)"
     r"^(?P=indent)<!-- /bench:(?P=name) -->$",
@@ -576,6 +577,29 @@ def three_d(results: Results) -> list[str]:
     return _table([*head, "wall"], rows) + _provenances(results, list(THREE_D_JOBS))
 
 
+def mistakes(results: Results) -> list[str]:
+    """The held-out user mistakes: what each is, what the guard said, whom it named."""
+    document = results["mistakes-held-out"]
+    rows = []
+    for r in document["rows"]:
+        if "refused" in r:
+            error, _, message = r["refused"].partition(": ")
+            said = f"refused at construction ({error}: {message.split(': ')[0][:90]}...)"
+            job = "not started"
+        else:
+            said = ", ".join(f"`{f}`" for f in r["findings"]) or "none"
+            said += "; audits " + ("on" if r["audit_on"] else "off")
+            job = "stopped (on_setup_error)" if r["stopped"] else f"{r['updates']} steps applied"
+        named = "nobody" if not r["named"] else f"**ranks {r['named']} NAMED**"
+        rows.append([f"`{r['mistake']}`", r["what"], said, job, named])
+    passed = sum(1 for r in document["rows"] if r["ok"])
+    return (
+        _table(["mistake", "what it is", "what the guard said", "the job", "named"], rows)
+        + ["", f"**{passed} of {len(document['rows'])}** named nobody and left the job running."]
+        + _provenances(results, ["mistakes-held-out"])
+    )
+
+
 def publish(results: Results) -> list[str]:
     """The publisher benchmark: step times with each endpoint."""
     document = results["publish"]
@@ -791,6 +815,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "campaign-overhead": campaign_overhead,
     "sensor-soak": sensor_soak,
     "three-d": three_d,
+    "mistakes": mistakes,
     "publish": publish,
     "step-cost": step_cost,
 }
