@@ -583,8 +583,7 @@ def mistakes(results: Results) -> list[str]:
     rows = []
     for r in document["rows"]:
         if "refused" in r:
-            error, _, message = r["refused"].partition(": ")
-            said = f"refused at construction ({error}: {message.split(': ')[0][:90]}...)"
+            said = f"refused at construction ({r['refused'][:120].rstrip()}...)"
             job = "not started"
         else:
             said = ", ".join(f"`{f}`" for f in r["findings"]) or "none"
