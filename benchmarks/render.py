@@ -592,11 +592,9 @@ def mistakes(results: Results) -> list[str]:
         named = "nobody" if not r["named"] else f"**ranks {r['named']} NAMED**"
         rows.append([f"`{r['mistake']}`", r["what"], said, job, named])
     passed = sum(1 for r in document["rows"] if r["ok"])
-    return (
-        _table(["mistake", "what it is", "what the guard said", "the job", "named"], rows)
-        + ["", f"**{passed} of {len(document['rows'])}** named nobody and left the job running."]
-        + _provenances(results, ["mistakes-held-out"])
-    )
+    summary = f"**{passed} of {len(document['rows'])}** named nobody and left the job running."
+    head = ["mistake", "what it is", "what the guard said", "the job", "named"]
+    return [*_table(head, rows), "", summary, *_provenances(results, ["mistakes-held-out"])]
 
 
 def publish(results: Results) -> list[str]:
