@@ -1,4 +1,5 @@
-"""The remediation errors by name: what the workflow retries and what it catches.
+"""The remediation errors by name: what the workflow retries and what it catches; and the one
+base of the agent's own errors (:class:`SdcAgentError`).
 
 The Lambdas raise exceptions whose class names are these strings (``sdc_remediation.errors``);
 the state machine (``infra/constructs/workflow.py``) matches its Retry and Catch clauses on the
@@ -33,4 +34,18 @@ TERMINAL_ERROR_NAMES: tuple[str, ...] = (
 )
 """Never retried: caught, recorded as ``failed``, humans notified."""
 
-__all__ = ["REPORT_NOT_YET_VISIBLE", "TERMINAL_ERROR_NAMES", "TRANSIENT_ERROR_NAMES"]
+
+class SdcAgentError(Exception):
+    """An error the agent raised on purpose; its message says what is wrong and what to change.
+
+    It lives here, beside the contract's own ``AlarmLogError`` (which derives from it), so that
+    the modules the remediation and the operator load without torch (``sdc_contract.resume``,
+    ``sdc_agent/recovery.py`` as a file) share it; ``sdc_agent.SdcAgentError`` is this class."""
+
+
+__all__ = [
+    "REPORT_NOT_YET_VISIBLE",
+    "TERMINAL_ERROR_NAMES",
+    "TRANSIENT_ERROR_NAMES",
+    "SdcAgentError",
+]

@@ -20,8 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from .errors import SdcAgentError
 
-class AlarmLogError(ValueError):
+
+class AlarmLogError(SdcAgentError, ValueError):
     """An alarm cannot be read: a report field the rule needs is missing or malformed, or (in
     the agent's alarm log) the directory is missing or a file is not a valid record."""
 

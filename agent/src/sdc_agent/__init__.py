@@ -22,6 +22,7 @@ from .alarm import Alarm, RankInfo, SensorCandidate, Verdict
 from .checks.replay.setup import AuditSetupError
 from .checks.weights.divergence import find_divergent_ranks
 from .checks.weights.report import DivergenceReport
+from .errors import SdcAgentError
 from .exit import SDC_EXIT_CODE, exit_on_alarm
 from .fingerprint import fingerprint, fingerprints
 from .guard import Guard, GuardedStep
@@ -54,6 +55,7 @@ __all__ = [
     "ResumeDecision",
     "ResumeRule",
     "Schedule",
+    "SdcAgentError",
     "SensorCandidate",
     "SensorFlagPublisher",
     "ShardingLayoutError",

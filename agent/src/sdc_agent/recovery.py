@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from sdc_contract.errors import SdcAgentError
 from sdc_contract.report import ALARM_RECORD_SCHEMA
 from sdc_contract.resume import AlarmLogError, ResumeRule, alarm_field, covers, resume_rule
 
@@ -31,7 +32,7 @@ RECORD_PREFIX = "alarm-"
 RECORD_SUFFIX = ".json"
 
 
-class UnsafeResumeError(RuntimeError):
+class UnsafeResumeError(SdcAgentError, RuntimeError):
     """A resume from a checkpoint that a recorded alarm's suspect window covers was refused."""
 
 

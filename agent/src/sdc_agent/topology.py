@@ -11,11 +11,12 @@ import torch
 import torch.distributed as dist
 
 from .alarm import RankInfo
+from .errors import SdcAgentError
 
 INSTANCE_PREFIX = "hyperpod-"
 
 
-class TopologyError(ValueError):
+class TopologyError(SdcAgentError, ValueError):
     """The replay pairs cannot be placed on distinct nodes: the audit could not attribute a fault."""
 
 

@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 import torch
 
 from .. import Alarm, Guard, GuardedStep, Schedule, exit_on_alarm
+from ..errors import SdcAgentError
 
 logger = logging.getLogger("sdc_agent")
 
@@ -49,7 +50,7 @@ TAGS_FILE = "sdc-checkpoint.json"
 """The file an integration writes next to a framework's checkpoint files: the guard's tags."""
 
 
-class AlarmStop(RuntimeError):
+class AlarmStop(SdcAgentError, RuntimeError):
     """Raised from a framework's hook to stop its training loop on an alarm, before the
     framework applies the alarmed step or writes a checkpoint (its step counter stays at the
     last applied step). Raised on every rank alike; ``alarm`` is the guard's Alarm."""

@@ -38,6 +38,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
+from ..errors import SdcAgentError
+
 # _StridedShard: FSDP2 shards dim 0 so where TP already shards it (torch 2.13: not a Shard
 # subclass); private, but it is what fully_shard writes on every such parameter. Private names
 # can move between releases: say so clearly rather than fail the package's import obscurely.
@@ -104,7 +106,7 @@ SUPPORTED = (
 """What an error says is supported."""
 
 
-class ShardingLayoutError(ValueError):
+class ShardingLayoutError(SdcAgentError, ValueError):
     """The model's parameters are laid out in a way the guard cannot check (the message says
     which and what is supported)."""
 

@@ -39,6 +39,8 @@ from sdc_contract.metrics import (
 )
 from sdc_contract.names import is_label_name, is_subdomain_name
 
+from ..errors import SdcAgentError
+
 DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
 ENV_POD_NAME = "POD_NAME"
 """The pod's ``metadata.name`` (downward API): the last part of its report stream in pod mode."""
@@ -50,7 +52,7 @@ _LOG_GROUP = re.compile(r"^[.\-_/#A-Za-z0-9]{1,512}$")
 _MAX_DIMENSION_VALUE = 1024
 
 
-class PublishConfigError(ValueError):
+class PublishConfigError(SdcAgentError, ValueError):
     """The publisher's configuration is missing or invalid; the message names the value."""
 
 

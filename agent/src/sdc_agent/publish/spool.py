@@ -36,6 +36,7 @@ from pathlib import Path
 
 from sdc_contract.metrics import CLUSTER_DIMENSION, JOB_DIMENSION
 
+from ..errors import SdcAgentError
 from .events import Delivery
 from .settings import PublishSettings
 
@@ -53,7 +54,7 @@ STALE_CLAIM_SECONDS = 600.0
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class DeliveryFailed(Exception):
+class DeliveryFailed(SdcAgentError):
     """A delivery could not be completed; ``remainder`` is what is still to send.
 
     ``transient`` says whether AWS was out of reach (network, throttling, 5xx) rather than

@@ -7,13 +7,14 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from ..errors import SdcAgentError
 from .events import MAX_METRICS_PER_CALL
 from .retry import error_code
 
 logger = logging.getLogger(__name__)
 
 
-class LogEventRejected(Exception):
+class LogEventRejected(SdcAgentError):
     """CloudWatch Logs accepted the call but rejected the event (clock skew, expired)."""
 
 

@@ -24,6 +24,7 @@ import torch
 
 from sdc_contract.report import SetupCause
 
+from ...errors import SdcAgentError
 from .attribution import (
     SELF_DIFFERS_FROM_TRAINING,
     SELF_GRADS_DIFFER,
@@ -35,7 +36,7 @@ from .attribution import (
 )
 
 
-class AuditSetupError(RuntimeError):
+class AuditSetupError(SdcAgentError, RuntimeError):
     """The audit found the job's set-up wrong (``Schedule(on_setup_error="stop")``): raised on
     every rank at the same point, after the report was published; the message names the check
     that failed and how to fix it."""
