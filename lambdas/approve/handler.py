@@ -10,7 +10,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from sdc_remediation.config import settings
-from sdc_remediation.logic import operator_api, steps
+from sdc_remediation.logic import steps
 from sdc_remediation.observability import logger, tracer
 
 
@@ -18,5 +18,4 @@ from sdc_remediation.observability import logger, tracer
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """A function URL request (payload format 2.0) -> its HTTP response."""
-    current = settings()
-    return operator_api.handle(event, current, steps.kube_factory(current))
+    return steps.approve(event, settings())

@@ -8,7 +8,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from sdc_remediation.config import settings
-from sdc_remediation.logic import canary
+from sdc_remediation.logic import steps
 from sdc_remediation.observability import logger, metrics, tracer
 
 
@@ -19,7 +19,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """A CloudWatch alarm action's event (``alarmData``) asks where the run stopped; the
     schedule's (``{"action": "start"}``) starts a run."""
     if isinstance(event, dict) and "alarmData" in event:
-        stop = canary.check(settings())
+        stop = steps.canary_check(settings())
         return {"stopped_at": stop.step, "run": stop.run_id, "summary": stop.sentence()}
-    run = canary.start_run(settings())
+    run = steps.canary_start(settings())
     return {"run": run.run_id, "steps": run.reached}

@@ -7,7 +7,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from sdc_remediation.config import settings
-from sdc_remediation.logic import sweeper
+from sdc_remediation.logic import steps
 from sdc_remediation.observability import logger, metrics, tracer
 
 
@@ -16,4 +16,4 @@ from sdc_remediation.observability import logger, metrics, tracer
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The EventBridge schedule's event carries nothing we need; the ledger is the work list."""
-    return sweeper.sweep(settings()).as_dict()
+    return steps.sweep(settings()).as_dict()

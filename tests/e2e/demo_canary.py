@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import sdc_contract as contract
+from sdc_remediation.dal import keys
 from sdc_remediation.logic import outcomes
 from tests.e2e.harness.canary import LocalCanary
 from tests.e2e.harness.pipeline import LocalPipeline
@@ -115,7 +116,7 @@ def _check(tl: Any, p: LocalPipeline, canary: LocalCanary, run: Any, done: dict)
         "nothing cordoned or patched in Kubernetes": p.kube.patches == [],
         "no HyperPod call (no health check started, no replacement)": p.hyperpod.calls == [],
         "no blast-radius slot held, no node claimed": not [
-            i for i in p.ledger() if i["sk"] == "STATE" or i.get("admissions") or i.get("held")
+            i for i in p.ledger() if keys.is_state(i) or i.get("admissions") or i.get("held")
         ],
         "nobody paged": p.notifications() == [],
         "stats see no remediation": outcomes.summarise(p.ledger()) == [],

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from sdc_remediation.clients.approval_url import ApprovalService
+from sdc_remediation.dal import keys
+from sdc_remediation.dal.dynamo import to_item
 from tests.e2e.harness.account import REGION
 from tests.e2e.harness.pipeline import LocalPipeline
 from tests.e2e.scenario import culprit_alarm, local_cluster, operator, pending_for, raise_alarm
@@ -26,7 +28,7 @@ def _set_decide_by(p: LocalPipeline, approval: str, epoch: int) -> None:
     """Move the approval's decision deadline (what passing time would do)."""
     p.client("dynamodb").update_item(
         TableName=p.tables["approvals"],
-        Key={"approval_id": {"S": approval}},
+        Key=to_item(keys.approval(approval)),
         UpdateExpression="SET decide_by = :t",
         ExpressionAttributeValues={":t": {"N": str(epoch)}},
     )
@@ -34,7 +36,7 @@ def _set_decide_by(p: LocalPipeline, approval: str, epoch: int) -> None:
 
 def _decide_by(p: LocalPipeline, approval: str) -> int:
     item = p.client("dynamodb").get_item(
-        TableName=p.tables["approvals"], Key={"approval_id": {"S": approval}}
+        TableName=p.tables["approvals"], Key=to_item(keys.approval(approval))
     )["Item"]
     return int(item["decide_by"]["N"])
 

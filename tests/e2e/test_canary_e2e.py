@@ -10,6 +10,7 @@ import json
 import pytest
 
 import sdc_contract as contract
+from sdc_remediation.dal import keys
 from sdc_remediation.logic import canary as canary_mod
 from sdc_remediation.logic import outcomes
 from tests.e2e.harness.canary import LocalCanary
@@ -22,7 +23,7 @@ CLUSTER = local_cluster(nodes=3)
 
 
 def _run_record(p: LocalPipeline, run_id: str) -> dict:
-    (run,) = [i for i in p.ledger() if i["sk"] == f"RUN#{run_id}"]
+    (run,) = [i for i in p.ledger() if i["sk"] == keys.run_sk(run_id)]
     return run
 
 
@@ -75,9 +76,9 @@ def test_a_canary_run_walks_the_chain_and_closes_itself():
         assert p.kube.patches == []
         assert p.hyperpod.calls == []
         # ... no blast-radius slot held, no node STATE claimed
-        guards = [i for i in p.ledger() if i["pk"].startswith("GUARD#")]
+        guards = [i for i in p.ledger() if keys.is_guard(i)]
         assert all(not g.get("admissions") and not g.get("held") for g in guards)
-        assert not [i for i in p.ledger() if i["sk"] == "STATE"]
+        assert not [i for i in p.ledger() if keys.is_state(i)]
         # ... the precision ledger sees no remediation, and nobody was paged
         assert outcomes.summarise(p.ledger()) == []
         assert p.notifications() == []

@@ -279,6 +279,16 @@ def held_after_rejection(invoke: Any, instance_id: str, execution: str = "e1") -
     return state["admission"]
 
 
+def ledger_item(key: dict[str, Any]) -> dict[str, Any] | None:
+    """The ledger's item at ``key`` (built with ``sdc_remediation.dal.keys``), as stored."""
+    from sdc_remediation import aws
+    from sdc_remediation.dal.dynamo import from_item, to_item
+
+    return from_item(
+        aws.client("dynamodb").get_item(TableName=LEDGER, Key=to_item(key)).get("Item")
+    )
+
+
 def grow_cluster(total: int) -> list[str]:
     """Add nodes to the moto HyperPod cluster up to ``total``; all instance ids, in order."""
     from moto.core import DEFAULT_ACCOUNT_ID

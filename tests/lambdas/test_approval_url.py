@@ -21,8 +21,8 @@ from remediation_factories import APPROVALS, LEDGER, held_after_rejection, item_
 from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
 from sdc_remediation.clients import approval_url
-from sdc_remediation.dal import ledger
-from sdc_remediation.dal.dynamo import from_item
+from sdc_remediation.dal import keys, ledger
+from sdc_remediation.dal.dynamo import from_item, to_item
 
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAeSecretTaskToken" * 3
 URL = "https://abcdefghij0123456789.lambda-url.us-east-1.on.aws/"
@@ -155,7 +155,7 @@ def test_the_deadline_and_the_single_use_claim_hold_on_the_url_path(
         second = _cli("approve", item["approval_id"])
         aws.client("dynamodb").update_item(
             TableName=APPROVALS,
-            Key={"approval_id": {"S": item["approval_id"]}},
+            Key=to_item(keys.approval(item["approval_id"])),
             UpdateExpression="SET #s = :p",
             ExpressionAttributeNames={"#s": "status"},
             ExpressionAttributeValues={":p": {"S": "pending"}},

@@ -14,6 +14,7 @@ from botocore.stub import ANY, Stubber
 from remediation_factories import APPROVALS, CLUSTER, item_state
 
 from sdc_remediation import aws, clock
+from sdc_remediation.dal import keys
 from sdc_remediation.dal.dynamo import from_item, to_item
 
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAeSecretTaskToken" * 3
@@ -42,8 +43,7 @@ def _seed_outcomes(right: int, wrong: int) -> None:
         for k, transition in enumerate(steps):
             moment = clock.iso(at + timedelta(minutes=k))
             item = {
-                "pk": pk,
-                "sk": f"EVENT#{moment}#r-{n}#0",
+                **keys.event(pk, moment, f"r-{n}"),
                 "remediation_id": f"r-{n}",
                 "transition": transition,
                 "at": moment,

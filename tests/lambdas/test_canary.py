@@ -13,7 +13,9 @@ from remediation_factories import CLUSTER, alarm_event, put_node_metric, put_rep
 import sdc_contract as contract
 from sdc_remediation import aws
 from sdc_remediation.config import Settings
+from sdc_remediation.dal import keys
 from sdc_remediation.dal.canary_runs import RunStore
+from sdc_remediation.dal.dynamo import to_item
 from sdc_remediation.logic import canary
 from sdc_remediation.models.canary import Run
 
@@ -251,6 +253,6 @@ def test_a_canary_run_expires_after_its_timeout(cloud, invoke, monkeypatch):
     # And the ledger will remove the run's item (TTL) a month after it started
     item = aws.client("dynamodb").get_item(
         TableName=Settings().ledger_table,
-        Key={"pk": {"S": f"CANARY#{CLUSTER}"}, "sk": {"S": f"RUN#{started['run']}"}},
+        Key=to_item(keys.run(CLUSTER, started["run"])),
     )["Item"]
     assert int(item["expires_at"]["N"]) > int(item["open_until"]["N"])

@@ -22,9 +22,10 @@ import sdc_contract as contract
 from sdc_remediation import aws
 from sdc_remediation.clients import approval_url
 from sdc_remediation.config import Settings
+from sdc_remediation.dal import keys
 from sdc_remediation.dal.approvals import approval_id_for
 from sdc_remediation.dal.canary_runs import RunStore
-from sdc_remediation.dal.dynamo import from_item
+from sdc_remediation.dal.dynamo import from_item, to_item
 from sdc_remediation.errors import ConfigurationError, RemediationError
 from sdc_remediation.logic import canary
 
@@ -55,7 +56,7 @@ def the_url(monkeypatch, invoke) -> list[dict[str, Any]]:
 
 def _record(approval_id: str) -> dict:
     item = aws.client("dynamodb").get_item(
-        TableName=APPROVALS, Key={"approval_id": {"S": approval_id}}, ConsistentRead=True
+        TableName=APPROVALS, Key=to_item(keys.approval(approval_id)), ConsistentRead=True
     )["Item"]
     return from_item(item)
 

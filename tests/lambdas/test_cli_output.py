@@ -12,6 +12,7 @@ from remediation_factories import APPROVALS, CLUSTER, LEDGER
 
 from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
+from sdc_remediation.dal import keys
 from sdc_remediation.dal.dynamo import to_item
 
 ESCAPE = "\x1b[2J\x1b]0;pwned\x07"
@@ -26,8 +27,7 @@ def _seed(cloud) -> None:
             TableName=LEDGER,
             Item=to_item(
                 {
-                    "pk": cloud.nodes[0],
-                    "sk": f"EVENT#{at}#r-1#{n}",
+                    **keys.event(cloud.nodes[0], at, "r-1", n),
                     "remediation_id": "r-1",
                     "transition": transition,
                     "at": at,
@@ -47,7 +47,7 @@ def _seed(cloud) -> None:
         TableName=APPROVALS,
         Item=to_item(
             {
-                "approval_id": "a-0123456789abcdef",
+                **keys.approval("a-0123456789abcdef"),
                 "task_token": "t",
                 "remediation_id": "r-1",
                 "instance_id": cloud.nodes[0],

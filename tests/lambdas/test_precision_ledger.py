@@ -14,6 +14,7 @@ from remediation_factories import CLUSTER, JOB, LEDGER, approved, item_state
 
 from sdc_remediation import aws, clock
 from sdc_remediation.cli import main
+from sdc_remediation.dal import keys
 from sdc_remediation.dal.dynamo import to_item
 from sdc_remediation.dal.ledger import Ledger
 from sdc_remediation.logic import outcomes
@@ -178,8 +179,7 @@ def test_the_same_instance_alarming_again_makes_a_repeat_offender(cloud, invoke)
 
 def _seed(pk: str, rid: str, at: Any, transition: str, **attrs: Any) -> None:
     item = {
-        "pk": pk,
-        "sk": f"EVENT#{clock.iso(at)}#{rid}#0",
+        **keys.event(pk, clock.iso(at), rid),
         "remediation_id": rid,
         "transition": transition,
         "at": clock.iso(at),
@@ -242,7 +242,7 @@ def _seeded_ledger() -> None:
                       "reduced_gradient", "culprit", "job-d",
                       ["admitted", "cordoned", approve, "replaced"])  # fmt: skip
     # A cluster-level event names no node: not a remediation
-    _seed(f"CLUSTER#{CLUSTER}", "x-e9", base, "ambiguous")
+    _seed(keys.cluster_pk(CLUSTER), "x-e9", base, "ambiguous")
 
 
 def _stats(*args: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from botocore.stub import ANY, Stubber
 from remediation_factories import APPROVALS, CLUSTER, LEDGER, item_state
 
 from sdc_remediation import aws, clock
+from sdc_remediation.dal import keys
 from sdc_remediation.dal.dynamo import from_item, to_item
 from sdc_remediation.dal.ledger import Ledger
 from sdc_remediation.logic import outcomes, stats
@@ -59,8 +60,7 @@ def _seed(pk: str, rid: str, at: Any, transitions: list[Any], job: str, report: 
         transition, extra = step if isinstance(step, tuple) else (step, {})
         moment = clock.iso(at + timedelta(minutes=n))
         item = {
-            "pk": pk,
-            "sk": f"EVENT#{moment}#{rid}#0",
+            **keys.event(pk, moment, rid),
             "remediation_id": rid,
             "transition": transition,
             "at": moment,
@@ -192,7 +192,7 @@ def test_a_flapping_alarm_sends_one_message_per_episode(cloud, invoke, monkeypat
     # Then the on-call got one message (superseded: one per execution), and every refusal is
     # still in the ledger
     assert len(cloud.sns_messages()) == 1
-    events = Ledger(LEDGER).events(f"CLUSTER#{CLUSTER}")
+    events = Ledger(LEDGER).events(keys.cluster_pk(CLUSTER))
     assert [e["transition"] for e in events].count("refused") == 30
     # And after a quiet hour the next refusal starts a new episode, with its own message
     monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(hours=2))

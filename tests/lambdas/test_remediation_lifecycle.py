@@ -8,20 +8,14 @@ from datetime import timedelta
 from typing import Any
 
 from click.testing import CliRunner
-from remediation_factories import CLUSTER, LEDGER, held_after_rejection, item_state
+from remediation_factories import CLUSTER, LEDGER, held_after_rejection, item_state, ledger_item
 
 from sdc_remediation import aws
 from sdc_remediation.cli import main
-from sdc_remediation.dal import ledger
-from sdc_remediation.dal.dynamo import from_item, to_item
+from sdc_remediation.dal import keys, ledger
 
 MOTO_CALLER = "arn:aws:sts::123456789012:user/moto"
 FAILURE = {"Error": "States.TaskFailed", "Cause": "the Lambda timed out"}
-
-
-def _item(pk: str, sk: str) -> dict | None:
-    ddb = aws.client("dynamodb")
-    return from_item(ddb.get_item(TableName=LEDGER, Key=to_item({"pk": pk, "sk": sk})).get("Item"))
 
 
 def _events(node: str) -> list[dict[str, Any]]:
@@ -41,12 +35,12 @@ def test_an_admission_that_committed_but_never_answered_is_closed_by_the_failure
     invoke("record", {"transition": "failed", "notify": True, "state": state, "error": FAILURE})
 
     # Then the remediation is closed (keyed by the execution and item), the event names it
-    st = _item(node, "STATE")
+    st = ledger_item(keys.state(node))
     assert st["open"] is False and st["status"] == "failed"
     assert [e["remediation_id"] for e in _events(node) if e["transition"] == "failed"] == [
         st["remediation_id"]
     ]
-    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == []
+    assert ledger_item(keys.guard(CLUSTER))["open_instances"] == []
 
 
 def test_an_approval_without_approver_is_recorded_and_closes(cloud, invoke):
@@ -65,7 +59,7 @@ def test_an_approval_without_approver_is_recorded_and_closes(cloud, invoke):
 
     # Then the failure recorder did not raise, closed the remediation, and says what was damaged
     assert out == {"recorded": True}
-    assert _item(node, "STATE")["open"] is False
+    assert ledger_item(keys.state(node))["open"] is False
     (failed,) = [e for e in _events(node) if e["transition"] == "failed"]
     assert "approval" in failed["error"] and "approver" in failed["error"]
     assert failed["node_name"] == f"hyperpod-{node}"
@@ -82,7 +76,7 @@ def test_the_failure_recorder_salvages_a_state_whose_suspect_does_not_parse(clou
     invoke("record", {"transition": "failed", "notify": True, "state": state, "error": FAILURE})
 
     # Then the node's remediation is closed and the failure recorded under the node
-    assert _item(node, "STATE")["open"] is False
+    assert ledger_item(keys.state(node))["open"] is False
     assert [e["transition"] for e in _events(node)][-1] == "failed"
 
 
@@ -100,7 +94,7 @@ def test_a_failure_of_the_second_naming_of_a_node_does_not_close_the_first(cloud
     assert first["decision"] == "admitted"
     assert second["decision"] == "duplicate"
     assert second["remediation_id"] == first["remediation_id"]
-    assert _item(node, "STATE")["open"] is True
+    assert ledger_item(keys.state(node))["open"] is True
 
 
 def test_release_records_the_callers_identity_and_frees_the_guard(cloud, k8s, invoke):
@@ -231,7 +225,7 @@ def test_a_50_node_storm_ends_with_circuit_open_and_one_message(cloud, invoke):
     messages = cloud.sns_messages()
     assert len(messages) == 1
     assert "50 nodes" in messages[0]["message"]
-    assert _item(ledger.guard_pk(CLUSTER), "GUARD") is None  # nothing was written to the guard
+    assert ledger_item(keys.guard(CLUSTER)) is None  # nothing was written to the guard
 
 
 def _machine_and_execution(name: str) -> tuple[Any, str]:
@@ -283,14 +277,14 @@ def test_the_sweeper_closes_remediations_whose_execution_ended(cloud, invoke):
         (dead, "ABORTED")
     ]
     assert second["abandoned"] == []
-    assert _item(dead, "STATE")["open"] is False
-    assert _item(dead, "STATE")["status"] == "abandoned"
-    assert _item(alive, "STATE")["open"] is True
+    assert ledger_item(keys.state(dead))["open"] is False
+    assert ledger_item(keys.state(dead))["status"] == "abandoned"
+    assert ledger_item(keys.state(alive))["open"] is True
     (event,) = [e for e in _events(dead) if e["transition"] == "abandoned"]
     assert "ABORTED" in event["error"]
     assert len(cloud.sns_messages()) == 1
     assert dead in cloud.sns_messages()[0]["message"]
-    guard = _item(ledger.guard_pk(CLUSTER), "GUARD")
+    guard = ledger_item(keys.guard(CLUSTER))
     assert guard["open_instances"] == [alive]
     assert dead in [h["instance_id"] for h in guard["held"]]
 
@@ -308,4 +302,4 @@ def test_the_sweeper_closes_a_remediation_whose_execution_step_functions_does_no
 
     # Then it is closed as abandoned
     assert [a["execution_status"] for a in out["abandoned"]] == ["DOES_NOT_EXIST"]
-    assert _item(node, "STATE")["open"] is False
+    assert ledger_item(keys.state(node))["open"] is False

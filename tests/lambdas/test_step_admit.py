@@ -5,17 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from remediation_factories import CLUSTER, LEDGER, item_state
+from remediation_factories import CLUSTER, item_state, ledger_item
 
-from sdc_remediation import aws, clock
-from sdc_remediation.dal import ledger
-from sdc_remediation.dal.dynamo import from_item, to_item
+from sdc_remediation import clock
+from sdc_remediation.dal import keys
+from sdc_remediation.dal.admission_store import AdmissionStore
 from sdc_remediation.errors import InvalidStepInput
-
-
-def _item(pk: str, sk: str) -> dict | None:
-    ddb = aws.client("dynamodb")
-    return from_item(ddb.get_item(TableName=LEDGER, Key=to_item({"pk": pk, "sk": sk})).get("Item"))
 
 
 def test_first_alarm_for_a_node_is_admitted_and_opens_a_remediation(cloud, invoke):
@@ -27,11 +22,11 @@ def test_first_alarm_for_a_node_is_admitted_and_opens_a_remediation(cloud, invok
 
     # Then: admitted, and the ledger holds the open remediation and the guard's count
     assert out["decision"] == "admitted"
-    state = _item(node, "STATE")
+    state = ledger_item(keys.state(node))
     assert state["open"] is True
     assert state["remediation_id"] == out["remediation_id"]
     assert state["cluster"] == CLUSTER
-    guard = _item(ledger.guard_pk(CLUSTER), "GUARD")
+    guard = ledger_item(keys.guard(CLUSTER))
     assert guard["open_instances"] == [node]
 
 
@@ -51,7 +46,7 @@ def test_a_duplicate_event_is_a_no_op_and_causes_no_second_cordon(cloud, k8s, in
     assert second["remediation_id"] == first["remediation_id"]
     assert again["changed"] is False
     assert len(k8s.patches) == 1
-    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["version"] == 1  # the duplicate wrote nothing
+    assert ledger_item(keys.guard(CLUSTER))["version"] == 1  # the duplicate wrote nothing
 
 
 def test_a_retried_admission_of_the_same_execution_returns_the_same_remediation(cloud, invoke):
@@ -83,7 +78,7 @@ def test_a_storm_of_20_alarms_on_10_nodes_admits_only_max_nodes_per_hour(
     assert decisions.count("admitted") == 2
     assert decisions.count("duplicate") == 2
     assert decisions.count("circuit_open") == 16
-    assert len(_item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"]) == 2
+    assert len(ledger_item(keys.guard(CLUSTER))["open_instances"]) == 2
 
 
 def test_the_fraction_limit_caps_open_remediations_until_one_closes(cloud, invoke, monkeypatch):
@@ -109,7 +104,7 @@ def test_the_fraction_limit_caps_open_remediations_until_one_closes(cloud, invok
     assert blocked["decision"] == "circuit_open"
     assert "MAX_FRACTION" in blocked["reason"]
     assert after_close["decision"] == "admitted"
-    assert _item(a, "STATE")["open"] is False
+    assert ledger_item(keys.state(a))["open"] is False
 
 
 def test_the_hourly_cap_rolls_over_after_an_hour(cloud, invoke, monkeypatch):
@@ -144,7 +139,7 @@ def test_concurrent_admissions_cannot_both_pass_the_guard(cloud, invoke, monkeyp
     # guard and our write (the race a GSI count would lose)
     monkeypatch.setenv("MAX_NODES_PER_HOUR", "1")
     monkeypatch.setenv("MAX_FRACTION", "1.0")
-    real_guard = ledger.Ledger.guard
+    real_guard = AdmissionStore.guard
     raced: list[dict] = []
     started = []
 
@@ -155,7 +150,7 @@ def test_concurrent_admissions_cannot_both_pass_the_guard(cloud, invoke, monkeyp
             raced.append(invoke("admit", item_state(cloud.nodes[1], execution="rival")))
         return seen
 
-    monkeypatch.setattr(ledger.Ledger, "guard", guard_then_race)
+    monkeypatch.setattr(AdmissionStore, "guard", guard_then_race)
 
     # When
     ours = invoke("admit", item_state(cloud.nodes[0], execution="ours"))
@@ -163,8 +158,8 @@ def test_concurrent_admissions_cannot_both_pass_the_guard(cloud, invoke, monkeyp
     # Then: the rival won, our stale write was refused, and the re-read tripped the circuit
     assert raced[0]["decision"] == "admitted"
     assert ours["decision"] == "circuit_open"
-    assert _item(cloud.nodes[0], "STATE") is None
-    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == [cloud.nodes[1]]
+    assert ledger_item(keys.state(cloud.nodes[0])) is None
+    assert ledger_item(keys.guard(CLUSTER))["open_instances"] == [cloud.nodes[1]]
 
 
 @pytest.mark.filterwarnings("ignore:No application metrics")  # it fails before any metric
@@ -185,4 +180,4 @@ def test_an_alarm_naming_more_nodes_than_the_guard_allows_cordons_none_of_them(c
     # remediation is opened
     assert [o["decision"] for o in outcomes] == ["circuit_open"] * 3
     assert "one alarm names 3 nodes" in outcomes[0]["reason"]
-    assert all(_item(node, "STATE") is None for node in cloud.nodes[:3])
+    assert all(ledger_item(keys.state(node)) is None for node in cloud.nodes[:3])

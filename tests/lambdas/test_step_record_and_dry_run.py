@@ -6,21 +6,16 @@ import json
 
 import pytest
 from botocore.stub import Stubber
-from remediation_factories import CLUSTER, LEDGER, alarm_state, approved, item_state
+from remediation_factories import CLUSTER, LEDGER, alarm_state, approved, item_state, ledger_item
 
 from sdc_remediation import aws
-from sdc_remediation.dal.dynamo import from_item, to_item
+from sdc_remediation.dal import keys
+from sdc_remediation.dal.ledger import Ledger
 from sdc_remediation.errors import InvalidStepInput
 
 
 def _events(pk: str) -> list[dict]:
-    ddb = aws.client("dynamodb")
-    items = ddb.query(
-        TableName=LEDGER,
-        KeyConditionExpression="pk = :pk AND begins_with(sk, :e)",
-        ExpressionAttributeValues=to_item({":pk": pk, ":e": "EVENT#"}),
-    )["Items"]
-    return [from_item(i) for i in items]
+    return Ledger(LEDGER).events(pk)
 
 
 def _emf(stdout: str) -> list[dict]:
@@ -50,10 +45,7 @@ def test_record_appends_the_transition_emits_its_metric_and_notifies(cloud, invo
     assert len(cordoned) == 1
     assert cordoned[0]["remediation_id"] == admission["remediation_id"]
     assert json.loads(cordoned[0]["detail"])["cordon"]["changed"] is True
-    ddb = aws.client("dynamodb")
-    state = from_item(
-        ddb.get_item(TableName=LEDGER, Key=to_item({"pk": node, "sk": "STATE"}))["Item"]
-    )
+    state = ledger_item(keys.state(node))
     assert state["status"] == "cordoned" and state["open"] is True
     # and an EMF metric named after the transition, per cluster (beside the same count per
     # check and verdict, for the dashboard's outcomes table: test_precision_ledger.py)
@@ -80,7 +72,7 @@ def test_record_of_a_cluster_level_outcome_uses_the_cluster_partition(cloud, inv
     invoke("record", {"transition": "ambiguous", "notify": True, "state": state})
 
     # Then
-    [event] = _events(f"CLUSTER#{CLUSTER}")
+    [event] = _events(keys.cluster_pk(CLUSTER))
     assert event["transition"] == "ambiguous" and event["execution"] == "exec-9"
     assert cloud.sns_messages()[0]["subject"] == f"[sdc-guard] ambiguous: cluster {CLUSTER}"
 
@@ -107,10 +99,7 @@ def test_record_of_a_failure_keeps_the_error_and_closes_the_remediation(cloud, i
     [failed] = [e for e in _events(node) if e["transition"] == "failed"]
     assert failed["error"].startswith("HealthCheckRejected")
     assert "HealthCheckRejected" in cloud.sns_messages()[0]["message"]
-    ddb = aws.client("dynamodb")
-    state = from_item(
-        ddb.get_item(TableName=LEDGER, Key=to_item({"pk": node, "sk": "STATE"}))["Item"]
-    )
+    state = ledger_item(keys.state(node))
     assert state["open"] is False and state["status"] == "failed"
 
 
@@ -134,7 +123,7 @@ def test_record_accepts_the_raw_event_when_localize_never_ran(cloud, invoke):
     )
 
     # Then
-    [event] = _events(f"CLUSTER#{CLUSTER}")
+    [event] = _events(keys.cluster_pk(CLUSTER))
     assert event["error"] == "InvalidAlarmEvent: bad"
 
 
@@ -214,9 +203,5 @@ def test_recording_a_duplicate_keeps_the_open_remediations_status(cloud, invoke)
 
     # Then: it is in the node's history, but the open remediation is still "cordoned"
     assert [e["transition"] for e in _events(node)][-1] == "duplicate"
-    state = from_item(
-        aws.client("dynamodb").get_item(TableName=LEDGER, Key=to_item({"pk": node, "sk": "STATE"}))[
-            "Item"
-        ]
-    )
+    state = ledger_item(keys.state(node))
     assert state["status"] == "cordoned" and state["open"] is True

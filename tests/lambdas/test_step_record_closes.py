@@ -6,19 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from remediation_factories import CLUSTER, LEDGER, item_state
+from remediation_factories import CLUSTER, LEDGER, item_state, ledger_item
 
-from sdc_remediation import aws
-from sdc_remediation.dal import ledger
-from sdc_remediation.dal.dynamo import from_item, to_item
+from sdc_remediation.dal import keys, ledger
 from sdc_remediation.logic.admission import AdmitRequest, decide
 
 FAILURE = {"Error": "ClusterApiUnavailable", "Cause": '{"errorMessage": "API down"}'}
-
-
-def _item(pk: str, sk: str) -> dict | None:
-    ddb = aws.client("dynamodb")
-    return from_item(ddb.get_item(TableName=LEDGER, Key=to_item({"pk": pk, "sk": sk})).get("Item"))
 
 
 def _admit_on_32_nodes(instance_id: str, execution: str) -> dict[str, Any]:
@@ -67,9 +60,9 @@ def test_a_new_alarm_after_a_failed_remediation_is_admitted_again(cloud, invoke)
     # Then: a new remediation is admitted (not a silent duplicate), and it is the one open now
     assert second["decision"] == "admitted"
     assert second["remediation_id"] != first["remediation_id"]
-    state = _item(node, "STATE")
+    state = ledger_item(keys.state(node))
     assert state["open"] is True and state["remediation_id"] == second["remediation_id"]
-    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == [node]
+    assert ledger_item(keys.guard(CLUSTER))["open_instances"] == [node]
 
 
 @pytest.mark.parametrize("terminal", ["rejected", "approval_timed_out", "failed"])
@@ -90,12 +83,12 @@ def test_a_node_kept_cordoned_holds_its_guard_slot_until_released(cloud, invoke,
 
     # Then: the remediation ended (a new alarm on the node is not a silent duplicate), but the
     # cordoned node held its slot until released
-    assert _item(a, "STATE")["open"] is False
-    assert _item(a, "STATE")["status"] == terminal
+    assert ledger_item(keys.state(a))["open"] is False
+    assert ledger_item(keys.state(a))["status"] == terminal
     assert while_held["decision"] == "circuit_open"
     assert "not released" in while_held["reason"]
     assert after_release["decision"] == "admitted"
-    guard = _item(ledger.guard_pk(CLUSTER), "GUARD")
+    guard = ledger_item(keys.guard(CLUSTER))
     assert guard["open_instances"] == [b]
     assert [h["instance_id"] for h in guard["held"]] == [b]
     # And the release is in the node's history with who released it
@@ -166,7 +159,7 @@ def test_closed_remediations_still_count_towards_the_hourly_cap(cloud, invoke):
     # Then: the hourly cap still holds although nothing is open
     assert third["decision"] == "circuit_open"
     assert "MAX_NODES_PER_HOUR" in third["reason"]
-    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == []
+    assert ledger_item(keys.guard(CLUSTER))["open_instances"] == []
 
 
 def test_a_failure_after_a_duplicate_does_not_close_the_remediation_in_flight(cloud, invoke):
@@ -181,8 +174,8 @@ def test_a_failure_after_a_duplicate_does_not_close_the_remediation_in_flight(cl
     # Then: the first remediation is still open and still holds its guard slot
     assert dup["decision"] == "duplicate"
     assert dup["remediation_id"] == first["remediation_id"]
-    state = _item(node, "STATE")
+    state = ledger_item(keys.state(node))
     assert state["open"] is True and state["remediation_id"] == first["remediation_id"]
     assert state["status"] == "admitted"
-    assert _item(ledger.guard_pk(CLUSTER), "GUARD")["open_instances"] == [node]
+    assert ledger_item(keys.guard(CLUSTER))["open_instances"] == [node]
     assert invoke("admit", item_state(node, execution="e3"))["decision"] == "duplicate"

@@ -26,7 +26,8 @@ from ..errors import (
     NoCredentials,
 )
 from ..models import ApprovalDecision
-from .dynamo import from_item, to_item
+from . import keys
+from .dynamo import Table, condition_failed
 
 # Step Functions' answers for a token it no longer waits on (timed out, execution ended, garbage).
 EXPIRED_TOKEN_ERRORS = {"TaskTimedOut", "TaskDoesNotExist", "InvalidToken"}
@@ -56,10 +57,7 @@ class Approvals:
 
     def __init__(self, table: str) -> None:
         self.table = table
-
-    @property
-    def _ddb(self) -> Any:
-        return aws.client("dynamodb")
+        self._table = Table(table)
 
     def create(
         self,
@@ -84,7 +82,7 @@ class Approvals:
         now = clock.now()
         created = int(now.timestamp())
         item = {
-            "approval_id": approval_id,
+            **keys.approval(approval_id),
             "task_token": task_token,
             "remediation_id": remediation_id or "",
             "instance_id": instance_id,
@@ -96,16 +94,7 @@ class Approvals:
             "decide_by": created + min(ttl_seconds, timeout_seconds or ttl_seconds),
             "execution": execution,
         }
-        try:
-            with aws.aws_errors("dynamodb:PutItem"):
-                self._ddb.put_item(
-                    TableName=self.table,
-                    Item=to_item(item),
-                    ConditionExpression="attribute_not_exists(approval_id)",
-                )
-        except botocore.exceptions.ClientError as exc:
-            if aws.error_code(exc) != "ConditionalCheckFailedException":
-                raise
+        if not self._table.put_if(item, "attribute_not_exists(approval_id)"):
             return approval_id, not self.get(approval_id).get("notified", False)
         return approval_id, True
 
@@ -114,38 +103,20 @@ class Approvals:
         ``notified``): nobody was told of it, so nobody may find it in ``pending`` and decide a
         workflow that is about to retry the step (which stores and announces it again) or to
         record the failure. False when it was announced or decided meanwhile (kept)."""
-        try:
-            with aws.aws_errors("dynamodb:DeleteItem"):
-                self._ddb.delete_item(
-                    TableName=self.table,
-                    Key=to_item({"approval_id": approval_id}),
-                    ConditionExpression="#s = :pending AND attribute_not_exists(notified)",
-                    ExpressionAttributeNames={"#s": "status"},
-                    ExpressionAttributeValues=to_item({":pending": PENDING}),
-                )
-        except botocore.exceptions.ClientError as exc:
-            if aws.error_code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+        return self._table.delete_if(
+            keys.approval(approval_id),
+            "#s = :pending AND attribute_not_exists(notified)",
+            names={"#s": "status"},
+            values={":pending": PENDING},
+        )
 
     def mark_notified(self, approval_id: str) -> None:
         """Remember that the request's message went out (a retry then does not send it again)."""
-        with aws.aws_errors("dynamodb:UpdateItem"):
-            self._ddb.update_item(
-                TableName=self.table,
-                Key=to_item({"approval_id": approval_id}),
-                UpdateExpression="SET notified = :t",
-                ExpressionAttributeValues=to_item({":t": True}),
-            )
+        self._table.update(keys.approval(approval_id), "SET notified = :t", values={":t": True})
 
     def get(self, approval_id: str) -> dict[str, Any]:
         """The approval item (ApprovalNotFound when there is none)."""
-        with aws.aws_errors("dynamodb:GetItem"):
-            resp = self._ddb.get_item(
-                TableName=self.table, Key=to_item({"approval_id": approval_id}), ConsistentRead=True
-            )
-        item = from_item(resp.get("Item"))
+        item = self._table.get(keys.approval(approval_id))
         if item is None:
             raise ApprovalNotFound(f"no approval request with id {approval_id!r}")
         return item
@@ -154,35 +125,23 @@ class Approvals:
         """The approval's decision as the table holds it (``DECISION_ATTRIBUTES`` only, never
         the token; a consistent read), or None when there is no such request."""
         names = {f"#a{index}": name for index, name in enumerate(DECISION_ATTRIBUTES)}
-        with aws.aws_errors("dynamodb:GetItem"):
-            resp = self._ddb.get_item(
-                TableName=self.table,
-                Key=to_item({"approval_id": approval_id}),
-                ConsistentRead=True,
-                ProjectionExpression=", ".join(names),
-                ExpressionAttributeNames=names,
-            )
-        return from_item(resp.get("Item"))
+        return self._table.get(
+            keys.approval(approval_id),
+            ProjectionExpression=", ".join(names),
+            ExpressionAttributeNames=names,
+        )
 
     def pending(self) -> list[dict[str, Any]]:
         """Approvals still waiting for a decision, with their evidence (token removed), oldest
         first: ``pending`` ones, and ``sending`` ones whose decision's outcome is unknown (the
         decision must be repeated to re-send it)."""
         now = int(clock.now().timestamp())
-        items: list[dict[str, Any]] = []
-        with aws.aws_errors("dynamodb:Scan"):
-            for page in self._ddb.get_paginator("scan").paginate(
-                TableName=self.table,
-                FilterExpression=(
-                    "#s IN (:pending, :sending) AND expires_at > :now "
-                    "AND (attribute_not_exists(decide_by) OR decide_by > :now)"
-                ),
-                ExpressionAttributeNames={"#s": "status"},
-                ExpressionAttributeValues=to_item(
-                    {":pending": PENDING, ":sending": SENDING, ":now": now}
-                ),
-            ):
-                items.extend(from_item(i) for i in page.get("Items", []))
+        items = self._table.scan(
+            "#s IN (:pending, :sending) AND expires_at > :now "
+            "AND (attribute_not_exists(decide_by) OR decide_by > :now)",
+            names={"#s": "status"},
+            values={":pending": PENDING, ":sending": SENDING, ":now": now},
+        )
         for item in items:
             item.pop("task_token", None)
             item["evidence"] = json.loads(item.get("evidence") or "{}")
@@ -235,34 +194,28 @@ class Approvals:
         """``pending`` -> ``sending`` with the decision; the precise error when that fails."""
         now = clock.now()
         try:
-            with aws.aws_errors("dynamodb:UpdateItem"):
-                self._ddb.update_item(
-                    TableName=self.table,
-                    Key=to_item({"approval_id": item["approval_id"]}),
-                    UpdateExpression=(
-                        "SET #s = :sending, #d = :decision, approver = :who, reason = :why, "
-                        "decided_at = :at, #rel = :rel"
-                    ),
-                    ConditionExpression=(
-                        "#s = :pending AND expires_at > :now "
-                        "AND (attribute_not_exists(decide_by) OR decide_by > :now)"
-                    ),
-                    ExpressionAttributeNames={"#s": "status", "#d": "decision", "#rel": "release"},
-                    ExpressionAttributeValues=to_item(
-                        {
-                            ":sending": SENDING,
-                            ":decision": result.decision,
-                            ":who": result.approver,
-                            ":why": result.reason,
-                            ":at": clock.iso(now),
-                            ":rel": result.release,
-                            ":pending": PENDING,
-                            ":now": int(now.timestamp()),
-                        }
-                    ),
-                )
+            # Not ``update_if``: when the table holds no precise reason for the refusal, the
+            # refusal itself is the error.
+            self._table.update(
+                keys.approval(item["approval_id"]),
+                "SET #s = :sending, #d = :decision, approver = :who, reason = :why, "
+                "decided_at = :at, #rel = :rel",
+                condition="#s = :pending AND expires_at > :now "
+                "AND (attribute_not_exists(decide_by) OR decide_by > :now)",
+                names={"#s": "status", "#d": "decision", "#rel": "release"},
+                values={
+                    ":sending": SENDING,
+                    ":decision": result.decision,
+                    ":who": result.approver,
+                    ":why": result.reason,
+                    ":at": clock.iso(now),
+                    ":rel": result.release,
+                    ":pending": PENDING,
+                    ":now": int(now.timestamp()),
+                },
+            )
         except botocore.exceptions.ClientError as exc:
-            if aws.error_code(exc) == "ConditionalCheckFailedException":
+            if condition_failed(exc):
                 latest = self.get(item["approval_id"])
                 if latest.get("status") == SENDING:
                     raise ApprovalAlreadyDecided(_in_flight(latest)) from exc
@@ -373,31 +326,21 @@ class Approvals:
 
     def _release_claim(self, approval_id: str) -> None:
         """``sending`` -> ``pending`` after a send that certainly did not happen."""
-        try:
-            with aws.aws_errors("dynamodb:UpdateItem"):
-                self._ddb.update_item(
-                    TableName=self.table,
-                    Key=to_item({"approval_id": approval_id}),
-                    UpdateExpression=(
-                        "SET #s = :pending REMOVE #d, approver, reason, decided_at, #rel"
-                    ),
-                    ConditionExpression="#s = :sending",
-                    ExpressionAttributeNames={"#s": "status", "#d": "decision", "#rel": "release"},
-                    ExpressionAttributeValues=to_item({":pending": PENDING, ":sending": SENDING}),
-                )
-        except botocore.exceptions.ClientError as exc:
-            if aws.error_code(exc) != "ConditionalCheckFailedException":
-                raise
+        self._table.update_if(
+            keys.approval(approval_id),
+            "SET #s = :pending REMOVE #d, approver, reason, decided_at, #rel",
+            "#s = :sending",
+            names={"#s": "status", "#d": "decision", "#rel": "release"},
+            values={":pending": PENDING, ":sending": SENDING},
+        )
 
     def _set_status(self, approval_id: str, status: str) -> None:
-        with aws.aws_errors("dynamodb:UpdateItem"):
-            self._ddb.update_item(
-                TableName=self.table,
-                Key=to_item({"approval_id": approval_id}),
-                UpdateExpression="SET #s = :s",
-                ExpressionAttributeNames={"#s": "status"},
-                ExpressionAttributeValues=to_item({":s": status}),
-            )
+        self._table.update(
+            keys.approval(approval_id),
+            "SET #s = :s",
+            names={"#s": "status"},
+            values={":s": status},
+        )
 
 
 def _in_flight(item: dict[str, Any]) -> str:

@@ -7,62 +7,36 @@ have a guard of their own, a fraction of the cluster like the enforced one: at m
 ``max(1, floor(MAX_FRACTION x nodes))`` shadow checks at once, and none for an alarm that names
 more nodes than that (a storm).
 
-One item per cluster, ``pk=GUARD#<cluster>, sk=SHADOW``: ``version`` and ``running`` (``{instance_id,
-execution, item, at}``: a slot is one Map item's, by execution, item index and node, since the
-two Maps' indexes overlap), rewritten under its version. The record step frees a slot when it records
-the shadow; a slot older than ``SLOT_SECONDS`` counts no more (an execution that ended without
-its record).
+One item per cluster, ``keys.shadow_guard`` (``pk=GUARD#<cluster>, sk=SHADOW``): ``version``
+and ``running`` (``{instance_id, execution, item, at}``: a slot is one Map item's, by execution,
+item index and node, since the two Maps' indexes overlap), rewritten under its version. The
+record step frees a slot when it records the shadow; a slot older than ``SLOT_SECONDS`` counts
+no more (an execution that ended without its record).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import botocore.exceptions
-
-from .. import aws, clock
+from .. import clock
 from ..errors import AwsApiUnavailable
 from ..models.admission import AdmitRequest
-from .dynamo import from_item, to_item
+from . import keys
+from .dynamo import RACE_ATTEMPTS, Table, at_version
 
-SHADOW_SK = "SHADOW"
 SLOT_SECONDS = 4 * 3600
 """A slot older than this no longer counts (longer than a health check's timeout, 150 min by
 default, plus its polls)."""
-_ATTEMPTS = 8
 
 
-def _key(cluster: str) -> dict[str, Any]:
-    return to_item({"pk": f"GUARD#{cluster}", "sk": SHADOW_SK})
+def _read(table: Table, cluster: str) -> dict[str, Any]:
+    return table.get(keys.shadow_guard(cluster)) or {"version": 0, "running": []}
 
 
-def _read(table: str, cluster: str) -> dict[str, Any]:
-    with aws.aws_errors("dynamodb:GetItem"):
-        item = aws.client("dynamodb").get_item(
-            TableName=table, Key=_key(cluster), ConsistentRead=True
-        )
-    return from_item(item.get("Item")) or {"version": 0, "running": []}
-
-
-def _write(table: str, cluster: str, version: int, running: list[dict[str, Any]]) -> bool:
+def _write(table: Table, cluster: str, version: int, running: list[dict[str, Any]]) -> bool:
     """Rewrite the slots under ``version``; False when another writer changed them first."""
-    condition: dict[str, Any] = (
-        {"ConditionExpression": "attribute_not_exists(pk)"}
-        if version == 0
-        else {
-            "ConditionExpression": "version = :v",
-            "ExpressionAttributeValues": to_item({":v": version}),
-        }
-    )
-    item = {"pk": f"GUARD#{cluster}", "sk": SHADOW_SK, "version": version + 1, "running": running}
-    try:
-        with aws.aws_errors("dynamodb:PutItem"):
-            aws.client("dynamodb").put_item(TableName=table, Item=to_item(item), **condition)
-    except botocore.exceptions.ClientError as exc:
-        if aws.error_code(exc) == "ConditionalCheckFailedException":
-            return False
-        raise
-    return True
+    item = {**keys.shadow_guard(cluster), "version": version + 1, "running": running}
+    return table.put_if(item, **at_version(version))
 
 
 def _current(running: list[dict[str, Any]], now: int) -> list[dict[str, Any]]:
@@ -89,9 +63,10 @@ def admit(table: str, req: AdmitRequest, limit: int) -> tuple[bool, str]:
             f"not run: the alarm names {req.suspects_in_alarm} nodes, more than the shadow "
             f"checks' fraction of the cluster allows ({limit})"
         )
-    for _ in range(_ATTEMPTS):
+    store = Table(table)
+    for _ in range(RACE_ATTEMPTS):
         now = int(clock.now().timestamp())
-        guard = _read(table, req.cluster)
+        guard = _read(store, req.cluster)
         running = _current(list(guard.get("running") or []), now)
         if any(_same(r, req) for r in running):
             return True, "run (its slot of the shadow guard)"  # a retried admit
@@ -105,15 +80,16 @@ def admit(table: str, req: AdmitRequest, limit: int) -> tuple[bool, str]:
         slot = {"instance_id": req.instance_id, "execution": req.execution, "at": now}
         if req.item is not None:
             slot["item"] = req.item
-        if _write(table, req.cluster, int(guard.get("version", 0)), [*running, slot]):
+        if _write(store, req.cluster, int(guard.get("version", 0)), [*running, slot]):
             return True, f"run ({len(running) + 1} of at most {limit} shadow checks at once)"
-    raise AwsApiUnavailable(f"the shadow guard of {req.cluster} lost {_ATTEMPTS} races; retry")
+    raise AwsApiUnavailable(f"the shadow guard of {req.cluster} lost {RACE_ATTEMPTS} races; retry")
 
 
 def release(table: str, cluster: str, instance_id: str, execution: str, item: int | None) -> None:
     """Free the slot this execution's item holds on ``instance_id`` (nothing if none)."""
-    for _ in range(_ATTEMPTS):
-        guard = _read(table, cluster)
+    store = Table(table)
+    for _ in range(RACE_ATTEMPTS):
+        guard = _read(store, cluster)
         running = list(guard.get("running") or [])
         kept = [
             r
@@ -126,9 +102,9 @@ def release(table: str, cluster: str, instance_id: str, execution: str, item: in
         ]
         if len(kept) == len(running):
             return
-        if _write(table, cluster, int(guard.get("version", 0)), kept):
+        if _write(store, cluster, int(guard.get("version", 0)), kept):
             return
-    raise AwsApiUnavailable(f"freeing a shadow check slot of {cluster} lost {_ATTEMPTS} races")
+    raise AwsApiUnavailable(f"freeing a shadow check slot of {cluster} lost {RACE_ATTEMPTS} races")
 
 
-__all__ = ["SHADOW_SK", "SLOT_SECONDS", "admit", "release"]
+__all__ = ["SLOT_SECONDS", "admit", "release"]

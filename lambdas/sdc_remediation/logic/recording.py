@@ -25,8 +25,9 @@ from sdc_contract.metrics import (
 from .. import text
 from ..clients import sns
 from ..config import Settings
-from ..dal import shadow_guard
-from ..dal.ledger import Ledger, cluster_pk, encode_detail
+from ..dal import keys, shadow_guard
+from ..dal.events import encode_detail
+from ..dal.ledger import Ledger
 from ..errors import InvalidStepInput
 from ..models import RecordInput, RecordResult, RecordState, StepError, Transition, parse_step
 from ..observability import logger, metrics
@@ -35,7 +36,7 @@ from . import decision, notify, shadow
 
 # Every terminal transition of an admitted remediation closes it: the node is free for a new
 # admission and its place in flight is given back. Whether the node keeps counting against the
-# guard afterwards (it stays cordoned) is the ledger's RELEASING_TRANSITIONS: only released,
+# guard afterwards (it stays cordoned) is ``dal.holds.RELEASING_TRANSITIONS``: only released,
 # replaced and replaced_by_hyperpod end its hold; the others wait for `sdc-remediation release`.
 CLOSING_TRANSITIONS = {
     "released",
@@ -207,7 +208,7 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     remediation_id = (
         st.admission.remediation_id if st.admission else None
     ) or f"x-{execution or 'unknown'}"
-    pk = instance_id or cluster_pk(cluster)
+    pk = instance_id or keys.cluster_pk(cluster)
     detail = {
         key: getattr(st, key).model_dump(by_alias=True)
         for key in ("admission", "cordon", "health", "replacement", "uncordon")

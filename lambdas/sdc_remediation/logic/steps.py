@@ -1,15 +1,18 @@
-"""The workflow steps as functions of typed input: what each thin handler calls.
+"""The functions' entry points as functions of typed input: what each thin handler calls.
 
-One function per workflow step, and every step's handler calls it; each takes the parsed
+One function per workflow step, and every handler calls one of them; each takes the parsed
 input (record: the raw one, which it salvages) and the settings and returns the step's output
-model. The scheduled services (sweeper, canary) and the approve function's URL call their own
-logic module (``sweeper``, ``canary``, ``operator_api``). A per-node step resolves its node target once (``targets.target_for``: a
-HyperPod node, or the live canary's reserved node) and leaves to it what differs. Kubernetes
-access is passed as a factory so steps that may not need it (localize without pods to resolve,
-replace in api mode) never connect.
+model. The three services are here too, each handing over to its own logic module: the
+sweeper (``sweep``), the canary (``canary_start``, ``canary_check``) and the approve
+function's URL (``approve``). A per-node step resolves its node target once
+(``targets.target_for``: a HyperPod node, or the live canary's reserved node) and leaves to it
+what differs. Kubernetes access is passed as a factory so steps that may not need it (localize
+without pods to resolve, replace in api mode) never connect.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..clients import hyperpod
 from ..clients.kube import KubeApi
@@ -31,13 +34,16 @@ from ..models import (
     ReplaceResult,
     Suspect,
 )
+from ..models.canary import Run
 from ..observability import logger
 from ..targets import KubeFactory, target_for
-from . import decision, health, notify, recording
+from . import canary, decision, health, notify, operator_api, recording, sweeper
 from . import localize as localize_mod
 from . import replace as replace_mod
 from .admission import AdmitRequest
 from .approval import PendingApproval
+from .canary.watch import Stop
+from .sweeper import SweepResult
 
 
 def kube_factory(settings: Settings) -> KubeFactory:
@@ -149,8 +155,35 @@ def record(event: object, settings: Settings) -> RecordResult:
     return recording.record(inp, settings, node)
 
 
+# -- the services -----------------------------------------------------------------------------
+
+
+def sweep(settings: Settings) -> SweepResult:
+    """The sweeper (scheduled): close remediations whose execution is no longer running."""
+    return sweeper.sweep(settings)
+
+
+def canary_start(settings: Settings) -> Run:
+    """The canary's schedule: start a run (``canary.start_run``)."""
+    return canary.start_run(settings)
+
+
+def canary_check(settings: Settings) -> Stop:
+    """The canary alarm's action: where the newest run stopped (``canary.check``)."""
+    return canary.check(settings)
+
+
+def approve(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The approve function: a function URL request (payload format 2.0) -> its HTTP response
+    (``operator_api.handle``, which answers every domain error itself)."""
+    return operator_api.handle(event, settings, kube_factory(settings))
+
+
 __all__ = [
     "admit",
+    "approve",
+    "canary_check",
+    "canary_start",
     "cordon",
     "kube_factory",
     "localize",
@@ -160,5 +193,6 @@ __all__ = [
     "replace",
     "request_approval",
     "start_health_check",
+    "sweep",
     "uncordon",
 ]

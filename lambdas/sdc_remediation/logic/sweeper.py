@@ -26,7 +26,8 @@ from .. import clock
 from ..clients import sns
 from ..clients.stepfunctions import execution_status
 from ..config import Settings
-from ..dal.ledger import Ledger, encode_detail
+from ..dal.events import encode_detail
+from ..dal.ledger import Ledger
 from ..observability import logger, metrics
 from . import notify
 

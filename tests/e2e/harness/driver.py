@@ -222,8 +222,10 @@ class Driver(ABC):
 
     def transitions(self, instance_id: str) -> list[str]:
         """The ledger's recorded transitions for one instance, in time order."""
+        from sdc_remediation.dal import keys
+
         events = sorted(
-            (i for i in self.ledger() if i["pk"] == instance_id and i["sk"].startswith("EVENT#")),
+            (i for i in self.ledger() if i["pk"] == instance_id and keys.is_event(i)),
             key=lambda i: i["sk"],
         )
         return [e.get("transition") or e.get("status") for e in events]
