@@ -8,7 +8,10 @@ On one machine without GPUs (gloo), pretending 6 processes are 3 nodes of 2:
 
     torchrun --standalone --nproc-per-node 6 agent/examples/train_ddp.py \
         --simulate-nodes 3 --peer-offset 2 --steps 60 --audit-every 10 \
-        --fault scale --fault-rank 3 --fault-step 25      # exits 3, naming rank 3
+        --fault scale --fault-rank 3 --fault-step 25      # names rank 3; torchrun exits 1
+
+(each worker exits 3, or dies of the SIGTERM torchrun sends once the first has exited:
+docs/agent-install.md, section 8)
 
 The restart after an SDC stop (docs/recovery.md): with --ckpt-every the guard records every alarm
 in --ckpt-dir, and --resume auto loads the newest checkpoint no recorded alarm's suspect window
@@ -271,7 +274,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # (sdc.UnsafeResumeError) and compares every replica's loaded weights.
     alarm = guard.train(batches, save_checkpoint=save_checkpoint, start_step=start)
     if alarm is not None:
-        exit_on_alarm(alarm)  # flushes the publisher, exit code 3 on every rank
+        exit_on_alarm(alarm)  # every rank: flush, exit code 3 (or torchrun's SIGTERM first)
     guard.publisher.flush(30)
     dist.destroy_process_group()
     leave(0)  # here, while the model, the optimizer and the guard are still referenced

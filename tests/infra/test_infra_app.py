@@ -15,8 +15,11 @@ from infra.app import REPO_ROOT, SKIP_BUNDLING, example_context
 pytestmark = pytest.mark.slow
 
 
-def run_app(tmp_path: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run app.py the way `npx cdk synth` does: context in CDK_CONTEXT_JSON, output in CDK_OUTDIR."""
+def run_app(
+    tmp_path: Path, extra_env: dict[str, str], command: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run app.py the way `npx cdk synth` does: context in CDK_CONTEXT_JSON, output in CDK_OUTDIR.
+    ``command``: what runs it (this interpreter by default)."""
     env = {
         **os.environ,
         "CDK_OUTDIR": str(tmp_path),
@@ -25,7 +28,7 @@ def run_app(tmp_path: Path, extra_env: dict[str, str]) -> subprocess.CompletedPr
         **extra_env,
     }
     return subprocess.run(
-        [sys.executable, "app.py"],
+        command or [sys.executable, "app.py"],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -46,6 +49,16 @@ def test_app_synthesizes_the_shipped_config_with_nag(tmp_path: Path) -> None:
     assert any(
         r["Type"] == "AWS::StepFunctions::StateMachine" for r in template["Resources"].values()
     )
+
+
+def test_cdk_json_app_command_synthesizes_in_this_checkout(tmp_path: Path) -> None:
+    # Given cdk.json's `app` command, which the CDK CLI runs in a shell in the repository's root
+    command = json.loads((REPO_ROOT / "cdk.json").read_text())["app"]
+    # When it runs as `npx cdk synth` runs it
+    result = run_app(tmp_path, {}, ["/bin/sh", "-c", command])
+    # Then it picks an interpreter with the CDK app's requirements and writes the template
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "SdcGuard-example-hyperpod-cluster.template.json").exists()
 
 
 def test_app_stops_with_one_line_naming_a_bad_key(tmp_path: Path) -> None:

@@ -15,6 +15,10 @@ against the tree:
   ``python -m sdc_agent.drill --parallel``): each flag is in the script's source;
 - ``sdc-remediation COMMAND --option``: the command and its options are in the CLI's source.
 
+And no doc tells the user to install the agent by its bare name from an index
+(``pip install "sdc-agent[aws]"``): it is not on PyPI, so that fails, and whoever registered the
+name would be installed into training images. Installs name a path or URL of this repository.
+
 A name kept on purpose as history is marked on its line with the word "history"
 (e.g. "(history: ...)"); such lines are not checked.
 """
@@ -298,3 +302,76 @@ def test_a_name_the_tree_does_not_have_is_reported(name):
 )
 def test_a_name_the_tree_has_or_that_is_no_path_passes(name):
     assert problem(name, "docs/performance.md") is None
+
+
+# ---------------------------------------------------------------- installs name this repository
+PIP_INSTALL = re.compile(r"\bpip3?\s+install\b(?P<rest>[^`#;|&\n]*)")
+# The agent's distribution name with optional extras and version: what an index would resolve.
+BARE_AGENT = re.compile(r"sdc[-_.]agent(\[[^\]]*\])?\s*([=<>!~].*)?", re.IGNORECASE)
+
+
+def bare_agent_installs(line: str) -> list[str]:
+    """Each requirement in ``line``'s ``pip install`` commands that an index would resolve as
+    ``sdc-agent``: the bare name, with or without extras or a version, not a path (``./agent``)
+    nor a direct reference (``sdc-agent[aws] @ git+https://...``)."""
+    found = []
+    for command in PIP_INSTALL.finditer(line):
+        try:
+            words = shlex.split(command.group("rest"))
+        except ValueError:
+            words = command.group("rest").split()
+        for i, word in enumerate(words):
+            direct = " @ " in word or (i + 1 < len(words) and words[i + 1] == "@")
+            if BARE_AGENT.fullmatch(word.strip()) and not direct:
+                found.append(word)
+    # A backticked ``sdc-agent[aws]`` on its own reads as the thing to install, too.
+    found.extend(
+        s for s in SPAN.findall(line) if BARE_AGENT.fullmatch(s.strip("\"' ")) and "[" in s
+    )
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_no_doc_installs_the_agent_by_its_bare_name_from_an_index(doc):
+    # Given every line of a document, code blocks included
+    lines = (REPO / doc).read_text().splitlines()
+    # When its pip install commands are read
+    bare = [
+        f"{doc}:{number}: {name!r}"
+        for number, line in enumerate(lines, start=1)
+        for name in bare_agent_installs(line)
+    ]
+    # Then none asks an index for sdc-agent: every install is a path or URL of this repository
+    assert not bare, "the agent is not on PyPI; install ./agent (docs/agent-install.md):\n" + (
+        "\n".join(bare)
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'pip install "sdc-agent[aws]"',
+        "RUN pip install --no-cache-dir sdc-agent",
+        "`pip install 'sdc_agent[lightning]'`",
+        "pip install -U sdc-agent==0.1.0 boto3",
+        "python -m pip install torch sdc-agent[aws,accelerate]",
+        "an ImportError that says to install `sdc-agent[aws]`.",
+    ],
+)
+def test_a_bare_name_install_is_found(line):
+    assert bare_agent_installs(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'pip install "./agent[aws]"',
+        'RUN pip install --no-cache-dir "/opt/sdc-agent[aws]"',
+        'pip install "sdc-agent[aws] @ git+https://example.com/sdc-guard.git@abc#subdirectory=agent"',
+        "pip install sdc-agent[aws] @ file:///src/sdc-guard/agent",
+        "pip install -e ./agent/contract ./lambdas",
+        "Never install its bare name `sdc-agent` from an index",
+    ],
+)
+def test_a_path_or_url_install_passes(line):
+    assert not bare_agent_installs(line)

@@ -183,6 +183,21 @@ def test_a_start_inside_a_window_is_refused_naming_the_alarm_and_the_clean_step(
     assert resume_refusal(0, alarms) is None
 
 
+def test_a_refusal_whose_clean_step_has_no_checkpoint_says_how_to_find_the_one_that_exists():
+    # Given checkpoints every 10 steps (9, 19, 29) and the audit alarm of step 30 whose window
+    # starts at step 20's passing audit (docs/agent-install.md, section 7)
+    alarms = records(alarm(30, "compute", [20, 30], audit=20, weights=29))
+    # When a run would start from checkpoint 29
+    message = resume_refusal(30, alarms)
+    # Then the bound is stated as a bound, with the way to the checkpoint that exists
+    assert message is not None
+    assert "at or before step 20 (train(..., start_step=21)) if you saved one at step 20" in message
+    assert "else from the newest you saved before step 20" in message
+    assert "sdc.clean_resume_step(" in message
+    # And that way names checkpoint 19, one the job saved
+    assert decide_resume([9, 19, 29], alarms).step == 19
+
+
 # ------------------------------------------------------------------------------ the log
 def real_alarm() -> dict[str, Any]:
     return Alarm(

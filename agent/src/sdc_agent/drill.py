@@ -9,6 +9,12 @@ inside a node, composed with HSDP replicas or FSDP2 shards across nodes), and ``
 on a 2-stage pipeline per node whose stages are sharded over the replicas
 (``torch.distributed.pipelining`` with FSDP2).
 
+The last line is ``PASS: ...`` (exit code 0) when the guard did what the drill expects (the
+faulty rank named, or no alarm where no check can see the fault), else ``FAIL: ...`` (exit code
+1), also when the ranks failed or did not finish within ``--timeout`` seconds. Flags that cannot
+make a drill (``--rank`` outside the world, fewer than 3 nodes, ...) stop it before anything
+starts, with a usage error (exit code 2) naming the flag.
+
 The drills live in :mod:`sdc_agent.drills`, which the guard never imports; the names this module
 had before they moved there (the drill job, the launcher) stay importable from here, for code
 and job paths (``"sdc_agent.drill:train_drill"``) written against it.
@@ -49,12 +55,121 @@ __all__ = [
     "make_loss",
     "make_step_batch",
     "node_name",
+    "parse_args",
     "train_drill",
 ]
 
 DESCRIPTION = (
     'Fire drills on the CPU: a real multi-process DDP job (gloo) with a fault on one "GPU".'
 )
+DEFAULT_TIMEOUT_S = 900.0
+"""The whole drill's limit. On a 2-core machine the default drill took 20 s and the 3d one (12
+ranks) 50 s; the old fixed 240 s ran out on a loaded one, where every rank's process start
+(importing torch) and its one-thread replays wait for a core."""
+MIN_NODES = 3
+"""The ring replay audit puts each replay pair on two nodes and confirms on a third."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The drill's flags."""
+    p = argparse.ArgumentParser(prog="python -m sdc_agent.drill", description=DESCRIPTION)
+    p.add_argument(
+        "--fault",
+        choices=["scale", "nan", "weight", "none"],
+        default="scale",
+        help="what goes wrong on the faulty rank (none: a clean run, expect no alarm)",
+    )
+    p.add_argument("--rank", type=int, default=3, help="the faulty global rank (< nodes x ranks)")
+    p.add_argument("--step", type=int, default=7, help="the step the fault starts at (< --steps)")
+    p.add_argument("--steps", type=int, default=20, help="training steps")
+    p.add_argument("--nodes", type=int, default=MIN_NODES, help=f"simulated nodes (>= {MIN_NODES})")
+    p.add_argument("--ranks-per-node", type=int, default=2, help="processes per node (>= 1)")
+    p.add_argument(
+        "--parallel",
+        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp", "3d"],
+        default="ddp",
+        help="how the model is parallel: DDP, FSDP2 full sharding, HSDP (replicas across "
+        "nodes, shards within a node), tp (tensor parallel inside a node, HSDP replicas across "
+        "nodes: a ('replicate', 'shard', 'tp') mesh), fsdp+tp (tensor parallel inside a node, "
+        "FSDP2 across nodes: ('dp', 'tp')), pp: a 2-stage pipeline per node, each stage a "
+        "whole copy per replica (HSDP), replicas across nodes, or 3d: the same pipeline with "
+        "each stage tensor parallel inside the node (TP x PP x HSDP; --ranks-per-node 4 or "
+        "another multiple of 2 stages x TP >= 2)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up (FAIL) when the ranks have not finished after this long (default "
+        f"{DEFAULT_TIMEOUT_S:.0f}; raise it on a loaded machine)",
+    )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The drill's flags, checked against each other; a usage error (exit code 2) names the
+    flag that cannot make a drill."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.nodes < MIN_NODES:
+        p.error(
+            f"--nodes {args.nodes}: at least {MIN_NODES} (each replay pair runs on two nodes "
+            "and a third confirms)"
+        )
+    if args.ranks_per_node < 1:
+        p.error(f"--ranks-per-node {args.ranks_per_node}: at least 1")
+    world = args.nodes * args.ranks_per_node
+    if not 0 <= args.rank < world:
+        p.error(
+            f"--rank {args.rank}: the faulty rank must be one of the {world} ranks "
+            f"({args.nodes} nodes x {args.ranks_per_node}): 0 .. {world - 1}"
+        )
+    if args.steps < 1:
+        p.error(f"--steps {args.steps}: at least 1")
+    if args.fault != "none" and not 0 <= args.step < args.steps:
+        p.error(
+            f"--step {args.step}: the fault must start within the run's steps 0 .. "
+            f"{args.steps - 1} (--steps {args.steps})"
+        )
+    if not args.timeout > 0:
+        p.error(f"--timeout {args.timeout:g}: a positive number of seconds")
+    if args.parallel == "pp" and args.ranks_per_node != STAGES:
+        p.error(
+            f"--parallel pp puts one {STAGES}-stage pipeline on each node: "
+            f"--ranks-per-node {STAGES}"
+        )
+    if args.parallel == "3d" and (args.ranks_per_node % STAGES or args.ranks_per_node < 2 * STAGES):
+        p.error(
+            f"--parallel 3d puts one {STAGES}-stage pipeline on each node with TP groups of "
+            f">= 2 ranks per stage: --ranks-per-node {2 * STAGES} (or another multiple of "
+            f"{STAGES} from {2 * STAGES})"
+        )
+    return args
+
+
+def _faults(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
+    """The drill's fault on ``args.rank``, in a layer that rank computes."""
+    # Each drill model names its layers its own way (sdc_agent.drills.sharded, .tp): the
+    # tensor-parallel fault is in one rank's column-parallel GEMM output.
+    layer, weight = {
+        "ddp": ("net.4", "net.0.weight"),
+        "tp": ("blocks.1.up", "blocks.0.up.weight"),
+        "fsdp+tp": ("blocks.1.up", "blocks.0.up.weight"),
+    }.get(args.parallel, ("blocks.1.norm", "blocks.0.fc.weight"))
+    if args.parallel == "pp":  # a pipeline rank holds one stage's layers (drills.pipeline)
+        stage = args.rank % STAGES
+        layer, weight = f"blocks.{stage}.norm", f"blocks.{stage}.fc.weight"
+    if args.parallel == "3d":  # one rank's column-parallel GEMM output, in its own stage
+        stage = (args.rank // tp) % STAGES
+        layer, weight = f"blocks.{stage}.up", f"blocks.{stage}.up.weight"
+    at = {"rank": args.rank, "step": args.step}
+    return {
+        "scale": [{"kind": "ScaleOutputElement", "layer": layer, "factor": 1000.0, **at}],
+        "nan": [{"kind": "NaNOutputElement", "layer": layer, "persistent": False, **at}],
+        "weight": [{"kind": "FlipWeightBit", "param": weight, "bit": 27, **at}],
+        "none": [],
+    }[args.fault]
 
 
 def _describe(result: dict[str, Any]) -> Iterator[str]:
@@ -82,91 +197,33 @@ def _describe(result: dict[str, Any]) -> Iterator[str]:
     yield f"  updates applied: {len(result['updates'])} (the failing step {applied})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one drill and print what the guard caught; exit 0 when the outcome is as expected."""
-    parser = argparse.ArgumentParser(prog="python -m sdc_agent.drill", description=DESCRIPTION)
-    parser.add_argument(
-        "--fault",
-        choices=["scale", "nan", "weight", "none"],
-        default="scale",
-        help="what goes wrong on the faulty rank (none: a clean run, expect no alarm)",
-    )
-    parser.add_argument("--rank", type=int, default=3, help="the faulty global rank")
-    parser.add_argument("--step", type=int, default=7, help="the step the fault starts at")
-    parser.add_argument("--steps", type=int, default=20, help="training steps")
-    parser.add_argument("--nodes", type=int, default=3, help="simulated nodes (>= 3)")
-    parser.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
-    parser.add_argument(
-        "--parallel",
-        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp", "3d"],
-        default="ddp",
-        help="how the model is parallel: DDP, FSDP2 full sharding, HSDP (replicas across "
-        "nodes, shards within a node), tp (tensor parallel inside a node, HSDP replicas across "
-        "nodes: a ('replicate', 'shard', 'tp') mesh), fsdp+tp (tensor parallel inside a node, "
-        "FSDP2 across nodes: ('dp', 'tp')), pp: a 2-stage pipeline per node, each stage a "
-        "whole copy per replica (HSDP), replicas across nodes, or 3d: the same pipeline with "
-        "each stage tensor parallel inside the node (TP x PP x HSDP; --ranks-per-node 4 or "
-        "another multiple of 2 stages x TP >= 2)",
-    )
-    args = parser.parse_args(argv)
-    world = args.nodes * args.ranks_per_node
-    # Each drill model names its layers its own way (sdc_agent.drills.sharded, .tp): the
-    # tensor-parallel fault is in one rank's column-parallel GEMM output.
-    layer, weight = {
-        "ddp": ("net.4", "net.0.weight"),
-        "tp": ("blocks.1.up", "blocks.0.up.weight"),
-        "fsdp+tp": ("blocks.1.up", "blocks.0.up.weight"),
-    }.get(args.parallel, ("blocks.1.norm", "blocks.0.fc.weight"))
-    # A pipeline rank holds one stage's layers (sdc_agent.drills.pipeline).
-    if args.parallel == "pp":
-        if args.ranks_per_node != STAGES:
-            parser.error(
-                f"--parallel pp puts one {STAGES}-stage pipeline on each node: "
-                f"--ranks-per-node {STAGES}"
-            )
-        stage = args.rank % STAGES
-        layer, weight = f"blocks.{stage}.norm", f"blocks.{stage}.fc.weight"
+def judge(args: argparse.Namespace, alarm: dict[str, Any] | None) -> tuple[bool, str]:
+    """Whether the drill's outcome is the expected one, and what was expected."""
+    named = (alarm or {}).get("suspects") or []
+    # Full sharding keeps one copy of each weight shard and every rank computes with it, so a
+    # flipped stored weight is seen by no check (the guard logged so at start).
+    if args.fault == "none" or (args.fault == "weight" and args.parallel in ("fsdp", "fsdp+tp")):
+        return alarm is None, "no alarm"
     tp = args.ranks_per_node // STAGES
-    if args.parallel == "3d":
-        if args.ranks_per_node % STAGES or tp < 2:
-            parser.error(
-                f"--parallel 3d puts one {STAGES}-stage pipeline on each node with TP groups of "
-                f">= 2 ranks per stage: --ranks-per-node {2 * STAGES} (or another multiple of "
-                f"{STAGES} from {2 * STAGES})"
-            )
-        # The fault in one rank's column-parallel GEMM output, in its own stage's block.
-        stage = (args.rank // tp) % STAGES
-        layer, weight = f"blocks.{stage}.up", f"blocks.{stage}.up.weight"
-    faults = {
-        "scale": [
-            {
-                "kind": "ScaleOutputElement",
-                "layer": layer,
-                "factor": 1000.0,
-                "rank": args.rank,
-                "step": args.step,
-            }
-        ],
-        "nan": [
-            {
-                "kind": "NaNOutputElement",
-                "layer": layer,
-                "rank": args.rank,
-                "step": args.step,
-                "persistent": False,
-            }
-        ],
-        "weight": [
-            {
-                "kind": "FlipWeightBit",
-                "param": weight,
-                "bit": 27,
-                "rank": args.rank,
-                "step": args.step,
-            }
-        ],
-        "none": [],
-    }[args.fault]
+    if args.fault == "nan" and args.parallel in ("tp", "fsdp+tp"):
+        # A NaN crosses the TP all-reduce within the step: check 1 names every rank of the
+        # faulty rank's TP group (its node) whose local gradient it reached.
+        first, size = args.rank - args.rank % args.ranks_per_node, args.ranks_per_node
+    elif args.fault in ("scale", "nan") and args.parallel == "3d":
+        # The stage's TP all-reduce carries a wrong output to the TP partners before the stage
+        # sends it: the stage's TP group is named (coverage() says so), never another node.
+        first, size = args.rank - args.rank % tp, tp
+    else:
+        return named == [args.rank], f"rank {args.rank} named, alone"
+    members = set(range(first, first + size))
+    ok = args.rank in named and set(named) <= members
+    return ok, f"rank {args.rank} named, with at most its TP group {sorted(members)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one drill, print what the guard caught and a last PASS or FAIL line; 0 on PASS."""
+    args = parse_args(argv)
+    tp = args.ranks_per_node // STAGES
     schedule = {
         "audit_every": 5,
         "check_every": 5,
@@ -177,54 +234,47 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks "
-        f"(gloo, CPU), fault: "
-        f"{args.fault} on rank {args.rank} from step {args.step}"
+        f"(gloo, CPU), fault: {args.fault} on rank {args.rank} from step {args.step}"
     )
     started = time.monotonic()
-    results = launch(
-        [
-            (
-                "sdc_agent.drills.job:train_drill",
-                {
-                    "steps": args.steps,
-                    "schedule": schedule,
-                    "faults": faults,
-                    "parallel": args.parallel,
-                    "shards": {"pp": 1, "3d": tp}.get(args.parallel, args.ranks_per_node),
-                },
-            )
-        ],
-        world=world,
-        ranks_per_node=args.ranks_per_node,
-    )[0]
+    job = {
+        "steps": args.steps,
+        "schedule": schedule,
+        "faults": _faults(args, tp),
+        "parallel": args.parallel,
+        "shards": {"pp": 1, "3d": tp}.get(args.parallel, args.ranks_per_node),
+    }
+    try:
+        results = launch(
+            [("sdc_agent.drills.job:train_drill", job)],
+            world=args.nodes * args.ranks_per_node,
+            ranks_per_node=args.ranks_per_node,
+            timeout_s=args.timeout,
+        )[0]
+    except TimeoutError:
+        print(
+            f"FAIL: the ranks did not finish within --timeout {args.timeout:g} s (a loaded "
+            "machine: rerun with a larger --timeout)"
+        )
+        return 1
+    except RuntimeError as err:  # a rank died without a result
+        print(f"FAIL: {err}")
+        return 1
     errors = [r for r in results if "error" in r]
     if errors:
         print(errors[0]["trace"], file=sys.stderr)
+        print(f"FAIL: a rank raised {errors[0]['error']}")
         return 1
+    alarm = results[0]["alarm"]
     for line in _describe(results[0]):
         print(line)
-    named = (results[0]["alarm"] or {}).get("suspects") or []
-    # Full sharding keeps one copy of each weight shard and every rank computes with it, so a
-    # flipped stored weight is seen by no check (the guard logged so at start).
-    unseen = args.fault == "none" or (
-        args.fault == "weight" and args.parallel in ("fsdp", "fsdp+tp")
-    )
-    if unseen and args.fault == "weight":
+    if args.fault == "weight" and args.parallel in ("fsdp", "fsdp+tp"):
         print("  (FSDP2 full sharding: no weight redundancy, so check 3 is off; expected no alarm)")
     print(f"({time.monotonic() - started:.1f} s)")
-    expected_ok = results[0]["alarm"] is None if unseen else named == [args.rank]
-    if args.fault == "nan" and args.parallel in ("tp", "fsdp+tp"):
-        # A NaN crosses the TP all-reduce within the step: check 1 names every rank of the
-        # faulty rank's TP group (its node) whose local gradient it reached.
-        first = args.rank - args.rank % args.ranks_per_node
-        node = set(range(first, first + args.ranks_per_node))
-        expected_ok = args.rank in named and set(named) <= node
-    if args.fault in ("scale", "nan") and args.parallel == "3d":
-        # The stage's TP all-reduce carries a wrong output to the TP partners before the stage
-        # sends it: the stage's TP group is named (coverage() says so), never another node.
-        first = args.rank - args.rank % tp
-        expected_ok = args.rank in named and set(named) <= set(range(first, first + tp))
-    return 0 if expected_ok else 1
+    ok, expected = judge(args, alarm)
+    got = "no alarm" if alarm is None else f"{alarm['check']} alarm naming {alarm['suspects']}"
+    print(f"PASS: {expected}" if ok else f"FAIL: expected {expected}, got {got}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -121,7 +121,13 @@ def clean_resume_step(checkpoint_steps: Iterable[int], alarm_dir: str | os.PathL
 
 def resume_refusal(start_step: int, records: Sequence[AlarmRecord]) -> str | None:
     """Why a run starting at ``start_step`` (from the checkpoint at ``start_step - 1``) must not
-    start, naming the alarm and the newest clean step; None when it may."""
+    start, naming the alarm and the newest clean step; None when it may.
+
+    The newest clean step is a bound, not a checkpoint: the job may have saved none at that
+    step (checkpoints every 10 steps, a window from step 20: 19 is the one to load, not 20).
+    The guard that refuses does not know which checkpoints exist, so the message says how to
+    find the one to load (:func:`clean_resume_step` over the saved steps) instead of naming one.
+    """
     if start_step <= 0:
         return None  # the initial weights: nothing of this job's history is in them
     loaded = start_step - 1
@@ -134,7 +140,9 @@ def resume_refusal(start_step: int, records: Sequence[AlarmRecord]) -> str | Non
         clean = None if any(b is None for b in bounds) else min(b for b in bounds if b is not None)
     newest = (
         f"resume from the newest checkpoint at or before step {clean} "
-        f"(train(..., start_step={clean + 1}))"
+        f"(train(..., start_step={clean + 1})) if you saved one at step {clean}; else from the "
+        f"newest you saved before step {clean}, with start_step one past its step: "
+        "sdc.clean_resume_step(<the saved checkpoints' steps>, alarm_dir) names it"
         if clean is not None
         else "no checkpoint of this job is clean: restart from the initial weights"
     )
