@@ -1,7 +1,8 @@
 """What the training job's agent may do: publish the SDC metrics and write its reports.
 
 Attach the managed policy to the role the training pods run as (EKS Pod Identity or IRSA), then
-`pip install "sdc-agent[aws]"` in the training image. The stack grants it what it holds: the SDC
+install the agent with boto3 in the training image (`pip install "./agent[aws]"` from a clone of
+this repository: it is not on PyPI). The stack grants it what it holds: the SDC
 namespace (`SdcAlarms.grant_put_metric_data`) and the report group
 (`ReportLogGroup.grant_write_job_reports`).
 """

@@ -352,7 +352,7 @@ def test_without_boto3_the_error_says_how_to_install_it(monkeypatch, tmp_path):
     import sys
 
     monkeypatch.setitem(sys.modules, "boto3", None)
-    with pytest.raises(ImportError, match=r"sdc-agent\[aws\]"):
+    with pytest.raises(ImportError, match=r"pip install boto3 .*\./agent\[aws\]"):
         CloudWatchPublisher(cluster_name="c", job_name="j", spool_dir=str(tmp_path))
 
 

@@ -3,7 +3,7 @@
 One module per framework, each an optional extra that imports its framework only when the
 module itself is imported (importing ``sdc_agent`` or ``sdc_agent.integrations`` imports none):
 
-- :mod:`sdc_agent.integrations.accelerate` (``pip install "sdc-agent[accelerate]"``):
+- :mod:`sdc_agent.integrations.accelerate` (``pip install "./agent[accelerate]"`` from a clone):
   :class:`~sdc_agent.integrations.accelerate.AcceleratorGuard`, around
   ``accelerator.accumulate``, ``accelerator.backward`` and the optimizer step;
 - :mod:`sdc_agent.integrations.lightning` (``[lightning]``):

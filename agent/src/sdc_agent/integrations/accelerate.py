@@ -1,4 +1,4 @@
-"""sdc-guard in a Hugging Face Accelerate loop: ``pip install "sdc-agent[accelerate]"``.
+"""sdc-guard in a Hugging Face Accelerate loop: ``pip install "./agent[accelerate]"`` (from a clone).
 
 The loop keeps its shape; three calls go through the guard::
 
@@ -35,7 +35,7 @@ try:
     from accelerate.utils import DistributedType
 except ImportError as err:  # pragma: no cover - exercised without the extra only
     raise ImportError(
-        "sdc_agent.integrations.accelerate needs Accelerate: pip install 'sdc-agent[accelerate]'"
+        "sdc_agent.integrations.accelerate needs Accelerate: pip install accelerate (or './agent[accelerate]' from a clone)"
     ) from err
 
 from .. import Alarm, Guard, Publisher, Schedule

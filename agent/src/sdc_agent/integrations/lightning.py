@@ -1,4 +1,4 @@
-"""sdc-guard in PyTorch Lightning: a callback, ``pip install "sdc-agent[lightning]"``.
+"""sdc-guard in PyTorch Lightning: a callback, ``pip install "./agent[lightning]"`` (from a clone).
 
     trainer = L.Trainer(strategy="ddp", callbacks=[SDCGuardCallback(
         rebuild_batch=rebuild_batch, schedule=sdc.Schedule(...), alarm_dir=CKPT_DIR)])
@@ -47,7 +47,7 @@ try:
     )
 except ImportError as err:  # pragma: no cover - exercised without the extra only
     raise ImportError(
-        "sdc_agent.integrations.lightning needs Lightning: pip install 'sdc-agent[lightning]'"
+        "sdc_agent.integrations.lightning needs Lightning: pip install lightning (or './agent[lightning]' from a clone)"
     ) from err
 
 from .. import Guard, Publisher, Schedule, clean_resume_step

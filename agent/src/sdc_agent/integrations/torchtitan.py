@@ -1,4 +1,4 @@
-"""torchtitan's parts in the guard's loop: ``pip install "sdc-agent[torchtitan]"``.
+"""torchtitan's parts in the guard's loop: ``pip install "./agent[torchtitan]"`` (from a clone).
 
 torchtitan's ``Trainer`` cannot run here, and could not be hooked if it did: it picks its device
 at import time (``torchtitan.tools.utils.device_type`` falls back to ``"cuda"`` when no
@@ -47,7 +47,7 @@ try:
     from torchtitan.models.common.attention import FlexAttention, VarlenAttention
 except ImportError as err:  # pragma: no cover - exercised without the extra only
     raise ImportError(
-        "sdc_agent.integrations.torchtitan needs torchtitan: pip install 'sdc-agent[torchtitan]'"
+        "sdc_agent.integrations.torchtitan needs torchtitan: pip install torchtitan (or './agent[torchtitan]' from a clone)"
     ) from err
 
 from .. import Alarm, Guard, Publisher, Schedule, clean_resume_step

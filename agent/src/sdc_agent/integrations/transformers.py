@@ -1,4 +1,4 @@
-"""sdc-guard in the Hugging Face ``Trainer``: ``pip install "sdc-agent[transformers]"``.
+"""sdc-guard in the Hugging Face ``Trainer``: ``pip install "./agent[transformers]"`` (from a clone).
 
     trainer = GuardedTrainer(model=model, args=args, train_dataset=dataset,
                              schedule=sdc.Schedule(...), alarm_dir=args.output_dir)
@@ -44,7 +44,7 @@ try:
 except ImportError as err:  # pragma: no cover - exercised without the extra only
     raise ImportError(
         "sdc_agent.integrations.transformers needs transformers and accelerate: "
-        "pip install 'sdc-agent[transformers]'"
+        "pip install transformers accelerate (or './agent[transformers]' from a clone)"
     ) from err
 
 from .. import Alarm, Guard, Publisher, Schedule, clean_resume_step

@@ -1,4 +1,4 @@
-"""Publishing the guard's findings to CloudWatch (``pip install "sdc-agent[aws]"``).
+"""Publishing the guard's findings to CloudWatch (boto3: ``pip install "./agent[aws]"`` from a clone).
 
 Importing this package needs no boto3; constructing a CloudWatchPublisher does.
 """

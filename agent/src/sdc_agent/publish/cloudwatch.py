@@ -184,7 +184,10 @@ def _boto3_clients(settings: PublishSettings, cloudwatch: Any, logs: Any) -> tup
         import boto3
         from botocore.config import Config
     except ImportError as exc:
-        raise ImportError("CloudWatchPublisher needs boto3: pip install 'sdc-agent[aws]'") from exc
+        raise ImportError(
+            "CloudWatchPublisher needs boto3: pip install boto3 (from a clone of sdc-guard, "
+            "pip install './agent[aws]' does it; the agent is not on PyPI)"
+        ) from exc
     session = boto3.session.Session(region_name=settings.region)
     if not session.region_name:
         raise PublishConfigError(
