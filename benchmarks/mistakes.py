@@ -187,7 +187,7 @@ def held_out(*, mistake: str, steps: int = STEPS) -> dict[str, Any]:
 
 
 def _held_out(mistake: str, steps: int) -> dict[str, Any]:
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     grad_accum = 2 if mistake == "micro_batches_reversed" else 1
     schedule = {**SCHEDULE, "sensors": False, "grad_accum": grad_accum}
     if mistake == "one_node_name_everywhere":
@@ -251,10 +251,17 @@ def _held_out(mistake: str, steps: int) -> dict[str, Any]:
         alarm = guard.train(trained_batch(s) for s in range(steps))
     except sdc.AuditSetupError as err:
         result.update(error_type=type(err).__name__, message=str(err))
+    return {**result, **what_the_guard_did(guard, publisher, alarm, updates)}
+
+
+def what_the_guard_did(
+    guard: sdc.Guard, publisher: RecordingPublisher, alarm: Any, updates: list[int]
+) -> dict[str, Any]:
+    """One rank's account of a run: whom its reports named, their set-up findings, the series
+    and metrics it wrote, the steps applied, the audit's state."""
     audit = guard.coverage()["checks"]["replay_audit"]
     reports = publisher.reports
     return {
-        **result,
         "built": True,
         "alarm": alarm.to_dict() if alarm else None,
         "named": sorted(
@@ -267,7 +274,7 @@ def _held_out(mistake: str, steps: int) -> dict[str, Any]:
         "audit_on": bool(audit["on"]),
         "audit_why": audit.get("why", ""),
         "audit_passes": publisher.audit_passes,
-        "world": world,
+        "world": dist.get_world_size(),
     }
 
 
@@ -303,24 +310,8 @@ def held_out_sharded(*, parallel: str, mistake: str, steps: int = 8) -> dict[str
         return tp_batches(step, rank, tp=2) if parallel in TP_KINDS else make_batch(step, rank)
 
     alarm = guard.train(batch(s) for s in range(steps))
-    audit = guard.coverage()["checks"]["replay_audit"]
-    reports = publisher.reports
-    return {
-        "mistake": mistake,
-        "error_type": None,
-        "built": True,
-        "alarm": alarm.to_dict() if alarm else None,
-        "named": sorted(
-            {s for r in reports for s in (r.get("suspects") or []) + (r.get("culprits") or [])}
-        ),
-        "findings": [(r.get("setup") or {}).get("cause") for r in reports],
-        "node_series": publisher.node_series,
-        "sdc_metrics": sorted(set(publisher.metrics) & SDC_METRICS),
-        "updates": len(updates),
-        "audit_on": bool(audit["on"]),
-        "audit_why": audit.get("why", ""),
-        "world": world,
-    }
+    done = what_the_guard_did(guard, publisher, alarm, updates)
+    return {"mistake": mistake, "error_type": None, "message": "", **done}
 
 
 def judge(per_rank: list[dict[str, Any]], steps: int) -> dict[str, Any]:
