@@ -441,18 +441,15 @@ class SensorCheck:
             readings.append(mine)
             if not audit.can_confirm or is_failed(third_row) or is_failed(again_row):
                 kind, who = "unattributable", ""  # a sensor never names a GPU by itself
-            elif audit.rebuilds_differ(
-                target, (Outcome.from_row(third_row), Outcome.from_row(again_row))
-            ):
-                # The third GPU rebuilt another micro-batch: its numbers judge nothing.
-                kind, who = "unattributable", ""
             else:
-                kind, who = sensor_verdict(
-                    mine,
-                    Outcome.from_row(third_row),
-                    Outcome.from_row(again_row),
-                    compare_grads=deterministic,
-                )
+                third_outcome, again = Outcome.from_row(third_row), Outcome.from_row(again_row)
+                if audit.rebuilds_differ(target, (third_outcome, again)):
+                    # The third GPU rebuilt another micro-batch: its numbers judge nothing.
+                    kind, who = "unattributable", ""
+                else:
+                    kind, who = sensor_verdict(
+                        mine, third_outcome, again, compare_grads=deterministic
+                    )
             if kind == "reproducible":
                 # What a healthy GPU reproduced is the data's: no need to replay it again
                 # (every rank relaxes alike: the rows and readings are the same everywhere).
