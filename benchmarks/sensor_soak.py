@@ -153,7 +153,7 @@ def soak(
         "sensed_steps": sensed,
         "wall_s": wall,
         "alarms": alarms,
-        "unconfirmed": guard.sensors.unconfirmed,
+        "unconfirmed": guard._run.sensors.unconfirmed,
         "sensors": [s.to_dict() for s in board.sensors],
         "peak": peak.tolist(),
         "thresholds": thresholds,
@@ -163,7 +163,7 @@ def soak(
 
 def _last_ratios(guard: Any) -> torch.Tensor | None:
     """The largest ratio per sensor of the step just judged (None when nothing checked)."""
-    return guard.sensors.last_ratios
+    return guard._run.sensors.last_ratios
 
 
 def summarise(per_rank: list[dict[str, Any]]) -> dict[str, Any]:

@@ -280,6 +280,6 @@ def record_steps(
         recorder.stop()
         summary = recorder.summary()
         guard = built.guard
-        summary["sensing"] = bool(guard is not None and guard.sensors.sensing)
+        summary["sensing"] = bool(guard is not None and guard._run.sensors.sensing)
         out.append(summary)
     return out

@@ -81,7 +81,7 @@ def fault_then_resume(*, alarm_dir: str) -> dict[str, Any]:
         out["unsafe_error"] = None
     except sdc.UnsafeResumeError as err:
         out["unsafe_error"] = str(err)
-    guard.allow_unsafe_resume = True  # the forensics override: the same check lets it through
+    guard._run.allow_unsafe_resume = True  # the forensics override: the same check lets it through
     guard.check_resume(9)
     out["override_passed"] = True
 

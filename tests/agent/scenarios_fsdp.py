@@ -61,8 +61,8 @@ def long_clean_run(
         "alarms_published": len(publisher.alarms),
         "saves": saves,
         "rank": dist.get_rank(),
-        "weight_redundancy": guard.parallel.weight_redundancy,
-        "coverage_facts": guard.parallel.coverage_facts(),
+        "weight_redundancy": guard._run.parallel.weight_redundancy,
+        "coverage_facts": guard._run.parallel.coverage_facts(),
         "coverage": guard.coverage(),
     }
 
@@ -84,7 +84,7 @@ def replays_leave_training_unchanged(
         for step in range(steps):
             with guard.step(step) as guarded:
                 if audit_every == 0:  # the RNG an audit step runs with, without the audit
-                    torch.manual_seed(step_seed(step, guard.parallel.seed_rank(dist.get_rank())))
+                    torch.manual_seed(step_seed(step, guard._run.parallel.seed_rank(dist.get_rank())))
                 loss = compute_loss(model, _batch(parallel, step, dist.get_rank()))
                 loss.backward()
                 assert guarded.check_gradients(loss) is None

@@ -189,7 +189,7 @@ def sensed_outcome(
         "alarm": alarm.to_dict() if alarm else None,
         "updates": updates,
         "fired": sum(f.fired for f in injected),
-        "unconfirmed": guard.sensors.unconfirmed,
+        "unconfirmed": guard._run.sensors.unconfirmed,
         "published_unconfirmed": publisher.unconfirmed,
         "alarms_published": len(publisher.alarms),
         "audit_passes": publisher.audit_passes,

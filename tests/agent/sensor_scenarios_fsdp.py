@@ -78,7 +78,7 @@ def sensed_sharded_run(
         "alarm": alarm.to_dict() if alarm else None,
         "updates": updates,
         "fired": sum(f.fired for f in injected),
-        "unconfirmed": guard.sensors.unconfirmed,
+        "unconfirmed": guard._run.sensors.unconfirmed,
         "published_unconfirmed": publisher.unconfirmed,
         "alarms_published": len(publisher.alarms),
         "coverage": guard.coverage()["checks"]["online_sensors"],

@@ -241,6 +241,8 @@ def test_a_fault_free_pipeline_run_raises_no_alarm_and_checks_every_step(results
         "stage_ranks": [[0, 2, 4], [1, 3, 5]],
     }
     assert cov["sharding"]["replicas_of_shard"] == [[0, 2, 4], [1, 3, 5]]
+    # (each stage's weights are one shard, held by 3 replicas: stages are not shards)
+    assert (cov["sharding"]["stages"], cov["sharding"]["shards"]) == (2, 1)
     audit = cov["checks"]["replay_audit"]
     assert audit["pairs"][:3] == [
         {"replayer": 0, "target": 2, "third": 4},

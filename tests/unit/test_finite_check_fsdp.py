@@ -35,7 +35,7 @@ def sharded(tmp_path):
         grad.view(-1)[-1] = poison["value"]
         return grad
 
-    guard.parallel.with_autograd_parameter(VICTIM, lambda param: param.register_hook(corrupt))
+    guard._run.parallel.with_autograd_parameter(VICTIM, lambda param: param.register_hook(corrupt))
     yield model, optimizer, guard, poison
     dist.destroy_process_group()
 
@@ -45,15 +45,15 @@ def local_flag_after(sharded, micro_batches: list[float | None]) -> bool:
     poison value (None: clean); whether check 1 flagged this rank's local gradient."""
     model, optimizer, guard, poison = sharded
     optimizer.zero_grad()
-    state = guard.gradients.hook_state
-    guard.gradients.arm(capture_fingerprints=False, device=torch.device("cpu"))
+    state = guard._run.gradients.hook_state
+    guard._run.gradients.arm(capture_fingerprints=False, device=torch.device("cpu"))
     for index, value in enumerate(micro_batches):
         poison["value"] = value
         last = index == len(micro_batches) - 1
-        with contextlib.nullcontext() if last else guard.parallel.no_sync():
+        with contextlib.nullcontext() if last else guard._run.parallel.no_sync():
             make_loss()(model, make_batch(index, 0)).backward()
     poison["value"] = None
-    guard.gradients.require_reduction()  # the flags are paired with the reduced sums
+    guard._run.gradients.require_reduction()  # the flags are paired with the reduced sums
     return bool(torch.cat(state.local_flags).any())
 
 
@@ -79,11 +79,11 @@ def test_a_nan_in_an_earlier_micro_batch_is_flagged_under_mixed_precision(sharde
 def test_a_flag_from_a_step_that_never_synchronised_is_not_carried_over(sharded):
     # Given a step abandoned after a poisoned micro-batch without sync (its gradients dropped)
     _, _, guard, poison = sharded
-    guard.gradients.arm(capture_fingerprints=False, device=torch.device("cpu"))
+    guard._run.gradients.arm(capture_fingerprints=False, device=torch.device("cpu"))
     poison["value"] = float("inf")
-    with guard.parallel.no_sync():
+    with guard._run.parallel.no_sync():
         make_loss()(sharded[0], make_batch(0, 0)).backward()
     poison["value"] = None
-    guard.parallel.discard_unsynced_gradients()
+    guard._run.parallel.discard_unsynced_gradients()
     # When the next step runs clean, then it is not flagged
     assert local_flag_after(sharded, [None, None]) is False

@@ -85,14 +85,14 @@ def test_a_replay_with_sync_off_fingerprints_the_local_gradient_as_training_did(
         {"audit_every": 0, "check_every": 0, "peer_offset": 1}, parallel="fsdp"
     )
     compute_loss, batch = make_loss(), make_batch(0, 0)
-    guard.gradients.arm(capture_fingerprints=True, device=torch.device("cpu"))
+    guard._run.gradients.arm(capture_fingerprints=True, device=torch.device("cpu"))
     torch.manual_seed(123)
     loss = compute_loss(model, batch)
     loss.backward()
-    trained = guard.gradients.local_fingerprints.clone()
+    trained = guard._run.gradients.local_fingerprints.clone()
     reduced = [p.grad.to_local().clone() for p in model.parameters()]
     # When the same micro-batch is replayed with the same seed (sync off)
-    replayed = guard.audit.replayer.replay(batch, seed=123, deterministic=True)
+    replayed = guard._run.audit.replayer.replay(batch, seed=123, deterministic=True)
     # Then loss bits and per-parameter local gradient fingerprints agree bit for bit
     assert replayed == outcome_of(loss, trained, True)
     assert int(trained.abs().sum()) != 0
@@ -100,7 +100,7 @@ def test_a_replay_with_sync_off_fingerprints_the_local_gradient_as_training_did(
     assert all(
         torch.equal(p.grad.to_local(), r) for p, r in zip(model.parameters(), reduced, strict=True)
     )
-    taps = guard.parallel.gradient_taps()
+    taps = guard._run.parallel.gradient_taps()
     assert taps.unsharded_parameters() and all(
         leaf.grad is None for leaf in taps.unsharded_parameters()
     )

@@ -91,14 +91,14 @@ def test_the_burn_in_checks_every_step_then_the_budget_rotates_and_agreement_cos
         sensor_burn_in=4,
         sensor_budget=0.05,
     )
-    board = guard.sensors.board
+    board = guard._run.sensors.board
     # When it trains 3 periods' worth of steps from step 10 (a resumed job)
     per_step = run_steps(guard, range(10, 14), calls)
-    period = guard.sensors.plan.period
+    period = guard._run.sensors.plan.period
     per_step.update(run_steps(guard, range(14, 14 + 3 * period), calls))
     # Then every step of the burn-in checked every sensor (steps 10-13), and afterwards only
     # the plan's burst steps did
-    sensed = [s for s in range(10, 14 + 3 * period) if guard.sensors.checks_at(s)]
+    sensed = [s for s in range(10, 14 + 3 * period) if guard._run.sensors.checks_at(s)]
     assert sensed[:4] == [10, 11, 12, 13] and period > 1
     assert sensed[4:] == [s for s in range(14, 14 + 3 * period) if s % period == 0]
     # And the ranks agreed on the thresholds at the third sensor step (one all-gather of
@@ -120,7 +120,7 @@ def test_the_kernels_backends_are_chosen_at_construction_not_in_the_first_forwar
     forward and backward of training pay neither."""
     import importlib
 
-    import sdc_agent.guard as guard_module
+    import sdc_agent._coordinator as guard_module
     from sdc_agent.sensors import abft
 
     fingerprint = importlib.import_module("sdc_agent.fingerprint")  # the package exports a

@@ -17,10 +17,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sdc_agent.checks.replay.environment import deterministic_kernels
 from sdc_agent.checks.replay.replayer import Replayer
+from sdc_agent.checks.sensors.check import SensorCheck
 from sdc_agent.fingerprint import fingerprints
 from sdc_agent.schedule import Schedule
 from sdc_agent.sensors import ProtectedLinear, protect
-from sdc_agent.sensors.check import SensorCheck
 
 GEMM_OPS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.matmul.default"}
 

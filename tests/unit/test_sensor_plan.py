@@ -12,11 +12,11 @@ import sdc_agent as sdc
 from sdc_agent import faults
 from sdc_agent.alarm import Alarm, SensorCandidate
 from sdc_agent.checks.replay.attribution import Outcome
+from sdc_agent.checks.sensors.check import SensorReading, sensor_verdict
 from sdc_agent.publish.events import liveness_metric_data
 from sdc_agent.publish.liveness import LivenessBatch
 from sdc_agent.sensors import ProtectedLinear, SensorConfig, protect
 from sdc_agent.sensors.board import agreed_thresholds
-from sdc_agent.sensors.check import SensorReading, sensor_verdict
 from sdc_agent.sensors.plan import plan_sensors, sensor_costs
 
 
@@ -311,7 +311,7 @@ def test_unconfirmed_sensor_flags_travel_with_liveness_and_only_when_nonzero():
 
 
 def test_the_guards_sensor_coverage_says_what_is_checked_and_at_what_rate():
-    from sdc_agent.sensors.check import SensorCheck
+    from sdc_agent.checks.sensors.check import SensorCheck
 
     # Given an unprotected model, a protected one with sensors off, and one at a 1% budget
     plain = nn.Sequential(nn.Linear(64, 64))
@@ -398,7 +398,7 @@ def test_a_burst_plan_checks_every_gemm_as_often_as_the_rotation_on_fewer_steps(
 
 
 def test_sensors_refused_by_the_parallelism_stay_off_and_say_why():
-    from sdc_agent.sensors.check import SensorCheck
+    from sdc_agent.checks.sensors.check import SensorCheck
 
     model = nn.Sequential(nn.Linear(8, 8))
     protect(model)

@@ -44,7 +44,9 @@ class RecordingDist:
 def titan_guard(checkpointer: Any = None) -> tt.TitanGuard:
     """A TitanGuard whose guard is a stand-in naming the collective device only."""
     titan = tt.TitanGuard.__new__(tt.TitanGuard)
-    titan.guard = SimpleNamespace(parallel=SimpleNamespace(collective_device=DEVICE))
+    titan.guard = SimpleNamespace(
+        _run=SimpleNamespace(parallel=SimpleNamespace(collective_device=DEVICE))
+    )
     titan.checkpointer = checkpointer
     titan.alarm_dir = None
     return titan
@@ -72,7 +74,7 @@ def test_the_count_is_the_labelled_tokens_of_every_micro_batch(monkeypatch):
     # Given a real (single-process) reduction and the CPU as the collective device
     monkeypatch.setattr(tt.dist, "all_reduce", lambda tensor: None)
     titan = titan_guard()
-    titan.guard.parallel.collective_device = torch.device("cpu")
+    titan.guard._run.parallel.collective_device = torch.device("cpu")
     labels = torch.tensor([[1, 2, tt.IGNORE_INDEX], [3, tt.IGNORE_INDEX, tt.IGNORE_INDEX]])
     # When it counts two micro-batches of 3 labelled tokens each
     total = titan._count_tokens([({}, labels), ({}, labels)])

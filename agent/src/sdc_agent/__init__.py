@@ -22,6 +22,7 @@ from .alarm import Alarm, RankInfo, SensorCandidate, Verdict
 from .checks.replay.setup import AuditSetupError
 from .checks.weights.divergence import find_divergent_ranks
 from .checks.weights.report import DivergenceReport
+from .config import AuditConfig, GuardConfig, SensorsConfig, TrainingConfig, WeightsConfig
 from .errors import SdcAgentError
 from .exit import SDC_EXIT_CODE, exit_on_alarm
 from .fingerprint import fingerprint, fingerprints
@@ -45,9 +46,11 @@ __all__ = [
     "SDC_EXIT_CODE",
     "Alarm",
     "AlarmLogError",
+    "AuditConfig",
     "AuditSetupError",
     "DivergenceReport",
     "Guard",
+    "GuardConfig",
     "GuardedStep",
     "NullPublisher",
     "Publisher",
@@ -58,10 +61,13 @@ __all__ = [
     "SdcAgentError",
     "SensorCandidate",
     "SensorFlagPublisher",
+    "SensorsConfig",
     "ShardingLayoutError",
     "TopologyError",
+    "TrainingConfig",
     "UnsafeResumeError",
     "Verdict",
+    "WeightsConfig",
     "check_topology",
     "clean_resume_step",
     "exit_on_alarm",

@@ -103,7 +103,9 @@ class LayoutFacts(TypedDict):
     weights_why: str
     """Why check 3 compares what it does, in a sentence."""
     replicas_of_shard: list[list[int]]
-    """Per shard: the global ranks holding a copy of it."""
+    """Per shard (per stage and shard under a pipeline): the global ranks holding a copy of it."""
+    stages: NotRequired[int]
+    """Pipeline stages (each holds its own weights, split into ``shards`` shards)."""
     mesh: NotRequired[dict[str, int]]
     """Sharded layouts: each mesh dimension's role and size (``replicate``, ``shard``, ``tp``)."""
     compute_groups: NotRequired[list[list[int]]]
@@ -204,6 +206,7 @@ def describe(
         else "the placement puts no third GPU on a third node (peer_offset); non-finite "
         "gradients are named without confirmation"
     )
+    precision: dict[str, Any]
     if scaler is not None:
         precision = {
             "scaler": type(scaler).__name__,
@@ -305,6 +308,7 @@ def describe(
             "shards": facts["shards"],
             "replicas_of_shard": facts["replicas_of_shard"],
             "weight_redundancy": facts["weights_compared"],
+            **({"stages": facts["stages"]} if "stages" in facts else {}),
         },
         "world": world,
         "ranks": list(global_ranks),

@@ -1,44 +1,21 @@
-"""The guard: the wiring of the three SDC checks around a data-parallel training step.
+"""The guard: the public face of the SDC checks around a data-parallel training step.
 
-Each check lives in its own module; this one decides when each runs and, above all, fixes the
-ORDER of the collectives: every rank must issue the same collectives in the same order, or the
-job hangs (or, worse, pairs up the wrong tensors). The checks (architecture: docs/architecture.md,
-"The agent"):
-
-1. Non-finite gradients, every step (:mod:`sdc_agent.checks.gradients`): the comm hook flags each
-   bucket of the local gradient before the all-reduce and sums the reduced one after it; one small
-   asynchronous all-reduce of three flags says whether any rank's local or reduced (clipped)
-   gradient is NaN/Inf, and only then a gather names the ranks. Either fails the step. A rank
-   waits for the reduction only when its own flags are bad, on audit and checkpoint steps, and at
-   the next step's check or the end of the loop.
-2. Ring replay audit, on audit steps (:mod:`sdc_agent.checks.replay`): every rank recomputes
-   another rank's micro-batch on the bare module and the results are compared bit for bit.
-3. Weight fingerprints (:mod:`sdc_agent.checks.weights`), after the update every ``check_every``
-   steps and before checkpoints. Before a checkpoint the comparison is awaited at once; a periodic
-   one is launched after the update and judged at the next agreement point (the next step's
-   check, whose step is then not applied on a failure), naming the step whose weights were
-   compared.
-
-A step that fails check 1 or 2 is not applied: its gradients are dropped and the optimizer does
-not step, so the exact state is still there for the confirmation replays. Every decision is made
-from gathered data with the same code on every rank, so every rank returns the same Alarm and no
-rank is left waiting in a collective the others skipped. Alarms are built, logged and published
-in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter
-(:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model:
-:class:`~sdc_agent.parallel.ddp.DDPAdapter` for DDP, :class:`~sdc_agent.parallel.fsdp.FSDP2Adapter`
-for FSDP2 (``fully_shard``: full sharding or HSDP), :class:`~sdc_agent.parallel.tp.TensorParallelAdapter`
-for tensor parallelism composed with them. Each check asks it what it compares: where
-check 1's taps go, check 2's replay unit and whether replays run in lockstep, and which ranks
-hold copies of the weights check 3 compares.
+:class:`Guard` is what a training loop calls (:meth:`Guard.train`, or :meth:`Guard.step` in a
+loop you own, then :meth:`Guard.finish`); :class:`GuardedStep` is one step of a loop you own,
+driven by a :class:`StepPhase`. What runs behind them (the set-up checks, the four checks and
+the agreement protocol every rank runs in the same order) is the private
+:mod:`sdc_agent._coordinator`; the parallelism-specific parts are behind an adapter
+(:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model. Architecture:
+docs/architecture.md, "The agent".
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
-import json
-import logging
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -47,36 +24,52 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .alarm import Alarm, RankInfo
-from .checks.gradients.exchange import FlagExchange, GradientCheck, StepFlags
-from .checks.replay.audit import RebuildBatch, ring_audit_type
+from ._coordinator import Coordinator
+from .alarm import Alarm
+from .checks.replay.audit import RebuildBatch
 from .checks.replay.environment import StepEnvironment
-from .checks.replay.pipeline import PipelineReplayer
-from .checks.replay.pipeline_audit import PipelineRingAudit
 from .checks.replay.replayer import ComputeLoss, micro_batch_loss, scaled_for_backward
-from .checks.replay.setup import (
-    AuditSetupError,
-    SetupFinding,
-    compute_signature,
-    heterogeneity_finding,
-)
-from .checks.weights.check import weight_check
-from .coverage import describe
-from .fingerprint import prepare_backend
-from .parallel import ParallelAdapter, adapter_for
-from .publisher import NullPublisher, Publisher
-from .recording import open_alarm_log
-from .reporting import Reporter
+from .config import GuardConfig
+from .publisher import Publisher
+from .reporting import Passes
 from .schedule import Schedule
-from .sensors.abft import sensor_backend
-from .sensors.check import SensorCheck
-from .topology import TopologyError, all_gather_text, groups_on, rank_map, validate_placement
-
-logger = logging.getLogger("sdc_agent")
 
 SaveCheckpoint = Callable[[int, dict[str, Any]], None]
 
-_DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
+_INTERNAL = frozenset(
+    {
+        "parallel",
+        "sensors",
+        "gradients",
+        "audit",
+        "weights",
+        "reporter",
+        "alarm_log",
+        "ranks",
+        "dp_group",
+        "global_ranks",
+        "named_weights",
+        "compute_loss",
+        "divide_loss",
+        "sensors_planned",
+        "decides_every_step",
+        "audits_off",
+        "node_source",
+        "allow_unsafe_resume",
+        "begin_step",
+        "end_step",
+        "read_flags",
+        "start_flag_exchange",
+        "defer",
+        "judge_flags",
+        "audits_due",
+        "settle",
+        "launch_weight_check",
+        "drop_gradients",
+    }
+)
+"""Attributes a Guard had before its internals moved to the coordinator (issue 33): still
+readable, with a DeprecationWarning, so code written against them keeps working."""
 
 
 class Guard:
@@ -120,6 +113,7 @@ class Guard:
         allow_unsafe_resume: bool = False,
         divide_loss: bool = True,
         pipeline: Any = None,
+        config: GuardConfig | None = None,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hook.
 
@@ -149,191 +143,180 @@ class Guard:
         (:meth:`GuardedStep.run_pipeline`), the loss its ``loss_fn`` (leave ``compute_loss``
         out), and ``rebuild_batch(step, rank)`` returns what global ``rank`` fed the pipeline:
         the first stage's inputs, the last stage's targets (:mod:`sdc_agent.parallel.pp`).
+
+        ``config``: the whole configuration as one tree (:class:`sdc_agent.GuardConfig`: audit,
+        weights, sensors with their thresholds, training), instead of ``schedule``; give one
+        or the other.
         """
-        self.pipelined = pipeline is not None
-        """A pipeline schedule drives the model: each step runs its ``step``."""
+        if config is not None:
+            if schedule is not None:
+                raise TypeError("sdc_agent.Guard takes schedule= or config=, not both")
+            if not isinstance(config, GuardConfig):
+                raise TypeError(
+                    f"Guard config must be a sdc_agent.GuardConfig, got {type(config).__name__}"
+                )
+            schedule = config.schedule()
         schedule = schedule or Schedule()
-        if self.pipelined:  # before the adapter's collectives: every rank refuses alike
-            _check_pipeline_options(pipeline, compute_loss, scaler, schedule)
-        self.parallel: ParallelAdapter = adapter_for(model, dp_group, pipeline)
-        """The parallelism-specific parts (the training model, the bare module, where check 1's
-        taps go, check 2's replay unit, the replicas check 3 compares)."""
-        if not isinstance(divide_loss, bool):
-            raise TypeError(f"Guard divide_loss must be True or False, got {divide_loss!r}")
-        self.divide_loss = divide_loss
-        """Whether each micro-batch's loss is divided by ``Schedule.grad_accum`` before its
-        backward (False: ``compute_loss`` returns the share already)."""
-        if not self.pipelined and not callable(compute_loss):
-            raise TypeError(
-                "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
-            )
-        if not callable(rebuild_batch):
-            raise TypeError(
-                "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
-            )
-        if scaler is not None and not all(
-            callable(getattr(scaler, name, None))
-            for name in ("scale", "step", "update", "unscale_")
-        ):
-            raise TypeError(
-                f"Guard scaler must be a torch.amp.GradScaler (or None), got {type(scaler).__name__}"
-            )
-        if scaler is not None and not scaler.is_enabled():
-            scaler = None  # a disabled scaler scales nothing: plain bf16/fp32 rules apply
-        self.scaler = scaler
-        """The fp16 loss scaler, or None (bf16/fp32: a reproducible NaN is an alarm naming nobody)."""
-        a = self.parallel
-        self.decides_every_step = (scaler is not None and a.unscale_is_collective) or (
-            self.pipelined
-        )
-        """Every rank waits for each step's flags and judges a flagged step with the others:
-        with a scaler whose ``step`` is a collective (FSDP2), no rank may skip an update that
-        another applies; under a pipeline, the stages of the model update together or not at
-        all (a NaN sent back to one stage reaches neither the later stages nor their
-        replicas, which would otherwise apply the step). A pipeline's ranks wait for each other
-        at every step anyway (its sends and receives), so the wait costs little."""
-        self.model = model
-        self.module: nn.Module = a.module
-        self.optimizer = optimizer
-        self.compute_loss = compute_loss
-        self.schedule = schedule
-        self.dp_group = a.dp_group
-        self.rank = a.rank
-        self.dp_rank = a.dp_rank
-        self.global_ranks = a.global_ranks
-        self.world = a.world
-        self.params = a.params
-        self.named_weights = a.named_weights
-        self._check_determinism_preconditions()
-        _check_optimizer_owns(optimizer, self.module)
-        self.audits_off: str | None = None
-        """Why the replay audit stopped (a set-up finding), or None while it runs."""
-
-        # Collective: every rank gathers the rank map at construction.
-        self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
-        self.node_source = "NODE_NAME" if os.environ.get("NODE_NAME") else "hostname"
-        """Where this rank's node name came from: NODE_NAME (the pod's spec.nodeName through
-        the downward API) or, when it is unset, the hostname (a pod's, which is not its node)."""
-        try:
-            # Along each ring of replicas (one per pipeline stage under a pipeline), with the
-            # ranks that compute together (tensor parallel) by their positions on that ring.
-            for column in a.replica_columns():
-                nodes = [self.ranks[g].node_name for g in column]
-                validate_placement(
-                    nodes, self.schedule.peer_offset, groups_on(column, a.compute_groups)
-                )
-            can_confirm = True
-        except TopologyError as exc:
-            # Audits need the placement; so does a scaler (an overflow is told from a faulty
-            # GPU by a replay on a third node).
-            if self.schedule.audit_every > 0 or self.scaler is not None:
-                if self.node_source == "hostname":
-                    raise TopologyError(
-                        f"NODE_NAME is not set on rank {self.rank}, so node names came from "
-                        f"the hostname ({self.ranks[self.rank].node_name!r}), which in a pod is "
-                        "the pod's name, not its node's: set NODE_NAME from the pod's "
-                        "spec.nodeName (downward API, docs/agent-install.md) before changing "
-                        f"peer_offset. The placement check said: {exc}"
-                    ) from exc
-                raise
-            can_confirm = False  # no audits: check 1 still names ranks, without confirmation
-        self._can_confirm = can_confirm
-        # Collective: bitwise replays need ranks that compute alike (checks/replay/setup.py).
-        heterogeneous = (
-            heterogeneity_finding(
-                all_gather_text(compute_signature(a.param_device), a.dp_group),
-                list(a.global_ranks),
-            )
-            if self.schedule.audit_every > 0
-            else None
-        )
-
-        self.reporter = Reporter(
-            self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
-        )
-        """Builds, logs and publishes Alarms; records when each check last passed."""
-        self.alarm_log = open_alarm_log(alarm_dir, a.dp_group, writes=self.dp_rank == 0)
-        """Where every alarm is recorded (docs/recovery.md); a no-op without ``alarm_dir``."""
-        self.reporter.record_alarm = self.alarm_log.record
-        self.allow_unsafe_resume = allow_unsafe_resume
-        self.gradients = GradientCheck(self.params, a.dp_group, self.world)
-        """Check 1: the gradient taps' statistics and the per-step flag exchange."""
-        a.install_gradient_taps(self.gradients.hook_state)
-        replayer = a.make_replayer(
-            compute_loss,  # type: ignore[arg-type]
-            self.gradients.hook_state,
-            grad_accum=self.schedule.grad_accum,
-            scaler=self.scaler,
+        self._config = config or GuardConfig.from_schedule(schedule)
+        self._run = Coordinator(
+            model,
+            optimizer,
+            compute_loss=compute_loss,
+            rebuild_batch=rebuild_batch,
+            schedule=schedule,
+            dp_group=dp_group,
+            publisher=publisher,
+            scaler=scaler,
+            alarm_dir=alarm_dir,
+            allow_unsafe_resume=allow_unsafe_resume,
             divide_loss=divide_loss,
+            pipeline=pipeline,
+            sensor_thresholds=config.sensors.thresholds if config is not None else None,
         )
-        # The audit for the adapter's replay unit: each rank alone, every rank in lockstep, or
-        # whole pipeline steps compared stage by stage.
-        audit_type = (
-            PipelineRingAudit if isinstance(replayer, PipelineReplayer) else ring_audit_type(a)
-        )
-        self.audit = audit_type(
-            a,  # type: ignore[arg-type]
-            replayer,  # type: ignore[arg-type]
-            rebuild_batch,
-            self.reporter,
-            peer_offset=self.schedule.peer_offset,
-            can_confirm=can_confirm,
-            overflow_is_expected=self.scaler is not None,
-            skipped_audits_allowed=self.schedule.max_skipped_audits,
-            stops_on_setup_error=self.schedule.on_setup_error == "stop",
-        )
-        """Check 2: the ring replay audit and the confirmation replays."""
-        if heterogeneous is not None:
-            self._refuse_audits_at_start(heterogeneous)
-        self.weights = weight_check(a.weight_replicas(), self.reporter)
-        """Check 3: weight fingerprint comparisons."""
-        # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
-        # there, as check 2's do).
-        self.sensors = SensorCheck(
-            self.module,
-            self.schedule,
-            adapter=a,
-            unsupported=(
-                "pipeline parallelism: a candidate would be confirmed by replaying one stage, "
-                "which the pipeline cannot do without its other stages"
-                if self.pipelined
-                else None
-            ),
-        )
-        """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
-        replays. A do-nothing without protected layers."""
-        self.sensors_planned = self.sensors.enabled
-        """Whether online sensors run in this job (decided once: without them, a step skips
-        every sensor call). Their plan itself is made at the first step (the cost model needs
-        the batch's rows), so this asks whether there is a board to plan for, not a plan."""
-        # The kernels' backends chosen now: on a GPU with Triton, their compiles and
-        # self-checks (one sync each) run here, not inside the first forward or backward.
-        prepare_backend(a.param_device)
-        if self.sensors_planned:
-            sensor_backend(a.param_device)
+        """What runs behind the facade (private: :mod:`sdc_agent._coordinator`)."""
 
-        self.current_step: int | None = None
+    # ------------------------------------------------------------------ what the job is
+    @property
+    def model(self) -> nn.Module:
+        """The model as passed (the DDP wrapper, the FSDP2 module, or the pipeline stage)."""
+        return self._run.model
+
+    @property
+    def module(self) -> nn.Module:
+        """The module replays run on (DDP's bare module; the FSDP2 module itself)."""
+        return self._run.module
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer the guard checks the updates of."""
+        return self._run.optimizer
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        """The trainable parameters, in the order of every fingerprint table."""
+        return self._run.params
+
+    @property
+    def config(self) -> GuardConfig:
+        """The guard's configuration as one tree (given as ``config=``, or mapped from
+        ``schedule=``)."""
+        return self._config
+
+    @property
+    def schedule(self) -> Schedule:
+        """When each check runs (:class:`sdc_agent.Schedule`)."""
+        return self._run.schedule
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The fp16 loss scaler, or None."""
+        return self._run.scaler
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return self._run.rank
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's data-parallel rank (DP rank 0 logs and publishes)."""
+        return self._run.dp_rank
+
+    @property
+    def world(self) -> int:
+        """Number of data-parallel ranks."""
+        return self._run.world
+
+    # ------------------------------------------------------------------ replaceable parts
+    @property
+    def rebuild_batch(self) -> RebuildBatch:
+        """``rebuild_batch(step, rank)``: the micro-batch global ``rank`` trained on at ``step``
+        (replaceable: the audit reads it at each replay)."""
+        return self._run.audit.rebuild_batch
+
+    @rebuild_batch.setter
+    def rebuild_batch(self, rebuild: RebuildBatch) -> None:
+        self._run.audit.rebuild_batch = rebuild
+
+    @property
+    def publisher(self) -> Publisher:
+        """Where alarms, liveness and the rank map go (from DP rank 0 only); replaceable."""
+        return self._run.reporter.publisher
+
+    @publisher.setter
+    def publisher(self, publisher: Publisher) -> None:
+        self._run.reporter.publisher = publisher
+
+    # ------------------------------------------------------------------ progress (read-only)
+    @property
+    def passes(self) -> Passes:
+        """When each check last passed: ``start_step``, ``last_gradient_check_pass``,
+        ``last_audit_pass``, ``last_weight_check_pass``, ``last_weights_digest`` (frozen: the
+        checks move it on, nothing else can)."""
+        return self._run.reporter.passes
+
+    @property
+    def start_step(self) -> int | None:
+        """The first step this guard ran or checked the weights at (``passes.start_step``)."""
+        return self.passes.start_step
+
+    @property
+    def last_gradient_check_pass(self) -> int | None:
+        """The last step whose gradients every rank agreed were finite."""
+        return self.passes.last_gradient_check_pass
+
+    @property
+    def last_audit_pass(self) -> int | None:
+        """The last step whose replay audit passed."""
+        return self.passes.last_audit_pass
+
+    @property
+    def last_weight_check_pass(self) -> int | None:
+        """The last step after whose update every replica's weights were bit-identical."""
+        return self.passes.last_weight_check_pass
+
+    @property
+    def last_weights_digest(self) -> str | None:
+        """Digest of the fingerprint table the replicas agreed on at ``last_weight_check_pass``."""
+        return self.passes.last_weights_digest
+
+    @property
+    def current_step(self) -> int | None:
         """The step being run (fault drills read it); None before the first step."""
-        self.reporter.publish_rank_map()
-        if self.reporter.publishes:
-            if self.node_source == "hostname":
-                logger.warning(
-                    "sdc_agent: NODE_NAME is not set: node names come from the hostname (%s), "
-                    "which in a Kubernetes pod is the pod's name; set NODE_NAME from the pod's "
-                    "spec.nodeName (downward API) so that replays land on other nodes and an "
-                    "alarm names the right node",
-                    self.ranks[self.rank].node_name,
-                )
-            if self.schedule.sensors and not self.sensors_planned and not self.sensors.unsupported:
-                # Schedule(sensors=True) is the default, but only protected layers have
-                # sensors: say so plainly, with the line that turns them on.
-                logger.warning(
-                    "sdc_agent: no online sensor checks this model: none of its layers is "
-                    "protected. Add `sdc.protect(model)` before wrapping it in DDP or "
-                    "fully_shard (and before building the Guard); or pass "
-                    "Schedule(sensors=False) to silence this"
-                )
-            logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
+        return self._run.current_step
+
+    @property
+    def current_micro_batch(self) -> int | None:
+        """The micro-batch position being trained or replayed (fault drills read it); None
+        outside micro-batches and without accumulation."""
+        return self._run.audit.current_micro_batch
+
+    def __getattr__(self, name: str) -> Any:
+        """An attribute that moved to the coordinator (:data:`_INTERNAL`): read it there, with a
+        DeprecationWarning; anything else is an AttributeError."""
+        if name in _INTERNAL and "_run" in self.__dict__:
+            warnings.warn(
+                f"sdc_agent.Guard.{name} is internal since the guard became a facade; it will "
+                "go: use the Guard's public methods and properties",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(self._run, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Setting a moved attribute (:data:`_INTERNAL`) sets it on the coordinator, with a
+        DeprecationWarning, rather than shadowing it on the facade where nothing reads it."""
+        if name in _INTERNAL and "_run" in self.__dict__:
+            warnings.warn(
+                f"sdc_agent.Guard.{name} is internal since the guard became a facade; it will "
+                "go: pass it to Guard(...) instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            setattr(self._run, name, value)
+            return
+        super().__setattr__(name, value)
 
     def coverage(self) -> dict[str, Any]:
         """What this guard checks for this job, JSON-ready (the same on every rank).
@@ -351,108 +334,7 @@ class Guard:
         with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
         judged); ``not_covered``: what no check catches. Logged once at start by DP rank 0.
         """
-        # SENSORS: which protected layers' GEMMs are checked online, and at what rate.
-        sensors = self.sensors.describe()
-        report = describe(
-            self.schedule,
-            global_ranks=list(self.global_ranks),
-            can_confirm=self._can_confirm,
-            scaler=self.scaler,
-            param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
-            layout=self.parallel.coverage_facts(),
-            sensors_on=bool(sensors["on"]),
-            replica_columns=self.parallel.replica_columns(),
-            pipeline=self.parallel.pipeline_facts() if self.pipelined else None,  # type: ignore[attr-defined]
-        )
-        report["checks"]["online_sensors"] = sensors
-        audit = report["checks"]["replay_audit"]
-        if self.audits_off is not None:
-            audit.update(on=False, why=f"turned off by a set-up finding: {self.audits_off}")
-            audit["pairs"] = []
-        elif audit["on"] and not self.audit.compare_grads:
-            audit["compares"] = "loss bits only (the preflight found gradients not reproducible)"
-        report["preflight"] = {
-            "done": self.audit.preflight_done,
-            "at": "the first audit step: two replays of each rank's own micro-batch, compared "
-            "with each other and with its training; every replay's batch compared with the "
-            "trained one",
-            "notes": list(self.audit.preflight_notes),
-            "nondeterministic_ops": sorted(self.audit.nondeterministic_ops),
-            "node_names_from": self.node_source,
-        }
-        return report
-
-    # ------------------------------------------------------------------ attributes kept public
-    @property
-    def rebuild_batch(self) -> RebuildBatch:
-        """``rebuild_batch(step, rank)``: the micro-batch global ``rank`` trained on at ``step``
-        (replaceable: the audit reads it at each replay)."""
-        return self.audit.rebuild_batch
-
-    @rebuild_batch.setter
-    def rebuild_batch(self, rebuild: RebuildBatch) -> None:
-        self.audit.rebuild_batch = rebuild
-
-    @property
-    def publisher(self) -> Publisher:
-        """Where alarms, liveness and the rank map go (from DP rank 0 only); replaceable."""
-        return self.reporter.publisher
-
-    @publisher.setter
-    def publisher(self, publisher: Publisher) -> None:
-        self.reporter.publisher = publisher
-
-    @property
-    def current_micro_batch(self) -> int | None:
-        """The micro-batch position being trained or replayed (fault drills read it); None
-        outside micro-batches and without accumulation."""
-        return self.audit.current_micro_batch
-
-    # ------------------------------------------------------------------ progress
-    @property
-    def start_step(self) -> int | None:
-        """The first step this guard ran or checked the weights at."""
-        return self.reporter.passes.start_step
-
-    @start_step.setter
-    def start_step(self, step: int | None) -> None:
-        self.reporter.passes.start_step = step
-
-    @property
-    def last_gradient_check_pass(self) -> int | None:
-        """The last step whose gradients every rank agreed were finite."""
-        return self.reporter.passes.last_gradient_check_pass
-
-    @last_gradient_check_pass.setter
-    def last_gradient_check_pass(self, step: int | None) -> None:
-        self.reporter.passes.last_gradient_check_pass = step
-
-    @property
-    def last_audit_pass(self) -> int | None:
-        """The last step whose replay audit passed."""
-        return self.reporter.passes.last_audit_pass
-
-    @last_audit_pass.setter
-    def last_audit_pass(self, step: int | None) -> None:
-        self.reporter.passes.last_audit_pass = step
-
-    @property
-    def last_weight_check_pass(self) -> int | None:
-        """The last step after whose update every replica's weights were bit-identical."""
-        return self.reporter.passes.last_weight_check_pass
-
-    @last_weight_check_pass.setter
-    def last_weight_check_pass(self, step: int | None) -> None:
-        self.reporter.passes.last_weight_check_pass = step
-
-    @property
-    def last_weights_digest(self) -> str | None:
-        """Digest of the fingerprint table the replicas agreed on at ``last_weight_check_pass``."""
-        return self.reporter.passes.last_weights_digest
-
-    @last_weights_digest.setter
-    def last_weights_digest(self, digest: str | None) -> None:
-        self.reporter.passes.last_weights_digest = digest
+        return self._run.coverage()
 
     # ------------------------------------------------------------------ the training loop
     def train(
@@ -482,34 +364,24 @@ class Guard:
         ``start_step`` whose checkpoint (``start_step - 1``) a recorded alarm covers raises
         UnsafeResumeError (:meth:`check_resume`).
         """
+        run = self._run
         self.check_resume(start_step)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.schedule.check_on_start and (alarm := self.check_weights(start_step)):
+        run.optimizer.zero_grad(set_to_none=True)
+        if run.schedule.check_on_start and (alarm := self.check_weights(start_step)):
             return alarm
-        plain = self.schedule.grad_accum == 1 and self.scaler is None and not self.pipelined
         for step, batch in zip(itertools.count(start_step), batches):
             with self.step(step) as guarded:
-                loss: torch.Tensor | None = None
-                if self.pipelined:
-                    # One pipeline step (the schedule's micro-batches), or grad_accum of them.
-                    for feed in batch if self.schedule.grad_accum > 1 else [batch]:
-                        guarded.run_pipeline(feed)
-                elif plain:
-                    loss = self.compute_loss(self.parallel.model, batch)  # type: ignore[misc]
-                    loss.backward()
-                else:
-                    micros = batch if self.schedule.grad_accum > 1 else [batch]
-                    for micro in guarded.micro_batches(micros):
-                        guarded.backward(self.compute_loss(self.parallel.model, micro))  # type: ignore[misc]
+                # The forward and backward, as the layout runs them (a pipeline's schedule).
+                loss = run.parallel.run_step(guarded, batch, run.compute_loss)
                 if alarm := guarded.check_gradients(loss):
                     return alarm
                 if guarded.update_allowed:
-                    if self.scaler is not None:
-                        self.scaler.step(self.optimizer)  # skips a step that overflowed
-                        self.scaler.update()
+                    if run.scaler is not None:
+                        run.scaler.step(run.optimizer)  # skips a step that overflowed
+                        run.scaler.update()
                     else:
-                        self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                        run.optimizer.step()
+                run.optimizer.zero_grad(set_to_none=True)
                 if alarm := guarded.after_update():
                     return alarm
                 if guarded.checkpoint_due and save_checkpoint is not None:
@@ -533,18 +405,15 @@ class Guard:
         clean step (unless ``allow_unsafe_resume``); without it, does nothing. :meth:`train` calls
         it; in a loop you own, call it once before the first step, then :meth:`check_weights`.
         """
-        self.alarm_log.check_resume(start_step, allow_unsafe=self.allow_unsafe_resume)
+        run = self._run
+        run.alarm_log.check_resume(start_step, allow_unsafe=run.allow_unsafe_resume)
 
     def check_weights(self, step: int) -> Alarm | None:
         """Check 3 now (collective): every replica's weights must be bit-identical.
 
         Use it after loading a checkpoint or before saving one; :meth:`train` runs it for you.
         """
-        if self.start_step is None:
-            self.start_step = step
-        if (alarm := self.settle()) is not None:
-            return alarm
-        return self.weights.compare_now(step)
+        return self._run.check_weights(step)
 
     def finish(self) -> Alarm | None:
         """Settle the last step's gradient check (collective); call it once after your own loop.
@@ -554,7 +423,7 @@ class Guard:
         this call), naming the step it happened at; :meth:`train` calls this for you.
         Returns that Alarm, or None.
         """
-        return self.settle()
+        return self._run.settle()
 
     def checkpoint_tags(self, step: int, *, verified: bool) -> dict[str, Any]:
         """Tags for a checkpoint of the weights after ``step``'s update: ``step``,
@@ -564,272 +433,40 @@ class Guard:
         :meth:`GuardedStep.checkpoint_tags` is this for its step; a framework integration calls
         it for weights no step of this run produced (a checkpoint saved before the first update
         after a resume, of the weights :meth:`check_weights` compared on start)."""
-        return {
-            "step": step,
-            "last_audit_pass": self.last_audit_pass,
-            "last_weight_check_pass": self.last_weight_check_pass,
-            "weights_digest": self.last_weights_digest if verified else None,
-            "weights_verified": verified,
-        }
+        return self._run.checkpoint_tags(step, verified=verified)
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Let the publisher deliver what it queued (for the exit path); True when all is sent."""
-        return self.reporter.flush(timeout)
-
-    # ------------------------------------------------------------------ steps (GuardedStep uses these)
-    def begin_step(
-        self,
-        step: int,
-        *,
-        audit: bool,
-        deterministic: bool,
-        position: int = 0,
-        seeded: bool = False,
-    ) -> StepEnvironment:
-        """Before ``step``'s forward pass: arm check 1's hook and prepare an audit step
-        (``position``: the micro-batch it replays; ``seeded``: seed a step that is not audited
-        too, so that a confirmation replays it exactly).
-
-        Returns the RNG and kernel state to restore when the step's computation is over.
-        """
-        self.current_step = step
-        passes = self.reporter.passes
-        if passes.start_step is None:
-            passes.start_step = step
-        # With accumulation the comm hook sees the accumulated gradient; the audited
-        # micro-batch's own is fingerprinted by the audit's isolation instead.
-        # A pipeline step's local gradient starts from none: each audited one captures its own.
-        capture = deterministic and (self.schedule.grad_accum == 1 or self.pipelined)
-        self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
-        if self.sensors_planned:
-            self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
-        return self.audit.prepare_step(
-            step, audit=audit, deterministic=deterministic, position=position, seeded=seeded
-        )
-
-    def end_step(self) -> None:
-        """The step's forward and backward are over: stop capturing (idempotent)."""
-        self.gradients.disarm()
-        self.audit.end_step()
-        if self.sensors_planned:
-            self.sensors.end_step()
-
-    def read_flags(self, step: int) -> StepFlags:
-        """Check 1's one host read of a step: this rank's flags, read with the previous step's
-        flag reduction (waited for, so that :meth:`settle` then judges it without reading
-        again; :meth:`GradientCheck.read_flags`).
-
-        With a scaler and ``max_grad_norm`` the gradients are unscaled first
-        (``scaler.unscale_``), so the clipping sees true values; ``scaler.step`` then does not
-        unscale them again."""
-        if self.scaler is not None and self.schedule.max_grad_norm is not None:
-            self.scaler.unscale_(self.optimizer)
-        return self.gradients.read_flags(
-            step,
-            max_grad_norm=self.schedule.max_grad_norm,
-            # SENSORS: travels in the same reduction
-            sensor_flag=self.sensors.take_flag() if self.sensors_planned else None,
-        )
-
-    def start_flag_exchange(self, flags: StepFlags | int) -> tuple[FlagExchange, bool]:
-        """Check 1's per-step collective: launch the reduction of ``flags`` (from
-        :meth:`read_flags`, after :meth:`settle`, which every rank does first, at the same
-        point; a step number reads them here). Returns the exchange and whether this rank's own
-        flags are bad."""
-        if isinstance(flags, int):
-            flags = self.read_flags(flags)
-        exchange = self.gradients.launch(flags, device=self.parallel.collective_device)
-        return exchange, flags.bad
-
-    def defer(self, exchange: FlagExchange) -> None:
-        """Leave ``exchange`` to be settled by every rank at the next agreement point."""
-        self.gradients.pending = exchange
-
-    def judge_flags(
-        self,
-        exchange: FlagExchange,
-        loss: torch.Tensor | None,
-        *,
-        deterministic: bool,
-        audit: bool = True,
-    ) -> Alarm | None:
-        """Judge a step's flags while every rank is at that step with its exact state (an audit
-        step, or every rank flagged something). Collective, in this order: the detail gather
-        when something is set, then the confirmation replays, or, when every flag is clean
-        (only on an audit step), the audit of ``loss``'s step.
-
-        ``audit``: the step is an audit step (False: a step judged at once only because its
-        online sensors checked; a clean table then needs nothing more).
-
-        Returns the Alarm, logged and published, or None (the step may be applied).
-        """
-        table = exchange.table()
-        if table.clean:
-            self.last_gradient_check_pass = exchange.step
-            if not audit:
-                return None  # SENSORS: a sensed step that every rank agrees is clean
-            alarm = self.audit.audit(
-                exchange.step,
-                loss,
-                self.gradients.local_table() if deterministic else None,
-                deterministic=deterministic,
-            )
-            if alarm is not None and alarm.is_setup:
-                return self._set_up_wrong(alarm)
-        elif not table.nonfinite and not any(table.reduced):
-            # SENSORS: only online sensors flagged: a candidate, confirmed or dismissed by replays.
-            alarm = self.sensors.judge(
-                table,
-                self.audit,
-                self.reporter,
-                deterministic=self.schedule.deterministic_audits,
-            )
-            if alarm is None:
-                self.last_gradient_check_pass = exchange.step
-        else:
-            # None for an fp16 overflow that replays reproduce: the scaler skips the step.
-            alarm = self.audit.judge_nonfinite(
-                table, deterministic=self.schedule.deterministic_audits
-            )
-        return self.reporter.log_and_publish(alarm) if alarm is not None else None
-
-    def audits_due(self, step: int) -> bool:
-        """Whether ``step`` runs the replay audit: the schedule's audit step, unless a set-up
-        finding turned the audits off."""
-        return self.audits_off is None and self.schedule.is_audit_step(step)
-
-    def _set_up_wrong(self, alarm: Alarm) -> None:
-        """A set-up finding (the same on every rank): report it naming nobody, then turn the
-        audits and their confirmations off (they would judge GPUs on replays that do not
-        reproduce training), or, with ``Schedule(on_setup_error="stop")``, raise
-        :class:`AuditSetupError` on every rank. The step itself is applied: its gradients were
-        finite on every rank, and nothing says a GPU computed them wrong."""
-        self.reporter.publish_setup(alarm)
-        setup = alarm.setup or {}
-        reason = f"{setup.get('cause')}: {setup.get('detail')}"
-        self.audits_off = reason
-        self.audit.can_confirm = False
-        self.reporter.record_skipped_audit(alarm.step)
-        if self.schedule.on_setup_error == "stop":
-            raise AuditSetupError(
-                f"sdc_agent: stopped at step {alarm.step}: the replay audit found the job's "
-                f"set-up wrong, not a GPU (nobody is named): {reason}. Fix: {setup.get('fix')}"
-            )
-        return None
-
-    def _refuse_audits_at_start(self, finding: SetupFinding) -> None:
-        """A set-up finding before the first step (the same on every rank): the audits never
-        start (logged, in ``coverage()``), or ``Schedule(on_setup_error="stop")`` raises
-        :class:`AuditSetupError` on every rank."""
-        if self.schedule.on_setup_error == "stop":
-            raise AuditSetupError(f"sdc_agent: {finding.message()}")
-        self.audits_off = f"{finding.cause}: {finding.detail}"
-        self.audit.can_confirm = False
-        if self.reporter.publishes:
-            logger.error(
-                "sdc_agent: the replay audit is off from the start, a set-up finding (not a "
-                "GPU): %s",
-                finding.message(),
-            )
-
-    def settle(self) -> Alarm | None:
-        """The agreement point: judge what is in flight (collective; every rank calls it at the
-        same points, in this order: the previous step's flags, then a launched weight check).
-        Returns the first Alarm (logged and published), or None."""
-        exchange, self.gradients.pending = self.gradients.pending, None
-        weights = self.weights.take_in_flight()
-        alarm = None
-        if exchange is not None:
-            if exchange.summary().clean:  # the usual step: no per-rank table is built
-                self.reporter.passes.last_gradient_check_pass = exchange.step
-            else:
-                table = exchange.table()  # collective: some rank flagged something
-                # Settled a step late: some ranks applied that step, so replays cannot see it.
-                alarm = self.reporter.log_and_publish(
-                    self.audit.flags_alarm(
-                        table, confirm=False, deterministic=self.schedule.deterministic_audits
-                    )
-                )
-        if weights is not None:
-            step, check = weights
-            if alarm is None:
-                alarm = self.weights.judge(step, check)
-            else:
-                check.wait()  # every rank stops here; the comparison no longer matters
-        return alarm
-
-    def launch_weight_check(self, step: int) -> None:
-        """Check 3 after ``step``'s update, judged at the next agreement point (collective)."""
-        self.weights.launch(step)
-
-    def drop_gradients(self) -> None:
-        """Set every gradient to None so that ``optimizer.step()`` cannot apply this step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        for p in self.params:
-            p.grad = None
-
-    # ------------------------------------------------------------------ internals
-    def _check_determinism_preconditions(self) -> None:
-        """Deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG before the first matmul."""
-        audits = self.schedule.audit_every > 0 and self.schedule.deterministic_audits
-        if audits and self.parallel.param_device.type == "cuda":
-            value = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-            if value not in _DETERMINISTIC_CUBLAS:
-                raise ValueError(
-                    "deterministic audits on CUDA need the environment variable "
-                    f"CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) set before training, got {value!r}; "
-                    "or use Schedule(deterministic_audits=False)"
-                )
+        return self._run.reporter.flush(timeout)
 
 
-def _check_optimizer_owns(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-    """Refuse an optimizer that does not own every trainable parameter of the model: those
-    parameters would get gradients that no step applies, and a replay audit would compare a
-    model that training never changes (a clear error now, on every rank alike, instead of a
-    misleading one later)."""
-    groups = getattr(optimizer, "param_groups", None)
-    if groups is None:
-        raise TypeError(
-            f"Guard optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
-        )
-    owned = {id(p) for group in groups for p in group["params"]}
-    missing = [
-        name for name, p in module.named_parameters() if p.requires_grad and id(p) not in owned
-    ]
-    if missing:
-        shown = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
-        raise ValueError(
-            f"sdc_agent.Guard: the optimizer does not own {len(missing)} trainable parameter(s) "
-            f"of the model ({shown}): they would train without ever changing. Build the "
-            "optimizer from this model's parameters (after wrapping it in DDP or fully_shard, "
-            "whose parameters are the ones that train), or set requires_grad=False on what is "
-            "frozen"
-        )
+class StepPhase(enum.Enum):
+    """Where a :class:`GuardedStep` is. It moves one way: READY -> COMPUTING -> ENDED, or
+    DROPPED instead of ENDED when this rank dropped the step's gradients."""
+
+    READY = "ready"
+    """Made by :meth:`Guard.step`: what runs at the step is decided, nothing is armed yet."""
+    COMPUTING = "computing"
+    """Begun: check 1's taps armed; on seeded steps the RNG seeded, on audited ones the
+    kernels deterministic. The forward and backward run now."""
+    ENDED = "ended"
+    """The computation is over: RNG and kernel flags restored, taps disarmed. The update may
+    be applied."""
+    DROPPED = "dropped"
+    """Ended, and this rank dropped the step's gradients (an alarm, or a bad gradient the other
+    ranks judge later): the update applies nothing."""
 
 
-def _check_pipeline_options(
-    pipeline: Any, compute_loss: ComputeLoss | None, scaler: Any, schedule: Schedule
-) -> None:
-    """Refuse what a pipeline-driven guard cannot honour, before any collective."""
-    if compute_loss is not None:
-        raise TypeError(
-            "sdc_agent.Guard: with a pipeline the loss is the schedule's loss_fn (on the last "
-            "stage); leave compute_loss out"
-        )
-    if scaler is not None:
-        raise ValueError(
-            "sdc_agent.Guard: a GradScaler with a pipeline schedule is not supported (the loss "
-            "is scaled inside the schedule, out of the guard's reach); train in bf16 or fp32"
-        )
-    if schedule.grad_accum > 1 and getattr(pipeline, "scale_grads", False):
-        raise ValueError(
-            f"sdc_agent.Guard: Schedule.grad_accum={schedule.grad_accum} runs that many pipeline "
-            "steps per optimizer step, and a schedule built with scale_grads=True divides the "
-            "accumulated gradient by its micro-batches at every one of them; build it with "
-            "scale_grads=False and scale the loss in loss_fn"
-        )
+class WeightsCheck(enum.Enum):
+    """Whether check 3 compared a step's weights after its update."""
+
+    NONE = "none"
+    """Not compared at this step."""
+    LAUNCHED = "launched"
+    """A periodic comparison launched by :meth:`GuardedStep.after_update`, judged at the next
+    agreement point."""
+    COMPARED = "compared"
+    """Compared now and judged (a due checkpoint, :meth:`GuardedStep.verify_weights`)."""
 
 
 class GuardedStep:
@@ -867,41 +504,54 @@ class GuardedStep:
     def __init__(self, guard: Guard, step: int) -> None:
         """Decide what runs at ``step`` (before its forward pass)."""
         self.guard = guard
+        """The guard this step belongs to."""
+        self._run = run = guard._run
         self.step = step
-        self.audit = guard.audits_due(step)
+        self.audit = run.audits_due(step)
         """Whether this step runs the ring replay audit."""
-        self.weight_check_due = guard.schedule.is_weight_check_step(step)
+        self.weight_check_due = run.schedule.is_weight_check_step(step)
         """Whether :meth:`after_update` compares weight fingerprints."""
-        self.checkpoint_due = guard.schedule.is_checkpoint_step(step)
+        self.checkpoint_due = run.schedule.is_checkpoint_step(step)
         """Whether a checkpoint is due after this step's update."""
-        self.update_allowed = True
-        """False when this rank dropped the step's gradients (its reduced gradient was bad while
-        other ranks' were not); ``optimizer.step()`` then finds no gradients and changes
-        nothing, and the alarm follows at the next agreement point (:meth:`Guard.finish`)."""
+        self.phase = StepPhase.READY
+        """Where the step is: decided, computing, ended, or ended with its gradients dropped."""
+        self.weights = WeightsCheck.NONE
+        """Whether this step's weights were compared: not, launched for the next agreement
+        point (:meth:`after_update`), or compared now (:meth:`verify_weights`)."""
         self.alarm: Alarm | None = None
-        self.grad_accum = guard.schedule.grad_accum
+        self.grad_accum = run.schedule.grad_accum
         """Micro-batches in this step (``Schedule.grad_accum``)."""
         self.audited_micro_batch: int | None = (
-            guard.schedule.audited_micro_batch(step) if self.audit else None
+            run.schedule.audited_micro_batch(step) if self.audit else None
         )
         """The position of the micro-batch this step's audit replays (None: not an audit step)."""
-        self._deterministic = self.audit and guard.schedule.deterministic_audits
+        self._deterministic = self.audit and run.schedule.deterministic_audits
         # With a scaler every step is seeded, so that confirming an overflow replays the
         # micro-batches exactly as they trained (dropout included).
         # SENSORS: with online sensors too, so that a candidate's confirmation replays it exactly.
         self._seeded = (
             self.audit
-            or guard.scaler is not None
-            or (guard.sensors_planned and guard.sensors.checks_at(step))
+            or run.scaler is not None
+            or (run.sensors_planned and run.sensors.checks_at(step))
         )
         self._environment: StepEnvironment | None = None
-        self._ended = False  # end() ran since begin(): a second end() has nothing to undo
-        self._weights_checked = False
-        self._weights_launched = False  # after_update launched this step's periodic comparison
         self._entered = 0  # micro-batches entered so far
         self._current: int | None = None  # the micro-batch being run
         self._backwards = 0
         self._recorded_loss: torch.Tensor | None = None
+
+    @property
+    def update_allowed(self) -> bool:
+        """False when this rank dropped the step's gradients (its reduced gradient was bad while
+        other ranks' were not, or an alarm failed the step); ``optimizer.step()`` then finds no
+        gradients and changes nothing, and the alarm follows at the next agreement point
+        (:meth:`Guard.finish`)."""
+        return self.phase is not StepPhase.DROPPED
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the guard's GradScaler scales each micro-batch's loss (:meth:`backward`)."""
+        return self._run.scaler is not None
 
     def __enter__(self) -> GuardedStep:
         """Enter the step: :meth:`begin` (``with guard.step(step) as guarded``)."""
@@ -914,8 +564,13 @@ class GuardedStep:
 
     def begin(self) -> None:
         """Arm the comm hook; on audit steps seed the RNG and select deterministic kernels."""
-        self._ended = False
-        self._environment = self.guard.begin_step(
+        if self.phase is not StepPhase.READY:
+            raise RuntimeError(
+                f"sdc_agent: step {self.step} was already begun (it is {self.phase.value}): "
+                "make a new guard.step(step) for each step"
+            )
+        self.phase = StepPhase.COMPUTING  # before arming: end() undoes a half-armed begin
+        self._environment = self._run.begin_step(
             self.step,
             audit=self.audit,
             deterministic=self._deterministic,
@@ -929,13 +584,13 @@ class GuardedStep:
         first stage's inputs, the last stage's targets); returns the last stage's losses, one
         per micro-batch of the schedule (empty on the other stages). Call it ``grad_accum``
         times per step (once without accumulation), then :meth:`check_gradients`."""
-        g = self.guard
-        if not g.pipelined:
+        g = self._run
+        if not g.parallel.schedule_runs_backward:
             raise RuntimeError(
                 "sdc_agent: GuardedStep.run_pipeline needs a guard built with pipeline=schedule"
             )
         with self.micro_batch(self._entered):
-            losses = g.parallel.run_pipeline_step(feed)  # type: ignore[attr-defined]
+            losses = g.parallel.run_pipeline_step(feed)
         self._backwards += 1
         return losses
 
@@ -964,7 +619,7 @@ class GuardedStep:
                 f"{self.grad_accum} micro-batches once each, in order, one at a time"
             )
         audited = index == self.audited_micro_batch
-        g = self.guard
+        g = self._run
         g.audit.begin_micro_batch(
             self.step,
             index,
@@ -989,9 +644,9 @@ class GuardedStep:
         accumulation it may also be called on its own, once."""
         self._refuse_under_pipeline("backward")
         self._expect_backward("backward")
-        share = micro_batch_loss(loss, self.grad_accum if self.guard.divide_loss else 1)
+        share = micro_batch_loss(loss, self.grad_accum if self._run.divide_loss else 1)
         self._record_loss(share)
-        scaled_for_backward(share, self.guard.scaler).backward()
+        scaled_for_backward(share, self._run.scaler).backward()
         self._backwards += 1
 
     def record_backward(self, loss: torch.Tensor) -> None:
@@ -1012,13 +667,13 @@ class GuardedStep:
 
     def end(self) -> None:
         """Restore RNG and kernel flags (idempotent) and disarm the hook."""
-        if self._ended:
+        if self.phase in (StepPhase.ENDED, StepPhase.DROPPED):
             return
-        self._ended = True
+        self.phase = StepPhase.ENDED
         if self._environment is not None:
             self._environment.restore()
             self._environment = None
-        self.guard.end_step()
+        self._run.end_step()
 
     def check_gradients(self, loss: torch.Tensor | None = None) -> Alarm | None:
         """Checks 1 and 2 after ``loss.backward()`` and before ``optimizer.step()`` (collective).
@@ -1030,14 +685,14 @@ class GuardedStep:
         Alarm. An fp16 overflow is not an alarm: the gradients stay non-finite, so
         ``scaler.step`` skips the step and ``scaler.update`` lowers the scale.
         """
-        g = self.guard
+        g = self._run
         # Misuse raises before any collective, on every rank alike.
         if self._backwards and self._backwards != self.grad_accum:
             raise RuntimeError(
                 f"check_gradients: step {self.step} back-propagated {self._backwards} of its "
                 f"{self.grad_accum} micro-batches through GuardedStep.backward"
             )
-        if g.pipelined and self._backwards != self.grad_accum:
+        if g.parallel.schedule_runs_backward and self._backwards != self.grad_accum:
             raise RuntimeError(
                 f"check_gradients: step {self.step} ran {self._backwards} of its "
                 f"{self.grad_accum} pipeline steps through GuardedStep.run_pipeline"
@@ -1049,7 +704,7 @@ class GuardedStep:
             )
         if self._backwards:
             loss = self._recorded_loss
-        if loss is None and not g.pipelined:  # a pipeline's loss is in its last stage's rows
+        if loss is None and not g.parallel.schedule_runs_backward:  # in the schedule's rows
             raise TypeError("check_gradients needs the step's loss (or use guarded.backward)")
         g.gradients.require_reduction()
         # The step's one host read: this rank's flags and the previous step's reduction, which
@@ -1086,7 +741,7 @@ class GuardedStep:
     def after_update(self) -> Alarm | None:
         """Check 3 after ``optimizer.step()`` when due (every ``check_every`` steps, and before
         a checkpoint when ``check_on_checkpoint``). Returns the Alarm, or None."""
-        g = self.guard
+        g = self._run
         if self.checkpoint_due:
             # Nothing is saved before every rank agrees on the gradients (and weights, if asked).
             if (alarm := g.settle()) is not None:
@@ -1097,7 +752,7 @@ class GuardedStep:
             return self.alarm
         if self.weight_check_due:
             g.launch_weight_check(self.step)  # judged at the next agreement point
-            self._weights_launched = True
+            self.weights = WeightsCheck.LAUNCHED
         return None
 
     def verify_weights(self) -> Alarm | None:
@@ -1108,14 +763,15 @@ class GuardedStep:
         On success :meth:`checkpoint_tags` then says ``weights_verified``; returns the Alarm
         otherwise (do not save). Does nothing more once this step's weights were compared (by
         :meth:`after_update` before a due checkpoint, or an earlier call)."""
-        if self._weights_checked:
+        if self.weights is WeightsCheck.COMPARED:
             return self.alarm
-        self._weights_checked = True
-        g = self.guard
+        launched = self.weights is WeightsCheck.LAUNCHED
+        self.weights = WeightsCheck.COMPARED
+        g = self._run
         if (alarm := g.settle()) is not None:
             self.alarm = alarm
             return alarm
-        if self._weights_launched and g.last_weight_check_pass == self.step:
+        if launched and g.reporter.passes.last_weight_check_pass == self.step:
             return None  # the periodic comparison after_update launched at this step passed
         self.alarm = g.check_weights(self.step)
         return self.alarm
@@ -1127,18 +783,20 @@ class GuardedStep:
         step (None when the weights were not compared at this step: then ``weights_verified`` is
         False and ``last_weight_check_pass`` says when they last were).
         """
-        g = self.guard
+        g = self._run
         # A pass recorded at this very step: a comparison that compared nothing (check 3 off,
         # FSDP2 full sharding) verifies nothing.
         verified = (
-            self._weights_checked and self.alarm is None and g.last_weight_check_pass == self.step
+            self.weights is WeightsCheck.COMPARED
+            and self.alarm is None
+            and g.reporter.passes.last_weight_check_pass == self.step
         )
         return g.checkpoint_tags(self.step, verified=verified)
 
     # ------------------------------------------------------------------ internals
     def _refuse_under_pipeline(self, name: str) -> None:
         """A pipeline's step is its schedule's: the guard does not run its backward."""
-        if self.guard.pipelined:
+        if self._run.parallel.schedule_runs_backward:
             raise RuntimeError(
                 f"sdc_agent: GuardedStep.{name} runs a micro-batch's backward; with a pipeline "
                 "the schedule runs them: call guarded.run_pipeline(feed)"
@@ -1161,8 +819,8 @@ class GuardedStep:
     def _drop_step(self) -> None:
         """Do not apply this step: restore RNG and kernels, drop the gradients."""
         self.end()
-        self.guard.drop_gradients()
-        self.update_allowed = False
+        self._run.drop_gradients()
+        self.phase = StepPhase.DROPPED
 
     def _refuse(self, alarm: Alarm) -> Alarm:
         """Fail the step with an alarm already logged and published."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from .alarm import Alarm, CheckName, RankInfo, Verdict
@@ -20,9 +20,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sdc_agent")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Passes:
-    """When each check last passed (steps); the alarm's suspect window starts there."""
+    """When each check last passed (steps); the alarm's suspect window starts there. Frozen:
+    only the :class:`Reporter`'s ``record_*`` methods move it on (``Guard.passes`` hands it out
+    read-only)."""
 
     start_step: int | None = None
     """The first step this guard ran (or checked the weights at)."""
@@ -137,8 +139,26 @@ class Reporter:
         self.publish("set-up finding", lambda p: p.publish_alarm(alarm))
         return alarm
 
-    def record_pass(self, check: Literal["audit", "weights"], step: int) -> None:
-        """Note that an audit or a weight check passed at ``step`` and publish it as liveness."""
+    def record_start(self, step: int) -> None:
+        """Note the first step this guard ran or checked the weights at (once)."""
+        if self.passes.start_step is None:
+            self.passes = replace(self.passes, start_step=step)
+
+    def record_gradient_pass(self, step: int) -> None:
+        """Note that every rank agreed ``step``'s gradients were finite."""
+        self.passes = replace(self.passes, last_gradient_check_pass=step)
+
+    def record_pass(
+        self, check: Literal["audit", "weights"], step: int, *, digest: str | None = None
+    ) -> None:
+        """Note that an audit or a weight check (whose replicas agreed on the fingerprint
+        table ``digest``) passed at ``step``, and publish it as liveness."""
+        if check == "audit":
+            self.passes = replace(self.passes, last_audit_pass=step)
+        else:
+            self.passes = replace(
+                self.passes, last_weight_check_pass=step, last_weights_digest=digest
+            )
         audits, weights = (1, 0) if check == "audit" else (0, 1)
         self.publish("liveness", lambda p: p.publish_liveness(step, audits, weights))
 

@@ -285,7 +285,7 @@ class ScaleWeightGradElement(Fault):
     def _install(self, guard: Guard) -> None:
         # The tensor autograd computes the local gradient for: the parameter under DDP, the
         # unsharded parameter under FSDP2 (which exists from the first forward on).
-        guard.parallel.with_autograd_parameter(
+        guard._run.parallel.with_autograd_parameter(
             self.param, lambda parameter: self._handles.append(parameter.register_hook(self._hook))
         )
 
@@ -306,7 +306,7 @@ class NaNReducedGradient(Fault):
         self.index = index
 
     def _install(self, guard: Guard) -> None:
-        guard.gradients.add_reduced_tap(self._tap)
+        guard._run.gradients.add_reduced_tap(self._tap)
 
     def _tap(self, bucket: dist.GradBucket, reduced: torch.Tensor) -> None:
         if bucket.index() == 0 and self._should_fire():
@@ -336,7 +336,7 @@ class WeightFault(Fault):
             return
         with torch.no_grad():
             # This rank's copy: under FSDP2, its local shard of the parameter.
-            self.change_(guard.parallel.local_weight(self.param).view(-1))
+            self.change_(guard._run.parallel.local_weight(self.param).view(-1))
 
     @abstractmethod
     def change_(self, flat: torch.Tensor) -> None:

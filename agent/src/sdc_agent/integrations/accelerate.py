@@ -163,7 +163,7 @@ class AcceleratorGuard:
         Step your learning-rate scheduler after it, as usual."""
         if self.hooks.alarm is not None:  # e.g. the weights compared before the first step
             self.hooks.abort()
-            self.guard.drop_gradients()
+            self.guard._run.drop_gradients()
             return self.hooks.alarm
         if not self.accelerator.sync_gradients:
             return None

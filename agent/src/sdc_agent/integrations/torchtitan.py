@@ -146,7 +146,7 @@ class TitanGuard:
         # scheduler must then be skipped by every rank, or the clip hangs and the shards and
         # schedules diverge. The cost: the flags' reduction is waited for in this step rather
         # than during the next step's forward.
-        self.guard.decides_every_step = True
+        self.guard._run.decides_every_step = True
 
     # ------------------------------------------------------------------ the step
     def micro_batch_loss(self, model: nn.Module, micro: Any) -> torch.Tensor:
@@ -235,7 +235,7 @@ class TitanGuard:
     def collective_device(self) -> torch.device:
         """The device this loop's collectives use: the guard's (CUDA under NCCL, whose
         process groups refuse CPU tensors; the CPU under gloo)."""
-        return self.guard.parallel.collective_device
+        return self.guard._run.parallel.collective_device
 
     def _count_tokens(self, micros: list[Any]) -> torch.Tensor:
         """The step's labelled tokens over every rank (torchtitan's ``global_valid_tokens``)."""

@@ -25,6 +25,10 @@ What each check asks, and how DDP and FSDP2 answer:
 * The job: the module training runs (``model``) and the one replays run on (``module``); the
   data-parallel ranks (each trains on its own micro-batch; the ring audit and the flags run over
   them), the group and device of the guard's collectives.
+* The step: ``run_step`` runs one training step's forward and backward (a pipeline's is its
+  schedule's ``step``: ``schedule_runs_backward``), ``steps_judged_together`` says whether every
+  rank decides each step with the others, and ``make_audit`` builds check 2's audit for the
+  replay unit (a pipeline's compares stages), so the guard never asks which layout it has.
 * Check 1 (:mod:`sdc_agent.checks.gradients`): ``install_gradient_taps``, where each rank's
   LOCAL gradient is seen before any reduction mixes it and the REDUCED one after (DDP: the comm
   hook; FSDP2: post-accumulate-grad hooks on the unsharded and the sharded parameters);
@@ -69,11 +73,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from .._compile import refuse_compiled
+from ..checks.replay.replayer import ComputeLoss
 from .adapter import ParallelAdapter, WeightReplicas
 from .ddp import DDPAdapter
 from .fsdp import FSDP2Adapter, is_fsdp2
 from .mesh import ShardedLayout, ShardingLayoutError, learn_layout
-from .pp import PipelineAdapter
+from .pp import PipelineAdapter, check_pipeline_options
 from .tp import TensorParallelAdapter
 
 __all__ = [
@@ -86,7 +91,23 @@ __all__ = [
     "TensorParallelAdapter",
     "WeightReplicas",
     "adapter_for",
+    "check_step_options",
 ]
+
+
+def check_step_options(
+    pipeline: Any, compute_loss: ComputeLoss | None, scaler: Any, grad_accum: int
+) -> None:
+    """Refuse how the guard was asked to run the step when the layout cannot honour it: a
+    ``pipeline`` schedule runs its own loss and backward (no ``compute_loss``, no scaler);
+    every other layout needs ``compute_loss``. Called before :func:`adapter_for`, whose
+    collectives every rank then reaches alike."""
+    if pipeline is not None:
+        check_pipeline_options(pipeline, compute_loss, scaler, grad_accum)
+    elif not callable(compute_loss):
+        raise TypeError(
+            "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
+        )
 
 
 def adapter_for(

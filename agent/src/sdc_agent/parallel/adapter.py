@@ -8,18 +8,20 @@ parallelism answer the same questions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..checks.gradients.stats import GradStatsState
+from ..checks.replay.audit import RebuildBatch, RingAudit, ring_audit_type
 from ..checks.replay.replayer import ComputeLoss, Replayer
 from ..coverage import LayoutFacts
+from ..reporting import Reporter
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,31 @@ class WeightReplicas:
     def ranks(self) -> int:
         """Every rank compared: replicas x shards (the size of :attr:`group`)."""
         return self.replicas * self.shards
+
+
+class StepRunner(Protocol):
+    """What an adapter's :meth:`ParallelAdapter.run_step` drives: one guarded step
+    (:class:`sdc_agent.GuardedStep` is one)."""
+
+    grad_accum: int
+    """Micro-batches in the step."""
+
+    @property
+    def scaled(self) -> bool:
+        """Whether a GradScaler scales each micro-batch's loss."""
+        ...
+
+    def micro_batches(self, micros: Iterable[Any]) -> Iterator[Any]:
+        """Yield the step's micro-batches, each inside its micro-batch context."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's loss (its share, scaled)."""
+        ...
+
+    def run_pipeline(self, feed: Any) -> list[torch.Tensor]:
+        """Run one step of a pipeline schedule with this rank's ``feed``."""
+        ...
 
 
 @runtime_checkable
@@ -124,10 +151,50 @@ class ParallelAdapter(Protocol):
         """What the layout lets check 3 see, for ``Guard.coverage()``."""
         ...
 
+    def pipeline_facts(self) -> dict[str, Any] | None:
+        """The pipeline's shape for ``Guard.coverage()`` (None: no pipeline drives the model)."""
+        return None
+
+    # ------------------------------------------------------------------ the step
+    schedule_runs_backward: bool = False
+    """A schedule of the layout's own runs each micro-batch's forward and backward (a pipeline
+    schedule's ``step``): the guard never calls ``compute_loss`` or ``backward``, each step is
+    :meth:`StepRunner.run_pipeline`, and the loss is the schedule's."""
+    steps_judged_together: bool = False
+    """Every rank waits for each step's flags and judges a flagged step with the others,
+    whatever the scaler (a pipeline's stages update together or not at all: a NaN sent back to
+    one stage reaches neither the later stages nor their replicas)."""
+    sensors_unsupported: str | None = None
+    """Why online sensors cannot run on this layout (None: they can)."""
+
+    def run_step(
+        self, step: StepRunner, batch: Any, compute_loss: ComputeLoss | None
+    ) -> torch.Tensor | None:
+        """Run one training step's forward and backward on ``batch`` (one item of
+        ``Guard.train``'s batches) through ``step``. Returns the step's loss when it was
+        back-propagated here directly (no accumulation, no scaler), else None (``step``
+        recorded it)."""
+        if compute_loss is None:
+            raise TypeError("Guard needs a callable compute_loss(model, batch) for this model")
+        if step.grad_accum == 1 and not step.scaled:
+            loss = compute_loss(self.model, batch)
+            loss.backward()
+            return loss
+        micros = batch if step.grad_accum > 1 else [batch]
+        for micro in step.micro_batches(micros):
+            step.backward(compute_loss(self.model, micro))
+        return None
+
     # ------------------------------------------------------------------ check 1
     unscale_is_collective: bool
     """Whether ``GradScaler.unscale_`` (and so ``scaler.step``) is a collective, so that every
     rank must decide every step together (an inf on one rank skips the step on all)."""
+
+    taps_see_each_micro_batch: bool = False
+    """Whether the local taps see each micro-batch's own gradient (a pipeline step's starts
+    from none), so that an audited step captures its fingerprints there even with
+    accumulation; else they see the accumulated one, and the audit isolates the audited
+    micro-batch's instead."""
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """Install check 1's taps: they record into ``stats`` each rank's LOCAL gradient before
@@ -161,6 +228,25 @@ class ParallelAdapter(Protocol):
         ``scaler`` and ``divide_loss`` say how training back-propagated each micro-batch's
         loss."""
         ...
+
+    def run_pipeline_step(self, feed: Any, *, reduce: bool = True) -> list[torch.Tensor]:
+        """Run the pipeline schedule's ``step`` with this rank's ``feed`` (``reduce``: reduce
+        the stage's gradient at the end, as training does); only a layout whose
+        :attr:`schedule_runs_backward` has one."""
+        del feed, reduce
+        raise RuntimeError("sdc_agent: no pipeline schedule drives this model")
+
+    def make_audit(
+        self,
+        replayer: Replayer,
+        rebuild_batch: RebuildBatch,
+        reporter: Reporter,
+        **options: Any,
+    ) -> RingAudit:
+        """Check 2 for this layout's replay unit, over ``replayer``: each rank replaying alone,
+        or every rank in lockstep (:func:`~sdc_agent.checks.replay.audit.ring_audit_type`);
+        ``options`` are :class:`~sdc_agent.checks.replay.audit.RingAudit`'s keywords."""
+        return ring_audit_type(self)(self, replayer, rebuild_batch, reporter, **options)
 
     # ------------------------------------------------------------------ check 3
     @property

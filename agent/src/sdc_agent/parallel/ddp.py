@@ -17,8 +17,8 @@ Built on these seams (docs/architecture.md, "Gradient accumulation and mixed pre
   micro-batch's gradient in :mod:`sdc_agent.checks.replay.accumulation` with per-parameter
   post-accumulate-grad hooks, which run before DDP's reducer reads the gradient.
 * A GradScaler: the scaled gradient goes through the same hook; a non-finite step that a replay
-  reproduces at the same scale is an overflow the scaler skips, decided in the audit
-  (:meth:`~sdc_agent.checks.replay.audit.RingAudit.judge_nonfinite`), not here. Under DDP
+  reproduces at the same scale is an overflow the scaler skips, decided by check 1's verdicts
+  (:meth:`~sdc_agent.checks.gradients.verdicts.NonfiniteVerdicts.judge`), not here. Under DDP
   ``unscale_`` is not a collective: every replica holds the whole reduced gradient and finds
   the same inf by itself (:attr:`DDPAdapter.unscale_is_collective`).
 """

@@ -59,16 +59,19 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, Pipeli
 
 from ..checks.gradients.stats import GradStatsState
 from ..checks.gradients.taps import ShardedGradientTaps
+from ..checks.replay.audit import RebuildBatch, RingAudit
 from ..checks.replay.pipeline import (
     PipelineOrigin,
     PipelineRecorder,
     PipelineReplayer,
     tensors_in,
 )
+from ..checks.replay.pipeline_audit import PipelineRingAudit
 from ..checks.replay.replayer import ComputeLoss, Replayer
 from ..coverage import LayoutFacts
+from ..reporting import Reporter
 from ..topology import all_gather_text, collective_device
-from .adapter import ParallelAdapter, WeightReplicas
+from .adapter import ParallelAdapter, StepRunner, WeightReplicas
 from .fsdp import FSDP2Adapter, ShardingLayoutError, is_fsdp2
 from .mesh import learn_layout
 from .tp import TensorParallelAdapter
@@ -76,6 +79,30 @@ from .tp import TensorParallelAdapter
 logger = logging.getLogger("sdc_agent")
 
 SUPPORTED_SCHEDULES = "single-stage schedules (ScheduleGPipe, Schedule1F1B)"
+
+
+def check_pipeline_options(
+    pipeline: Any, compute_loss: ComputeLoss | None, scaler: Any, grad_accum: int
+) -> None:
+    """Refuse what a pipeline-driven guard cannot honour (before any collective: every rank
+    refuses alike)."""
+    if compute_loss is not None:
+        raise TypeError(
+            "sdc_agent.Guard: with a pipeline the loss is the schedule's loss_fn (on the last "
+            "stage); leave compute_loss out"
+        )
+    if scaler is not None:
+        raise ValueError(
+            "sdc_agent.Guard: a GradScaler with a pipeline schedule is not supported (the loss "
+            "is scaled inside the schedule, out of the guard's reach); train in bf16 or fp32"
+        )
+    if grad_accum > 1 and getattr(pipeline, "scale_grads", False):
+        raise ValueError(
+            f"sdc_agent.Guard: Schedule.grad_accum={grad_accum} runs that many pipeline "
+            "steps per optimizer step, and a schedule built with scale_grads=True divides the "
+            "accumulated gradient by its micro-batches at every one of them; build it with "
+            "scale_grads=False and scale the loss in loss_fn"
+        )
 
 
 def _schedule_stage(schedule: Any) -> Any:
@@ -102,6 +129,20 @@ class PipelineAdapter(ParallelAdapter):
     """No GradScaler under a pipeline (the guard refuses one): nothing decides collectively."""
     replays_in_lockstep = True
     """A replay is a whole pipeline step: every rank replays at once."""
+    schedule_runs_backward = True
+    """The schedule's ``step`` is the training step: its ``loss_fn`` is the loss."""
+    steps_judged_together = True
+    """The stages update together or not at all: a NaN sent back to one stage reaches neither
+    the later stages nor their replicas, which would otherwise apply the step. A pipeline's
+    ranks wait for each other at every step anyway (its sends and receives), so the wait costs
+    little."""
+    taps_see_each_micro_batch = True
+    """A stage's local gradient starts from none at every pipeline step (the schedule's
+    reduction frees it): each audited pipeline step captures its own."""
+    sensors_unsupported = (
+        "pipeline parallelism: a candidate would be confirmed by replaying one stage, which the "
+        "pipeline cannot do without its other stages"
+    )
 
     def __init__(self, model: nn.Module, schedule: Any, dp_group: dist.ProcessGroup | None) -> None:
         """Learn the pipeline from ``schedule`` and the data-parallel layout from ``model``
@@ -362,7 +403,8 @@ class PipelineAdapter(ParallelAdapter):
         facts: LayoutFacts = {
             "parallel": f"pp+{layout.kind}",
             "replicas": copies,
-            "shards": layout.shards * self.pipeline_ranks,
+            "shards": layout.shards,
+            "stages": self.pipeline_ranks,
             "weights_compared": layout.weight_redundancy,
             "weights_named_by_majority": layout.majority_possible,
             "weights_why": why,
@@ -409,6 +451,30 @@ class PipelineAdapter(ParallelAdapter):
         each of its steps, so each pipeline step of an accumulating step is reduced (and
         checked) on its own."""
         yield
+
+    def run_step(
+        self, step: StepRunner, batch: Any, compute_loss: ComputeLoss | None
+    ) -> torch.Tensor | None:
+        """One training step: the schedule's ``step`` on what this rank feeds it, ``grad_accum``
+        times with accumulation (``batch`` is then their sequence); the loss is in the last
+        stage's rows, so None is returned."""
+        del compute_loss  # the schedule's loss_fn
+        for feed in batch if step.grad_accum > 1 else [batch]:
+            step.run_pipeline(feed)
+        return None
+
+    def make_audit(
+        self,
+        replayer: Replayer,
+        rebuild_batch: RebuildBatch,
+        reporter: Reporter,
+        **options: Any,
+    ) -> RingAudit:
+        """Check 2 on the pipeline: whole pipeline steps replayed in lockstep and compared
+        stage by stage (:class:`~sdc_agent.checks.replay.pipeline_audit.PipelineRingAudit`)."""
+        if not isinstance(replayer, PipelineReplayer):
+            raise TypeError(f"a pipeline's audit replays pipeline steps, got {replayer!r}")
+        return PipelineRingAudit(self, replayer, rebuild_batch, reporter, **options)
 
     def make_replayer(
         self,

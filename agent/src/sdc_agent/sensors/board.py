@@ -60,7 +60,7 @@ INITIAL_THRESHOLD = 12.0
 SEPARATION = 2.0
 """How far apart two readings must be for one to stand apart from the other: a candidate is
 confirmed only when the healthy GPU's recomputation reads less than ``1 / SEPARATION`` of the
-flagged ratio (:func:`sdc_agent.sensors.check.sensor_verdict`), and a ratio a healthy GPU
+flagged ratio (:func:`sdc_agent.checks.sensors.check.sensor_verdict`), and a ratio a healthy GPU
 reproduced raises its sensor's threshold to ``SEPARATION`` times it (:meth:`SensorBoard.relax`).
 A factor of 2 is far beyond the spread of one datum's rounding between two computations and
 well inside what a fault worth naming adds."""
@@ -211,6 +211,21 @@ class SensorBoard:
         self._learned: torch.Tensor | None = None  # fp32 [n]: largest unflagged ratio observed
         self._healthy: torch.Tensor | None = None  # fp32 [n]: unflagged checks observed
         self._thresholds: torch.Tensor | None = None  # fp32 [n]: in force, the same everywhere
+
+    def configure(self, config: SensorConfig) -> None:
+        """Hold ``config``'s thresholds instead (``GuardConfig.sensors.thresholds``): only before
+        the first check, and only when ``protect`` was given none or the same."""
+        if not isinstance(config, SensorConfig):
+            raise TypeError(f"the sensors' thresholds must be a SensorConfig, got {config!r}")
+        if self.config not in (config, SensorConfig()):
+            raise ValueError(
+                "the sensors' thresholds were given twice, differently: to sdc_agent.protect "
+                f"({self.config}) and in GuardConfig.sensors.thresholds ({config}); give them once"
+            )
+        if any(self.checks) or self._thresholds is not None:
+            raise RuntimeError("the sensors' thresholds can only be set before their first check")
+        self.config = config
+        self.learning = config.warmup_checks > 0
 
     # ------------------------------------------------------------------ registration
     def register(self, layer: str, shape: LayerShape) -> int:

@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from ...alarm import Alarm, Verdict
-from ...parallel.adapter import ParallelAdapter
 from ...reporting import Reporter
 from ..gradients.exchange import FlagTable
 from .attribution import (
@@ -49,13 +48,19 @@ from .attribution import (
     first_divergence,
     is_failed,
     mismatch_verdict,
-    nonfinite_verdict,
     replay_target,
     third_gpu,
     unexplained,
 )
-from .batch_record import BatchRecorder, ReplayCapture, batch_digest, combine_digests
+from .batch_record import (
+    BatchRecorder,
+    ReplayCapture,
+    batch_digest,
+    combine_digests,
+    fed_another_batch,
+)
 from .environment import StepEnvironment, nondeterministic_alerts, seed_all, step_seed
+from .layout import ReplayLayout
 from .replayer import Replayer, combine_outcomes, outcome_of
 from .setup import (
     SetupFinding,
@@ -83,7 +88,7 @@ class RingAudit:
 
     def __init__(
         self,
-        adapter: ParallelAdapter,
+        adapter: ReplayLayout,
         replayer: Replayer,
         rebuild_batch: RebuildBatch,
         reporter: Reporter,
@@ -96,7 +101,8 @@ class RingAudit:
     ) -> None:
         """``can_confirm``: the placement puts a third GPU on a third node (see topology).
         ``overflow_is_expected``: a GradScaler scales the loss, so a non-finite gradient that
-        another GPU reproduces is an overflow to skip, not an alarm (:meth:`judge_nonfinite`).
+        another GPU reproduces is an overflow to skip, not an alarm
+        (:meth:`sdc_agent.checks.gradients.verdicts.NonfiniteVerdicts.judge`).
         With accumulation (``replayer.grad_accum`` > 1) ``rebuild_batch(step, rank)`` returns
         the step's sequence of micro-batches and the audit replays one of them."""
         self.adapter = adapter
@@ -347,7 +353,7 @@ class RingAudit:
         ):
             table[slot, column] = torch.tensor(replay_row(target_dp))
 
-    def _confirm(
+    def confirm(
         self, step: int, targets: list[int], deterministic: bool, whole_step: bool = False
     ) -> list[tuple[Outcome, Outcome] | None]:
         """Replay each target's batch on its third GPU and on itself (collective: one all-reduce).
@@ -447,7 +453,6 @@ class RingAudit:
         compare_grads = deterministic and self.compare_grads
         pairs = find_mismatches(owns, replays, offset, compare_grads=compare_grads)
         if not pairs:
-            self.reporter.passes.last_audit_pass = step
             self.reporter.record_pass("audit", step)
             return None
         diagnosis = None
@@ -485,7 +490,7 @@ class RingAudit:
 
         culprits = find_culprits(pairs)
         disputed = unexplained(pairs, culprits)
-        results = self._confirm(step, [t for t, _ in disputed], deterministic) if disputed else []
+        results = self.confirm(step, [t for t, _ in disputed], deterministic) if disputed else []
         if self.reporter.publishes and self.nondeterministic_ops:
             logger.warning(
                 "sdc_agent: ops without a deterministic kernel ran in this audit's replays: %s",
@@ -494,7 +499,7 @@ class RingAudit:
         verdicts: list[Verdict] = []
         blamed = list(culprits)
         for (target, replayer), result in zip(disputed, results, strict=True):
-            if result is not None and _fed_another_batch(owns[target].trained, result[0]):
+            if result is not None and fed_another_batch(owns[target].trained, result[0]):
                 # The third GPU rebuilt another batch than the target trained on (a
                 # rebuild_batch that depends on the rank calling it): the set-up, not a GPU.
                 return self.setup_alarm(
@@ -575,7 +580,7 @@ class RingAudit:
         elif deterministic and first.grad_digest != second.grad_digest:
             flags |= SELF_GRADS_DIFFER
         compare_grads = deterministic and self.compare_grads and not flags & SELF_GRADS_DIFFER
-        misfed = _fed_another_batch(own.trained, first)  # the batch check reports that
+        misfed = fed_another_batch(own.trained, first)  # the batch check reports that
         if not flags and not misfed and not first.matches(own, compare_grads=compare_grads):
             flags |= SELF_DIFFERS_FROM_TRAINING
         return flags
@@ -672,135 +677,21 @@ class RingAudit:
             return None
         return rebuild_finding(target, replays, a.global_rank)
 
+    def global_rank(self, dp_rank: int) -> int:
+        """The global rank of DP rank ``dp_rank``."""
+        return self.adapter.global_rank(dp_rank)
+
     def third_rank(self, target_dp: int) -> int:
         """The global rank of the GPU that settles a dispute over DP rank ``target_dp``'s batch."""
         a = self.adapter
         return a.global_rank(third_gpu(target_dp, a.world, self.peer_offset))
 
     # ------------------------------------------------------------------ check 1's confirmation
-    def judge_nonfinite(self, table: FlagTable, *, deterministic: bool) -> Alarm | None:
-        """Check 1's verdict on a table that is not clean, while every rank still holds the
-        step's state (collective like :meth:`flags_alarm` with ``confirm``).
-
-        Returns None for an fp16 overflow: a GradScaler is in use, every rank's ``scaler.step``
-        will skip the step and ``scaler.update`` lower the scale (:meth:`scaler_skips_everywhere`)
-        and every non-finite local gradient reproduced on a third GPU at the same scale.
-        Anything else is the Alarm of :meth:`flags_alarm`.
-        """
-        overflow_possible = (
-            self.overflow_is_expected
-            and self.can_confirm
-            and bool(table.nonfinite)
-            and self.scaler_skips_everywhere(table)
-        )
-        alarm = self.flags_alarm(table, confirm=True, deterministic=deterministic)
-        if (
-            overflow_possible
-            and alarm.verdicts
-            and all(v.kind == "reproducible" for v in alarm.verdicts)
-        ):
-            if self.reporter.publishes:
-                logger.info(
-                    "sdc_agent: step %d overflowed (non-finite gradients on ranks %s reproduced "
-                    "on other GPUs at the same loss scale): not SDC; the GradScaler skips the "
-                    "step and lowers the scale",
-                    table.step,
-                    alarm.nonfinite,
-                )
-            return None
-        return alarm
-
     def scaler_skips_everywhere(self, table: FlagTable) -> bool:
         """Whether every rank's ``scaler.step`` will find an inf and skip ``table``'s step:
         under DDP, when every rank's reduced gradient is non-finite (each rank's scaler sees
         only its own copy)."""
         return all(table.reduced)
-
-    def flags_alarm(self, table: FlagTable, *, confirm: bool, deterministic: bool) -> Alarm:
-        """Check 1's alarm for a table that is not clean (not yet logged nor published).
-
-        With ``confirm`` (and a placement that allows it) each rank whose local gradient was
-        non-finite has its batch replayed on its third GPU and on itself (collective: one
-        all-reduce); call it with ``confirm`` only while every rank still holds the step's state.
-        """
-        if table.nonfinite:
-            return self._nonfinite_alarm(
-                table.step,
-                table.nonfinite,
-                confirm=confirm and self.can_confirm,
-                deterministic=deterministic,
-            )
-        return self.reporter.alarm(
-            table.step,
-            "reduced_gradient",
-            last_pass=self.reporter.passes.last_gradient_check_pass,
-            suspects=None,
-        )
-
-    def _nonfinite_alarm(
-        self, step: int, nonfinite: list[int], *, confirm: bool, deterministic: bool
-    ) -> Alarm:
-        """Name the ranks whose local gradient was non-finite, confirmed by replays if asked."""
-        a = self.adapter
-        verdicts: list[Verdict] = []
-        blamed = list(nonfinite)
-        if confirm:
-            results = self._confirm(step, nonfinite, deterministic, whole_step=True)
-            blamed = []
-            for target, result in zip(nonfinite, results, strict=True):
-                # A confirmation that could not run leaves check 1's own evidence standing.
-                # (A pipeline's outcomes carry no batch digest: its audit compares stage inputs.)
-                if result is not None and (
-                    _fed_another_batch(getattr(result[1], "trained", 0), result[0])
-                    or self.rebuilds_differ(target, result)
-                ):
-                    # The third GPU replayed another batch than the target trained on: no
-                    # confirmation can judge it (the set-up, not a GPU), so nobody is blamed.
-                    kind, who = "setup", ""
-                else:
-                    kind, who = (
-                        nonfinite_verdict(
-                            *result, compare_grads=deterministic and self.compare_grads
-                        )
-                        if result is not None
-                        else ("unclear", "target")
-                    )
-                suspect = a.global_rank(target) if who else None
-                third_rank = self.third_rank(target)
-                pair = (a.global_rank(target), a.global_rank(target))
-                verdicts.append(Verdict(pair=pair, third=third_rank, suspect=suspect, kind=kind))
-                if suspect is not None:
-                    blamed.append(target)
-        reproduced = [v.pair[0] for v in verdicts if v.kind == "reproducible"]
-        misfed = [v.pair[0] for v in verdicts if v.kind == "setup"]
-        diagnosis = (
-            f"numerics or data, not a GPU: the non-finite gradient of ranks {reproduced} "
-            "reproduced on a third GPU on another node from the same micro-batches"
-            if reproduced
-            else None
-        )
-        if misfed:
-            diagnosis = (
-                f"{diagnosis + '; ' if diagnosis else ''}the confirmations of ranks {misfed} "
-                "could not judge: the third GPU's rebuild_batch returned another batch than the "
-                "rank trained on (the set-up: nobody is named for them)"
-            )
-        return self.reporter.alarm(
-            step,
-            "compute",
-            last_pass=self.reporter.passes.last_gradient_check_pass,
-            suspects=[a.global_rank(r) for r in blamed],
-            nonfinite=[a.global_rank(r) for r in nonfinite],
-            verdicts=verdicts,
-            diagnosis=diagnosis,
-        )
-
-
-def _fed_another_batch(trained: int, replayed: Any) -> bool:
-    """Whether a replay consumed another batch than its target trained on (both recorded; an
-    outcome without a batch digest, a pipeline's, never did)."""
-    batch = getattr(replayed, "batch", 0)
-    return bool(trained and batch and trained != batch)
 
 
 @contextlib.contextmanager
@@ -882,7 +773,7 @@ class CollectiveRingAudit(RingAudit):
                     table[slot, column] = row
 
 
-def ring_audit_type(adapter: ParallelAdapter) -> type[RingAudit]:
+def ring_audit_type(adapter: ReplayLayout) -> type[RingAudit]:
     """Check 2's audit for ``adapter``'s replay unit: :class:`CollectiveRingAudit` when a replay
     needs every rank at once (``adapter.replays_in_lockstep``), else :class:`RingAudit`."""
     return CollectiveRingAudit if adapter.replays_in_lockstep else RingAudit

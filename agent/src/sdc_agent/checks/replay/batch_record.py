@@ -179,3 +179,10 @@ class ReplayCapture:
     """``compute_loss`` called the training wrapper instead of the module it was given."""
     alerts: list[str] = field(default_factory=list)
     """Ops deterministic mode warned have no deterministic kernel (filled by the audit)."""
+
+
+def fed_another_batch(trained: int, replayed: Any) -> bool:
+    """Whether a replay consumed another batch than its target trained on (both recorded; an
+    outcome without a batch digest, a pipeline's, never did)."""
+    batch = getattr(replayed, "batch", 0)
+    return bool(trained and batch and trained != batch)

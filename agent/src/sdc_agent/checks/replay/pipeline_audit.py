@@ -21,7 +21,7 @@ non-finite gradient run the same rounds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,9 @@ from ...reporting import Reporter
 from .attribution import mismatch_verdict, replay_target, third_gpu
 from .audit import CollectiveRingAudit, RebuildBatch
 from .environment import StepEnvironment
+from .layout import ReplayLayout
 from .pipeline import (
+    PipelinedModel,
     PipelineOutcome,
     PipelineReplayer,
     StageRecord,
@@ -42,19 +44,38 @@ from .pipeline import (
     row_width,
 )
 
-if TYPE_CHECKING:
-    from ...parallel.pp import PipelineAdapter
+
+class PipelineLayout(ReplayLayout, PipelinedModel, Protocol):
+    """What the pipeline audit asks of its layout, beside a replay's: the grid of replicas x
+    pipeline coordinates (:class:`sdc_agent.parallel.pp.PipelineAdapter` answers it)."""
+
+    pipeline_ranks: int
+    """Ranks in one pipeline (one stage each)."""
+    coordinate: int
+    """This rank's position in its pipeline."""
+    replicas: int
+    """Pipeline replicas (the audit's ring runs over them)."""
+    replica_index: int
+    """This rank's replica."""
+
+    def rank_at(self, replica: int, coordinate: int | None = None) -> int:
+        """The global rank holding ``coordinate`` (default: this rank's) of ``replica``."""
+        ...
+
+    def coordinates_of(self, rank: int) -> tuple[int, int]:
+        """(replica, pipeline coordinate) of global ``rank``."""
+        ...
 
 
 class PipelineRingAudit(CollectiveRingAudit):
     """Check 2 (and check 1's confirmations) for a pipeline-parallel job; see the module
-    docstring. ``adapter`` is a :class:`~sdc_agent.parallel.pp.PipelineAdapter`."""
+    docstring. ``adapter`` is a :class:`PipelineLayout` (the pipeline adapter)."""
 
     checks_batches = False  # a later stage is fed activations: compare_pipelines checks inputs
 
     def __init__(
         self,
-        adapter: PipelineAdapter,
+        adapter: PipelineLayout,
         replayer: PipelineReplayer,
         rebuild_batch: RebuildBatch,
         reporter: Reporter,
@@ -185,7 +206,7 @@ class PipelineRingAudit(CollectiveRingAudit):
             )
         return results
 
-    def _confirm(
+    def confirm(
         self, step: int, targets: list[int], deterministic: bool, whole_step: bool = False
     ) -> list[tuple[Any, Any] | None]:
         """Check 1's confirmations of DP ranks ``targets`` (global ranks here): their replicas'
@@ -244,7 +265,6 @@ class PipelineRingAudit(CollectiveRingAudit):
         replays = [[PipelineOutcome.from_row(rows[g][1]) for g in column] for column in columns]
         found = compare_pipelines(owns, replays, offset, compare_grads=deterministic)
         if found.agreed:
-            self.reporter.passes.last_audit_pass = step
             self.reporter.record_pass("audit", step)
             return None
 

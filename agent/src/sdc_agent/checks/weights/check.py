@@ -78,9 +78,7 @@ class WeightCheck:
         report = check.report()
         reporter = self._reporter
         if report.agreed:
-            reporter.passes.last_weight_check_pass = step
-            reporter.passes.last_weights_digest = report.digest
-            reporter.record_pass("weights", step)
+            reporter.record_pass("weights", step, digest=report.digest)
             return None
         return reporter.log_and_publish(reporter.weights_alarm(step, report))
 

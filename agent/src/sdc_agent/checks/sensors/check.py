@@ -44,19 +44,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..alarm import Alarm, SensorCandidate, Verdict, VerdictKind
-from ..checks.gradients.exchange import FlagTable
-from ..checks.replay.attribution import FAILED_ROW, ROW_WIDTH, Outcome, is_failed, third_gpu
-from ..schedule import Schedule
-from .board import SEPARATION, SensorBoard
-from .families import describe_families
-from .linear import find_board
-from .plan import SensorPlan, plan_sensors
+from ...alarm import Alarm, SensorCandidate, Verdict, VerdictKind
+from ...schedule import Schedule
+from ...sensors.board import SEPARATION, SensorBoard
+from ...sensors.families import describe_families
+from ...sensors.linear import find_board
+from ...sensors.plan import SensorPlan, plan_sensors
+from ..gradients.exchange import FlagTable
+from ..replay.attribution import FAILED_ROW, ROW_WIDTH, Outcome, is_failed, third_gpu
 
 if TYPE_CHECKING:
-    from ..checks.replay.audit import RingAudit
-    from ..parallel.adapter import ParallelAdapter
-    from ..reporting import Reporter
+    from ...parallel.adapter import ParallelAdapter
+    from ...reporting import Reporter
+    from ..replay.audit import RingAudit
 
 logger = logging.getLogger("sdc_agent")
 

@@ -1,0 +1,575 @@
+"""The guard's coordinator (private): the assembly of the four checks around a training step,
+and the agreement protocol every rank runs in the same order.
+
+:class:`sdc_agent.Guard` is the public facade over it; :class:`sdc_agent.GuardedStep` drives
+it through one step. Nothing here is public API: its members change as the checks do.
+
+The coordinator decides when each check runs and, above all, fixes the ORDER of the
+collectives: every rank must issue the same collectives in the same order, or the job hangs
+(or, worse, pairs up the wrong tensors). The checks (architecture: docs/architecture.md,
+"The agent"):
+
+1. Non-finite gradients, every step (:mod:`sdc_agent.checks.gradients`): the comm hook flags each
+   bucket of the local gradient before the all-reduce and sums the reduced one after it; one small
+   asynchronous all-reduce of three flags says whether any rank's local or reduced (clipped)
+   gradient is NaN/Inf, and only then a gather names the ranks. Either fails the step. A rank
+   waits for the reduction only when its own flags are bad, on audit and checkpoint steps, and at
+   the next step's check or the end of the loop.
+2. Ring replay audit, on audit steps (:mod:`sdc_agent.checks.replay`): every rank recomputes
+   another rank's micro-batch on the bare module and the results are compared bit for bit.
+3. Weight fingerprints (:mod:`sdc_agent.checks.weights`), after the update every ``check_every``
+   steps and before checkpoints. Before a checkpoint the comparison is awaited at once; a periodic
+   one is launched after the update and judged at the next agreement point (the next step's
+   check, whose step is then not applied on a failure), naming the step whose weights were
+   compared.
+4. Online sensors (:mod:`sdc_agent.sensors`): checksums of protected layers' GEMMs, their flag in
+   check 1's reduction, candidates confirmed by check 2's replays.
+
+A step that fails check 1 or 2 is not applied: its gradients are dropped and the optimizer does
+not step, so the exact state is still there for the confirmation replays. Every decision is made
+from gathered data with the same code on every rank, so every rank returns the same Alarm and no
+rank is left waiting in a collective the others skipped. Alarms are built, logged and published
+in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter
+(:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model, which also builds check
+2's audit for its replay unit and runs a step's forward and backward (a pipeline's schedule), so
+nothing here branches on the wrapper.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .alarm import Alarm, RankInfo
+from .checks.gradients.exchange import FlagExchange, GradientCheck, StepFlags
+from .checks.gradients.verdicts import NonfiniteVerdicts
+from .checks.replay.audit import RebuildBatch
+from .checks.replay.environment import StepEnvironment
+from .checks.replay.replayer import ComputeLoss
+from .checks.replay.setup import (
+    AuditSetupError,
+    SetupFinding,
+    compute_signature,
+    heterogeneity_finding,
+)
+from .checks.sensors.check import SensorCheck
+from .checks.weights.check import weight_check
+from .coverage import describe
+from .fingerprint import prepare_backend
+from .parallel import ParallelAdapter, adapter_for, check_step_options
+from .publisher import NullPublisher, Publisher
+from .recording import open_alarm_log
+from .reporting import Reporter
+from .schedule import Schedule
+from .sensors.abft import sensor_backend
+from .sensors.board import SensorConfig
+from .topology import TopologyError, all_gather_text, groups_on, rank_map, validate_placement
+
+logger = logging.getLogger("sdc_agent")
+
+_DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
+
+
+class Coordinator:
+    """What a :class:`sdc_agent.Guard` runs: the set-up checks, the four checks, and the
+    agreement protocol (see the module docstring). Built by the Guard, with its arguments."""
+
+    def __init__(
+        self,
+        model: DistributedDataParallel | nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        compute_loss: ComputeLoss | None,
+        rebuild_batch: RebuildBatch,
+        schedule: Schedule | None,
+        dp_group: dist.ProcessGroup | None,
+        publisher: Publisher | None,
+        scaler: torch.amp.GradScaler | None,
+        alarm_dir: str | os.PathLike | None,
+        allow_unsafe_resume: bool,
+        divide_loss: bool,
+        pipeline: Any,
+        sensor_thresholds: SensorConfig | None = None,
+    ) -> None:
+        """Validate the set-up, gather the rank map, check the topology, register the hooks
+        (collective; the arguments are :class:`sdc_agent.Guard`'s; ``sensor_thresholds``:
+        ``GuardConfig.sensors.thresholds``)."""
+        schedule = schedule or Schedule()
+        # Before the adapter's collectives: every rank refuses alike.
+        check_step_options(pipeline, compute_loss, scaler, schedule.grad_accum)
+        self.parallel: ParallelAdapter = adapter_for(model, dp_group, pipeline)
+        """The parallelism-specific parts (the training model, the bare module, where check 1's
+        taps go, check 2's replay unit, the replicas check 3 compares)."""
+        if not isinstance(divide_loss, bool):
+            raise TypeError(f"Guard divide_loss must be True or False, got {divide_loss!r}")
+        self.divide_loss = divide_loss
+        """Whether each micro-batch's loss is divided by ``Schedule.grad_accum`` before its
+        backward (False: ``compute_loss`` returns the share already)."""
+        if not callable(rebuild_batch):
+            raise TypeError(
+                "Guard needs callables compute_loss(model, batch) and rebuild_batch(step, rank)"
+            )
+        if scaler is not None and not all(
+            callable(getattr(scaler, name, None))
+            for name in ("scale", "step", "update", "unscale_")
+        ):
+            raise TypeError(
+                f"Guard scaler must be a torch.amp.GradScaler (or None), got {type(scaler).__name__}"
+            )
+        if scaler is not None and not scaler.is_enabled():
+            scaler = None  # a disabled scaler scales nothing: plain bf16/fp32 rules apply
+        self.scaler = scaler
+        """The fp16 loss scaler, or None (bf16/fp32: a reproducible NaN is an alarm naming nobody)."""
+        a = self.parallel
+        self.decides_every_step = (
+            scaler is not None and a.unscale_is_collective
+        ) or a.steps_judged_together
+        """Every rank waits for each step's flags and judges a flagged step with the others:
+        with a scaler whose ``step`` is a collective (FSDP2), no rank may skip an update that
+        another applies; on a layout whose steps are judged together (a pipeline's stages
+        update together or not at all)."""
+        self.model = model
+        self.module: nn.Module = a.module
+        self.optimizer = optimizer
+        self.compute_loss = compute_loss
+        self.schedule = schedule
+        self.dp_group = a.dp_group
+        self.rank = a.rank
+        self.dp_rank = a.dp_rank
+        self.global_ranks = a.global_ranks
+        self.world = a.world
+        self.params = a.params
+        self.named_weights = a.named_weights
+        self._check_determinism_preconditions()
+        _check_optimizer_owns(optimizer, self.module)
+        self.audits_off: str | None = None
+        """Why the replay audit stopped (a set-up finding), or None while it runs."""
+
+        # Collective: every rank gathers the rank map at construction.
+        self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
+        self.node_source = "NODE_NAME" if os.environ.get("NODE_NAME") else "hostname"
+        """Where this rank's node name came from: NODE_NAME (the pod's spec.nodeName through
+        the downward API) or, when it is unset, the hostname (a pod's, which is not its node)."""
+        try:
+            # Along each ring of replicas (one per pipeline stage under a pipeline), with the
+            # ranks that compute together (tensor parallel) by their positions on that ring.
+            for column in a.replica_columns():
+                nodes = [self.ranks[g].node_name for g in column]
+                validate_placement(
+                    nodes, self.schedule.peer_offset, groups_on(column, a.compute_groups)
+                )
+            can_confirm = True
+        except TopologyError as exc:
+            # Audits need the placement; so does a scaler (an overflow is told from a faulty
+            # GPU by a replay on a third node).
+            if self.schedule.audit_every > 0 or self.scaler is not None:
+                if self.node_source == "hostname":
+                    raise TopologyError(
+                        f"NODE_NAME is not set on rank {self.rank}, so node names came from "
+                        f"the hostname ({self.ranks[self.rank].node_name!r}), which in a pod is "
+                        "the pod's name, not its node's: set NODE_NAME from the pod's "
+                        "spec.nodeName (downward API, docs/agent-install.md) before changing "
+                        f"peer_offset. The placement check said: {exc}"
+                    ) from exc
+                raise
+            can_confirm = False  # no audits: check 1 still names ranks, without confirmation
+        self._can_confirm = can_confirm
+        # Collective: bitwise replays need ranks that compute alike (checks/replay/setup.py).
+        heterogeneous = (
+            heterogeneity_finding(
+                all_gather_text(compute_signature(a.param_device), a.dp_group),
+                list(a.global_ranks),
+            )
+            if self.schedule.audit_every > 0
+            else None
+        )
+
+        self.reporter = Reporter(
+            self.ranks, publisher or NullPublisher(), publishes=self.dp_rank == 0
+        )
+        """Builds, logs and publishes Alarms; records when each check last passed."""
+        self.alarm_log = open_alarm_log(alarm_dir, a.dp_group, writes=self.dp_rank == 0)
+        """Where every alarm is recorded (docs/recovery.md); a no-op without ``alarm_dir``."""
+        self.reporter.record_alarm = self.alarm_log.record
+        self.allow_unsafe_resume = allow_unsafe_resume
+        self.gradients = GradientCheck(self.params, a.dp_group, self.world)
+        """Check 1: the gradient taps' statistics and the per-step flag exchange."""
+        a.install_gradient_taps(self.gradients.hook_state)
+        replayer = a.make_replayer(
+            compute_loss,  # type: ignore[arg-type]
+            self.gradients.hook_state,
+            grad_accum=self.schedule.grad_accum,
+            scaler=self.scaler,
+            divide_loss=divide_loss,
+        )
+        # The audit for the adapter's replay unit: each rank alone, every rank in lockstep, or
+        # whole pipeline steps compared stage by stage.
+        self.audit = a.make_audit(
+            replayer,
+            rebuild_batch,
+            self.reporter,
+            peer_offset=self.schedule.peer_offset,
+            can_confirm=can_confirm,
+            overflow_is_expected=self.scaler is not None,
+            skipped_audits_allowed=self.schedule.max_skipped_audits,
+            stops_on_setup_error=self.schedule.on_setup_error == "stop",
+        )
+        """Check 2: the ring replay audit and the confirmation replays."""
+        self.nonfinite = NonfiniteVerdicts(self.audit, self.reporter)
+        """Check 1's verdicts on a flag table that is not clean (confirmed by check 2's replays)."""
+        if heterogeneous is not None:
+            self._refuse_audits_at_start(heterogeneous)
+        self.weights = weight_check(a.weight_replicas(), self.reporter)
+        """Check 3: weight fingerprint comparisons."""
+        # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
+        # there, as check 2's do).
+        self.sensors = SensorCheck(
+            self.module,
+            self.schedule,
+            adapter=a,
+            unsupported=a.sensors_unsupported,
+        )
+        """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
+        replays. A do-nothing without protected layers."""
+        if sensor_thresholds is not None and self.sensors.board is not None:
+            self.sensors.board.configure(sensor_thresholds)
+        self.sensors_planned = self.sensors.enabled
+        """Whether online sensors run in this job (decided once: without them, a step skips
+        every sensor call). Their plan itself is made at the first step (the cost model needs
+        the batch's rows), so this asks whether there is a board to plan for, not a plan."""
+        # The kernels' backends chosen now: on a GPU with Triton, their compiles and
+        # self-checks (one sync each) run here, not inside the first forward or backward.
+        prepare_backend(a.param_device)
+        if self.sensors_planned:
+            sensor_backend(a.param_device)
+
+        self.current_step: int | None = None
+        """The step being run (fault drills read it); None before the first step."""
+        self.reporter.publish_rank_map()
+        if self.reporter.publishes:
+            if self.node_source == "hostname":
+                logger.warning(
+                    "sdc_agent: NODE_NAME is not set: node names come from the hostname (%s), "
+                    "which in a Kubernetes pod is the pod's name; set NODE_NAME from the pod's "
+                    "spec.nodeName (downward API) so that replays land on other nodes and an "
+                    "alarm names the right node",
+                    self.ranks[self.rank].node_name,
+                )
+            if self.schedule.sensors and self.sensors.unsupported:
+                # Protected layers on a layout where sensors cannot run: they are not checked.
+                logger.warning(
+                    "sdc_agent: the protected layers are not checked online here: %s; the "
+                    "other checks run (Schedule(sensors=False) silences this)",
+                    self.sensors.unsupported,
+                )
+            elif self.schedule.sensors and not self.sensors_planned and a.sensors_unsupported:
+                # Nothing protected, and protecting would not help on this layout: say what is
+                # true (no advice to call sdc.protect).
+                logger.info(
+                    "sdc_agent: no online sensors on this layout (%s)", a.sensors_unsupported
+                )
+            elif self.schedule.sensors and not self.sensors_planned:
+                # Schedule(sensors=True) is the default, but only protected layers have
+                # sensors: say so plainly, with the line that turns them on.
+                logger.warning(
+                    "sdc_agent: no online sensor checks this model: none of its layers is "
+                    "protected. Add `sdc.protect(model)` before wrapping it in DDP or "
+                    "fully_shard (and before building the Guard); or pass "
+                    "Schedule(sensors=False) to silence this"
+                )
+            logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
+
+    def coverage(self) -> dict[str, Any]:
+        """What the guard checks for this job, JSON-ready (``Guard.coverage`` says the keys)."""
+        # SENSORS: which protected layers' GEMMs are checked online, and at what rate.
+        sensors = self.sensors.describe()
+        report = describe(
+            self.schedule,
+            global_ranks=list(self.global_ranks),
+            can_confirm=self._can_confirm,
+            scaler=self.scaler,
+            param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
+            layout=self.parallel.coverage_facts(),
+            sensors_on=bool(sensors["on"]),
+            replica_columns=self.parallel.replica_columns(),
+            pipeline=self.parallel.pipeline_facts(),
+        )
+        report["checks"]["online_sensors"] = sensors
+        audit = report["checks"]["replay_audit"]
+        if self.audits_off is not None:
+            audit.update(on=False, why=f"turned off by a set-up finding: {self.audits_off}")
+            audit["pairs"] = []
+        elif audit["on"] and not self.audit.compare_grads:
+            audit["compares"] = "loss bits only (the preflight found gradients not reproducible)"
+        report["preflight"] = {
+            "done": self.audit.preflight_done,
+            "at": "the first audit step: two replays of each rank's own micro-batch, compared "
+            "with each other and with its training; every replay's batch compared with the "
+            "trained one",
+            "notes": list(self.audit.preflight_notes),
+            "nondeterministic_ops": sorted(self.audit.nondeterministic_ops),
+            "node_names_from": self.node_source,
+        }
+        return report
+
+    def check_weights(self, step: int) -> Alarm | None:
+        """Check 3 now (collective): every replica's weights must be bit-identical.
+
+        ``Guard.check_weights``.
+        """
+        self.reporter.record_start(step)
+        if (alarm := self.settle()) is not None:
+            return alarm
+        return self.weights.compare_now(step)
+
+    def checkpoint_tags(self, step: int, *, verified: bool) -> dict[str, Any]:
+        """Tags for a checkpoint of the weights after ``step``'s update: ``step``,
+        ``last_audit_pass``, ``last_weight_check_pass``, ``weights_verified`` (``verified``:
+        every replica's weights were compared at that step and agreed) and ``weights_digest``
+        (the agreed fingerprint table's digest when verified, else None).
+        ``Guard.checkpoint_tags``."""
+        passes = self.reporter.passes
+        return {
+            "step": step,
+            "last_audit_pass": passes.last_audit_pass,
+            "last_weight_check_pass": passes.last_weight_check_pass,
+            "weights_digest": passes.last_weights_digest if verified else None,
+            "weights_verified": verified,
+        }
+
+    # ------------------------------------------------------------------ steps (GuardedStep uses these)
+    def begin_step(
+        self,
+        step: int,
+        *,
+        audit: bool,
+        deterministic: bool,
+        position: int = 0,
+        seeded: bool = False,
+    ) -> StepEnvironment:
+        """Before ``step``'s forward pass: arm check 1's hook and prepare an audit step
+        (``position``: the micro-batch it replays; ``seeded``: seed a step that is not audited
+        too, so that a confirmation replays it exactly).
+
+        Returns the RNG and kernel state to restore when the step's computation is over.
+        """
+        self.current_step = step
+        self.reporter.record_start(step)
+        # With accumulation the comm hook sees the accumulated gradient; the audited
+        # micro-batch's own is fingerprinted by the audit's isolation instead.
+        # Unless the taps see each micro-batch's own (a pipeline step's starts from none).
+        capture = deterministic and (
+            self.schedule.grad_accum == 1 or self.parallel.taps_see_each_micro_batch
+        )
+        self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
+        if self.sensors_planned:
+            self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
+        return self.audit.prepare_step(
+            step, audit=audit, deterministic=deterministic, position=position, seeded=seeded
+        )
+
+    def end_step(self) -> None:
+        """The step's forward and backward are over: stop capturing (idempotent)."""
+        self.gradients.disarm()
+        self.audit.end_step()
+        if self.sensors_planned:
+            self.sensors.end_step()
+
+    def read_flags(self, step: int) -> StepFlags:
+        """Check 1's one host read of a step: this rank's flags, read with the previous step's
+        flag reduction (waited for, so that :meth:`settle` then judges it without reading
+        again; :meth:`GradientCheck.read_flags`).
+
+        With a scaler and ``max_grad_norm`` the gradients are unscaled first
+        (``scaler.unscale_``), so the clipping sees true values; ``scaler.step`` then does not
+        unscale them again."""
+        if self.scaler is not None and self.schedule.max_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+        return self.gradients.read_flags(
+            step,
+            max_grad_norm=self.schedule.max_grad_norm,
+            # SENSORS: travels in the same reduction
+            sensor_flag=self.sensors.take_flag() if self.sensors_planned else None,
+        )
+
+    def start_flag_exchange(self, flags: StepFlags | int) -> tuple[FlagExchange, bool]:
+        """Check 1's per-step collective: launch the reduction of ``flags`` (from
+        :meth:`read_flags`, after :meth:`settle`, which every rank does first, at the same
+        point; a step number reads them here). Returns the exchange and whether this rank's own
+        flags are bad."""
+        if isinstance(flags, int):
+            flags = self.read_flags(flags)
+        exchange = self.gradients.launch(flags, device=self.parallel.collective_device)
+        return exchange, flags.bad
+
+    def defer(self, exchange: FlagExchange) -> None:
+        """Leave ``exchange`` to be settled by every rank at the next agreement point."""
+        self.gradients.pending = exchange
+
+    def judge_flags(
+        self,
+        exchange: FlagExchange,
+        loss: torch.Tensor | None,
+        *,
+        deterministic: bool,
+        audit: bool = True,
+    ) -> Alarm | None:
+        """Judge a step's flags while every rank is at that step with its exact state (an audit
+        step, or every rank flagged something). Collective, in this order: the detail gather
+        when something is set, then the confirmation replays, or, when every flag is clean
+        (only on an audit step), the audit of ``loss``'s step.
+
+        ``audit``: the step is an audit step (False: a step judged at once only because its
+        online sensors checked; a clean table then needs nothing more).
+
+        Returns the Alarm, logged and published, or None (the step may be applied).
+        """
+        table = exchange.table()
+        if table.clean:
+            self.reporter.record_gradient_pass(exchange.step)
+            if not audit:
+                return None  # SENSORS: a sensed step that every rank agrees is clean
+            alarm = self.audit.audit(
+                exchange.step,
+                loss,
+                self.gradients.local_table() if deterministic else None,
+                deterministic=deterministic,
+            )
+            if alarm is not None and alarm.is_setup:
+                return self._set_up_wrong(alarm)
+        elif not table.nonfinite and not any(table.reduced):
+            # SENSORS: only online sensors flagged: a candidate, confirmed or dismissed by replays.
+            alarm = self.sensors.judge(
+                table,
+                self.audit,
+                self.reporter,
+                deterministic=self.schedule.deterministic_audits,
+            )
+            if alarm is None:
+                self.reporter.record_gradient_pass(exchange.step)
+        else:
+            # None for an fp16 overflow that replays reproduce: the scaler skips the step.
+            alarm = self.nonfinite.judge(table, deterministic=self.schedule.deterministic_audits)
+        return self.reporter.log_and_publish(alarm) if alarm is not None else None
+
+    def audits_due(self, step: int) -> bool:
+        """Whether ``step`` runs the replay audit: the schedule's audit step, unless a set-up
+        finding turned the audits off."""
+        return self.audits_off is None and self.schedule.is_audit_step(step)
+
+    def _set_up_wrong(self, alarm: Alarm) -> None:
+        """A set-up finding (the same on every rank): report it naming nobody, then turn the
+        audits and their confirmations off (they would judge GPUs on replays that do not
+        reproduce training), or, with ``Schedule(on_setup_error="stop")``, raise
+        :class:`AuditSetupError` on every rank. The step itself is applied: its gradients were
+        finite on every rank, and nothing says a GPU computed them wrong."""
+        self.reporter.publish_setup(alarm)
+        setup = alarm.setup or {}
+        reason = f"{setup.get('cause')}: {setup.get('detail')}"
+        self.audits_off = reason
+        self.audit.can_confirm = False
+        self.reporter.record_skipped_audit(alarm.step)
+        if self.schedule.on_setup_error == "stop":
+            raise AuditSetupError(
+                f"sdc_agent: stopped at step {alarm.step}: the replay audit found the job's "
+                f"set-up wrong, not a GPU (nobody is named): {reason}. Fix: {setup.get('fix')}"
+            )
+        return None
+
+    def _refuse_audits_at_start(self, finding: SetupFinding) -> None:
+        """A set-up finding before the first step (the same on every rank): the audits never
+        start (logged, in ``coverage()``), or ``Schedule(on_setup_error="stop")`` raises
+        :class:`AuditSetupError` on every rank."""
+        if self.schedule.on_setup_error == "stop":
+            raise AuditSetupError(f"sdc_agent: {finding.message()}")
+        self.audits_off = f"{finding.cause}: {finding.detail}"
+        self.audit.can_confirm = False
+        if self.reporter.publishes:
+            logger.error(
+                "sdc_agent: the replay audit is off from the start, a set-up finding (not a "
+                "GPU): %s",
+                finding.message(),
+            )
+
+    def settle(self) -> Alarm | None:
+        """The agreement point: judge what is in flight (collective; every rank calls it at the
+        same points, in this order: the previous step's flags, then a launched weight check).
+        Returns the first Alarm (logged and published), or None."""
+        exchange, self.gradients.pending = self.gradients.pending, None
+        weights = self.weights.take_in_flight()
+        alarm = None
+        if exchange is not None:
+            if exchange.summary().clean:  # the usual step: no per-rank table is built
+                self.reporter.record_gradient_pass(exchange.step)
+            else:
+                table = exchange.table()  # collective: some rank flagged something
+                # Settled a step late: some ranks applied that step, so replays cannot see it.
+                alarm = self.reporter.log_and_publish(
+                    self.nonfinite.alarm(
+                        table, confirm=False, deterministic=self.schedule.deterministic_audits
+                    )
+                )
+        if weights is not None:
+            step, check = weights
+            if alarm is None:
+                alarm = self.weights.judge(step, check)
+            else:
+                check.wait()  # every rank stops here; the comparison no longer matters
+        return alarm
+
+    def launch_weight_check(self, step: int) -> None:
+        """Check 3 after ``step``'s update, judged at the next agreement point (collective)."""
+        self.weights.launch(step)
+
+    def drop_gradients(self) -> None:
+        """Set every gradient to None so that ``optimizer.step()`` cannot apply this step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
+
+    # ------------------------------------------------------------------ internals
+    def _check_determinism_preconditions(self) -> None:
+        """Deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG before the first matmul."""
+        audits = self.schedule.audit_every > 0 and self.schedule.deterministic_audits
+        if audits and self.parallel.param_device.type == "cuda":
+            value = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+            if value not in _DETERMINISTIC_CUBLAS:
+                raise ValueError(
+                    "deterministic audits on CUDA need the environment variable "
+                    f"CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) set before training, got {value!r}; "
+                    "or use Schedule(deterministic_audits=False)"
+                )
+
+
+def _check_optimizer_owns(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+    """Refuse an optimizer that does not own every trainable parameter of the model: those
+    parameters would get gradients that no step applies, and a replay audit would compare a
+    model that training never changes (a clear error now, on every rank alike, instead of a
+    misleading one later)."""
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:
+        raise TypeError(
+            f"Guard optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
+    owned = {id(p) for group in groups for p in group["params"]}
+    missing = [
+        name for name, p in module.named_parameters() if p.requires_grad and id(p) not in owned
+    ]
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise ValueError(
+            f"sdc_agent.Guard: the optimizer does not own {len(missing)} trainable parameter(s) "
+            f"of the model ({shown}): they would train without ever changing. Build the "
+            "optimizer from this model's parameters (after wrapping it in DDP or fully_shard, "
+            "whose parameters are the ones that train), or set requires_grad=False on what is "
+            "frozen"
+        )
