@@ -1,5 +1,6 @@
-"""Render the tables of docs/performance.md (and docs/agent-install.md, docs/recovery.md) from
-raw results.
+"""Render the tables of docs/performance.md (and its pages under docs/performance/,
+docs/agent-install.md, docs/recovery.md) from raw results, and the coverage matrix of
+docs/usage/coverage.md from the agent's code.
 
 Each rendered table sits between two marker comments in the document:
 
@@ -10,8 +11,9 @@ Each rendered table sits between two marker comments in the document:
 
 Everything outside the markers (the prose) is left alone. The table names are the keys of
 ``TABLES``; each reads one or more results files written by ``make bench``
-(``benchmarks/bench.py``). A marker indented inside a list item renders its lines at the same
-indentation.
+(``benchmarks/bench.py``), but for ``coverage``, which asks ``sdc_agent.coverage.describe``
+(``benchmarks/coverage_matrix.py``). A marker indented inside a list item renders its lines at
+the same indentation.
 
     python benchmarks/render.py            # rewrite the documents' tables
     python benchmarks/render.py --check    # exit 1 (and show the difference) if they differ
@@ -36,7 +38,14 @@ from results import REPO, RESULTS_DIR, load, model_cell
 from results import short_size as _bytes
 from results import short_time as _us
 
-DOCS = ("docs/performance.md", "docs/agent-install.md", "docs/recovery.md")
+DOCS = (
+    "docs/performance.md",
+    "docs/performance/sensors.md",
+    "docs/performance/collectives.md",
+    "docs/agent-install.md",
+    "docs/recovery.md",
+    "docs/usage/coverage.md",
+)
 MARKER = re.compile(
     r"^(?P<indent>[ \t]*)<!-- bench:(?P<name>[\w-]+) -->\n(?P<body>.*?)"
     r"^(?P=indent)<!-- /bench:(?P=name) -->$",
@@ -790,6 +799,13 @@ def bench_runs(results: Results) -> list[str]:
     return lines
 
 
+def coverage(results: Results) -> list[str]:
+    """The coverage matrix: what ``Guard.coverage()`` says per layout (no results read)."""
+    import coverage_matrix  # imports torch: only when a document holds the matrix
+
+    return coverage_matrix.render()
+
+
 TABLES: dict[str, Callable[[Results], list[str]]] = {
     "bench-runs": bench_runs,
     "fingerprint-cpu": fingerprint_cpu,
@@ -815,6 +831,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "mistakes": mistakes,
     "publish": publish,
     "step-cost": step_cost,
+    "coverage": coverage,
 }
 """Every table a document can hold, by marker name."""
 

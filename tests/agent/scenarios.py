@@ -85,7 +85,7 @@ def topology_error(*, peer_offset: int) -> dict[str, Any]:
 def own_loop(
     *, steps: int, fault: dict[str, Any] | None, set_to_none: bool = True, accumulate: int = 1
 ) -> dict[str, Any]:
-    """The lower-level step API, in a loop the user owns (as in the README).
+    """The lower-level step API, in a loop the user owns (as in docs/usage/ddp.md).
 
     ``set_to_none=False`` zeroes gradients in place; ``accumulate`` > 1 runs that many backward
     passes per step (gradient accumulation, which audits refuse).

@@ -176,3 +176,74 @@ def test_recorder_writes_the_command_machine_load_and_versions(tmp_path: Path) -
     with pytest.raises(ValueError, match=r"not written by benchmarks/results\.py"):
         (tmp_path / "z.json").write_text("{}")
         results.load(tmp_path / "z.json")
+
+
+# ------------------------------------------------------------------ the coverage matrix
+COVERAGE_DOC = "docs/usage/coverage.md"
+
+
+def test_the_coverage_matrix_is_generated_into_one_document_only() -> None:
+    # Given every document the renderer reads, and the project's other Markdown
+    markdown = [REPO / doc for doc in render.DOCS]
+    markdown += [REPO / "README.md", REPO / "agent" / "README.md", REPO / "lambdas" / "README.md"]
+    markdown += sorted((REPO / "docs").rglob("*.md"))
+    # When the coverage markers are looked for
+    holding = sorted(
+        {
+            str(path.relative_to(REPO))
+            for path in markdown
+            if "<!-- bench:coverage -->" in path.read_text()
+        }
+    )
+    # Then one page holds the matrix, and the renderer keeps it
+    assert holding == [COVERAGE_DOC]
+    assert COVERAGE_DOC in render.DOCS
+
+
+def test_a_hand_edit_of_the_coverage_matrix_is_rendered_back() -> None:
+    # Given the committed page with one generated cell changed by hand
+    text = (REPO / COVERAGE_DOC).read_text()
+    cell = "a rank is named when its copy differs from a strict majority"
+    assert cell in text
+    edited = text.replace(cell, "a rank is named when its copy differs from any other", 1)
+    # When it is rendered from the code
+    rendered = render.render_text(edited, render.Results(), COVERAGE_DOC)
+    # Then the page is what the code says again (so `render.py --check` fails on the edit)
+    assert rendered == text != edited
+
+
+def test_the_matrix_says_what_describe_says_for_each_layout() -> None:
+    import coverage_matrix
+
+    # Given the example jobs, one per layout
+    jobs = {job.name: job for job in coverage_matrix.jobs()}
+    lines = coverage_matrix.render()
+    # When describe() is asked about each
+    parallelism = {name: job.coverage()["parallelism"] for name, job in jobs.items()}
+    weights = {
+        name: job.coverage()["checks"]["weight_fingerprints"]["on"] for name, job in jobs.items()
+    }
+    # Then every layout is in the matrix under the name describe() gives it
+    assert parallelism == {
+        "DDP": "ddp",
+        "FSDP2 full sharding": "fsdp",
+        "HSDP": "hsdp",
+        "FSDP2 x TP": "fsdp+tp",
+        "HSDP x TP": "hsdp+tp",
+        "PP x FSDP2": "pp+fsdp",
+        "PP x HSDP": "pp+hsdp",
+        "TP x PP x HSDP": "pp+hsdp+tp",
+    }
+    assert all(any(f"`{kind}`" in line for line in lines) for kind in parallelism.values())
+    # And check 3 is off exactly where one copy of each slice is kept, which the matrix says
+    assert {name for name, on in weights.items() if not on} == {
+        "FSDP2 full sharding",
+        "FSDP2 x TP",
+        "PP x FSDP2",
+    }
+    off = [line for line in lines if "| **off**: " in line]
+    assert {line.split(" | ")[0].lstrip("| ") for line in off} == {
+        "FSDP2 full sharding",
+        "FSDP2 x TP",
+        "PP x FSDP2",
+    }

@@ -1,9 +1,9 @@
 """Every file, module, make target, script flag and CLI command the docs name exists.
 
 A reader follows the docs to a file or runs the command they show; a name the code no longer
-has sends them nowhere. This reads the project's Markdown (README, docs/, the packages' READMEs),
-takes what sits in backticks and in link targets, and checks each kind of name it recognises
-against the tree:
+has sends them nowhere. This reads the project's Markdown (README, docs/ with its folders such as
+docs/usage/, the packages' READMEs), takes what sits in backticks and in link targets, and checks
+each kind of name it recognises against the tree:
 
 - paths (``agent/src/sdc_agent/guard.py``, ``benchmarks/``, a bare ``guard.py``, a glob such as
   ``tests/unit/test_fingerprint*.py``): a tracked file or folder, found from the repository root,
@@ -39,7 +39,7 @@ DOCS = [
     "README.md",
     "agent/README.md",
     "lambdas/README.md",
-    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")),  # usage/ too
 ]
 EXTENSIONS = (".py", ".md", ".sh", ".yaml", ".yml", ".json", ".toml", ".txt", ".cfg", ".ini")
 BARE_EXTENSIONS = (".py", ".md", ".sh", ".yaml", ".yml", ".toml")
