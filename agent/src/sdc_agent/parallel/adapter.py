@@ -19,6 +19,7 @@ from torch import nn
 
 from ..checks.gradients.stats import GradStatsState
 from ..checks.replay.audit import RebuildBatch, RingAudit, ring_audit_type
+from ..checks.replay.layout import ReplayLayout
 from ..checks.replay.replayer import ComputeLoss, Replayer
 from ..coverage import LayoutFacts
 from ..reporting import Reporter
@@ -91,7 +92,7 @@ class StepRunner(Protocol):
 
 
 @runtime_checkable
-class ParallelAdapter(Protocol):
+class ParallelAdapter(ReplayLayout, Protocol):
     """The guard's view of one parallelised model: who trains on which micro-batch, and, per
     check, where its data is and who compares with whom.
 
@@ -101,51 +102,11 @@ class ParallelAdapter(Protocol):
     """
 
     # ------------------------------------------------------------------ the job
-    model: nn.Module
-    """The model training runs (``compute_loss`` gets it)."""
-    module: nn.Module
-    """The module replays run on."""
-    rank: int
-    """This process's global rank."""
-    dp_rank: int
-    """This process's data-parallel rank."""
-    world: int
-    """Number of data-parallel ranks."""
-    global_ranks: list[int]
-    """Global rank of each DP rank."""
-    dp_group: dist.ProcessGroup | None
-    """The data-parallel process group the guard's collectives run over (None: WORLD)."""
-    collective_device: torch.device
-    """Where tensors for collectives over :attr:`dp_group` must live."""
-    param_device: torch.device
-    """Where the parameters (and so the gradients) live."""
+    # (the model, the ranks, the group and devices, the rings: ReplayLayout's members)
     params: list[nn.Parameter]
     """The trainable parameters, in the order of every fingerprint table."""
     named_weights: list[tuple[str, nn.Parameter]]
     """Every parameter by name."""
-
-    compute_groups: tuple[tuple[int, ...], ...]
-    """DP ranks that compute ONE micro-batch together, each on its own slice of the weights
-    (tensor-parallel groups), by group; empty when every DP rank computes its micro-batch alone
-    (DDP, FSDP2). Check 2 compares the LOCAL results of a group's ranks one by one and names
-    the rank whose result diverged first (:func:`~sdc_agent.checks.replay.attribution.earliest_local_mismatches`)."""
-
-    def global_rank(self, dp_rank: int) -> int:
-        """The global rank of DP rank ``dp_rank``."""
-        ...
-
-    def seed_rank(self, rank: int) -> int:
-        """The global rank whose seed global ``rank``'s computation of an audited (or seeded)
-        step runs with (:func:`~sdc_agent.checks.replay.environment.step_seed`): its own, or the
-        first rank of the group it computes with (a TP group draws one RNG stream, as its
-        replicated activations need), so that a replay on another rank draws the same numbers."""
-        ...
-
-    def replica_columns(self) -> tuple[tuple[int, ...], ...]:
-        """Check 2's rings: per coordinate of the model that replicas hold (one under data
-        parallelism alone; one per pipeline stage), the global ranks holding it, by replica.
-        Each replays and is compared along its ring; the placement rule holds on each."""
-        ...
 
     def coverage_facts(self) -> LayoutFacts:
         """What the layout lets check 3 see, for ``Guard.coverage()``."""
@@ -208,10 +169,6 @@ class ParallelAdapter(Protocol):
         ...
 
     # ------------------------------------------------------------------ check 2
-    replays_in_lockstep: bool
-    """The group that replays together: False when each rank recomputes another's micro-batch
-    alone; True when a replay's forward needs the other ranks (sharded parameters), so every
-    rank replays at the same time and confirmations run in rounds."""
 
     def make_replayer(
         self,

@@ -398,6 +398,10 @@ class RingAudit:
         all-gather, then one all-reduce when a mismatch needs confirming; at the first audit,
         each rank's two replays of its own micro-batch before them, the preflight).
 
+        The template every layout's audit follows: :meth:`audit_rows` (this rank's rows), the
+        one all-gather, :meth:`failed_ranks` (a replay that raised skips the audit),
+        :meth:`compare` (the verdict); the pipeline's audit overrides the three hooks.
+
         Call it on every rank after a clean check 1. Records a pass, or returns the Alarm (not
         yet logged nor published). Before any result is compared, the set-up is ruled out
         (:mod:`.setup`): a replay fed another batch than its target trained on, a replay that
@@ -406,27 +410,70 @@ class RingAudit:
         raised skips the audit on every rank, logged and counted; the
         ``skipped_audits_allowed + 1``-th skip in a row is a set-up finding too.
         """
-        a, offset = self.adapter, self.peer_offset
+        own, replayed = self.audit_rows(step, loss, own_fingerprints, deterministic=deterministic)
+        a = self.adapter
+        mine = torch.tensor([own, replayed], dtype=torch.int64, device=a.collective_device)
+        gathered = [torch.zeros_like(mine) for _ in range(a.world)]
+        dist.all_gather(gathered, mine, group=a.dp_group)
+        rows = torch.stack(gathered).cpu().tolist()
+        if failed := self.failed_ranks(rows):
+            return self.skipped(step, failed)
+        self.skipped_in_a_row = 0
+        return self.compare(step, rows, own_fingerprints, deterministic=deterministic)
+
+    # The template's steps, each a hook a layout's audit overrides (the pipeline's compares
+    # stage by stage): this rank's two rows, which ranks' replays failed, the comparison.
+    def _own_fingerprints(
+        self, own_fingerprints: torch.Tensor | None, deterministic: bool
+    ) -> torch.Tensor | None:
+        """The audited micro-batch's local gradient fingerprints (isolated under accumulation)."""
         if self.grad_accum > 1:
-            own_fingerprints = self.isolated_fingerprints if deterministic else None
+            return self.isolated_fingerprints if deterministic else None
+        return own_fingerprints
+
+    def audit_rows(
+        self,
+        step: int,
+        loss: torch.Tensor | None,
+        own_fingerprints: torch.Tensor | None,
+        *,
+        deterministic: bool,
+    ) -> tuple[list[int], list[int]]:
+        """This rank's two rows of the audit's gather: its own training outcome (at the first
+        audit, with its preflight self-replays' flags) and its replay of its target."""
+        a, offset = self.adapter, self.peer_offset
+        own_fingerprints = self._own_fingerprints(own_fingerprints, deterministic)
+        if loss is None:
+            raise RuntimeError(f"sdc_agent: audit step {step} has no loss to compare")
         own = outcome_of(loss, own_fingerprints, True)  # audits run only when every flag was clean
         if self.batches is not None:
             trained = self.batches.trained_digest([self.position])
             own = dataclasses.replace(own, batch=trained, trained=trained)
-        first_audit = not self.preflight_done
-        if first_audit:
+        if not self.preflight_done:
             own = dataclasses.replace(
                 own, flags=own.flags | self._self_replays(step, own, deterministic)
             )
         replayed = self.replay_row(step, replay_target(a.dp_rank, a.world, offset), deterministic)
-        mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=a.collective_device)
-        gathered = [torch.zeros_like(mine) for _ in range(a.world)]
-        dist.all_gather(gathered, mine, group=a.dp_group)
-        rows = torch.stack(gathered).cpu().tolist()
-        failed = [a.global_rank(dp) for dp, r in enumerate(rows) if is_failed(r[1])]
-        if failed:
-            return self.skipped(step, failed)
-        self.skipped_in_a_row = 0
+        return own.to_row(), replayed
+
+    def failed_ranks(self, rows: list[list[list[int]]]) -> list[int]:
+        """The global ranks whose replay raised (their row is FAILED_ROW), from the gather."""
+        return [self.adapter.global_rank(dp) for dp, r in enumerate(rows) if is_failed(r[1])]
+
+    def compare(
+        self,
+        step: int,
+        rows: list[list[list[int]]],
+        own_fingerprints: torch.Tensor | None,
+        *,
+        deterministic: bool,
+    ) -> Alarm | None:
+        """Judge the gathered rows (every rank's own outcome and replay): set-up findings first,
+        then mismatches, culprits and confirmations (collective only when a mismatch needs
+        confirming). Records a pass, or returns the Alarm."""
+        a, offset = self.adapter, self.peer_offset
+        own_fingerprints = self._own_fingerprints(own_fingerprints, deterministic)
+        first_audit = not self.preflight_done
         owns = [Outcome.from_row(r[0]) for r in rows]
         replays = [Outcome.from_row(r[1]) for r in rows]
         # The most specific finding first: a replay fed another batch, then one that ran the

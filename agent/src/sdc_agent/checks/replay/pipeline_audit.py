@@ -226,21 +226,21 @@ class PipelineRingAudit(CollectiveRingAudit):
         return confirmed
 
     # ------------------------------------------------------------------ check 2
-    def audit(
+    # RingAudit.audit's template (one all-gather over the job, then one confirmation round per
+    # disputed replica), with the pipeline's three hooks: each rank's rows are its stage's, and
+    # the comparison is stage by stage.
+    def audit_rows(
         self,
         step: int,
         loss: torch.Tensor | None,
         own_fingerprints: torch.Tensor | None,
         *,
         deterministic: bool,
-    ) -> Alarm | None:
-        """Replay the target replica's pipeline step, gather every rank's rows, compare stage by
-        stage (collective: one all-gather over the job, then one confirmation round per
-        disputed replica). Records a pass, or returns the Alarm (not yet logged nor published).
-        ``loss`` is not used: the loss is the last stage's, in its rows."""
+    ) -> tuple[list[int], list[int]]:
+        """This rank's stage's outcome of the kept pipeline step and its replay of the target
+        replica's. ``loss`` is not used: the loss is the last stage's, in its rows."""
         del loss
         a = self.pipeline
-        offset = self.peer_offset
         if self._kept is None:
             raise RuntimeError(
                 f"sdc_agent: audit step {step} ran no pipeline step through the guard "
@@ -250,16 +250,27 @@ class PipelineRingAudit(CollectiveRingAudit):
             self._kept, own_fingerprints if deterministic else None, a.rows_of_stage, True
         )
         replayed = self.replica_row(
-            step, replay_target(a.replica_index, a.replicas, offset), deterministic
+            step, replay_target(a.replica_index, a.replicas, self.peer_offset), deterministic
         )
-        mine = torch.tensor([own.to_row(), replayed], dtype=torch.int64, device=a.collective_device)
-        gathered = [torch.zeros_like(mine) for _ in range(a.world)]
-        dist.all_gather(gathered, mine)
-        rows = torch.stack(gathered).cpu().tolist()
-        failed = [rank for rank, r in enumerate(rows) if is_failed_row(r[1])]
-        if failed:
-            return self.skipped(step, failed)
-        self.skipped_in_a_row = 0
+        return own.to_row(), replayed
+
+    def failed_ranks(self, rows: list[list[list[int]]]) -> list[int]:
+        """The global ranks whose replay raised (the gather is over the whole job)."""
+        return [rank for rank, r in enumerate(rows) if is_failed_row(r[1])]
+
+    def compare(
+        self,
+        step: int,
+        rows: list[list[list[int]]],
+        own_fingerprints: torch.Tensor | None,
+        *,
+        deterministic: bool,
+    ) -> Alarm | None:
+        """Compare every replica's rows stage by stage along each pipeline coordinate, settle
+        disputes on a third replica; records a pass, or returns the Alarm."""
+        del own_fingerprints  # in the rows already
+        a = self.pipeline
+        offset = self.peer_offset
         columns = a.replica_columns()
         owns = [[PipelineOutcome.from_row(rows[g][0]) for g in column] for column in columns]
         replays = [[PipelineOutcome.from_row(rows[g][1]) for g in column] for column in columns]
