@@ -84,7 +84,9 @@ def replays_leave_training_unchanged(
         for step in range(steps):
             with guard.step(step) as guarded:
                 if audit_every == 0:  # the RNG an audit step runs with, without the audit
-                    torch.manual_seed(step_seed(step, guard._run.parallel.seed_rank(dist.get_rank())))
+                    torch.manual_seed(
+                        step_seed(step, guard._run.parallel.seed_rank(dist.get_rank()))
+                    )
                 loss = compute_loss(model, _batch(parallel, step, dist.get_rank()))
                 loss.backward()
                 assert guarded.check_gradients(loss) is None
