@@ -28,6 +28,11 @@ LOG_RETENTION_DAYS: tuple[int, ...] = (
 )  # fmt: skip
 """The retention periods CloudWatch Logs accepts, in days."""
 
+MIN_REPORT_RETENTION_DAYS = 30
+"""The shortest retention of the report group: a report is the full evidence of the remediation
+it raised (messages and the ledger point to it), so it must outlive that remediation (the
+health check, a day's approval by default) and the on-call's look at it afterwards."""
+
 # Name patterns from the service APIs, so a typo fails at synth instead of at 3 a.m.
 _HYPERPOD_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # SageMaker ClusterName
 _HYPERPOD_ARN = re.compile(r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-z0-9]{12}$")
@@ -105,6 +110,14 @@ class SdcConfig:
     """The liveness alarm fires when no check passed for this long (`livenessWindow`)."""
     log_retention_days: int = 30
     """Retention of the functions' and the workflow's log groups (`logRetentionDays`)."""
+    report_retention_days: int = 400
+    """Retention of the agent's report group `/sdc/<cluster>`, the evidence behind every alarm
+    the ledger records: 400 days keeps a year of it for an annual audit, plus a month to run
+    the audit (`reportRetentionDays`)."""
+    adopt_report_log_group: bool = False
+    """The report group already exists (an agent of an earlier release created it): the stack
+    does not create it, and its retention and key are set by the commands of the
+    `ReportLogGroupAdoptCommand` output (`adoptReportLogGroup`)."""
     auto_approve: autoapprove.AutoApprovePolicy = field(
         default_factory=autoapprove.AutoApprovePolicy
     )
@@ -265,6 +278,14 @@ class SdcConfig:
             self.log_retention_days in LOG_RETENTION_DAYS,
             "logRetentionDays",
             f"{self.log_retention_days}: CloudWatch Logs accepts {list(LOG_RETENTION_DAYS)}",
+        )
+        _check(
+            self.report_retention_days in LOG_RETENTION_DAYS
+            and self.report_retention_days >= MIN_REPORT_RETENTION_DAYS,
+            "reportRetentionDays",
+            f"{self.report_retention_days}: CloudWatch Logs accepts {list(LOG_RETENTION_DAYS)}; "
+            f"at least {MIN_REPORT_RETENTION_DAYS} (the reports are the evidence every "
+            "remediation's messages and ledger entries point to)",
         )
 
         if self.canary_schedule_seconds != 0:
@@ -501,6 +522,8 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "livenessJobName": ("liveness_job_name", _optional(_as_str)),
     "livenessWindow": ("liveness_window_seconds", _as_duration),
     "logRetentionDays": ("log_retention_days", _as_int),
+    "reportRetentionDays": ("report_retention_days", _as_int),
+    "adoptReportLogGroup": ("adopt_report_log_group", _as_bool),
     "checkModes": ("check_modes", _as_modes),
     "autoApprove": ("auto_approve", _as_policy),
     "shadowHealthCheck": ("shadow_health_check", _as_bool),

@@ -49,7 +49,7 @@ class SdcGuardStack(cdk.Stack):
         self.config = config
         state_machine_name = config.resource_prefix
 
-        # What the functions act on and do not create: the clusters, the agent's report group.
+        # What the functions act on and do not create: the clusters.
         self.hyperpod = HyperPodCluster(
             self,
             "HyperPodCluster",
@@ -57,15 +57,25 @@ class SdcGuardStack(cdk.Stack):
             cluster_arn=config.hyperpod_cluster_arn,
         )
         self.eks_access = EksAccess(self, "EksAccess", cluster_name=config.eks_cluster_name)
-        self.reports = ReportLogGroup(self, "Reports", log_group_name=config.report_log_group)
-
         self.ledger = Ledger(self, "Ledger", cluster_name=config.hyperpod_cluster_name)
-        # The stack's log groups: the functions' (CloudFormation names them "<stack>-<id>-<n>")
-        # and the state machine's.
+        # The stack's log groups: the functions' (CloudFormation names them "<stack>-<id>-<n>"),
+        # the state machine's and the agent's report group (created here unless adopted).
         self.logs_key = LogsKey(
             self,
             "LogsKey",
-            log_group_names=[f"{self.stack_name}-*", log_group_name(state_machine_name)],
+            log_group_names=[
+                f"{self.stack_name}-*",
+                log_group_name(state_machine_name),
+                config.report_log_group,
+            ],
+        )
+        self.reports = ReportLogGroup(
+            self,
+            "Reports",
+            log_group_name=config.report_log_group,
+            retention=log_retention(config.report_retention_days),
+            logs_key=self.logs_key.key,
+            adopt=config.adopt_report_log_group,
         )
         self.approvals = Approvals(self, "Approvals")
         self.notifications = Notifications(
@@ -225,6 +235,10 @@ class SdcGuardStack(cdk.Stack):
         ledger.grant_sweep(fn("sweeper"))
         workflow.grant_describe_executions(fn("sweeper"))
         notify(fn("sweeper"))
+        # The backstop: reports no remediation took up (a flood of made-up JobNames can keep a
+        # real job's contributor out of ALARM) start the same workflow.
+        reports.grant_read(fn("sweeper"))
+        workflow.grant_start_backstop(fn("sweeper"))
 
         for step in self.functions.kubernetes_steps:
             self.eks_access.grant_kubernetes(step, fn(step))
@@ -296,6 +310,11 @@ class SdcGuardStack(cdk.Stack):
                     ],
                 ),
                 "Approve a pending replacement (the id is in the notification; list with `pending`)",
+            ),
+            "LogsKeyArn": (
+                self.logs_key.key.key_arn,
+                "The key of the stack's log groups and of the report group (retained with it); "
+                "an adopted report group is associated with it (docs/deploy.md)",
             ),
             "KubernetesRbacCommand": (
                 f"kubectl apply -n {self.config.training_namespace} -f infra/k8s/rbac.yaml "

@@ -1,6 +1,7 @@
 """Customer managed keys for what the stack keeps at rest: the ledger's and the approvals'
-tables (each its own key, each grant of a table granting its key) and the stack's log groups
-(one key, usable by CloudWatch Logs for those log groups only), as the notification topic has
+tables (each its own key, each grant of a table granting its key) and the stack's log groups,
+the agent's report group among them (one key, usable by CloudWatch Logs for those log groups
+only), as the notification topic has
 its own (infra/constructs/notifications.py).
 
 A customer managed key, unlike the AWS managed ``aws/dynamodb`` key, is one whose policy and
@@ -75,7 +76,8 @@ def grant_table_key(
 
 
 class LogsKey(Construct):
-    """The key of the stack's log groups (the functions', the state machine's).
+    """The key of the stack's log groups (the functions', the state machine's, the agent's
+    report group).
 
     Its policy lets CloudWatch Logs of this region use it, and only for a log group whose ARN
     (the ``aws:logs:arn`` encryption context CloudWatch Logs passes on every call) matches one
@@ -105,9 +107,11 @@ class LogsKey(Construct):
             "Key",
             description="sdc-guard log groups",
             enable_key_rotation=True,
-            # The logs go with the stack (their groups are destroyed with it); so does the key.
-            removal_policy=cdk.RemovalPolicy.DESTROY,
-            pending_window=cdk.Duration.days(7),
+            # Kept on stack deletion: the report group (/sdc/<cluster>) is retained with the
+            # evidence of past alarms, and a retained group whose key went with the stack could
+            # never be read again (as a retained table's key: `table_key`).
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            pending_window=cdk.Duration.days(30),
         )
         self.key.add_to_resource_policy(
             iam.PolicyStatement(

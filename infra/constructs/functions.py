@@ -86,7 +86,7 @@ SERVICES: dict[str, StepSpec] = {
         kubernetes=True,
     ),
     "sweeper": StepSpec(
-        "Close remediations whose workflow execution is no longer running (scheduled)",
+        "Close remediations whose workflow execution ended; start it for reports none took up",
         timeout_seconds=120,
     ),
 }

@@ -1,15 +1,21 @@
 """The agent's report log group (`/sdc/<cluster>`, one stream per training job), and every grant
 on it.
 
-The group is not created by the stack: the agent creates it on its first report (its policy
-allows logs:CreateLogGroup on this group only), so a stack can be deployed before any job runs
-and deleted without losing the evidence of past alarms.
+The stack creates the group (issue 33): with a retention (`reportRetentionDays`), under the
+stack's logs key, and retained when the stack is deleted, so deleting the stack never loses the
+evidence of past alarms. Nobody else may create it (no role has logs:CreateLogGroup on it): a
+group made by a pod would have neither retention nor key. A deployment whose group an agent of
+an earlier release already created adopts it (`adoptReportLogGroup`): CloudFormation cannot
+create a group that exists, so the stack only names it, and docs/deploy.md gives the two
+commands that set its retention and key.
 """
 
 from __future__ import annotations
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 import sdc_contract as contract
@@ -22,24 +28,49 @@ POD_NAME_TAG = "aws:PrincipalTag/kubernetes-pod-name"
 
 
 class ReportLogGroup(Construct):
-    """Who may write which stream of the report group, and who may read it."""
+    """The report group (unless adopted), who may write which stream of it, and who may read
+    it."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, log_group_name: str) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        log_group_name: str,
+        retention: logs.RetentionDays,
+        logs_key: kms.IKey,
+        adopt: bool = False,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.log_group_name = log_group_name
+        # The ARN is formatted, never the resource's attribute: every grant reads the same
+        # whether the stack created the group or adopted it.
         self.arn = cdk.Stack.of(self).format_arn(
             service="logs",
             resource="log-group",
             resource_name=log_group_name,
             arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
         )
+        self.log_group: logs.LogGroup | None = None
+        """The group, when this stack created it (None: adopted)."""
+        if not adopt:
+            self.log_group = logs.LogGroup(
+                self,
+                "Group",
+                log_group_name=log_group_name,
+                retention=retention,
+                encryption_key=logs_key,
+                # The evidence of past alarms outlives the stack (and so does its key:
+                # infra/constructs/encryption.py).
+                removal_policy=cdk.RemovalPolicy.RETAIN,
+            )
 
     def stream_arn(self, stream: str) -> str:
         """The ARN of one stream (`*`: any) of the group."""
         return f"{self.arn}:log-stream:{stream}"
 
     def grant_read(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """Read the jobs' reports (localize)."""
+        """Read the jobs' reports (localize; the sweeper's backstop)."""
         return allow(
             grantee,
             sid="ReadAgentReports",
@@ -54,8 +85,8 @@ class ReportLogGroup(Construct):
     def grant_write_job_reports(
         self, grantee: iam.IGrantable, *, pod_namespace: str | None = None
     ) -> iam.PolicyStatement:
-        """Create the group and write a training job's report (the agent in the training pods),
-        never into the canary's stream: a pod that could write there could forge canary reports
+        """Write a training job's report (the agent in the training pods), never into the
+        canary's stream: a pod that could write there could forge canary reports
         and page the on-call with a false "canary stopped".
 
         ``pod_namespace`` None (``agentIdentity: shared``): any job's stream ``<job>``.
@@ -74,11 +105,7 @@ class ReportLogGroup(Construct):
         return allow(
             grantee,
             sid="WriteSdcReports",
-            actions=[
-                "logs:CreateLogGroup",
-                "logs:CreateLogStream",
-                "logs:PutLogEvents",
-            ],
+            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
             resources=[self.arn, self.stream_arn("*")],
             wildcard_reason=(
                 "The agent creates one log stream per training job (named at run time) in its "
@@ -99,8 +126,8 @@ class ReportLogGroup(Construct):
         # into its own stream (PutLogEvents is authorized on the stream).
         allow(
             grantee,
-            sid="CreateSdcReportGroup",
-            actions=["logs:CreateLogGroup", "logs:CreateLogStream"],
+            sid="CreateSdcReportStream",
+            actions=["logs:CreateLogStream"],
             resources=[self.arn],
             conditions=in_namespace,
         )
@@ -119,11 +146,10 @@ class ReportLogGroup(Construct):
         )
 
     def grant_write_canary_report(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """Create the group and write the canary job's report, into its own stream only (the
-        canary function)."""
+        """Write the canary job's report, into its own stream only (the canary function)."""
         return allow(
             grantee,
             sid="CanaryReport",
-            actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
             resources=[self.arn, self.stream_arn(contract.CANARY_JOB)],
         )

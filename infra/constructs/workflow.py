@@ -237,6 +237,16 @@ class Workflow(Construct):
             resources=[self.arn],
         )
 
+    def grant_start_backstop(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Start this state machine for a report no remediation took up (the sweeper's
+        backstop: the same workflow as an alarm, for a report a flood crowded out)."""
+        return allow(
+            grantee,
+            sid="StartWorkflowForUntakenReports",
+            actions=["states:StartExecution"],
+            resources=[self.arn],
+        )
+
     def grant_describe_executions(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
         """Read whether an execution still runs (the sweeper)."""
         return allow(

@@ -26,7 +26,7 @@ DOCS = [
     REPO_ROOT / "README.md",
     REPO_ROOT / "agent" / "README.md",
     REPO_ROOT / "lambdas" / "README.md",
-    *sorted((REPO_ROOT / "docs").glob("*.md")),
+    *sorted((REPO_ROOT / "docs").rglob("*.md")),
 ]
 
 

@@ -959,7 +959,9 @@ def test_code_asset_is_the_lambdas_folder_without_build_leftovers(default_synth:
     assert "pyproject.toml" not in files
 
 
-def test_the_sweeper_runs_on_a_schedule_and_may_only_read_executions(default_synth: Any) -> None:
+def test_the_sweeper_runs_on_a_schedule_reads_executions_and_starts_only_the_backstop(
+    default_synth: Any,
+) -> None:
     # Given the sweeper function and its schedule
     template = default_synth.template
     sweeper = function_ids(template)["sweeper"]
@@ -971,14 +973,26 @@ def test_the_sweeper_runs_on_a_schedule_and_may_only_read_executions(default_syn
     # Then it runs every 15 minutes
     assert schedule["ScheduleExpression"] == "rate(15 minutes)"
     assert schedule["Target"]["Arn"] == {"Fn::GetAtt": [sweeper, "Arn"]}
-    # And its role reads executions of this state machine only, and never sends task results
+    # And its role reads executions of this state machine, starts that state machine only (the
+    # backstop, issue 32), and never sends task results
     role = template["Resources"][sweeper]["Properties"]["Role"]["Fn::GetAtt"][0]
     statements = role_statements(template, role)
     states_actions = {
         a for s in statements for a in as_list(s["Action"]) if a.startswith("states:")
     }
-    assert states_actions == {"states:DescribeExecution"}
+    assert states_actions == {"states:DescribeExecution", "states:StartExecution"}
     (describe,) = [s for s in statements if "states:DescribeExecution" in as_list(s["Action"])]
     assert flatten(as_list(describe["Resource"])[0]).endswith(
         ":execution:sdc-guard-example-hyperpod-cluster:*"
     )
+    (start,) = [s for s in statements if "states:StartExecution" in as_list(s["Action"])]
+    assert as_list(start["Action"]) == ["states:StartExecution"]
+    assert [flatten(r) for r in as_list(start["Resource"])] == [
+        "arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:"
+        "sdc-guard-example-hyperpod-cluster"
+    ]
+    # And it reads the report group (the backstop's reports), and writes nothing there
+    logs_actions = {
+        a for s in statements for a in as_list(s["Action"]) if a.startswith("logs:")
+    } - {"logs:CreateLogStream", "logs:PutLogEvents"}  # its own log group's
+    assert logs_actions == {"logs:FilterLogEvents"}

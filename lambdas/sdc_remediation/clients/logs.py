@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import aws
-from ..errors import ReportNotYetVisible
+from ..errors import ConfigurationError, ReportNotYetVisible
 
 MAX_STREAMS_PER_FILTER = 100
 """FilterLogEvents takes at most this many stream names."""
@@ -49,8 +49,43 @@ def filter_events(
     return events
 
 
+def filter_page(
+    group: str,
+    pattern: str,
+    start_ms: int,
+    end_ms: int,
+    *,
+    prefix: str | None = None,
+    token: str | None = None,
+    limit: int = 100,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page (at most ``limit`` events) of ``group``'s events matching ``pattern`` between
+    the two times (in the streams starting with ``prefix``, when given), from ``token``; the
+    events and the next page's token (None: the last page). A missing group is no events."""
+    logs = aws.client("logs")
+    kwargs: dict[str, Any] = {
+        "logGroupName": group,
+        "filterPattern": pattern,
+        "startTime": start_ms,
+        "endTime": end_ms,
+        "limit": limit,
+    }
+    if prefix is not None:
+        kwargs["logStreamNamePrefix"] = prefix
+    if token is not None:
+        kwargs["nextToken"] = token
+    with aws.aws_errors("logs:FilterLogEvents"):
+        try:
+            page = logs.filter_log_events(**kwargs)
+        except logs.exceptions.ResourceNotFoundException:
+            return [], None
+    return list(page.get("events", [])), page.get("nextToken") or None
+
+
 def put_event(group: str, stream: str, message: str, timestamp_ms: int) -> None:
-    """Write one event, creating the stream (and the group, when no agent created it yet)."""
+    """Write one event, creating the stream when missing. The group is the stack's (created
+    with its retention and key, or adopted): a missing group is a ``ConfigurationError``,
+    never created here without them."""
     logs = aws.client("logs")
     exists = logs.exceptions.ResourceAlreadyExistsException
     with aws.aws_errors("logs:CreateLogStream"):
@@ -58,11 +93,10 @@ def put_event(group: str, stream: str, message: str, timestamp_ms: int) -> None:
             with contextlib.suppress(exists):
                 logs.create_log_stream(logGroupName=group, logStreamName=stream)
         except logs.exceptions.ResourceNotFoundException:
-            # No agent published yet: the group is the agent's to create, and the canary's too.
-            with contextlib.suppress(exists):
-                logs.create_log_group(logGroupName=group)
-            with contextlib.suppress(exists):
-                logs.create_log_stream(logGroupName=group, logStreamName=stream)
+            raise ConfigurationError(
+                f"log group {group} does not exist: the stack creates it (with "
+                "adoptReportLogGroup it must exist before the deploy)"
+            ) from None
     with aws.aws_errors("logs:PutLogEvents"):
         logs.put_log_events(
             logGroupName=group,
@@ -71,4 +105,4 @@ def put_event(group: str, stream: str, message: str, timestamp_ms: int) -> None:
         )
 
 
-__all__ = ["filter_events", "put_event"]
+__all__ = ["filter_events", "filter_page", "put_event"]

@@ -1,4 +1,5 @@
-"""Step Functions reads: an execution's status (the sweeper), recent executions (the canary).
+"""Step Functions: an execution's status and the backstop's start (the sweeper), recent
+executions (the canary).
 
 SendTaskSuccess is the approvals table's (``dal.approvals``): its claim and its send are one
 operation.
@@ -29,6 +30,24 @@ def execution_status(execution: str) -> str:
         raise
 
 
+def start_execution(state_machine_arn: str, name: str, payload: str) -> str:
+    """Start an execution named ``name`` with input ``payload``; its ARN. A name already
+    used is that execution (Step Functions answers a repeated StartExecution of a running one
+    with it, and ``ExecutionAlreadyExists`` once it ended: names are unique for 90 days), so a
+    retried start starts nothing twice."""
+    sfn = aws.client("stepfunctions")
+    try:
+        with aws.aws_errors("states:StartExecution"):
+            started = sfn.start_execution(
+                stateMachineArn=state_machine_arn, name=name, input=payload
+            )
+    except botocore.exceptions.ClientError as exc:
+        if aws.error_code(exc) != "ExecutionAlreadyExists":
+            raise
+        return f"{state_machine_arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
+    return str(started["executionArn"])
+
+
 def started_since(state_machine_arn: str, started: datetime, *, newest: int = 50) -> bool:
     """Whether one of the state machine's ``newest`` executions started at or after
     ``started``."""
@@ -39,4 +58,4 @@ def started_since(state_machine_arn: str, started: datetime, *, newest: int = 50
     return any(e["startDate"] >= started for e in page.get("executions", []))
 
 
-__all__ = ["MISSING", "execution_status", "started_since"]
+__all__ = ["MISSING", "execution_status", "start_execution", "started_since"]

@@ -27,6 +27,11 @@ class ReportClaims:
             return None
         return self._table.get(keys.report(req.instance_id, req.report))
 
+    def taken(self, instance_id: str, report: str) -> dict[str, Any] | None:
+        """The claim of ``report`` on the node ``instance_id``, if any (the sweeper's
+        backstop, which knows the report and its nodes, not an admission request)."""
+        return self._table.get(keys.report(instance_id, report))
+
     def claim(self, req: AdmitRequest, remediation_id: str) -> dict[str, Any] | None:
         """Claim ``req``'s report for ``remediation_id`` outside an admission (a shadowed
         alarm, which claims nothing else): None when claimed now (or by this very execution and

@@ -14,6 +14,11 @@ The ledger is one table of many kinds of item, told apart by their keys:
   ``sk=DUE#<what>`` (``due``): one message per alarm episode, one reminder per period.
 - ``pk=CANARY#<cluster>, sk=RUN#<run id>``: the canary's runs (``run``; the partition is the
   contract's, which infra's LeadingKeys grants name too).
+- ``pk=REFUSED#<cluster>, sk=REPORT#<report>``: a report the admission refused (the guard's
+  circuit open), whatever node (``report_refusal``; expires).
+- ``pk=BACKSTOP#<cluster>``: the sweeper's backstop: ``sk=REPORT#<report>``, a report it
+  started the workflow for (``backstop_start``; expires), and ``sk=CURSOR``, where its reading
+  of the report group stands (``backstop_cursor``).
 
 The approvals table has one kind of item, keyed by ``approval_id`` (``approval``).
 
@@ -39,6 +44,9 @@ REPORT_PREFIX = "REPORT#"
 NOTICE_PREFIX = "NOTICE#"
 DUE_PREFIX = "DUE#"
 RUN_PREFIX = "RUN#"
+REFUSED_PREFIX = "REFUSED#"
+BACKSTOP_PREFIX = "BACKSTOP#"
+CURSOR_SK = "CURSOR"
 _MAX_SK = 1024
 """DynamoDB's limit on a sort key (bytes); keys built from free text are cut to it."""
 
@@ -127,6 +135,21 @@ def run(cluster: str, run_id: str) -> Key:
     return {"pk": run_pk(cluster), "sk": run_sk(run_id)}
 
 
+def report_refusal(cluster: str, report: str) -> Key:
+    """The item that says the admission refused ``report`` (any node of it)."""
+    return {"pk": f"{REFUSED_PREFIX}{cluster}", "sk": report_sk(report)}
+
+
+def backstop_start(cluster: str, report: str) -> Key:
+    """The item that says the sweeper's backstop started the workflow for ``report``."""
+    return {"pk": f"{BACKSTOP_PREFIX}{cluster}", "sk": report_sk(report)}
+
+
+def backstop_cursor(cluster: str) -> Key:
+    """Where the sweeper's backstop stands in the cluster's report group."""
+    return {"pk": f"{BACKSTOP_PREFIX}{cluster}", "sk": CURSOR_SK}
+
+
 def approval(approval_id: str) -> Key:
     """An approval request (the approvals table)."""
     return {"approval_id": approval_id}
@@ -151,18 +174,23 @@ def is_guard(item: Mapping[str, Any]) -> bool:
 
 
 __all__ = [
+    "BACKSTOP_PREFIX",
     "CLUSTER_PREFIX",
+    "CURSOR_SK",
     "DUE_PREFIX",
     "EVENT_PREFIX",
     "GUARD_PREFIX",
     "GUARD_SK",
     "NOTICE_PREFIX",
+    "REFUSED_PREFIX",
     "REPORT_PREFIX",
     "RUN_PREFIX",
     "SHADOW_SK",
     "STATE_SK",
     "Key",
     "approval",
+    "backstop_cursor",
+    "backstop_start",
     "cluster_pk",
     "due",
     "event",
@@ -175,6 +203,7 @@ __all__ = [
     "is_state",
     "notice",
     "report",
+    "report_refusal",
     "report_sk",
     "run",
     "run_pk",

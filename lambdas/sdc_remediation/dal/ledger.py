@@ -14,7 +14,11 @@ each in its own module (the items each one owns are described there, every key i
   ``close_execution``, ``release``; ``RELEASING_TRANSITIONS``);
 - ``events``: the transition history (``record``, ``events``, ``all_events``,
   ``offender_history``; ``encode_detail``);
-- ``notices``: what is said once (``first_in_episode``, ``due``).
+- ``notices``: what is said once (``first_in_episode``, ``due``);
+- ``report_outcomes``: a report the admission refused, one the sweeper's backstop started,
+  and where the backstop stands (``refuse_report``, ``report_refusal``, ``report_taken``,
+  ``backstop_started``, ``mark_backstop_started``, ``backstop_cursor``,
+  ``save_backstop_cursor``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .dynamo import Table
 from .events import Events
 from .holds import Holds
 from .notices import Notices
+from .report_outcomes import ReportOutcomes
 
 
 class Ledger:
@@ -41,6 +46,7 @@ class Ledger:
         self._admissions = AdmissionStore(store, self._claims)
         self._holds = Holds(store, self._admissions, self._events)
         self._notices = Notices(store)
+        self._outcomes = ReportOutcomes(store)
 
     # -- admission (admission_store, claims) --------------------------------------------------
 
@@ -155,6 +161,40 @@ class Ledger:
     def due(self, cluster: str, what: str, every_seconds: int) -> bool:
         """Claim the ``what`` due once every ``every_seconds`` (``Notices.due``)."""
         return self._notices.due(cluster, what, every_seconds)
+
+    # -- reports outside their claims (report_outcomes, claims) -------------------------------
+
+    def refuse_report(self, cluster: str, report: str, *, reason: str, instance_id: str) -> None:
+        """Record the admission's refusal of ``report`` (``ReportOutcomes.refuse``)."""
+        self._outcomes.refuse(cluster, report, reason=reason, instance_id=instance_id)
+
+    def report_refusal(self, cluster: str, report: str) -> dict[str, Any] | None:
+        """The admission's refusal of ``report``, if any."""
+        return self._outcomes.refusal(cluster, report)
+
+    def report_taken(self, instance_id: str, report: str) -> dict[str, Any] | None:
+        """The claim of ``report`` on the node, if any (``ReportClaims.taken``)."""
+        return self._claims.taken(instance_id, report)
+
+    def backstop_started(self, cluster: str, report: str) -> dict[str, Any] | None:
+        """The sweeper's backstop start for ``report``, if any."""
+        return self._outcomes.started(cluster, report)
+
+    def mark_backstop_started(self, cluster: str, report: str, *, execution: str) -> None:
+        """Record the backstop's start of ``execution`` for ``report``."""
+        self._outcomes.mark_started(cluster, report, execution=execution)
+
+    def backstop_cursor(self, cluster: str) -> dict[str, Any] | None:
+        """Where the backstop's reading of the report group stands."""
+        return self._outcomes.cursor(cluster)
+
+    def save_backstop_cursor(
+        self, cluster: str, *, start_ms: int, end_ms: int, token: str | None, done: bool
+    ) -> None:
+        """Store where the backstop stands (``ReportOutcomes.save_cursor``)."""
+        self._outcomes.save_cursor(
+            cluster, start_ms=start_ms, end_ms=end_ms, token=token, done=done
+        )
 
 
 __all__ = ["Ledger"]

@@ -11,6 +11,10 @@ execution's status. The node stays cordoned and keeps counting against the guard
 Held nodes count against the guard's out-of-service fraction until released, so a forgotten one
 shrinks the room for real findings: once a day the sweeper reminds the on-call of every node held
 longer than a day (``REMIND_AFTER_SECONDS``), in one message.
+
+Last, the backstop (``logic/backstop.py``): reports in the report group that no remediation
+took up (a flood of made-up JobNames can keep a real job's contributor out of ALARM) start the
+workflow, bounded per sweep.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..dal.events import encode_detail
 from ..dal.ledger import Ledger
 from ..observability import logger, metrics
 from . import notify
+from .backstop import BackstopResult, backstop
 
 REMIND_AFTER_SECONDS = 86400
 """A node held longer than this is in the daily reminder."""
@@ -46,6 +51,8 @@ class SweepResult:
     skipped: list[str] = field(default_factory=list)
     reminded: list[str] = field(default_factory=list)
     """The long-held nodes this sweep reminded the on-call of (empty: no reminder due)."""
+    backstop: BackstopResult = field(default_factory=lambda: BackstopResult(enabled=False))
+    """The reports no remediation took up, started by this sweep (``logic/backstop.py``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The handler's JSON answer."""
@@ -54,6 +61,7 @@ class SweepResult:
             "abandoned": self.abandoned,
             "skipped": self.skipped,
             "reminded": self.reminded,
+            "backstop": self.backstop.as_dict(),
         }
 
 
@@ -120,6 +128,13 @@ def sweep(settings: Settings) -> SweepResult:
         }
         sns.publish(settings.topic_arn, subject[:100], json.dumps(body, indent=2))
     result.reminded = remind_long_held(ledger, settings)
+    # Last: what it does not finish (its bounds) the next sweep goes on with.
+    result.backstop = backstop(settings, ledger)
+    if result.backstop.started:
+        # Only when it started one (a metric billed only in the hours it has data).
+        metrics.add_metric(
+            name="backstop_started", unit="Count", value=len(result.backstop.started)
+        )
     logger.info("swept", extra=result.as_dict())
     return result
 

@@ -60,6 +60,13 @@ class Alarm(_Model):
     localize reads that job's series and reports only. None: an alarm not scoped to one job."""
 
 
+def report_identity(job: str, step: int, check: str, report_time: str | None) -> str:
+    """A report's identity: job, step, check and report time (ISO 8601, ``clock.iso``). The
+    ledger keeps one remediation per report and node under it (``Suspect.report_key``), a
+    refusal per report, and the sweeper's backstop reads a report from the log group by it."""
+    return f"{job}#{step}#{check}#{report_time or '-'}"
+
+
 class Suspect(_Model):
     """One node to contain, with the evidence that names it."""
 
@@ -109,7 +116,7 @@ class Suspect(_Model):
     def report_key(self) -> str:
         """The identity of the report that names this node: job, step, check, report time (the
         ledger admits one remediation per report and node)."""
-        return f"{self.job}#{self.step}#{self.check}#{self.report_time or '-'}"
+        return report_identity(self.job, self.step, self.check, self.report_time)
 
     @model_validator(mode="after")
     def _canary_is_the_reserved_node(self) -> Suspect:
@@ -259,4 +266,5 @@ __all__ = [
     "PollInput",
     "Refusal",
     "Suspect",
+    "report_identity",
 ]

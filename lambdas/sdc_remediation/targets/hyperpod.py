@@ -37,8 +37,17 @@ class HyperPodNode:
             return shadow.admit(ledger, request, health_check=settings.shadow_health_check)
         decision = ledger.admit(request, admission.decide)
         logger.info("admission", extra={"decision": decision.decision, "reason": decision.reason})
+        if decision.decision == "circuit_open" and request.report:
+            # The report's refusal, so the sweeper's backstop does not start it again every
+            # sweep (a claim says the same of an admitted or shadowed report).
+            ledger.refuse_report(
+                request.cluster,
+                request.report,
+                reason=decision.reason,
+                instance_id=request.instance_id,
+            )
         return Admission(
-            decision=decision.decision,  # type: ignore[arg-type]
+            decision=decision.decision,
             remediation_id=decision.remediation_id,
             reason=decision.reason,
         )
