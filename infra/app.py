@@ -21,7 +21,7 @@ from infra.stack import SdcGuardStack
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CDK_JSON = REPO_ROOT / "cdk.json"
 STACK_ID = "SdcGuard"
-SKIP_BUNDLING = {"aws:cdk:bundling-stacks": []}
+SKIP_BUNDLING: dict[str, list[str]] = {"aws:cdk:bundling-stacks": []}
 """Context that makes CDK skip asset bundling: the CLI sets this key to the stacks it will bundle,
 and an empty list bundles none (the layer's pip step is the only bundling in this app)."""
 

@@ -332,7 +332,7 @@ class Settings:
         value = (self._optional(contract.REPLACE_MODE) or "api").lower()
         if value not in REPLACE_MODES:
             raise ConfigurationError(f"REPLACE_MODE must be 'api' or 'label', got {value!r}")
-        return value  # type: ignore[return-value]
+        return value
 
     @property
     def check_modes(self) -> dict[str, Mode]:

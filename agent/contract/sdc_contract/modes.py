@@ -52,12 +52,12 @@ def _valid_key(key: str) -> bool:
     return bool(sep) and check in CHECKS and (verdict == ANY or verdict in SUSPECT_VERDICTS)
 
 
-def mode_for(table: Mapping[str, str], check: str, verdict: str) -> Mode:
+def mode_for(table: Mapping[str, Mode], check: str, verdict: str) -> Mode:
     """The mode of one check x verdict: exact key, else ``<check>/*``, else ``*``, else
     ``enforce``. A verdict outside the contract's list is looked up as ``unknown``."""
     for key in (f"{check}/{verdict_name(verdict)}", f"{check}/{ANY}", ANY):
         if key in table:
-            return table[key]  # type: ignore[return-value]
+            return table[key]
     return DEFAULT_MODE
 
 

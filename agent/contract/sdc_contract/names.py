@@ -9,6 +9,7 @@ before they use it (localize): the same rule in each place, from here.
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
@@ -43,7 +44,7 @@ HEALTH_CHECK_TYPES: tuple[str, ...] = (
 )
 """The DeepHealthChecks values StartClusterHealthCheck accepts (botocore 1.44's model)."""
 DEFAULT_HEALTH_CHECKS: tuple[str, ...] = ("InstanceStress",)
-REPLACE_MODES: tuple[str, ...] = ("api", "label")
+REPLACE_MODES: tuple[Literal["api", "label"], ...] = ("api", "label")
 """How an approved node is replaced: BatchReplaceClusterNodes, or HyperPod's node label."""
 
 

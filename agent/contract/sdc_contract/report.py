@@ -130,7 +130,7 @@ VERDICT_ENTRY_KEYS: tuple[str, ...] = ("pair", "third", "suspect", "kind")
 
 def verdict_name(value: object) -> SuspectVerdict:
     """``value`` when it is one of :data:`SUSPECT_VERDICTS`, else :data:`UNKNOWN_VERDICT`."""
-    return value if value in SUSPECT_VERDICTS else UNKNOWN_VERDICT  # type: ignore[return-value]
+    return value if value in SUSPECT_VERDICTS else UNKNOWN_VERDICT
 
 
 def check_rank_keys(keys: Iterable[str]) -> None:

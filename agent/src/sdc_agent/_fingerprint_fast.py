@@ -84,7 +84,9 @@ def _buffer(plan: Plan, name: str, shape: tuple[int, ...], dtype: torch.dtype) -
     return tensor
 
 
-def _index(plan: Plan, name: str, values: list[int] | list[list[int]]) -> torch.Tensor:
+def _index(
+    plan: Plan, name: str, values: list[int] | list[list[int]] | list[list[list[int]]]
+) -> torch.Tensor:
     """A small int64 index/constant tensor built from host values once per plan."""
     tensor = plan.tensors.get(name)
     if tensor is None:
@@ -208,7 +210,7 @@ def run_generic(plan: Plan, bits: list[torch.Tensor | None], out: torch.Tensor) 
     ``bits[i]`` is tensor i's flat signed-integer view (any width), None when it has no piece.
     """
     for number, batch in enumerate(plan.batches):
-        parts = [bits[p.index][p.start : p.start + p.length] for p in batch]  # type: ignore[index]
+        parts = [bits[p.index][p.start : p.start + p.length] for p in batch]  # type: ignore[index]  # a plan has pieces of present tensors only
         values = torch.cat(parts).to(torch.int64) if len(parts) > 1 else parts[0].to(torch.int64)
         positions = _ramp(plan.device, 1, values.numel())
         if len(batch) == 1:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,7 +35,7 @@ BLOCK = 8192
 
 
 @functools.cache
-def _kernel() -> Callable[..., Any]:
+def _kernel() -> Any:  # a triton.JITFunction, launched as kernel[grid](...)
     """The jitted kernel (decorated on first use, so TRITON_INTERPRET is honoured then too)."""
     import triton
     import triton.language as tl

@@ -205,8 +205,8 @@ def fingerprints(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
     table = torch.zeros((len(items), 2), dtype=torch.int64, device=device)
     for group_device, group in by_device.items():
         rows = _fingerprint_same_device([bits for _, bits in group], group_device)
-        index = torch.tensor([i for i, _ in group], dtype=torch.int64, device=device)
-        table.index_copy_(0, index, rows.to(device))
+        positions = torch.tensor([i for i, _ in group], dtype=torch.int64, device=device)
+        table.index_copy_(0, positions, rows.to(device))
     return table
 
 

@@ -100,7 +100,7 @@ class AlarmLog:
         that decision. A log that is malformed or cannot be read raises AlarmLogError on every rank. With ``allow_unsafe``
         the resume goes ahead, logged as an error.
         """
-        verdict = {"refusal": None, "error": None}
+        verdict: dict[str, str | None] = {"refusal": None, "error": None}
         if self.writes:
             try:
                 verdict["refusal"] = resume_refusal(start_step, read_alarm_log(self.alarm_dir))

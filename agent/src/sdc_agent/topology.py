@@ -165,13 +165,11 @@ def _validate_group_targets(world: int, peer_offset: int, groups: Sequence[Seque
     position = {rank: (g, i) for g, group in enumerate(groups) for i, rank in enumerate(group)}
     for g, group in enumerate(groups):
         targets = [position.get((rank + peer_offset) % world) for rank in group]
+        found = [t for t in targets if t is not None]
         if (
-            any(t is None for t in targets)
-            or {t[0] for t in targets} == {g}
-            or any(  # type: ignore[index]
-                t != (targets[0][0], i)
-                for i, t in enumerate(targets)  # type: ignore[index]
-            )
+            len(found) < len(targets)
+            or {t[0] for t in found} == {g}
+            or any(t != (found[0][0], i) for i, t in enumerate(found))
         ):
             raise TopologyError(
                 f"peer_offset={peer_offset} sends the tensor-parallel group {list(group)} to "

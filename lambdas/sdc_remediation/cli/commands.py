@@ -50,11 +50,12 @@ def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except ConfigurationError as exc:
+            error: RemediationError = exc
             if isinstance(exc.__cause__, botocore.exceptions.NoCredentialsError):
-                exc = NoCredentials(
+                error = NoCredentials(
                     "no AWS credentials found (configure a profile, SSO login or AWS_* variables)"
                 )
-            raise _failure(f"{type(exc).__name__}: {exc}") from None
+            raise _failure(f"{type(error).__name__}: {error}") from None
         except RemediationError as exc:
             raise _failure(f"{type(exc).__name__}: {exc}") from None
         except botocore.exceptions.NoRegionError:

@@ -41,7 +41,7 @@ class AdmitRequest:
 class AdmitDecision:
     """The ledger's answer: admitted, duplicate or circuit_open, and why."""
 
-    decision: str
+    decision: Literal["admitted", "duplicate", "circuit_open"]
     remediation_id: str | None
     reason: str
 

@@ -86,7 +86,7 @@ class AlarmStateChangeEvent(EventBridgeModel):
     detail_type: Literal[
         "CloudWatch Alarm State Change", "CloudWatch Alarm Contributor State Change"
     ] = Field(alias="detail-type")
-    detail: AlarmDetail  # type: ignore[assignment]
+    detail: AlarmDetail
 
 
 def parse_alarm_event(event: Any) -> AlarmStateChangeEvent:

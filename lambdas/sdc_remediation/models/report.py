@@ -107,7 +107,7 @@ class ReportMetric(_Model):
 class Report(_Model):
     """One ``sdc.alarm/v1`` log event, written by the agent next to the metrics."""
 
-    report_schema: Literal[ALARM_SCHEMA] = Field(alias="schema")
+    report_schema: Literal[ALARM_SCHEMA] = Field(alias="schema")  # type: ignore[valid-type]  # the contract's constant; PEP 586 allows no name
     cluster: str = Field(max_length=256)
     job: JobName
     time: datetime
@@ -137,7 +137,7 @@ class Report(_Model):
 class RankMap(_Model):
     """The ``sdc.rankmap/v1`` event the agent writes at job start."""
 
-    report_schema: Literal[RANKMAP_SCHEMA] = Field(alias="schema")
+    report_schema: Literal[RANKMAP_SCHEMA] = Field(alias="schema")  # type: ignore[valid-type]  # the contract's constant; PEP 586 allows no name
     cluster: str = Field(max_length=256)
     job: JobName
     time: datetime

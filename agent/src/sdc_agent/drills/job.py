@@ -279,6 +279,7 @@ def train_drill(
     decision: dict[str, Any] | None = None
     state = None
     if resume:
+        assert run_dir is not None  # resume needs run_dir: checked above
         decision = checkpoints.choose_resume(run_dir)
         state = decision.pop("state")
         start_step = 0 if decision["step"] is None else decision["step"] + 1
@@ -329,7 +330,7 @@ def train_drill(
             publisher=sink,
         )
     injected = [make_fault(f).attach(guard) for f in faults]
-    updates = []
+    updates: list[int | None] = []
     # The weight check the guard ran before the first step (Schedule.check_on_start), as it
     # stood at the first update: no periodic check has run by then.
     on_start: list[int | None] = []

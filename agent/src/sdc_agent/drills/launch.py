@@ -125,7 +125,11 @@ def launch(
             f"node_names: {world} ranks of {ranks_per_node} per node need {nodes} names, "
             f"got {len(names)}"
         )
-    ctx = multiprocessing.get_context(start_method)
+    ctx = (
+        multiprocessing.get_context("spawn")
+        if start_method == "spawn"
+        else multiprocessing.get_context("forkserver")
+    )
     environment = None
     if start_method == "forkserver":
         # Only takes effect when the server starts (the first forkserver launch).

@@ -66,11 +66,12 @@ class PipelineDrillStage(nn.Module):
         super().__init__()
         full = (TPDrillModel if tensor_parallel else ShardedDrillModel)(blocks=STAGES)
         self.stage = stage
-        self.embed = full.embed if stage == 0 else None
+        self.embed: nn.Module | None = full.embed if stage == 0 else None
         self.blocks = nn.ModuleDict({str(stage): full.blocks[stage]})
         last = stage == STAGES - 1
-        self.norm = full.norm if tensor_parallel and last else None
-        self.head = full.head if last else None
+        # isinstance, not tensor_parallel: the same test, and it tells mypy that ``full`` has one.
+        self.norm: nn.Module | None = full.norm if isinstance(full, TPDrillModel) and last else None
+        self.head: nn.Module | None = full.head if last else None
         self.autocast_bf16 = autocast_bf16
         self.activation_checkpointing = activation_checkpointing
 

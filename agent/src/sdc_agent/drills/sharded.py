@@ -102,7 +102,7 @@ def shard(
         if mixed_precision
         else MixedPrecisionPolicy()
     )
-    for block in module.blocks if blocks is None else blocks:  # type: ignore[union-attr]
+    for block in module.blocks if blocks is None else blocks:  # type: ignore[union-attr]  # nn.Module types .blocks Tensor | Module
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
     return module

@@ -186,7 +186,7 @@ class AcceleratorGuard:
     def checkpoint_due(self) -> bool:
         """Whether ``Schedule.ckpt_every`` asks for a checkpoint after the step the last
         :meth:`optimizer_step` applied (False again once the next micro-batch begins)."""
-        return self._stepped and self.hooks.current.checkpoint_due
+        return self._stepped and self.hooks.current_step().checkpoint_due
 
     def checkpoint_tags(self) -> dict[str, Any]:
         """The guard's tags for a checkpoint of the last step (see

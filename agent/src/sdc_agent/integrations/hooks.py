@@ -151,7 +151,7 @@ class StepHooks:
         self.start_step = start_step
         self.guard.check_resume(start_step)
         if self.guard.schedule.check_on_start:
-            return self._verify_start()
+            return self._verify_start(start_step)
         return None
 
     # ------------------------------------------------------------------ one step
@@ -170,6 +170,13 @@ class StepHooks:
         """Whether the current step passed :meth:`before_update` and waits for its update."""
         return self._updating
 
+    def current_step(self) -> GuardedStep:
+        """The step being run, or the last one (:attr:`current`); RuntimeError before the first
+        micro-batch began."""
+        if self.current is None:
+            raise RuntimeError("sdc_agent: no step began yet (begin_micro_batch)")
+        return self.current
+
     def begin_micro_batch(self, step: int) -> None:
         """Before a micro-batch's forward: the first of ``step`` opens the step (the audit
         decision, the RNG seed, the comm hook); each enters the guard's micro-batch (``no_sync``
@@ -180,23 +187,24 @@ class StepHooks:
             )
         if self._updating:
             raise RuntimeError(
-                f"sdc_agent: step {step} began before step {self.current.step} was updated: "
-                "call after_update() after each optimizer step"
+                f"sdc_agent: step {step} began before step {self.current_step().step} was "
+                "updated: call after_update() after each optimizer step"
             )
         if self._index == 0:
             self.current = self.guard.step(step)
             self.current.begin()
-        elif step != self.current.step:
+        current = self.current_step()
+        if self._index > 0 and step != current.step:
             raise RuntimeError(
-                f"sdc_agent: a micro-batch of step {step} began while step {self.current.step} "
-                f"had run {self._index} of its {self.current.grad_accum} micro-batches"
+                f"sdc_agent: a micro-batch of step {step} began while step {current.step} "
+                f"had run {self._index} of its {current.grad_accum} micro-batches"
             )
-        if self._index >= self.current.grad_accum:
+        if self._index >= current.grad_accum:
             raise RuntimeError(
                 f"sdc_agent: step {step} has more micro-batches than Schedule.grad_accum="
-                f"{self.current.grad_accum}"
+                f"{current.grad_accum}"
             )
-        self._micro = self.current.micro_batch(self._index)
+        self._micro = current.micro_batch(self._index)
         self._micro.__enter__()
         self._index += 1
 
@@ -205,7 +213,7 @@ class StepHooks:
         (:meth:`sdc_agent.GuardedStep.record_backward`)."""
         if self._micro is None:
             raise RuntimeError("sdc_agent: a backward outside a micro-batch (begin_micro_batch)")
-        self.current.record_backward(loss)
+        self.current_step().record_backward(loss)
 
     def end_micro_batch(self) -> None:
         """After the micro-batch's backward."""
@@ -242,8 +250,8 @@ class StepHooks:
         if not self._updating:
             raise RuntimeError("sdc_agent: after_update without a passing before_update")
         self._updating = False
-        self.done = self.current
-        return self._note(self.current.after_update())
+        self.done = self.current_step()
+        return self._note(self.done.after_update())
 
     # ------------------------------------------------------------------ checkpoints, end
     def verify_for_checkpoint(self) -> Alarm | None:
@@ -259,7 +267,7 @@ class StepHooks:
             return None
         if self.start_step is None:
             raise RuntimeError("sdc_agent: a checkpoint before StepHooks.start()")
-        return self._verify_start()
+        return self._verify_start(self.start_step)
 
     def checkpoint_tags(self) -> dict[str, Any]:
         """The tags of a checkpoint of the weights the last update left (see
@@ -297,13 +305,11 @@ class StepHooks:
             self.abort()
             raise
 
-    def _verify_start(self) -> Alarm | None:
-        """Compare the weights the run starts from (collective)."""
-        alarm = self._note(self.guard.check_weights(self.start_step))
+    def _verify_start(self, start_step: int) -> Alarm | None:
+        """Compare the weights the run starts from, ``start_step``'s (collective)."""
+        alarm = self._note(self.guard.check_weights(start_step))
         # A pass is recorded only when weights were compared (not under FSDP2 full sharding).
-        self._start_verified = (
-            alarm is None and self.guard.last_weight_check_pass == self.start_step
-        )
+        self._start_verified = alarm is None and self.guard.last_weight_check_pass == start_step
         return alarm
 
     def _note(self, alarm: Alarm | None) -> Alarm | None:

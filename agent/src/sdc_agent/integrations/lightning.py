@@ -157,8 +157,10 @@ class SDCGuardCallback(Callback):
                 f"SDCGuardCallback: one optimizer is supported, got {len(trainer.optimizers)}"
             )
         self._trainer = trainer
+        model = trainer.strategy.model
+        assert model is not None  # the strategy wrapped the model before on_train_start
         self.guard = Guard(
-            trainer.strategy.model,
+            model,
             trainer.optimizers[0],
             compute_loss=self._replay,
             rebuild_batch=self.rebuild_batch,
@@ -178,24 +180,26 @@ class SDCGuardCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """Open the step on its first micro-batch, then the guard's micro-batch."""
-        if self.hooks.micro_batches_begun == 0:
+        hooks = self._started()
+        if hooks.micro_batches_begun == 0:
             self._batch_idx = []
         self._batch_idx.append(batch_idx)
-        self.hooks.begin_micro_batch(trainer.global_step)
+        hooks.begin_micro_batch(trainer.global_step)
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
         """Record the loss Lightning back-propagates (training_step's loss / N)."""
-        self.hooks.record_backward(loss)
+        self._started().record_backward(loss)
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """Close the last micro-batch, then checks 1 and 2, before Lightning clips the
         gradients and steps the optimizer."""
-        self.hooks.end_micro_batch()
-        self._check(self.hooks.before_update())
+        hooks = self._started()
+        hooks.end_micro_batch()
+        self._check(hooks.before_update())
 
     def on_train_batch_end(
         self,
@@ -211,15 +215,16 @@ class SDCGuardCallback(Callback):
         An accumulating micro-batch closes here and not right after its backward: Lightning
         runs it inside DDP's ``no_sync``, entered after this callback's micro-batch began, and
         the two contexts must nest (``no_sync`` restores the flag it found on exit)."""
-        if self.hooks.in_micro_batch:
-            self.hooks.end_micro_batch()
-        if self.hooks.updating:
+        hooks = self._started()
+        if hooks.in_micro_batch:
+            hooks.end_micro_batch()
+        if hooks.updating:
             trainer.optimizers[0].zero_grad(set_to_none=True)
-            self._check(self.hooks.after_update())
+            self._check(hooks.after_update())
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Settle the last step's checks (collective)."""
-        self._check(self.hooks.finish())
+        self._check(self._started().finish())
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -245,12 +250,19 @@ class SDCGuardCallback(Callback):
         """A replay's loss: the batch moved as Lightning moves it, then ``replay_loss`` on the
         LightningModule under the precision plugin's training context (never through DDP,
         whose hooks would wait for the other ranks)."""
-        trainer = self._trainer
+        trainer, guard = self._trainer, self.guard
+        assert trainer is not None and guard is not None  # replays run after on_train_start
         batch = trainer.strategy.batch_to_device(batch)
-        position = self.guard.current_micro_batch or 0
+        position = guard.current_micro_batch or 0
         batch_idx = self._batch_idx[position] if position < len(self._batch_idx) else 0
         with trainer.precision_plugin.train_step_context():
             return self.replay_loss(trainer.lightning_module, batch, batch_idx)
+
+    def _started(self) -> StepHooks:
+        """The step hooks ``on_train_start`` made (a step callback before it raises)."""
+        if self.hooks is None:
+            raise RuntimeError("sdc_agent: SDCGuardCallback: a training step before on_train_start")
+        return self.hooks
 
     def _check(self, alarm: Any) -> None:
         if alarm is not None:

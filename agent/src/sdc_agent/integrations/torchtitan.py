@@ -159,7 +159,7 @@ class TitanGuard:
         extra = {k: v for k, v in input_dict.items() if k != "input"}
         positions = extra.get("positions")
         if positions is not None and _masked_attention(model):
-            extra["attention_masks"] = model.get_attention_masks(positions=positions)
+            extra["attention_masks"] = model.get_attention_masks(positions=positions)  # type: ignore[operator]  # torchtitan's method; nn.Module types it Tensor | Module
         pred = model(inputs, **extra)
         out = self.loss_fn(pred, labels, self._global_valid_tokens)
         return out[0] if isinstance(out, tuple) else out

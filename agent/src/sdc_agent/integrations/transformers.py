@@ -33,7 +33,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
@@ -128,7 +128,9 @@ class _EpochLoader(DataLoader):
     """A DataLoader whose ``set_epoch`` reaches its batch sampler (the Trainer calls it)."""
 
     def set_epoch(self, epoch: int) -> None:
-        self.batch_sampler.set_epoch(epoch)
+        sampler = self.batch_sampler
+        assert isinstance(sampler, RankBatchSampler)  # the one it is built with
+        sampler.set_epoch(epoch)
 
 
 class _Micro(dict):
@@ -149,15 +151,15 @@ class _GuardCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = self.trainer
-        trainer._sdc_check(trainer._sdc_hooks.before_update())
+        trainer._sdc_check(trainer._sdc_started().before_update())
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = self.trainer
-        trainer._sdc_check(trainer._sdc_hooks.after_update())
+        trainer._sdc_check(trainer._sdc_started().after_update())
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = self.trainer
-        trainer._sdc_check(trainer._sdc_hooks.finish())
+        trainer._sdc_check(trainer._sdc_started().finish())
 
 
 class GuardedTrainer(Trainer):
@@ -241,7 +243,7 @@ class GuardedTrainer(Trainer):
         """The Trainer's forward and backward of one micro-batch, inside the guard's
         micro-batch (the first one of a step opens it); the loss it back-propagated is recorded
         for the audit."""
-        hooks = self._sdc_hooks
+        hooks = self._sdc_started()
         step = self.state.global_step
         if hooks.micro_batches_begun == 0:
             self._sdc_num_items = {step: num_items_in_batch}  # replays are of this step only
@@ -272,6 +274,7 @@ class GuardedTrainer(Trainer):
         """At ``on_train_begin`` (every rank): build the guard on the wrapped model, refuse a
         covered checkpoint, compare the weights."""
         optimizer = self.optimizer
+        assert optimizer is not None  # the Trainer creates it before on_train_begin
         self.sdc_guard = Guard(
             self.model_wrapped,
             getattr(optimizer, "optimizer", optimizer),  # the torch optimizer inside Accelerate's
@@ -286,6 +289,12 @@ class GuardedTrainer(Trainer):
         )
         self._sdc_hooks = StepHooks(self.sdc_guard)
         self._sdc_check(self._sdc_hooks.start(self.state.global_step))
+
+    def _sdc_started(self) -> StepHooks:
+        """The step hooks ``on_train_begin`` made (a step before it raises)."""
+        if self._sdc_hooks is None:
+            raise RuntimeError("sdc_agent: GuardedTrainer: a training step before on_train_begin")
+        return self._sdc_hooks
 
     def _sdc_check(self, alarm: Alarm | None) -> None:
         if alarm is not None:
@@ -322,9 +331,11 @@ class GuardedTrainer(Trainer):
             micros = [_Micro(batch) for batch in batches]
         else:
             dataset, collator = self._sdc_dataset()
+            sampler = self._sdc_sampler
+            assert sampler is not None  # get_train_dataloader made it (no rebuild_batch)
             micros = [
                 _Micro(collator([dataset[i] for i in indices]))
-                for indices in self._sdc_sampler.indices(step, rank)
+                for indices in sampler.indices(step, rank)
             ]
         num_items = self._sdc_num_items.get(step)
         per_device = not self.args.average_tokens_across_devices or self.args.world_size <= 1
@@ -344,7 +355,10 @@ class GuardedTrainer(Trainer):
             num_items = self._sdc_num_items.get(self.state.global_step)
         inputs = self._prepare_inputs(dict(batch))
         with self.compute_loss_context_manager():
-            loss = self.compute_loss(module, inputs, num_items_in_batch=num_items)
+            # Without return_outputs, compute_loss returns the loss alone (not (loss, outputs)).
+            loss = cast(
+                torch.Tensor, self.compute_loss(module, inputs, num_items_in_batch=num_items)
+            )
         if self.loss_is_scaled_for_ga is not None:
             scaled = self.loss_is_scaled_for_ga
         else:

@@ -8,6 +8,7 @@ write to the spool. Everything that touches the network runs on the sender threa
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import queue
@@ -213,9 +214,9 @@ class Sender:
             if item is _STOP:
                 return
             if isinstance(item, Delivery):
-                self._guarded(lambda d=item: self._handle(d))
+                self._guarded(functools.partial(self._handle, item))
             elif isinstance(item, _Flush):
-                self._guarded(lambda m=item: self._handle_flush(m))
+                self._guarded(functools.partial(self._handle_flush, item))
                 item.done.set()
             self._guarded(self._send_liveness)
 
@@ -293,10 +294,13 @@ class Sender:
         namespace = delivery.namespace
         while delivery.metrics:
             chunk = list(delivery.metrics[:MAX_METRICS_PER_CALL])
+
+            def put_chunk(c: list[dict[str, Any]] = chunk) -> None:
+                # The timestamp of each attempt, as the call is made.
+                self.transport.put_metric_data(namespace, c, datetime.now(timezone.utc))
+
             self._attempt(
-                lambda c=chunk: self.transport.put_metric_data(
-                    namespace, c, datetime.now(timezone.utc)
-                ),
+                put_chunk,
                 policy,
                 delivery,
                 f"PutMetricData {delivery.namespace}",

@@ -19,6 +19,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sdc_contract.environment import POD_NAMESPACE as ENV_POD_NAMESPACE
 from sdc_contract.environment import SDC_CLUSTER_NAME as ENV_CLUSTER_NAME
@@ -200,7 +201,7 @@ class PublishSettings:
         report_stream: str | None = None,
         pod_namespace: str | None = None,
         pod_name: str | None = None,
-        **options: object,
+        **options: Any,
     ) -> PublishSettings:
         """Settings from arguments, falling back to the environment a HyperPod EKS pod has.
 
@@ -246,7 +247,7 @@ class PublishSettings:
             region=region or env.get("AWS_REGION", "").strip() or None,
             spool_dir=spool_dir or env.get(ENV_SPOOL_DIR, "").strip() or default_spool_dir(),
             report_stream=mode,
-            **options,  # type: ignore[arg-type]
+            **options,
         )
 
 

@@ -33,7 +33,6 @@ import functools
 import importlib.util
 import math
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,7 +59,7 @@ def interpreting() -> bool:
 
 
 @functools.cache
-def _kernel(interpret: bool) -> Callable[..., Any]:
+def _kernel(interpret: bool) -> Any:  # a triton.JITFunction, launched as kernel[grid](...)
     """The jitted kernel; ``interpret`` keys the cache because ``triton.jit`` reads
     TRITON_INTERPRET when it decorates."""
     del interpret  # only the cache key
@@ -219,13 +218,15 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def self_check_cases(device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+def self_check_cases(
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """Cases whose ratio is known to both paths: integer operands (every product and sum is
     exact in fp32, so a healthy row's difference is 0) with one element of known size added
     to some rows, a NaN row, an Inf operand, and healthy random data (ratio far below 1).
     Each case is (result, left, right, bias-or-empty)."""
     g = torch.Generator().manual_seed(2026)
-    cases = []
+    cases: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
     for rows, inner, width, with_bias in (
         (1, 1, 1, False),
         (37, 70, 130, True),
@@ -257,6 +258,6 @@ def self_check_cases(device: torch.device) -> list[tuple[torch.Tensor, ...]]:
     )
     cases.append((right.t() @ left.t(), right.t(), left.t(), None))  # transposed strides
     return [
-        tuple(t.to(device) if t is not None else None for t in case)  # type: ignore[misc]
-        for case in cases
+        (c.to(device), a.to(device), b.to(device), None if d is None else d.to(device))
+        for c, a, b, d in cases
     ]

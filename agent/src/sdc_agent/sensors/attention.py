@@ -127,7 +127,7 @@ class AttentionFunction(torch.autograd.Function):
     checked before it is used; the output rounded once to the operands' dtype."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -166,7 +166,7 @@ class AttentionFunction(torch.autograd.Function):
         return o.to(q.dtype)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, p = ctx.saved_tensors
         site: OpSensor = ctx.site
         groups = ctx.groups
@@ -217,7 +217,9 @@ def checked_call(
     bound.update(kwargs)
     q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
     mask = bound.get("attn_mask")
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or set(bound) - set(names):
+    if not (
+        isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    ) or set(bound) - set(names):
         return None
     if bound.get("dropout_p", 0.0) or q.dim() < 3 or not q.is_floating_point():
         return None

@@ -206,11 +206,7 @@ class SensorBoard:
         self._bases: list[int] = []  # per sensor: its layer's first sensor index
         self._confirming = False
         self._device: torch.device | None = None
-        self._flags: torch.Tensor | None = None  # int64 [n]: fired since the last take
-        self._ratios: torch.Tensor | None = None  # fp32 [n]: largest ratio since the last take
-        self._learned: torch.Tensor | None = None  # fp32 [n]: largest unflagged ratio observed
-        self._healthy: torch.Tensor | None = None  # fp32 [n]: unflagged checks observed
-        self._thresholds: torch.Tensor | None = None  # fp32 [n]: in force, the same everywhere
+        self._slots: _Slots | None = None  # allocated on the first check (_ensure)
 
     def configure(self, config: SensorConfig) -> None:
         """Hold ``config``'s thresholds instead (``GuardConfig.sensors.thresholds``): only before
@@ -222,7 +218,7 @@ class SensorBoard:
                 "the sensors' thresholds were given twice, differently: to sdc_agent.protect "
                 f"({self.config}) and in GuardConfig.sensors.thresholds ({config}); give them once"
             )
-        if any(self.checks) or self._thresholds is not None:
+        if any(self.checks) or self._slots is not None:
             raise RuntimeError("the sensors' thresholds can only be set before their first check")
         self.config = config
         self.learning = config.warmup_checks > 0
@@ -291,9 +287,9 @@ class SensorBoard:
         active = frozenset(active)
         self._set_active(active, kernels=active)
         self._confirming = False
-        if self._flags is not None:
-            self._flags.zero_()
-            self._ratios.zero_()
+        if self._slots is not None:
+            self._slots.flags.zero_()
+            self._slots.ratios.zero_()
 
     def stop_checking(self) -> None:
         """Check nothing from now on, but keep the step's kernels (:meth:`runs_checked`): the
@@ -313,9 +309,9 @@ class SensorBoard:
         reading, computed as the step computed."""
         self._set_active(self._kernels, kernels=self._kernels)
         self._confirming = True
-        if self._flags is not None:
-            self._flags.zero_()
-            self._ratios.zero_()
+        if self._slots is not None:
+            self._slots.flags.zero_()
+            self._slots.ratios.zero_()
 
     def _set_active(self, active: frozenset[int], *, kernels: frozenset[int]) -> None:
         self._active = active
@@ -339,44 +335,43 @@ class SensorBoard:
         """Account one check's ratio (0-dim, on the op's device): flag it when above the
         threshold in force or not finite; while :attr:`learning`, keep the largest ratio that
         did not flag. No host synchronisation."""
-        self._ensure(ratio.device)
+        slots = self._ensure(ratio.device)
         value = ratio.detach().float().reshape(1)
         slot = slice(index, index + 1)
-        self._ratios[slot] = torch.maximum(
-            self._ratios[slot], torch.nan_to_num(value, nan=math.inf)
+        slots.ratios[slot] = torch.maximum(
+            slots.ratios[slot], torch.nan_to_num(value, nan=math.inf)
         )
         # `not (ratio <= threshold)` is true for NaN as well as for a ratio above the threshold.
-        fired = ~(value <= self._thresholds[slot])
-        self._flags[slot] = torch.maximum(self._flags[slot], fired.to(torch.int64))
+        fired = ~(value <= slots.thresholds[slot])
+        slots.flags[slot] = torch.maximum(slots.flags[slot], fired.to(torch.int64))
         if self._confirming:
             return  # a replay's reading teaches nothing and is no training check
         self.checks[index] += 1
         if self.learning:
             # A flagged ratio is a candidate, never a lesson (a NaN flags, so it is left out).
             healthy = torch.where(fired, torch.zeros_like(value), value)
-            self._learned[slot] = torch.maximum(self._learned[slot], healthy)
-            self._healthy[slot] += (~fired).float()
+            slots.learned[slot] = torch.maximum(slots.learned[slot], healthy)
+            slots.healthy[slot] += (~fired).float()
 
     def take_flags(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The flags (int64) and largest ratios (fp32) since :meth:`arm`, one per sensor, on the
         device (copies), and stop checking (:meth:`stop_checking`: the step's kernels stay for
         its replays): what the guard reads once per step."""
-        self._ensure(self._device or torch.device("cpu"))
-        flags, ratios = self._flags.clone(), self._ratios.clone()
+        slots = self._ensure(self._device or torch.device("cpu"))
+        flags, ratios = slots.flags.clone(), slots.ratios.clone()
         self.stop_checking()
         return flags, ratios
 
     def threshold_tensor(self) -> torch.Tensor:
         """Each sensor's threshold in force on the device (fp32): a copy."""
-        self._ensure(self._device or torch.device("cpu"))
-        return self._thresholds.clone()
+        return self._ensure(self._device or torch.device("cpu")).thresholds.clone()
 
     def thresholds(self) -> list[float | None]:
         """Each sensor's threshold in force (reads the device: for reports). Every sensor has
         one from its first check, so no entry is None (the type stays for callers of the
         observe-only warm-up this board had)."""
-        self._ensure(self._device or torch.device("cpu"))
-        return [float(v) for v in self._thresholds.cpu().tolist()]
+        slots = self._ensure(self._device or torch.device("cpu"))
+        return [float(v) for v in slots.thresholds.cpu().tolist()]
 
     # ------------------------------------------------------------------ agreeing (no collectives here)
     def observations(self) -> torch.Tensor:
@@ -384,8 +379,8 @@ class SensorBoard:
         largest unflagged ratio of each sensor and how many unflagged checks it ran (the caller
         gathers every rank's and hands them to :meth:`agree`). A sensor that only flagged has
         observed nothing: it keeps its threshold."""
-        self._ensure(self._device or torch.device("cpu"))
-        return torch.stack([self._learned, self._healthy])
+        slots = self._ensure(self._device or torch.device("cpu"))
+        return torch.stack([slots.learned, slots.healthy])
 
     def agree(self, gathered: torch.Tensor) -> list[Outlier]:
         """Adopt the thresholds every rank's :meth:`observations` agree on and stop learning.
@@ -395,19 +390,19 @@ class SensorBoard:
         outlier whose fault persists flags on this step). Returns the outliers: (rank, sensor)
         whose observed ratio is above the agreed threshold (:func:`agreed_thresholds`). Syncs
         the host once."""
-        self._ensure(self._device or torch.device("cpu"))
-        gathered = gathered.to(self._thresholds.device).float()
+        slots = self._ensure(self._device or torch.device("cpu"))
+        gathered = gathered.to(slots.thresholds.device).float()
         if gathered.dim() != 3 or gathered.shape[1:] != (2, len(self.sensors)):
             raise ValueError(
                 f"agree: expected [ranks, 2, {len(self.sensors)}] observations, "
                 f"got {tuple(gathered.shape)}"
             )
         learned, observed = gathered[:, 0], gathered[:, 1]
-        agreed = agreed_thresholds(learned, observed, self._thresholds, self.config)
-        self._thresholds.copy_(agreed)
+        agreed = agreed_thresholds(learned, observed, slots.thresholds, self.config)
+        slots.thresholds.copy_(agreed)
         self.learning = False
-        fired = ~(self._ratios <= self._thresholds)
-        self._flags.copy_(torch.maximum(self._flags, fired.to(torch.int64)))
+        fired = ~(slots.ratios <= slots.thresholds)
+        slots.flags.copy_(torch.maximum(slots.flags, fired.to(torch.int64)))
         above = ((learned > agreed) & (observed > 0)).nonzero().tolist()
         table, limits = learned.cpu().tolist(), agreed.cpu().tolist()
         self.outliers = [
@@ -425,35 +420,49 @@ class SensorBoard:
         GPU reproduced; above ``initial_threshold`` too when the data's tail is there), never
         below what is in force; returns the threshold now in force. Call it with the same value
         on every rank."""
-        self._ensure(self._device or torch.device("cpu"))
-        current = float(self._thresholds[index])
+        slots = self._ensure(self._device or torch.device("cpu"))
+        current = float(slots.thresholds[index])
         if not math.isfinite(reproduced):
             return current
         raised = max(current, SEPARATION * reproduced)
         if raised > current:
-            self._thresholds[index] = raised
+            slots.thresholds[index] = raised
             self.relaxed += 1
         return raised
 
-    def _ensure(self, device: torch.device) -> None:
-        if self._device == device and self._flags is not None:
-            return
+    def _ensure(self, device: torch.device) -> _Slots:
+        if self._device == device and self._slots is not None:
+            return self._slots
         n = len(self.sensors)
-        old = (self._flags, self._ratios, self._learned, self._healthy, self._thresholds)
-        self._flags = torch.zeros(n, dtype=torch.int64, device=device)
-        self._ratios = torch.zeros(n, dtype=torch.float32, device=device)
-        self._learned = torch.zeros(n, dtype=torch.float32, device=device)
-        self._healthy = torch.zeros(n, dtype=torch.float32, device=device)
-        self._thresholds = torch.full(
-            (n,), float(self.config.initial_threshold), dtype=torch.float32, device=device
+        old = self._slots
+        slots = _Slots(
+            flags=torch.zeros(n, dtype=torch.int64, device=device),
+            ratios=torch.zeros(n, dtype=torch.float32, device=device),
+            learned=torch.zeros(n, dtype=torch.float32, device=device),
+            healthy=torch.zeros(n, dtype=torch.float32, device=device),
+            thresholds=torch.full(
+                (n,), float(self.config.initial_threshold), dtype=torch.float32, device=device
+            ),
         )
-        if old[0] is not None:
+        if old is not None:
             # Moved (model.to(device)) or grown: keep what the sensors learned and agreed.
-            for new, previous in zip(
-                (self._flags, self._ratios, self._learned, self._healthy, self._thresholds),
-                old,
-                strict=True,
-            ):
+            for new, previous in zip(slots.tensors(), old.tensors(), strict=True):
                 count = min(n, previous.numel())
                 new[:count] = previous[:count].to(device)
+        self._slots = slots
         self._device = device
+        return slots
+
+
+@dataclass(slots=True)
+class _Slots:
+    """The board's per-sensor device tensors, allocated together (one entry per sensor)."""
+
+    flags: torch.Tensor  # int64 [n]: fired since the last take
+    ratios: torch.Tensor  # fp32 [n]: largest ratio since the last take
+    learned: torch.Tensor  # fp32 [n]: largest unflagged ratio observed
+    healthy: torch.Tensor  # fp32 [n]: unflagged checks observed
+    thresholds: torch.Tensor  # fp32 [n]: in force, the same everywhere
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.flags, self.ratios, self.learned, self.healthy, self.thresholds)

@@ -257,7 +257,7 @@ class MulFunction(torch.autograd.Function):
     tapped and checked."""
 
     @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, site: OpSensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, site: OpSensor) -> torch.Tensor:
         y = torch.mul(a, b)
         site.tap("forward", y)
         if site.checks("forward"):
@@ -268,7 +268,7 @@ class MulFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         a, b = ctx.saved_tensors
         site: OpSensor = ctx.site
         need_a, need_b = ctx.needs_input_grad[:2]
@@ -307,19 +307,18 @@ def embedding_wgrad_ratio(
     rows, tokens = dy.reshape(-1, width), ids.reshape(-1)
     limit = chunk if chunk is not None else CHUNK_ELEMENTS
     step = max(1, limit // max(1, width))
-    expected = squares = magnitudes = None
+    totals: tuple[torch.Tensor, ...] | None = None
     for start in range(0, max(1, rows.shape[0]), step):
         block = rows[start : start + step].float()
         if padding_idx >= 0:
             block = block * (tokens[start : start + step].reshape(-1, 1) != padding_idx)
         parts = (block.sum(dim=0), block.square().sum(dim=0), block.abs().sum(dim=0))
-        if expected is None:
-            expected, squares, magnitudes = parts
+        if totals is None:
+            totals = parts
         else:
-            expected, squares, magnitudes = (
-                total + part
-                for total, part in zip((expected, squares, magnitudes), parts, strict=True)
-            )
+            totals = tuple(total + part for total, part in zip(totals, parts, strict=True))
+    assert totals is not None  # the loop runs at least once (max(1, rows))
+    expected, squares, magnitudes = totals
     observed = dw.sum(dim=0, dtype=torch.float32)
     growth = 2.0 * FP32_UNIT_ROUNDOFF * (math.sqrt(dw.shape[0]) + math.sqrt(rows.shape[0]))
     bound = growth * squares.sqrt() + 2.0 * _output_unit(dw.dtype) * magnitudes
@@ -332,7 +331,7 @@ class EmbeddingFunction(torch.autograd.Function):
     gradient checked by its column sums (:func:`embedding_wgrad_ratio`)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, site: OpSensor
     ) -> torch.Tensor:
         y = torch.embedding(weight, ids, padding_idx, False, False)
@@ -347,7 +346,7 @@ class EmbeddingFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (ids,) = ctx.saved_tensors
         # The call autograd's EmbeddingBackward0 makes.
         dw = torch.ops.aten.embedding_backward(grad, ids, ctx.rows, ctx.padding_idx, False, False)
@@ -364,7 +363,7 @@ class ActivationFunction(torch.autograd.Function):
     the input gradient tapped (fault drills) and checked when the site's sensors say so."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, site: OpSensor, name: str, approximate: str
     ) -> torch.Tensor:
         y = F.silu(x) if name == "silu" else F.gelu(x, approximate=approximate)
@@ -377,7 +376,7 @@ class ActivationFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (x,) = ctx.saved_tensors
         # The calls autograd's SiluBackward0 / GeluBackward0 make.
         if ctx.name == "silu":

@@ -102,12 +102,12 @@ class _GradientTap(torch.autograd.Function):
     ``F.linear`` itself)."""
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, layer: ProtectedLinear, gemm: Gemm) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, t: torch.Tensor, layer: ProtectedLinear, gemm: Gemm) -> torch.Tensor:
         ctx.layer, ctx.gemm = layer, gemm
         return t.view_as(t)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return _through_taps(ctx.layer, ctx.gemm, grad), None, None
 
 
@@ -116,11 +116,11 @@ class _OutputTap(torch.autograd.Function):
     taps leave it; the gradient passes through unchanged."""
 
     @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, layer: ProtectedLinear) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, y: torch.Tensor, layer: ProtectedLinear) -> torch.Tensor:
         return _through_taps(layer, "forward", y)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return grad, None
 
 
@@ -145,7 +145,7 @@ class _ProtectedLinearFunction(torch.autograd.Function):
     the board) is read at the forward too: the backward of this forward follows it."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor,
@@ -192,7 +192,7 @@ class _ProtectedLinearFunction(torch.autograd.Function):
             return y32.to(dtype) if sixteen else y32
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         layer: ProtectedLinear = ctx.layer
         board, base = layer.sensor_board, layer.sensor_base
         x, weight = ctx.saved_tensors
@@ -394,7 +394,7 @@ def protect(
             continue
         # Swapping the class keeps the module object, its parameters, hooks and state_dict keys.
         module.__class__ = protected
-        module._attach(board, name)  # type: ignore[attr-defined]
+        module._attach(board, name)
     if not board.sensors:
         raise ValueError("protect: the model has no nn.Linear layer to protect")
     return board
@@ -412,7 +412,7 @@ def find_board(model: nn.Module) -> SensorBoard | None:
 def protected_layers(model: nn.Module) -> dict[str, nn.Module]:
     """``model``'s protected layers (linear and norm) by their name on the board."""
     return {
-        m.layer_name: m
+        m.layer_name: m  # type: ignore[misc]  # nn.Module's __getattr__ types it Tensor | Module
         for m in model.modules()
         if isinstance(getattr(m, "sensor_board", None), SensorBoard)
     }

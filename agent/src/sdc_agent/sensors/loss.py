@@ -81,7 +81,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     it, with the log-probabilities and both backward results tapped and checked."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         target: torch.Tensor,
@@ -103,7 +103,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         logp, target, weight, total_weight = ctx.saved_tensors
         site: OpSensor = ctx.site
         # The calls autograd's NllLossBackward0 and LogSoftmaxBackward0 make.

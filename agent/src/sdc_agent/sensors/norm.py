@@ -180,7 +180,7 @@ class _LayerNormFunction(torch.autograd.Function):
     """``F.layer_norm`` through the kernels autograd runs for it, checked and tapped here."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor | None,
@@ -209,7 +209,7 @@ class _LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         layer: ProtectedLayerNorm = ctx.layer
         x, weight, bias, mean, rstd = ctx.saved_tensors
         mask = [ctx.needs_input_grad[0], weight is not None, bias is not None]
@@ -273,7 +273,8 @@ class ProtectedLayerNorm(OpSensor, nn.LayerNorm):
             return nn.functional.layer_norm(
                 x, self.normalized_shape, self.weight, self.bias, self.eps
             )
-        weight, bias = self.weight, self.bias
+        weight: torch.Tensor | None = self.weight
+        bias: torch.Tensor | None = self.bias
         if autocast_fp32(device):
             # What CUDA autocast does for layer_norm: run it in fp32.
             x = x.float()

@@ -76,7 +76,7 @@ def protect(
             continue  # nn.Softmax(dim=None): torch's deprecated implicit dim, left unchecked
         # Swapping the class keeps the module object, its hooks and state_dict keys.
         module.__class__ = protected
-        module._attach(board, name)  # type: ignore[attr-defined]
+        module._attach(board, name)
     for name, module in model.named_modules() if norms else ():
         if getattr(module, "sensor_board", None) is not None:
             continue  # protected already (a linear layer, a layer norm, a softmax)

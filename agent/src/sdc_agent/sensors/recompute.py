@@ -34,6 +34,7 @@ passes run the same kernels on the same inputs), a match 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -69,6 +70,11 @@ class SiteLookup(Protocol):
 
     def site(self, module: str, function: str) -> OpSensor:
         """The sensor of ``function`` in the forward of ``module``."""
+        ...
+
+    def ensure_registered(self, site: Any, costs: Callable[[], list[tuple[int, int]]]) -> None:
+        """Register ``site`` (one that :meth:`site` returned: a ``sites.Site``, which this
+        module cannot name) on the board the first time it runs."""
         ...
 
 

@@ -351,7 +351,8 @@ class RMSNormSensor(OpSensor):
         weight = self.weight()
         if weight is not None:
             return weight.shape[0]
-        return int(self.module.normalized_shape[0])  # nn.RMSNorm without affine weight
+        shape: Any = self.module.normalized_shape  # nn.Module's __getattr__ types it loosely
+        return int(shape[0])  # nn.RMSNorm without affine weight
 
     def weight(self) -> torch.Tensor | None:
         """The module's weight (None for ``nn.RMSNorm(elementwise_affine=False)``)."""
@@ -383,11 +384,13 @@ class RMSNormSensor(OpSensor):
         """Hook the output's backward node (dy), the norm's nodes that read x (dx's parts) and
         those that read the weight (which arm a one-shot check of the weight's gradient)."""
         call = _Call(x.detach(), 0)
+        dy_node = out.grad_fn
+        assert dy_node is not None  # _after watches only an output with a grad_fn
 
         def took_dy(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
             call.dy = grad_outputs[0]
 
-        out.grad_fn.register_prehook(took_dy)
+        dy_node.register_prehook(took_dy)
         if x.requires_grad:
             edges = _edges_into(out.grad_fn, torch.autograd.graph.get_gradient_edge(x))
             call.waiting = len(edges)

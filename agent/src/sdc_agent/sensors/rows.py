@@ -152,8 +152,9 @@ class OpSensor:
         """Whether any of this layer's sensors checks now, or a drill taps it."""
         return bool(self.gemm_taps) or any(self.checks(op) for op in self.sensor_ops)
 
-    def tap(self, op: Gemm, value: torch.Tensor) -> None:
-        """Let every tap see (and change in place) the op's result before its check."""
+    def tap(self, op: str, value: torch.Tensor) -> None:
+        """Let every tap see (and change in place) the op's result before its check (``op``: a
+        :data:`Gemm`, or an intermediate result's name: :data:`.tap.GemmTap`)."""
         for tap in self.gemm_taps:
             tap(op, value)
 

@@ -217,7 +217,7 @@ class FunctionSensors:
         for name, module in self.modules.items():
             module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True)
             module.register_forward_hook(self._post_hook(name), always_call=True)
-        model.sensor_sites = self
+        model.sensor_sites = self  # type: ignore[assignment]  # nn.Module types attributes Tensor | Module
 
     # ------------------------------------------------------------------ sites
     def site(self, module: str, function: str) -> Site:

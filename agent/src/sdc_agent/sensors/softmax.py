@@ -39,6 +39,7 @@ A module built with ``dim=None`` (torch's deprecated implicit dim) is not protec
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -159,10 +160,9 @@ class _RowNormaliserFunction(torch.autograd.Function):
     """``torch._softmax``/``_log_softmax`` and their backward kernels, checked and tapped."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, layer: _ProtectedRowNormaliser
-    ) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, layer: _ProtectedRowNormaliser) -> torch.Tensor:
         dim = layer.dim
+        assert dim is not None  # _attach refused dim=None
         y = layer.kernel(x, dim, False)
         layer.tap("forward", y)
         if layer.checks("forward"):
@@ -173,15 +173,17 @@ class _RowNormaliserFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         layer: _ProtectedRowNormaliser = ctx.layer
         (y,) = ctx.saved_tensors
+        dim = layer.dim
+        assert dim is not None  # _attach refused dim=None
         # The call autograd's SoftmaxBackward0 / LogSoftmaxBackward0 makes.
-        dx = layer.backward_kernel(grad, y, layer.dim, ctx.input_dtype)
+        dx = layer.backward_kernel(grad, y, dim, ctx.input_dtype)
         with torch.no_grad():
             layer.tap("dgrad", dx)
             if ctx.check_dgrad:
-                layer.record("dgrad", layer.dgrad_ratio(dx, grad, y, layer.dim))
+                layer.record("dgrad", layer.dgrad_ratio(dx, grad, y, dim))
         return dx, None
 
 
@@ -193,6 +195,13 @@ class _ProtectedRowNormaliser(OpSensor):
     """What it checks and fault drills may corrupt: the output (``forward``) and the input
     gradient (``dgrad``)."""
     kind: str
+    # Each subclass's kernels and checks (static methods): ``kernel(x, dim, half_to_float)``,
+    # ``backward_kernel(grad, y, dim, input_dtype)``, ``forward_ratio(y, x, dim)``,
+    # ``dgrad_ratio(dx, dy, y, dim)``.
+    kernel: Callable[[torch.Tensor, int, bool], torch.Tensor]
+    backward_kernel: Callable[[torch.Tensor, torch.Tensor, int, torch.dtype], torch.Tensor]
+    forward_ratio: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+    dgrad_ratio: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
     def _attach(self, board: SensorBoard, name: str) -> None:
         if self.dim is None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from .board import Gemm
-
-GemmTap = Callable[[Gemm, torch.Tensor], None]
-"""``tap(gemm, result32)``: sees (and may change in place) a GEMM's fp32 result before its check."""
+GemmTap = Callable[[str, torch.Tensor], None]
+"""``tap(gemm, result32)``: sees (and may change in place) a GEMM's fp32 result before its check.
+``gemm`` is a :data:`.board.Gemm`, or for checked attention also the name of an intermediate
+result (``"scores"``, ``"probs"``, ``"dprobs"`` ...) that no fault drill's ``gemm`` matches."""

@@ -31,14 +31,21 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 
 class LocalLinear(Protocol):
     """What :func:`local_linear` needs of a protected linear layer (:class:`~.linear.ProtectedLinear`)."""
 
-    weight: torch.Tensor
-    bias: torch.Tensor | None
+    @property
+    def weight(self) -> torch.Tensor:
+        """The layer's weight (a DTensor where :func:`local_linear` is called)."""
+        ...
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The layer's bias, if any."""
+        ...
 
     def local_forward(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -53,11 +60,11 @@ class _BiasShare(torch.autograd.Function):
     redistribution passes the (replicated) gradient of a partial output back to the bias."""
 
     @staticmethod
-    def forward(ctx: Any, bias: torch.Tensor, n: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, bias: torch.Tensor, n: int) -> torch.Tensor:
         return bias / n
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
@@ -79,7 +86,7 @@ def local_linear(layer: LocalLinear, x: torch.Tensor) -> torch.Tensor:
         # Column-parallel: this rank's output columns; its input gradient is a partial sum.
         x_local = x.to_local(grad_placements=[Partial()])
         b_local = bias.to_local() if isinstance(bias, DTensor) else bias
-        output = Shard(x.dim() - 1)
+        output: Placement = Shard(x.dim() - 1)
     elif _is_shard(w_placement, 1, 2) and _is_shard(x_placement, -1, x.dim()):
         # Row-parallel: this rank's partial output, the bias shared out as DTensor shares it.
         x_local = x.to_local()
