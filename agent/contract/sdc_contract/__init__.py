@@ -22,13 +22,26 @@ Modules, by what they fix:
   the pipeline state the same rule).
 - ``canary``: the live canary's reserved job, node and metric names, and its runs' ledger key.
 - ``errors``: the remediation errors' names, retried or caught by the workflow.
+- ``screen``: the node screen's workload (``sdc.workload/v1``) and result (``sdc.screen/v1``),
+  its verdicts and exit codes.
 
 The constants are also importable from the package itself (``sdc_contract.CANARY_JOB``).
 """
 
 from __future__ import annotations
 
-from . import autoapprove, canary, environment, errors, metrics, modes, names, report, resume
+from . import (
+    autoapprove,
+    canary,
+    environment,
+    errors,
+    metrics,
+    modes,
+    names,
+    report,
+    resume,
+    screen,
+)
 from .canary import *  # noqa: F403  (each module's __all__ is its public surface)
 from .environment import *  # noqa: F403
 from .metrics import *  # noqa: F403
@@ -48,4 +61,5 @@ __all__ = [
     "names",
     "report",
     "resume",
+    "screen",
 ]
