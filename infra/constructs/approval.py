@@ -118,7 +118,9 @@ def request_approval_task(
     reason, approval_id}), stored at `$.approval`. After `timeout` the task fails with
     States.Timeout (the workflow records approval_timed_out and leaves the node cordoned).
     """
-    payload = {key: sfn.JsonPath.object_at(f"$.{key}") for key in ITEM_KEYS_AT_APPROVAL}
+    payload: dict[str, cdk.IResolvable | str] = {
+        key: sfn.JsonPath.object_at(f"$.{key}") for key in ITEM_KEYS_AT_APPROVAL
+    }
     payload["task_token"] = sfn.JsonPath.task_token
     return tasks.LambdaInvoke(
         scope,

@@ -572,7 +572,7 @@ class Workflow(Construct):
         for state in sfn.State.find_reachable_states(start, include_error_handlers=True):
             rendered = state.to_state_json()
             if rendered.get("End") and state not in self._unrecorded:
-                state.next(done)  # type: ignore[attr-defined]
+                state.next(done)  # type: ignore[attr-defined]  # a state that ends has next(); State declares none
         return start
 
     def _item_failed(self, name: str) -> sfn.Pass:
@@ -589,7 +589,7 @@ class Workflow(Construct):
         self._unrecorded.append(state)
         return state
 
-    def _late_node(self) -> sfn.IChainable:
+    def _late_node(self) -> tasks.LambdaInvoke:
         """A pending node's item: look for its report again (retried while it is not visible,
         as localize is), then the per-suspect chain; recorded as failed when it never shows."""
         item_failed = self._item_failed("LateNodeFailed")
@@ -600,7 +600,7 @@ class Workflow(Construct):
         found.next(self._remediate_one("Late"))
         return task
 
-    def _remediate_one(self, prefix: str) -> sfn.IChainable:
+    def _remediate_one(self, prefix: str) -> tasks.LambdaInvoke:
         """The per-suspect chain (a Map item); its states' names start with `prefix` (the late
         nodes' Map has its own copy of the chain: a state belongs to one Map only)."""
         approval_timeout = self._approval_timeout

@@ -60,7 +60,7 @@ from .checks.replay.setup import (
     heterogeneity_finding,
 )
 from .checks.sensors.check import SensorCheck
-from .checks.weights.check import weight_check
+from .checks.weights.check import WeightCheck, weight_check
 from .coverage import describe
 from .fingerprint import prepare_backend
 from .parallel import ParallelAdapter, adapter_for, check_step_options
@@ -438,12 +438,13 @@ class Coordinator:
                 return None  # SENSORS: a sensed step that every rank agrees is clean
             alarm = self.audit.audit(
                 exchange.step,
-                loss,
+                loss,  # None on a pipeline's non-last stages
                 self.gradients.local_table() if deterministic else None,
                 deterministic=deterministic,
             )
             if alarm is not None and alarm.is_setup:
-                return self._set_up_wrong(alarm)
+                self._set_up_wrong(alarm)
+                return None
         elif not table.nonfinite and not any(table.reduced):
             # SENSORS: only online sensors flagged: a candidate, confirmed or dismissed by replays.
             alarm = self.sensors.judge(
@@ -519,6 +520,10 @@ class Coordinator:
         if weights is not None:
             step, check = weights
             if alarm is None:
+                if not isinstance(self.weights, WeightCheck):
+                    raise RuntimeError(
+                        "sdc_agent: a weight comparison is in flight but check 3 is off"
+                    )
                 alarm = self.weights.judge(step, check)
             else:
                 check.wait()  # every rank stops here; the comparison no longer matters

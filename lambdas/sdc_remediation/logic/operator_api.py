@@ -166,6 +166,8 @@ def perform(
         if settled is None:
             return {"approval_id": request.approval_id, "already_decided": True}
         return settled.model_dump(mode="json")
+    if request.action not in ("approve", "reject"):  # every other action returned above
+        raise InvalidStepInput(f"unknown action {request.action!r}")
     result = Approvals(settings.approvals_table).decide(
         request.approval_id,
         request.action,

@@ -10,7 +10,7 @@ with the node's instance id), never only by a step's output that may be missing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, get_args
 
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from pydantic import ValidationError
@@ -89,6 +89,11 @@ def outcome_metric(cluster: str, check: str, verdict: str, transition: str) -> N
     metric.flush_metrics()
 
 
+def _is_transition(value: object) -> TypeGuard[Transition]:
+    """Whether ``value`` is one of the contract's transitions."""
+    return value in get_args(Transition)
+
+
 @dataclass(frozen=True)
 class NodeKey:
     """The node a damaged state still names (its suspect did not parse)."""
@@ -109,8 +114,9 @@ def parse_record_input(event: Any) -> tuple[RecordInput, NodeKey | None]:
         return parse_step(event, RecordInput), None
     except InvalidStepInput as exc:
         problem = str(exc)
-    raw = event if isinstance(event, dict) else {}
-    raw_state = raw.get("state") if isinstance(raw.get("state"), dict) else {}
+    raw: dict[str, Any] = event if isinstance(event, dict) else {}
+    raw_state_value = raw.get("state")
+    raw_state: dict[str, Any] = raw_state_value if isinstance(raw_state_value, dict) else {}
     state: dict[str, Any] = {}
     for name in RecordState.model_fields:
         if name not in raw_state:
@@ -121,9 +127,10 @@ def parse_record_input(event: Any) -> tuple[RecordInput, NodeKey | None]:
             continue
         state[name] = raw_state[name]
     transition = raw.get("transition")
-    if transition not in Transition.__args__:  # type: ignore[attr-defined]
+    if not _is_transition(transition):
         raise InvalidStepInput(f"RecordInput: unknown transition {transition!r}")
-    error = raw.get("error") if isinstance(raw.get("error"), dict) else {}
+    error_value = raw.get("error")
+    error: dict[str, Any] = error_value if isinstance(error_value, dict) else {}
     step_error = StepError.model_validate(
         {
             "Error": str(error.get("Error") or "InvalidStepInput"),
@@ -142,8 +149,8 @@ def parse_record_input(event: Any) -> tuple[RecordInput, NodeKey | None]:
     if inp.state.suspect is None and isinstance(suspect, dict):
         instance_id = suspect.get("instance_id")
         if isinstance(instance_id, str) and instance_id:
-            name = suspect.get("node_name")
-            node = NodeKey(instance_id, name if isinstance(name, str) else None)
+            node_name = suspect.get("node_name")
+            node = NodeKey(instance_id, node_name if isinstance(node_name, str) else None)
     logger.warning("record input salvaged", extra={"problem": problem})
     return inp, node
 

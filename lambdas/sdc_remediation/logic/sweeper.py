@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from sdc_contract.names import node_name_of
 
@@ -139,6 +139,15 @@ def sweep(settings: Settings) -> SweepResult:
     return result
 
 
+class HeldNode(TypedDict):
+    """One node of the daily reminder."""
+
+    node: str
+    held_since: str
+    held_hours: float
+    remediation_id: str | None
+
+
 def remind_long_held(ledger: Ledger, settings: Settings) -> list[str]:
     """Once a day, one message naming every node held longer than a day (they still count
     against MAX_FRACTION); the node names reminded (empty when none or not due)."""
@@ -147,7 +156,7 @@ def remind_long_held(ledger: Ledger, settings: Settings) -> list[str]:
     long_held = [h for h in ledger.held(cluster) if now - int(h["at"]) > REMIND_AFTER_SECONDS]
     if not long_held or not ledger.due(cluster, "held-reminder", REMIND_EVERY_SECONDS):
         return []
-    nodes = [
+    nodes: list[HeldNode] = [
         {
             "node": node_name_of(str(h["instance_id"])),
             "held_since": clock.iso(datetime.fromtimestamp(int(h["at"]), UTC)),

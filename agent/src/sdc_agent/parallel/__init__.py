@@ -75,7 +75,7 @@ from torch.distributed.tensor import DTensor
 from .._compile import refuse_compiled
 from ..checks.replay.replayer import ComputeLoss
 from .adapter import ParallelAdapter, WeightReplicas
-from .ddp import DDPAdapter
+from .ddp import DDPAdapter, require_ddp
 from .fsdp import FSDP2Adapter, is_fsdp2
 from .mesh import ShardedLayout, ShardingLayoutError, learn_layout
 from .pp import PipelineAdapter, check_pipeline_options
@@ -138,4 +138,4 @@ def adapter_for(
             "with FSDP2 or HSDP: fully_shard the model on the data-parallel dimensions of the "
             "mesh (('dp', 'tp') or ('replicate', 'shard', 'tp'))"
         )
-    return DDPAdapter(model, dp_group)  # raises TypeError for anything that is not DDP
+    return DDPAdapter(require_ddp(model), dp_group)  # TypeError for anything that is not DDP

@@ -41,6 +41,15 @@ from ..topology import collective_device, group_ranks
 from .adapter import ParallelAdapter, WeightReplicas
 
 
+def require_ddp(model: nn.Module) -> DistributedDataParallel:
+    """``model`` as the DDP wrapper the DDP adapter needs; TypeError for anything else."""
+    if not isinstance(model, DistributedDataParallel):
+        raise TypeError(
+            f"Guard needs a torch.nn.parallel.DistributedDataParallel model, got {type(model).__name__}"
+        )
+    return model
+
+
 class DDPAdapter(ParallelAdapter):
     """The guard's view of a ``DistributedDataParallel`` model (see the module docstring)."""
 
@@ -52,10 +61,7 @@ class DDPAdapter(ParallelAdapter):
 
     def __init__(self, model: DistributedDataParallel, dp_group: dist.ProcessGroup | None) -> None:
         """Check the wrapper and record the data-parallel group (None: WORLD)."""
-        if not isinstance(model, DistributedDataParallel):
-            raise TypeError(
-                f"Guard needs a torch.nn.parallel.DistributedDataParallel model, got {type(model).__name__}"
-            )
+        model = require_ddp(model)  # the annotation does not bind untyped callers
         self.model: nn.Module = model
         """The model training runs: the DDP wrapper, whose backward all-reduces the gradients."""
         self.module: nn.Module = model.module
@@ -148,7 +154,7 @@ class DDPAdapter(ParallelAdapter):
     def weight_replicas(self) -> WeightReplicas:
         """Check 3 compares every replica's full weights over the data-parallel group."""
         return WeightReplicas(
-            named_weights=self.named_weights,
+            named_weights=list(self.named_weights),  # a copy: a list of Tensors, not Parameters
             sharded=False,
             replica_group=self.dp_group,
             shard_group=None,

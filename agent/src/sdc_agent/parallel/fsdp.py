@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from ..checks.gradients.stats import GradStatsState
 from ..checks.gradients.taps import ShardedGradientTaps
@@ -85,6 +86,17 @@ logger = logging.getLogger("sdc_agent")
 def is_fsdp2(model: nn.Module) -> bool:
     """Whether ``model`` was sharded with FSDP2's ``fully_shard``."""
     return isinstance(model, FSDPModule)
+
+
+def _local_shard(name: str, param: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of parameter ``name`` (a view); FSDP2 holds every parameter as a
+    DTensor, so anything else is a layout the guard does not support."""
+    if not isinstance(param, DTensor):
+        raise ShardingLayoutError(
+            f"sdc_agent.Guard: parameter {name} is not sharded (not a DTensor); apply "
+            "fully_shard to the root module too, so that every parameter is sharded"
+        )
+    return param.to_local()
 
 
 def _layout(
@@ -185,7 +197,7 @@ class FSDP2Adapter(ParallelAdapter):
         """Their names, row by row."""
         self.named_weights: list[tuple[str, nn.Parameter]] = list(model.named_parameters())
         """Every parameter by name (sharded DTensors: compare their local shards)."""
-        self.param_device = self.params[0].to_local().device
+        self.param_device = _local_shard(self.param_names[0], self.params[0]).device
         """Where the parameters' shards (and so the gradients) live."""
         self.replicate_group: dist.ProcessGroup | None = (
             self.mesh.get_group(0) if self.layout.roles[0] == REPLICATE else None
@@ -294,7 +306,7 @@ class FSDP2Adapter(ParallelAdapter):
         for leaf in self.gradient_taps().unsharded_parameters():
             leaf.grad = None
         for module in self._fsdp_modules:
-            state = module._get_fsdp_state()  # type: ignore[operator]
+            state = module._get_fsdp_state()
             for group in state._fsdp_param_groups:
                 for fsdp_param in group.fsdp_params:
                     if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
@@ -307,7 +319,7 @@ class FSDP2Adapter(ParallelAdapter):
 
     def local_weight(self, name: str) -> torch.Tensor:
         """This rank's shard of parameter ``name`` (a view: writing to it changes the weights)."""
-        return self.model.get_parameter(name).to_local()
+        return _local_shard(name, self.model.get_parameter(name))
 
     # ------------------------------------------------------------------ the checks' parts
     def make_replayer(
@@ -336,7 +348,7 @@ class FSDP2Adapter(ParallelAdapter):
         """Check 3 compares each local shard across its replicas (HSDP's replicate group); under
         full sharding a shard has one copy (``replicas`` 1: check 3 is off)."""
         return WeightReplicas(
-            named_weights=self.named_weights,
+            named_weights=list(self.named_weights),  # a copy: a list of Tensors, not Parameters
             sharded=True,
             replica_group=self.replicate_group,
             shard_group=self.shard_group,

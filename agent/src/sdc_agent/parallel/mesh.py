@@ -236,6 +236,7 @@ def learn_layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sh
     if not params:
         raise ShardingLayoutError("sdc_agent.Guard: the FSDP2 module has no trainable parameters")
     plain = [name for name, p in params if not isinstance(p, DTensor)]
+    sharded = [(name, p) for name, p in params if isinstance(p, DTensor)]
     if plain:
         raise ShardingLayoutError(
             f"sdc_agent.Guard: parameters {plain[:3]} are not sharded (not DTensors); apply "
@@ -244,7 +245,7 @@ def learn_layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sh
     # Compared by value (DeviceMesh equality: device type, ranks, dimension names): FSDP2 may
     # hold equal meshes as distinct objects.
     meshes: list[DeviceMesh] = []
-    for _, p in params:
+    for _, p in sharded:
         if not any(p.device_mesh == seen for seen in meshes):
             meshes.append(p.device_mesh)
     root = max(meshes, key=lambda m: m.ndim)
@@ -258,7 +259,7 @@ def learn_layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sh
     roles = _roles(root)
     kind = LAYOUTS[roles]
     names = _names(root) or ("shard",)
-    for name, p in params:
+    for name, p in sharded:
         on_root = _on_root(root, p.device_mesh, p.placements)
         for dim, (role, placement) in enumerate(zip(roles, on_root, strict=True)):
             accepts, wanted = _ROLE_TEST[role]
@@ -285,7 +286,8 @@ def _layout_of(mesh: DeviceMesh, roles: tuple[str, ...], kind: str) -> ShardedLa
     shard_index = 0
     for size, c in zip(inner_sizes, inner, strict=True):
         shard_index = shard_index * size + c
-    tp, tp_index, tp_groups = 1, 0, ()
+    tp, tp_index = 1, 0
+    tp_groups: tuple[tuple[int, ...], ...] = ()
     if TP in roles:
         tp = grid.shape[-1]
         tp_index = coordinate[-1]

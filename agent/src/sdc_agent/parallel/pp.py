@@ -499,7 +499,7 @@ class PipelineAdapter(ParallelAdapter):
         coordinate; every rank of a weight replica (all stages, all shards) agrees on one
         verdict, and the tables are gathered over the job when copies differ."""
         return WeightReplicas(
-            named_weights=self.named_weights,
+            named_weights=list(self.named_weights),  # a copy: a list of Tensors, not Parameters
             sharded=True,
             replica_group=self.data.replicate_group,
             shard_group=self._shard_group,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import sdc_contract as contract
 from sdc_contract.names import is_subdomain_name
+from sdc_contract.report import verdict_name
 
 from ... import clock
 from ...clients.kube import KubeApi
@@ -117,7 +118,7 @@ def suspects_from_reports(
                 ranks=ranks,
                 rank_count=named,
                 check=report.check,
-                verdict=verdict_for(report, rank),
+                verdict=verdict_name(verdict_for(report, rank)),
                 step=report.step,
                 suspect_window=list(report.suspect_window),
                 last_audit_pass=report.last_audit_pass,
@@ -165,7 +166,7 @@ def canary_suspect(report: Report, settings: Settings) -> Suspect:
         ranks={str(rank): RankInfo() for rank in ranks[:MAX_RANKS_PER_SUSPECT]},
         rank_count=len(ranks),
         check=report.check,
-        verdict=verdict_for(report, ranks[0]) if ranks else "named",
+        verdict=verdict_name(verdict_for(report, ranks[0])) if ranks else "named",
         step=report.step,
         suspect_window=list(report.suspect_window),
         report_log_group=settings.report_log_group,

@@ -44,6 +44,8 @@ def grad_stats_hook(
         table = fingerprints(bucket.gradients())
         state.local_fingerprints[rows] = table.to(device)
     group = state.process_group if state.process_group is not None else dist.group.WORLD
+    if group is None:  # WORLD is None only before init_process_group, and DDP needs it
+        raise RuntimeError("sdc_agent: the default process group is not initialized")
     state.local_flags.append(divide_and_check(buffer, group.size()))
 
     def after_reduction(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:

@@ -258,7 +258,7 @@ def clip_gradients(
     total = _total_norm(grads, meshes)
     if stage_of is not False:
         squared = total.double().square()
-        dist.all_reduce(squared, group=stage_of)  # type: ignore[arg-type]
+        dist.all_reduce(squared, group=stage_of)
         total = squared.sqrt().to(total.dtype)
         scale = max_norm / (float(total) + 1e-6)
         if scale < 1.0:  # a non-finite total leaves the gradient as it is: check 1 flags it
@@ -279,7 +279,9 @@ def clip_gradients(
 def _total_norm(grads: list[torch.Tensor], meshes: list[Any]) -> torch.Tensor:
     """The L2 norm of ``grads`` (a plain tensor, the same on every rank): each mesh's part
     reduced over its own mesh, then combined (plain tensors outside any mesh count as one)."""
-    parts = [[g for g in grads if isinstance(g, DTensor) and g.device_mesh == m] for m in meshes]
+    parts: list[list[torch.Tensor]] = [
+        [g for g in grads if isinstance(g, DTensor) and g.device_mesh == m] for m in meshes
+    ]
     plain = [g for g in grads if not isinstance(g, DTensor)]
     norms = []
     for part in [*parts, plain]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from ...alarm import Alarm, Verdict
+from ...alarm import Alarm, Verdict, VerdictKind
 from ...reporting import Reporter
 from ..replay.attribution import Outcome, nonfinite_verdict
 from ..replay.batch_record import fed_another_batch
@@ -131,6 +131,8 @@ class NonfiniteVerdicts:
             results = c.confirm(step, nonfinite, deterministic, whole_step=True)
             blamed = []
             for target, result in zip(nonfinite, results, strict=True):
+                kind: VerdictKind
+                who: str
                 # A confirmation that could not run leaves check 1's own evidence standing.
                 # (A pipeline's outcomes carry no batch digest: its audit compares stage inputs.)
                 if result is not None and (

@@ -78,10 +78,12 @@ class MicroBatchIsolation:
             if p is not None:
                 p.grad = None
         if self._register_hooks:
-            self._handles = [
-                p.register_post_accumulate_grad_hook(self._hook_for(index))  # type: ignore[union-attr,arg-type]
-                for index, p in enumerate(self.params)
-            ]
+            handles = []
+            for index, p in enumerate(self.params):
+                if p is None:  # __init__ refuses a None when registering hooks
+                    raise RuntimeError(f"MicroBatchIsolation: parameter {index} is None")
+                handles.append(p.register_post_accumulate_grad_hook(self._hook_for(index)))
+            self._handles = handles
         self._active = True
 
     def _hook_for(self, index: int) -> Any:

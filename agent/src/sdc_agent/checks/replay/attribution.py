@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...alarm import VerdictKind
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; only read by the type checker here
 
 ROW_WIDTH = 9
 """Int64 values per outcome in the collectives: loss bits, two digest words, finite, valid, the
@@ -165,11 +168,23 @@ def confirmation_jobs(
     return jobs
 
 
+class Comparable(Protocol):
+    """What :func:`mismatch_verdict` compares: a replay's outcome (:class:`Outcome`, or the
+    pipeline's per-stage ``PipelineOutcome``), equal or not to another of its kind."""
+
+    def matches(self, other: Self, *, compare_grads: bool) -> bool:
+        """Whether the two computed the same bits (the gradients' too, ``compare_grads``)."""
+        ...
+
+
+_Compared = TypeVar("_Compared", bound=Comparable)
+
+
 def mismatch_verdict(
-    original: Outcome,
-    replayed: Outcome,
-    third: Outcome,
-    again: Outcome,
+    original: _Compared,
+    replayed: _Compared,
+    third: _Compared,
+    again: _Compared,
     *,
     compare_grads: bool,
 ) -> tuple[VerdictKind, str]:
@@ -179,7 +194,7 @@ def mismatch_verdict(
     ``third``: the third GPU's replay; ``again``: the target's replay of its own batch.
     """
 
-    def same(a: Outcome, b: Outcome) -> bool:
+    def same(a: _Compared, b: _Compared) -> bool:
         return a.matches(b, compare_grads=compare_grads)
 
     if same(third, original):

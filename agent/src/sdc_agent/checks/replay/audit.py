@@ -389,7 +389,7 @@ class RingAudit:
     def audit(
         self,
         step: int,
-        loss: torch.Tensor,
+        loss: torch.Tensor | None,
         own_fingerprints: torch.Tensor | None,
         *,
         deterministic: bool,

@@ -73,7 +73,7 @@ class DeterminismState:
             deterministic=torch.are_deterministic_algorithms_enabled(),
             warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
             cudnn_benchmark=torch.backends.cudnn.benchmark,
-            fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,
+            fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,  # type: ignore[attr-defined]  # torch makes it a property of the module's class at runtime
         )
 
     @staticmethod
@@ -87,13 +87,13 @@ class DeterminismState:
         memory is not NaN-filled: the fill costs a pass over every ``torch.empty`` on an audit
         step and decides nothing the comparison needs."""
         torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]  # torch makes it a property of the module's class at runtime
         torch.backends.cudnn.benchmark = False
 
     def restore(self) -> None:
         """Put the flags back as they were captured."""
         torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
-        torch.utils.deterministic.fill_uninitialized_memory = self.fill_uninitialized_memory
+        torch.utils.deterministic.fill_uninitialized_memory = self.fill_uninitialized_memory  # type: ignore[attr-defined]  # torch makes it a property of the module's class at runtime
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from ...alarm import Alarm, Verdict
+from ...alarm import Alarm, Verdict, VerdictKind
 from ...reporting import Reporter
 from .attribution import mismatch_verdict, replay_target, third_gpu
 from .audit import CollectiveRingAudit, RebuildBatch
@@ -294,17 +294,15 @@ class PipelineRingAudit(CollectiveRingAudit):
             culprits += [column[r] for r in found.culprits[c]]
             for target, replayer in found.disputed[c]:
                 result = confirmations.get(target)
-                kind, who = (
-                    mismatch_verdict(
-                        owns[c][target],
-                        replays[c][replayer],
-                        result[0][c],
-                        result[1][c],
-                        compare_grads=deterministic,
-                    )
-                    if result is not None
-                    else ("unattributable", "")
-                )
+                kind: VerdictKind
+                who: str
+                if result is None:
+                    kind, who = "unattributable", ""
+                else:
+                    # (original, replayed, third, again): mismatch_verdict reads only their
+                    # ``matches``, which PipelineOutcome has as attribution's Outcome does.
+                    outcomes = (owns[c][target], replays[c][replayer], result[0][c], result[1][c])
+                    kind, who = mismatch_verdict(*outcomes, compare_grads=deterministic)
                 suspect = {"target": target, "replayer": replayer}.get(who)
                 if suspect is not None:
                     blamed.append(column[suspect])

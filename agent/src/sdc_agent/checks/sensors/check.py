@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from ...parallel.adapter import ParallelAdapter
     from ...reporting import Reporter
     from ..replay.audit import RingAudit
+    from ..replay.layout import ReplayLayout
 
 logger = logging.getLogger("sdc_agent")
 
@@ -335,7 +336,7 @@ class SensorCheck:
         return self._gather_candidates(table, adapter)[0]
 
     def _gather_candidates(
-        self, table: FlagTable, adapter: ParallelAdapter
+        self, table: FlagTable, adapter: ReplayLayout
     ) -> tuple[list[SensorCandidate], dict[int, list[tuple[int, float, float]]]]:
         """:meth:`candidates`, and per flagged DP rank its (sensor, ratio, threshold) readings
         (ratio +Inf for a NaN/Inf checksum)."""
@@ -439,6 +440,8 @@ class SensorCheck:
                 for index, ratio, threshold in flagged.get(target, [])
             ]
             readings.append(mine)
+            kind: VerdictKind
+            who: str
             if not audit.can_confirm or is_failed(third_row) or is_failed(again_row):
                 kind, who = "unattributable", ""  # a sensor never names a GPU by itself
             else:
@@ -506,7 +509,8 @@ class SensorCheck:
             rate = plan.rate(index) if plan is not None else None
             layers.setdefault(sensor.layer, {})[sensor.gemm] = rate
         config = self.board.config
-        in_force = self.board.thresholds()
+        # Every sensor has a threshold from its first check (SensorBoard.thresholds).
+        in_force = [t for t in self.board.thresholds() if t is not None]
         period = plan.period if plan is not None else None
         return {
             "on": True,
