@@ -45,6 +45,7 @@ DOCS = (
     "docs/agent-install.md",
     "docs/recovery.md",
     "docs/usage/coverage.md",
+    "docs/usage/screen.md",
 )
 MARKER = re.compile(
     r"^(?P<indent>[ \t]*)<!-- bench:(?P<name>[\w-]+) -->\n(?P<body>.*?)"
@@ -606,6 +607,42 @@ def mistakes(results: Results) -> list[str]:
     return [*_table(head, rows), "", summary, *_provenances(results, ["mistakes-held-out"])]
 
 
+SCREEN_OUTCOMES = ("reproduced", "suspect", "missed", "WRONG")
+
+
+def screen_campaign(results: Results) -> list[str]:
+    """The node screen's campaign: per fault kind, what the screens said of the faulty device;
+    the fault-free screens; the screen's time."""
+    document = results["screen-campaign"]
+    rows = []
+    for cell in document["cells"]:
+        rate = "every call" if cell["rate"] == 1 else f"{cell['rate']:.0%} of calls"
+        counts = [
+            str(cell[o]) if o != "WRONG" or not cell[o] else f"**{cell[o]}**"
+            for o in SCREEN_OUTCOMES
+        ]
+        rows.append([f"`{cell['target']}-{cell['effect']}`", rate, *counts])
+    cells = document["cells"]
+    trials = sum(cell[o] for cell in cells for o in SCREEN_OUTCOMES)
+    every = [cell for cell in cells if cell["rate"] == 1]
+    every_trials = sum(cell[o] for cell in every for o in SCREEN_OUTCOMES)
+    summary = (
+        f"**{sum(c['reproduced'] for c in cells)} of {trials}** faulty screens reproduced the "
+        f"faulty device ({sum(c['reproduced'] for c in every)} of {every_trials} for the faults "
+        f"on every call), {sum(c['suspect'] for c in cells)} named it suspect, "
+        f"{sum(c['missed'] for c in cells)} missed it, {sum(c['WRONG'] for c in cells)} named "
+        f"another device. Fault-free: {document['clean'].get('clean', 0)} of "
+        f"{document['clean_runs']} screens `clean`; "
+        f"the same digests on every device and in both runs of a seed: "
+        f"{'yes' if document['same_digests'] else '**no**'}. Each screen ({document['devices']} "
+        f"simulated devices, the default 16 repetitions) took {document['screen_s']['median']:.2f} s "
+        f"median, {document['screen_s']['max']:.2f} s at most, over "
+        f"{document['screen_s']['screens']} screens."
+    )
+    head = ["fault", "fires on", *SCREEN_OUTCOMES]
+    return [*_table(head, rows), "", summary, *_provenances(results, ["screen-campaign"])]
+
+
 def publish(results: Results) -> list[str]:
     """The publisher benchmark: step times with each endpoint."""
     document = results["publish"]
@@ -829,6 +866,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "sensor-soak": sensor_soak,
     "three-d": three_d,
     "mistakes": mistakes,
+    "screen-campaign": screen_campaign,
     "publish": publish,
     "step-cost": step_cost,
     "coverage": coverage,
