@@ -292,6 +292,22 @@ class LocalPipeline(Driver):
                 )
             self._physical[logical_id] = name
             self._arns[logical_id] = f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{name}"
+        logs = self.client("logs")
+        for logical_id, group in self._resources("AWS::Logs::LogGroup").items():
+            # The groups the stack names (the agent's report group, /sdc/<cluster>): nobody else
+            # may create them, so the local pipeline does, as the deploy would (with their
+            # retention; the key is the deploy's business, not the workflow's).
+            props = group["Properties"]
+            if "LogGroupName" not in props:
+                continue
+            name = self.resolve(props["LogGroupName"])
+            logs.create_log_group(logGroupName=name)
+            if "RetentionInDays" in props:
+                logs.put_retention_policy(
+                    logGroupName=name, retentionInDays=int(props["RetentionInDays"])
+                )
+            self._physical[logical_id] = name
+            self._arns[logical_id] = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}"
         for logical_id in self._resources("AWS::SNS::Topic"):
             arn = self.client("sns").create_topic(Name=f"{logical_id}-local")["TopicArn"]
             self._physical[logical_id] = self._arns[logical_id] = arn
