@@ -104,7 +104,7 @@ class DDPAdapter(ParallelAdapter):
         """Register check 1's comm hook writing into ``stats``; DDP takes one comm hook per
         model."""
         try:
-            self.model.register_comm_hook(stats, grad_stats_hook)  # type: ignore[operator]
+            self.model.register_comm_hook(stats, grad_stats_hook)  # type: ignore[operator]  # DDP's method; the attribute is typed nn.Module, whose __getattr__ says Tensor | Module
         except RuntimeError as err:
             raise RuntimeError(
                 f"sdc_agent.Guard could not register its DDP comm hook ({err}); a DDP model takes "
@@ -115,7 +115,7 @@ class DDPAdapter(ParallelAdapter):
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally: backward passes inside do not all-reduce (nor run the
         hook, so check 1 sees only the synchronising micro-batch)."""
-        with self.model.no_sync():  # type: ignore[operator]
+        with self.model.no_sync():  # type: ignore[operator]  # DDP's method, typed through nn.Module's __getattr__
             yield
 
     # ------------------------------------------------------------------ the checks' parts

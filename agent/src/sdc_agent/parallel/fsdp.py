@@ -294,7 +294,7 @@ class FSDP2Adapter(ParallelAdapter):
 
     def set_gradient_sync(self, enabled: bool) -> None:
         """Turn the reduce-scatter (and HSDP's all-reduce) of later backward passes on or off."""
-        self.model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+        self.model.set_requires_gradient_sync(enabled)  # type: ignore[operator]  # FSDPModule's method on a model typed nn.Module
 
     def discard_unsynced_gradients(self) -> None:
         """Drop the local gradients a backward with sync off left on the unsharded parameters.

@@ -371,10 +371,10 @@ class PipelineAdapter(ParallelAdapter):
         from torch.distributed.fsdp import fully_shard
 
         module = self.model
-        module.set_is_last_backward(True)  # type: ignore[operator]
-        module.set_reshard_after_backward(True)  # type: ignore[operator]
-        module.set_requires_gradient_sync(False)  # type: ignore[operator]
-        state = fully_shard.state(module)  # type: ignore[attr-defined]
+        module.set_is_last_backward(True)  # type: ignore[operator]  # FSDPModule's methods on a stage typed nn.Module
+        module.set_reshard_after_backward(True)  # type: ignore[operator]  # FSDPModule's methods on a stage typed nn.Module
+        module.set_requires_gradient_sync(False)  # type: ignore[operator]  # FSDPModule's methods on a stage typed nn.Module
+        state = fully_shard.state(module)  # type: ignore[attr-defined]  # fully_shard's contract decorator adds .state, which its stub lacks
         for each in state._state_ctx.all_states:
             for group in each._fsdp_param_groups:
                 group.post_backward()

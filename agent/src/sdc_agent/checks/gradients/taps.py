@@ -109,7 +109,7 @@ class ShardedGradientTaps:
             if self.isolation is not None:
                 # First: the audited micro-batch's own gradient is fingerprinted and the
                 # accumulated one added back, so the flags below see the sum, as DDP's hook does.
-                self.isolation.gradient_accumulated(row, param)  # type: ignore[arg-type]
+                self.isolation.gradient_accumulated(row, param)  # type: ignore[arg-type]  # the hook is handed the Parameter, typed Tensor by torch
             state, grad = self.state, param.grad
             if grad is None:
                 return
@@ -168,7 +168,7 @@ class ShardedGradientTaps:
                 return
             shard = grad.to_local() if isinstance(grad, DTensor) else grad
             for extra in self.state.reduced_taps:
-                extra(ShardOfGradient(row), shard)  # type: ignore[arg-type]
+                extra(ShardOfGradient(row), shard)  # type: ignore[arg-type]  # ReducedTap names DDP's GradBucket; FSDP2's taps get a ShardOfGradient
             # float32 accumulation, as for DDP's buckets: finite exactly when every element is
             self.state.reduced_sums.append(shard.sum(dtype=torch.float32))
 

@@ -427,8 +427,8 @@ class PipelineRecorder:
             return result
 
         # Instance attributes shadow the methods the schedules call (self._stage.forward_one_chunk).
-        stage.forward_one_chunk = forward_one_chunk  # type: ignore[method-assign]
-        stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]
+        stage.forward_one_chunk = forward_one_chunk  # type: ignore[method-assign]  # the recording wrappers, set on this stage instance
+        stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]  # the recording wrappers, set on this stage instance
 
     # ------------------------------------------------------------------ outcomes
     def outcome(
@@ -520,7 +520,7 @@ class PipelineReplayer(Replayer):
         (the schedule's reduction frees it), and only local gradients are compared."""
         self.zero_grads_at_start = None
 
-    def replay(self, batch: Any, *, seed: int, deterministic: bool) -> PipelineOutcome:  # type: ignore[override]
+    def replay(self, batch: Any, *, seed: int, deterministic: bool) -> PipelineOutcome:  # type: ignore[override]  # a whole pipeline step, not one micro-batch: its own outcome type
         """Run ``batch`` (what this rank's stage is fed: the target replica's inputs or
         targets) through the pipeline with RNG ``seed`` (collective: every rank at once)."""
         adapter = self.adapter

@@ -54,7 +54,7 @@ class ShardedDivergenceCheck(ReplicaComparison):
         """Fingerprint this rank's shards now and launch the all-reduce over its replicas."""
         self._replicas = replicas
         self._names = [name for name, _ in replicas.named_weights]
-        shards = [p.to_local() for _, p in replicas.named_weights]  # type: ignore[attr-defined]
+        shards = [p.to_local() for _, p in replicas.named_weights]  # type: ignore[attr-defined]  # the sharded layouts' weights are DTensors, typed Tensor
         self._launch(fingerprints(shards).to(replicas.collective_device), replicas.replica_group)
 
     def report(self) -> DivergenceReport:
