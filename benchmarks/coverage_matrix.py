@@ -8,9 +8,10 @@ the code says rather than a retyped copy. ``benchmarks/render.py`` places them b
 ``<!-- bench:coverage -->`` markers and ``tests/unit/test_bench_render.py`` fails when the
 document differs from what this renders now.
 
-The layout facts come from the adapters' ``coverage_facts()`` run on the example mesh's
-:class:`~sdc_agent.parallel.mesh.ShardedLayout` (a view of the adapter that holds only the
-layout, no process group), so a change to an adapter's wording shows here too.
+The layout facts come from the functions the adapters' ``coverage_facts()`` return
+(``sharded_coverage_facts``, ``tp_coverage_facts``, ``pipeline_coverage_facts``), asked of the
+example mesh's :class:`~sdc_agent.parallel.mesh.ShardedLayout` (no process group), so a change
+to an adapter's wording shows here too.
 
     python benchmarks/coverage_matrix.py      # print the tables
 """
@@ -21,40 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdc_agent.coverage import LayoutFacts, ddp_facts, describe
-from sdc_agent.parallel.fsdp import FSDP2Adapter
+from sdc_agent.parallel.fsdp import sharded_coverage_facts
 from sdc_agent.parallel.mesh import REPLICATE, SHARD, TP, ShardedLayout
-from sdc_agent.parallel.pp import PipelineAdapter
-from sdc_agent.parallel.tp import TensorParallelAdapter
+from sdc_agent.parallel.pp import pipeline_coverage_facts
+from sdc_agent.parallel.tp import tp_coverage_facts
 from sdc_agent.schedule import Schedule
 
 EVERY = 10
 """The example jobs' ``audit_every`` and ``check_every``."""
-
-
-class _FSDPView(FSDP2Adapter):
-    """FSDP2's adapter holding only its layout: what ``coverage_facts()`` reads."""
-
-    def __init__(self, layout: ShardedLayout) -> None:  # no super(): no process group
-        self.layout = layout
-
-
-class _TPView(TensorParallelAdapter):
-    """The tensor-parallel adapter holding only its layout."""
-
-    def __init__(self, layout: ShardedLayout) -> None:
-        self.layout = layout
-
-
-class _PipelineView(PipelineAdapter):
-    """The pipeline adapter holding what its ``coverage_facts()`` reads: the stage's FSDP2
-    layout, the pipeline's size and each (stage, shard) coordinate's copies."""
-
-    def __init__(
-        self, layout: ShardedLayout, stages: int, copies: tuple[tuple[int, ...], ...]
-    ) -> None:
-        self.data = _FSDPView(layout)
-        self.pipeline_ranks = stages
-        self._replicas_of_shard = copies
 
 
 def _layout(
@@ -143,22 +118,22 @@ def jobs() -> list[Job]:
     three_d_columns = [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 11]]
     return [
         Job("DDP", "6 replicas", 6, 2, ddp_facts(six)),
-        Job("FSDP2 full sharding", "`(6,)`", 6, 2, _FSDPView(fsdp).coverage_facts()),
-        Job("HSDP", '`("replicate", "shard")` (3, 2)', 6, 2, _FSDPView(hsdp).coverage_facts()),
-        Job("FSDP2 x TP", '`("dp", "tp")` (3, 2)', 6, 2, _TPView(fsdp_tp).coverage_facts()),
+        Job("FSDP2 full sharding", "`(6,)`", 6, 2, sharded_coverage_facts(fsdp)),
+        Job("HSDP", '`("replicate", "shard")` (3, 2)', 6, 2, sharded_coverage_facts(hsdp)),
+        Job("FSDP2 x TP", '`("dp", "tp")` (3, 2)', 6, 2, tp_coverage_facts(fsdp_tp)),
         Job(
             "HSDP x TP",
             '`("replicate", "shard", "tp")` (3, 1, 2)',
             6,
             2,
-            _TPView(hsdp_tp).coverage_facts(),
+            tp_coverage_facts(hsdp_tp),
         ),
         Job(
             "PP x FSDP2",
             '`("dp", "pp")` (3, 2)',
             6,
             1,
-            _PipelineView(stage_fsdp, 2, ((0,), (2,), (4,), (1,), (3,), (5,))).coverage_facts(),
+            pipeline_coverage_facts(stage_fsdp, 2, ((0,), (2,), (4,), (1,), (3,), (5,))),
             pp_columns,
             _pipeline(2, pp_columns, []),
         ),
@@ -167,7 +142,7 @@ def jobs() -> list[Job]:
             '`("replicate", "shard", "pp")` (3, 1, 2)',
             6,
             1,
-            _PipelineView(stage_hsdp, 2, ((0, 2, 4), (1, 3, 5))).coverage_facts(),
+            pipeline_coverage_facts(stage_hsdp, 2, ((0, 2, 4), (1, 3, 5))),
             pp_columns,
             _pipeline(2, pp_columns, []),
         ),
@@ -176,9 +151,9 @@ def jobs() -> list[Job]:
             '`("replicate", "shard", "pp", "tp")` (3, 1, 2, 2)',
             12,
             2,
-            _PipelineView(
+            pipeline_coverage_facts(
                 stage_hsdp_tp, 2, ((0, 4, 8), (1, 5, 9), (2, 6, 10), (3, 7, 11))
-            ).coverage_facts(),
+            ),
             three_d_columns,
             _pipeline(2, three_d_columns, [[0, 1], [4, 5], [8, 9]]),
         ),

@@ -78,6 +78,7 @@ __all__ = [
     "ShardedLayout",
     "ShardingLayoutError",
     "is_fsdp2",
+    "sharded_coverage_facts",
 ]
 
 logger = logging.getLogger("sdc_agent")
@@ -135,6 +136,28 @@ def _replica_ranks_group(mesh: DeviceMesh, layout: ShardedLayout) -> dist.Proces
     replicas = [list(ranks) for ranks in zip(*layout.replicas_of_shard, strict=True)]
     group, _ = dist.new_subgroups_by_enumeration(replicas)
     return group
+
+
+def sharded_coverage_facts(layout: ShardedLayout) -> LayoutFacts:
+    """What an FSDP2/HSDP ``layout`` lets check 3 see, JSON-ready: a function of the layout
+    alone, so the docs' coverage matrix (benchmarks/coverage_matrix.py) asks it of an example
+    mesh without a process group."""
+    if not layout.weight_redundancy:
+        why = "full sharding: each weight shard has one copy, nothing to compare it with"
+    elif not layout.majority_possible:
+        why = "2 replicas per shard: a divergence is reported, nobody is named"
+    else:
+        why = f"each shard compared across its {layout.replicas} replicas"
+    return {
+        "parallel": layout.kind,
+        "replicas": layout.replicas,
+        "shards": layout.shards,
+        "weights_compared": layout.weight_redundancy,
+        "weights_named_by_majority": layout.majority_possible,
+        "weights_why": why,
+        "replicas_of_shard": [list(r) for r in layout.replicas_of_shard],
+        "mesh": layout.dims(),
+    }
 
 
 class FSDP2Adapter(ParallelAdapter):
@@ -231,24 +254,9 @@ class FSDP2Adapter(ParallelAdapter):
         return self.layout.weight_redundancy
 
     def coverage_facts(self) -> LayoutFacts:
-        """What the layout lets check 3 see, JSON-ready (for a report of the guard's coverage)."""
-        layout = self.layout
-        if not layout.weight_redundancy:
-            why = "full sharding: each weight shard has one copy, nothing to compare it with"
-        elif not layout.majority_possible:
-            why = "2 replicas per shard: a divergence is reported, nobody is named"
-        else:
-            why = f"each shard compared across its {layout.replicas} replicas"
-        return {
-            "parallel": layout.kind,
-            "replicas": layout.replicas,
-            "shards": layout.shards,
-            "weights_compared": layout.weight_redundancy,
-            "weights_named_by_majority": layout.majority_possible,
-            "weights_why": why,
-            "replicas_of_shard": [list(r) for r in layout.replicas_of_shard],
-            "mesh": layout.dims(),
-        }
+        """What the layout lets check 3 see, JSON-ready (for a report of the guard's coverage:
+        :func:`sharded_coverage_facts`)."""
+        return sharded_coverage_facts(self.layout)
 
     compute_groups: tuple[tuple[int, ...], ...] = ()
     """Every DP rank computes its micro-batch alone."""

@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -73,7 +73,7 @@ from ..reporting import Reporter
 from ..topology import all_gather_text, collective_device
 from .adapter import ParallelAdapter, StepRunner, WeightReplicas
 from .fsdp import FSDP2Adapter, ShardingLayoutError, is_fsdp2
-from .mesh import learn_layout
+from .mesh import ShardedLayout, learn_layout
 from .tp import TensorParallelAdapter
 
 logger = logging.getLogger("sdc_agent")
@@ -119,6 +119,38 @@ def _schedule_stage(schedule: Any) -> Any:
         )
     # torch keeps a single-stage schedule's stage in ``_stage``; it has no public accessor.
     return schedule._stage
+
+
+def pipeline_coverage_facts(
+    layout: ShardedLayout, stages: int, replicas_of_shard: Sequence[Sequence[int]]
+) -> LayoutFacts:
+    """What a pipeline of ``stages`` stages, each sharded as ``layout``, lets check 3 see:
+    each (stage, shard) coordinate's copies (``replicas_of_shard``). A function of the layout
+    alone, as :func:`~sdc_agent.parallel.fsdp.sharded_coverage_facts`."""
+    copies = layout.replicas
+    if not layout.weight_redundancy:
+        why = (
+            "full sharding of each stage: each (stage, shard) has one copy, nothing to "
+            "compare it with"
+        )
+    elif not layout.majority_possible:
+        why = "2 copies per (stage, shard): a divergence is reported, nobody is named"
+    else:
+        why = f"each stage's shards compared across their {copies} replicas, stage by stage"
+    facts: LayoutFacts = {
+        "parallel": f"pp+{layout.kind}",
+        "replicas": copies,
+        "shards": layout.shards,
+        "stages": stages,
+        "weights_compared": layout.weight_redundancy,
+        "weights_named_by_majority": layout.majority_possible,
+        "weights_why": why,
+        "replicas_of_shard": [list(r) for r in replicas_of_shard],
+    }
+    if layout.tensor_parallel:
+        # The stage's mesh and the pipeline's dimension: TP x PP x FSDP2 / HSDP.
+        facts["mesh"] = {"pp": stages, **layout.dims()}
+    return facts
 
 
 class PipelineAdapter(ParallelAdapter):
@@ -388,32 +420,10 @@ class PipelineAdapter(ParallelAdapter):
 
     def coverage_facts(self) -> LayoutFacts:
         """What the layout lets check 3 see, JSON-ready: each (pipeline, shard) coordinate and
-        the ranks holding copies of it."""
-        layout = self.data.layout
-        copies = layout.replicas
-        if not layout.weight_redundancy:
-            why = (
-                "full sharding of each stage: each (stage, shard) has one copy, nothing to "
-                "compare it with"
-            )
-        elif not layout.majority_possible:
-            why = "2 copies per (stage, shard): a divergence is reported, nobody is named"
-        else:
-            why = f"each stage's shards compared across their {copies} replicas, stage by stage"
-        facts: LayoutFacts = {
-            "parallel": f"pp+{layout.kind}",
-            "replicas": copies,
-            "shards": layout.shards,
-            "stages": self.pipeline_ranks,
-            "weights_compared": layout.weight_redundancy,
-            "weights_named_by_majority": layout.majority_possible,
-            "weights_why": why,
-            "replicas_of_shard": [list(r) for r in self._replicas_of_shard],
-        }
-        if layout.tensor_parallel:
-            # The stage's mesh and the pipeline's dimension: TP x PP x FSDP2 / HSDP.
-            facts["mesh"] = {"pp": self.pipeline_ranks, **layout.dims()}
-        return facts
+        the ranks holding copies of it (:func:`pipeline_coverage_facts`)."""
+        return pipeline_coverage_facts(
+            self.data.layout, self.pipeline_ranks, self._replicas_of_shard
+        )
 
     def pipeline_facts(self) -> dict[str, Any]:
         """The pipeline's shape for ``Guard.coverage()``: stages, schedule, micro-batches, the

@@ -54,7 +54,8 @@ from ..checks.gradients.stats import GradStatsState
 from ..checks.gradients.taps import ShardedGradientTaps
 from ..coverage import LayoutFacts
 from ..fingerprint import fingerprints
-from .fsdp import FSDP2Adapter
+from .fsdp import FSDP2Adapter, sharded_coverage_facts
+from .mesh import ShardedLayout
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
@@ -64,6 +65,23 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
     if isinstance(output, (tuple, list)):
         return next((o for o in output if isinstance(o, torch.Tensor)), None)
     return None
+
+
+def tp_coverage_facts(layout: ShardedLayout) -> LayoutFacts:
+    """FSDP2's facts (:func:`~sdc_agent.parallel.fsdp.sharded_coverage_facts`, the mesh
+    included), with each slice named by its (shard, tp) coordinate, and the TP groups."""
+    facts = sharded_coverage_facts(layout)
+    if not layout.weight_redundancy:
+        facts["weights_why"] = (
+            "no replicate dimension: each (shard, tp) slice of the weights has one copy, "
+            "nothing to compare it with"
+        )
+    elif layout.majority_possible:
+        facts["weights_why"] = (
+            f"each (shard, tp) slice compared across its {layout.replicas} replicas"
+        )
+    facts["compute_groups"] = [list(g) for g in layout.tp_groups]
+    return facts
 
 
 class TensorParallelAdapter(FSDP2Adapter):
@@ -98,21 +116,9 @@ class TensorParallelAdapter(FSDP2Adapter):
         return self._group_seed[rank]
 
     def coverage_facts(self) -> LayoutFacts:
-        """FSDP2's facts (the mesh included), with each slice named by its (shard, tp)
-        coordinate, and the TP groups."""
-        facts = super().coverage_facts()
-        layout = self.layout
-        if not layout.weight_redundancy:
-            facts["weights_why"] = (
-                "no replicate dimension: each (shard, tp) slice of the weights has one copy, "
-                "nothing to compare it with"
-            )
-        elif layout.majority_possible:
-            facts["weights_why"] = (
-                f"each (shard, tp) slice compared across its {layout.replicas} replicas"
-            )
-        facts["compute_groups"] = [list(g) for g in layout.tp_groups]
-        return facts
+        """FSDP2's facts with each slice named by its (shard, tp) coordinate, and the TP groups
+        (:func:`tp_coverage_facts`)."""
+        return tp_coverage_facts(self.layout)
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
         """FSDP2's taps (:meth:`FSDP2Adapter.install_gradient_taps`), recording the local
