@@ -94,6 +94,31 @@ def test_a_workload_adds_its_ops(tmp_path, capsys):
     assert doc["exercised"]["workload_ops"] == 1
 
 
+def test_a_workload_is_read_from_an_alarm_report(tmp_path, capsys):
+    from sdc_agent.alarm import Alarm
+
+    ops = [{"kind": "gemm", "shape": [16, 8, 8], "dtype": "fp32", "name": "layers.0.up x2"}]
+    workload = {"schema": "sdc.workload/v1", "ops": ops}
+    report = {**Alarm(step=7, check="compute", workload=workload).to_dict(), "job": "j"}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    code, doc, _ = run(capsys, "--simulate", "2", "--repetitions", "1", "--workload", str(path))
+    assert code == 0
+    assert "gemm:fp32:16x8x8" in doc["exercised"]["ops"]
+    assert doc["exercised"]["workload_ops"] == 1
+    # A report without one is a failed result that says so
+    path.write_text(json.dumps(Alarm(step=7, check="compute").to_dict()))
+    code, doc, err = run(capsys, "--simulate", "2", "--workload", str(path))
+    assert (code, doc["verdict"]) == (SCREEN_EXIT_CODES["failed"], "failed")
+    assert "has no 'workload'" in doc["error"] and str(path) in doc["error"]
+    assert "has no 'workload'" in err
+    # A report whose workload is wrong names the field inside it
+    report["workload"] = {"schema": "sdc.workload/v1", "ops": [{"kind": "conv"}]}
+    path.write_text(json.dumps(report))
+    code, doc, _ = run(capsys, "--simulate", "2", "--workload", str(path))
+    assert code == 5 and "ops[0].kind" in doc["error"]
+
+
 @pytest.mark.parametrize(
     ("text", "named"),
     [

@@ -98,10 +98,11 @@ REPORT_KEYS: tuple[str, ...] = (
     "time",
 )
 """The keys of every ``sdc.alarm/v1`` report."""
-OPTIONAL_REPORT_KEYS: tuple[str, ...] = ("sensor_candidates", "canary_run", "setup")
+OPTIONAL_REPORT_KEYS: tuple[str, ...] = ("sensor_candidates", "canary_run", "setup", "workload")
 """Keys present only on some reports: a confirmed sensor candidate's alarm; a canary's report
 (written by the canary function, never by the agent); a set-up finding's report (``setup``:
-:data:`SETUP_KEYS`), which names nobody."""
+:data:`SETUP_KEYS`), which names nobody; the job's workload (``workload``: an
+``sdc.workload/v1`` document, :mod:`sdc_contract.screen`), when the guard recorded one."""
 SETUP_KEYS: tuple[str, ...] = ("cause", "detail", "fix", "audits")
 """The keys of a report's ``setup`` entry: ``cause`` (one of :data:`SETUP_CAUSES`), ``detail``
 (what was seen, with ranks and steps), ``fix`` (what to change), ``audits`` (``off``: the guard

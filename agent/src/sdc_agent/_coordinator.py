@@ -71,6 +71,7 @@ from .schedule import Schedule
 from .sensors.abft import sensor_backend
 from .sensors.board import SensorConfig
 from .topology import TopologyError, all_gather_text, groups_on, rank_map, validate_placement
+from .workload import WorkloadRecorder
 
 logger = logging.getLogger("sdc_agent")
 
@@ -97,10 +98,12 @@ class Coordinator:
         divide_loss: bool,
         pipeline: Any,
         sensor_thresholds: SensorConfig | None = None,
+        record_workload: bool = True,
     ) -> None:
         """Validate the set-up, gather the rank map, check the topology, register the hooks
         (collective; the arguments are :class:`sdc_agent.Guard`'s; ``sensor_thresholds``:
-        ``GuardConfig.sensors.thresholds``)."""
+        ``GuardConfig.sensors.thresholds``; ``record_workload``: record the job's op shapes on
+        the first forward pass for the alarm report's ``workload``)."""
         schedule = schedule or Schedule()
         # Before the adapter's collectives: every rank refuses alike.
         check_step_options(pipeline, compute_loss, scaler, schedule.grad_accum)
@@ -250,6 +253,17 @@ class Coordinator:
         if self.sensors_planned:
             sensor_backend(a.param_device)
 
+        # Not under a pipeline: its stages hold different layers, and the Alarm must be the
+        # same on every rank.
+        self.workload: WorkloadRecorder | None = (
+            WorkloadRecorder(self.module, on_recorded=self.reporter.set_workload)
+            if record_workload and pipeline is None
+            else None
+        )
+        """Records the job's op shapes (on the bare module's inner layers: DDP's, FSDP2's) on
+        the first forward pass for the alarm report's ``workload``, then removes its hooks;
+        never raises into training (sdc_agent.workload). None under a pipeline."""
+
         self.current_step: int | None = None
         """The step being run (fault drills read it); None before the first step."""
         self.reporter.publish_rank_map()
@@ -381,6 +395,8 @@ class Coordinator:
         self.audit.end_step()
         if self.sensors_planned:
             self.sensors.end_step()
+        if self.workload is not None and not self.workload.done:
+            self.workload.finish()  # the first step is over, even if the model's hook never ran
 
     def read_flags(self, step: int) -> StepFlags:
         """Check 1's one host read of a step: this rank's flags, read with the previous step's

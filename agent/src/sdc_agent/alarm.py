@@ -118,6 +118,10 @@ class Alarm:
     """A finding that is the job's set-up, not a GPU (``sdc_contract.report.SETUP_KEYS``: cause,
     detail, fix, audits): such an alarm names nobody and counts as ``sdc_audit_skipped``, never
     as an SDC metric; reported under the optional key ``setup`` only then."""
+    workload: dict[str, Any] | None = None
+    """The job's op shapes recorded on the first forward pass (``sdc.workload/v1``,
+    :mod:`sdc_agent.workload`: what ``python -m sdc_agent.screen --workload`` runs); reported
+    under the optional key ``workload`` only when something was recorded."""
     schema: str = SCHEMA
 
     @property
@@ -165,4 +169,7 @@ class Alarm:
         setup = out.pop("setup")
         if setup is not None:
             out["setup"] = setup
+        workload = out.pop("workload")
+        if workload is not None:
+            out["workload"] = workload
         return out

@@ -48,6 +48,15 @@ class Reporter:
         self.passes = Passes()
         self.record_alarm: Callable[[Alarm], None] = lambda alarm: None
         """What else receives each alarm: the guard's alarm log when it has an ``alarm_dir``."""
+        self.workload: dict[str, Any] | None = None
+        """The job's workload (``sdc.workload/v1``) this rank recorded, or None: set once by
+        the guard's :class:`sdc_agent.workload.WorkloadRecorder`; every alarm built from then on
+        carries it (the same on every rank of a data-parallel job, whose ranks run the same
+        layers on batches of one shape)."""
+
+    def set_workload(self, document: dict[str, Any] | None) -> None:
+        """The recorded workload (or None: nothing was recorded) for the alarms to come."""
+        self.workload = document
 
     # ------------------------------------------------------------------ building
     def alarm(
@@ -83,6 +92,7 @@ class Reporter:
             ranks=self._rank_infos(suspects or [], nonfinite, culprits),
             diagnosis=diagnosis,
             setup=setup,
+            workload=self.workload,
         )
 
     def weights_alarm(self, step: int, report: DivergenceReport) -> Alarm:

@@ -18,7 +18,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from sdc_contract._json import json_object
+from sdc_contract.report import ALARM_SCHEMA
 from sdc_contract.screen import (
     SCREEN_EXIT_CODES,
     TERMINATION_MESSAGE_BYTES,
@@ -80,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload",
         metavar="PATH",
         type=Path,
-        help="the job's ops as an sdc.workload/v1 JSON file, run after the fixed suite "
-        "('-' reads standard input)",
+        help="the job's ops, run after the fixed suite: an sdc.workload/v1 JSON file, or an "
+        "alarm report (sdc.alarm/v1) whose 'workload' the guard recorded ('-' reads standard "
+        "input)",
     )
     parser.add_argument(
         "--repetitions",
@@ -192,9 +196,25 @@ def _workload(path: Path | None) -> tuple[OpSpec, ...]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read the workload {path}: {exc}") from None
     try:
-        return parse_workload(text)
+        return parse_workload(workload_of(text))
     except ValueError as exc:
         raise ValueError(f"workload {path}: {exc}") from None
+
+
+def workload_of(text: str) -> Any:
+    """The workload document in ``text``: the text itself, or an alarm report's (``sdc.alarm/v1``)
+    ``workload``; ValueError when a report has none."""
+    doc = json_object(text, '{"schema": "sdc.workload/v1", "ops": [...]} or an sdc.alarm/v1 report')
+    if doc is None or doc.get("schema") != ALARM_SCHEMA:
+        return text  # parse_workload says what is wrong with it
+    workload = doc.get("workload")
+    if workload is None:
+        raise ValueError(
+            f"the alarm report (schema {ALARM_SCHEMA!r}, step {doc.get('step')!r}) has no "
+            "'workload': the guard that wrote it recorded none (an older agent, or nothing it "
+            "records ran); pass an sdc.workload/v1 file instead"
+        )
+    return workload
 
 
 def _failed(error: str) -> ScreenResult:
