@@ -40,24 +40,23 @@ TERMINATION_LOG = Path("/dev/termination-log")
 """Where Kubernetes reads a container's termination message by default."""
 
 
-def _positive_int(text: str) -> int:
+def _whole_number(text: str, minimum: int, expected: str) -> int:
+    """``text`` as an int of at least ``minimum`` (argparse's error says ``expected``)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole_number(text, 1, "at least 1")
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
+    return _whole_number(text, 0, "0 or more")
 
 
 def _positive_seconds(text: str) -> float:
