@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sdc_agent.checks.protocol import StepStart
 from sdc_agent.checks.replay.environment import deterministic_kernels
 from sdc_agent.checks.replay.replayer import Replayer
 from sdc_agent.checks.sensors.check import SensorCheck
@@ -203,7 +204,7 @@ def test_the_guards_sensor_check_keeps_the_steps_kernels_for_its_replays_and_dro
     protect(net)
     sensors = SensorCheck(net, Schedule(audit_every=0, check_every=0, sensor_burn_in=5))
     layer: ProtectedLinear = net[0]
-    sensors.begin_step(0)
+    sensors.begin_step(StepStart(0))
     run(net, data(), mode="autocast")
     # When the step's flag is taken (before the audit's replays)
     flag = sensors.take_flag()

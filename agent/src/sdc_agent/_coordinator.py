@@ -22,8 +22,14 @@ collectives: every rank must issue the same collectives in the same order, or th
    one is launched after the update and judged at the next agreement point (the next step's
    check, whose step is then not applied on a failure), naming the step whose weights were
    compared.
-4. Online sensors (:mod:`sdc_agent.sensors`): checksums of protected layers' GEMMs, their flag in
-   check 1's reduction, candidates confirmed by check 2's replays.
+4. Online sensors (:mod:`sdc_agent.checks.sensors`, over :mod:`sdc_agent.sensors`): checksums of
+   protected layers' GEMMs, their flag in check 1's reduction, candidates confirmed by check 2's
+   replays.
+
+The four follow one protocol (:class:`sdc_agent.checks.protocol.Check`): the coordinator holds
+them in one tuple and calls each at the same points of a step (seeding, begin, end, its flag,
+whether the step is decided at once, its coverage), so no check is spliced into the others'
+code; only judging, whose inputs and order the agreement protocol fixes, is each check's own.
 
 A step that fails check 1 or 2 is not applied: its gradients are dropped and the optimizer does
 not step, so the exact state is still there for the confirmation replays. Every decision is made
@@ -50,6 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .alarm import Alarm, RankInfo
 from .checks.gradients.exchange import FlagExchange, GradientCheck, StepFlags
 from .checks.gradients.verdicts import NonfiniteVerdicts
+from .checks.protocol import Check, StepStart
 from .checks.replay.audit import RebuildBatch
 from .checks.replay.environment import StepEnvironment
 from .checks.replay.replayer import ComputeLoss
@@ -152,8 +159,6 @@ class Coordinator:
         self.named_weights = a.named_weights
         self._check_determinism_preconditions()
         _check_optimizer_owns(optimizer, self.module)
-        self.audits_off: str | None = None
-        """Why the replay audit stopped (a set-up finding), or None while it runs."""
 
         # Collective: every rank gathers the rank map at construction.
         self.ranks: dict[int, RankInfo] = rank_map(a.dp_group)
@@ -202,11 +207,18 @@ class Coordinator:
         """Where every alarm is recorded (docs/recovery.md); a no-op without ``alarm_dir``."""
         self.reporter.record_alarm = self.alarm_log.record
         self.allow_unsafe_resume = allow_unsafe_resume
-        self.gradients = GradientCheck(self.params, a.dp_group, self.world)
+        self.gradients = GradientCheck(
+            self.params,
+            a.dp_group,
+            self.world,
+            grad_accum=self.schedule.grad_accum,
+            taps_see_each_micro_batch=a.taps_see_each_micro_batch,
+            device=a.param_device,
+        )
         """Check 1: the gradient taps' statistics and the per-step flag exchange."""
         a.install_gradient_taps(self.gradients.hook_state)
         replayer = a.make_replayer(
-            compute_loss,  # type: ignore[arg-type]
+            compute_loss,  # type: ignore[arg-type]  # None only with a pipeline, whose adapter takes None (check_step_options refused it elsewhere)
             self.gradients.hook_state,
             grad_accum=self.schedule.grad_accum,
             scaler=self.scaler,
@@ -231,16 +243,19 @@ class Coordinator:
             self._refuse_audits_at_start(heterogeneous)
         self.weights = weight_check(a.weight_replicas(), self.reporter)
         """Check 3: weight fingerprint comparisons."""
-        # SENSORS: under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively
-        # there, as check 2's do).
+        # Under DDP and FSDP2/HSDP (a candidate's confirmation replays collectively there, as
+        # check 2's do); the adapter says why not elsewhere.
         self.sensors = SensorCheck(
             self.module,
             self.schedule,
             adapter=a,
             unsupported=a.sensors_unsupported,
         )
-        """Online GEMM sensors of protected layers (sdc_agent.sensors); candidates confirmed by
-        replays. A do-nothing without protected layers."""
+        """Check 4: online GEMM sensors of protected layers (sdc_agent.sensors); candidates
+        confirmed by replays. A do-nothing without protected layers."""
+        self.checks: tuple[Check, ...] = (self.gradients, self.audit, self.weights, self.sensors)
+        """The four checks, in the order every rank calls them at each point of a step
+        (:mod:`sdc_agent.checks.protocol`)."""
         if sensor_thresholds is not None and self.sensors.board is not None:
             self.sensors.board.configure(sensor_thresholds)
         self.sensors_planned = self.sensors.enabled
@@ -300,10 +315,15 @@ class Coordinator:
                 )
             logger.info("sdc_agent: coverage %s", json.dumps(self.coverage()))
 
+    @property
+    def audits_off(self) -> str | None:
+        """Why the replay audit stopped (a set-up finding), or None while it runs."""
+        return self.audit.off_because
+
     def coverage(self) -> dict[str, Any]:
-        """What the guard checks for this job, JSON-ready (``Guard.coverage`` says the keys)."""
-        # SENSORS: which protected layers' GEMMs are checked online, and at what rate.
-        sensors = self.sensors.describe()
+        """What the guard checks for this job, JSON-ready (``Guard.coverage`` says the keys):
+        what the schedule and the layout plan (:func:`sdc_agent.coverage.describe`), each
+        check's entry as the check itself describes it, and the preflight's findings."""
         report = describe(
             self.schedule,
             global_ranks=list(self.global_ranks),
@@ -311,17 +331,13 @@ class Coordinator:
             scaler=self.scaler,
             param_dtypes=[str(p.dtype).removeprefix("torch.") for p in self.params],
             layout=self.parallel.coverage_facts(),
-            sensors_on=bool(sensors["on"]),
+            sensors_on=self.sensors.enabled,
             replica_columns=self.parallel.replica_columns(),
             pipeline=self.parallel.pipeline_facts(),
         )
-        report["checks"]["online_sensors"] = sensors
-        audit = report["checks"]["replay_audit"]
-        if self.audits_off is not None:
-            audit.update(on=False, why=f"turned off by a set-up finding: {self.audits_off}")
-            audit["pairs"] = []
-        elif audit["on"] and not self.audit.compare_grads:
-            audit["compares"] = "loss bits only (the preflight found gradients not reproducible)"
+        entries = report["checks"]
+        for check in self.checks:
+            entries[check.coverage_key] = check.describe(entries.get(check.coverage_key, {}))
         report["preflight"] = {
             "done": self.audit.preflight_done,
             "at": "the first audit step: two replays of each rank's own micro-batch, compared "
@@ -376,25 +392,30 @@ class Coordinator:
         """
         self.current_step = step
         self.reporter.record_start(step)
-        # With accumulation the comm hook sees the accumulated gradient; the audited
-        # micro-batch's own is fingerprinted by the audit's isolation instead.
-        # Unless the taps see each micro-batch's own (a pipeline step's starts from none).
-        capture = deterministic and (
-            self.schedule.grad_accum == 1 or self.parallel.taps_see_each_micro_batch
-        )
-        self.gradients.arm(capture_fingerprints=capture, device=self.parallel.param_device)
-        if self.sensors_planned:
-            self.sensors.begin_step(step)  # SENSORS: arm this step's share of the rotation
-        return self.audit.prepare_step(
+        start = StepStart(
             step, audit=audit, deterministic=deterministic, position=position, seeded=seeded
         )
+        for check in self.checks:
+            check.begin_step(start)
+        return self.audit.environment
+
+    def seeds(self, step: int, *, audit: bool) -> bool:
+        """Whether ``step``'s computation is seeded from (step, rank) (the same on every rank):
+        an audit step; with a scaler every step, so that confirming an overflow replays the
+        micro-batches exactly as they trained (dropout included); and a step a check asks for
+        (:meth:`Check.seeds`: one its candidates' confirmation replays)."""
+        return audit or self.scaler is not None or any(c.seeds(step) for c in self.checks)
+
+    @property
+    def decides_now(self) -> bool:
+        """Whether a check needs this step's flags judged at once, every rank at the step with
+        its exact state (:attr:`Check.decides_now`)."""
+        return any(check.decides_now for check in self.checks)
 
     def end_step(self) -> None:
         """The step's forward and backward are over: stop capturing (idempotent)."""
-        self.gradients.disarm()
-        self.audit.end_step()
-        if self.sensors_planned:
-            self.sensors.end_step()
+        for check in self.checks:
+            check.end_step()
         if self.workload is not None and not self.workload.done:
             self.workload.finish()  # the first step is over, even if the model's hook never ran
 
@@ -409,11 +430,17 @@ class Coordinator:
         if self.scaler is not None and self.schedule.max_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
         return self.gradients.read_flags(
-            step,
-            max_grad_norm=self.schedule.max_grad_norm,
-            # SENSORS: travels in the same reduction
-            sensor_flag=self.sensors.take_flag() if self.sensors_planned else None,
+            step, max_grad_norm=self.schedule.max_grad_norm, sensor_flag=self._checks_flag()
         )
+
+    def _checks_flag(self) -> torch.Tensor | None:
+        """The checks' flags of this step as the one value check 1's reduction carries for them
+        (:meth:`Check.take_flag`, each at this point on every rank, in order), or None when no
+        check flagged anything this step."""
+        flags = [flag for check in self.checks if (flag := check.take_flag()) is not None]
+        if len(flags) <= 1:
+            return flags[0] if flags else None
+        return torch.stack([flag.reshape(()) for flag in flags]).any()
 
     def start_flag_exchange(self, flags: StepFlags | int) -> tuple[FlagExchange, bool]:
         """Check 1's per-step collective: launch the reduction of ``flags`` (from
@@ -442,8 +469,8 @@ class Coordinator:
         when something is set, then the confirmation replays, or, when every flag is clean
         (only on an audit step), the audit of ``loss``'s step.
 
-        ``audit``: the step is an audit step (False: a step judged at once only because its
-        online sensors checked; a clean table then needs nothing more).
+        ``audit``: the step is an audit step (False: a step judged at once only because a check
+        asked for it, :attr:`decides_now`; a clean table then needs nothing more).
 
         Returns the Alarm, logged and published, or None (the step may be applied).
         """
@@ -451,7 +478,7 @@ class Coordinator:
         if table.clean:
             self.reporter.record_gradient_pass(exchange.step)
             if not audit:
-                return None  # SENSORS: a sensed step that every rank agrees is clean
+                return None  # decided now for a check, and every rank agrees it is clean
             alarm = self.audit.audit(
                 exchange.step,
                 loss,  # None on a pipeline's non-last stages
@@ -462,7 +489,8 @@ class Coordinator:
                 self._set_up_wrong(alarm)
                 return None
         elif not table.nonfinite and not any(table.reduced):
-            # SENSORS: only online sensors flagged: a candidate, confirmed or dismissed by replays.
+            # Only the checks' flag is set (the online sensors are the one check that
+            # contributes one): a candidate, confirmed or dismissed by replays.
             alarm = self.sensors.judge(
                 table,
                 self.audit,
@@ -490,8 +518,7 @@ class Coordinator:
         self.reporter.publish_setup(alarm)
         setup = alarm.setup or {}
         reason = f"{setup.get('cause')}: {setup.get('detail')}"
-        self.audits_off = reason
-        self.audit.can_confirm = False
+        self.audit.turn_off(reason)
         self.reporter.record_skipped_audit(alarm.step)
         if self.schedule.on_setup_error == "stop":
             raise AuditSetupError(
@@ -506,8 +533,7 @@ class Coordinator:
         :class:`AuditSetupError` on every rank."""
         if self.schedule.on_setup_error == "stop":
             raise AuditSetupError(f"sdc_agent: {finding.message()}")
-        self.audits_off = f"{finding.cause}: {finding.detail}"
-        self.audit.can_confirm = False
+        self.audit.turn_off(f"{finding.cause}: {finding.detail}")
         if self.reporter.publishes:
             logger.error(
                 "sdc_agent: the replay audit is off from the start, a set-up finding (not a "

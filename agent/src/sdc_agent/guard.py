@@ -526,14 +526,7 @@ class GuardedStep:
         )
         """The position of the micro-batch this step's audit replays (None: not an audit step)."""
         self._deterministic = self.audit and run.schedule.deterministic_audits
-        # With a scaler every step is seeded, so that confirming an overflow replays the
-        # micro-batches exactly as they trained (dropout included).
-        # SENSORS: with online sensors too, so that a candidate's confirmation replays it exactly.
-        self._seeded = (
-            self.audit
-            or run.scaler is not None
-            or (run.sensors_planned and run.sensors.checks_at(step))
-        )
+        self._seeded = run.seeds(step, audit=self.audit)
         self._environment: StepEnvironment | None = None
         self._entered = 0  # micro-batches entered so far
         self._current: int | None = None  # the micro-batch being run
@@ -714,17 +707,17 @@ class GuardedStep:
         # the collectives pair up in order.
         if (alarm := g.settle()) is not None:
             return self._refuse(alarm)
-        sensing = g.sensors.sensing  # the same on every rank (a function of the step)
+        now = g.decides_now  # the same on every rank (a function of the step)
         exchange, own_flags_bad = g.start_flag_exchange(flags)
         together = g.decides_every_step  # FSDP2 + scaler: scaler.step is a collective
-        if not self.audit and not own_flags_bad and not sensing and not together:
+        if not self.audit and not own_flags_bad and not now and not together:
             g.defer(exchange)  # settled at the next agreement point
             self.end()
             return None
         summary = exchange.summary()
-        # SENSORS: on a step whose sensors checked, every rank waits here, so that a candidate
-        # is replayed while every rank still holds the step's state (and none has applied it).
-        if self.audit or summary.unanimous or sensing or together:
+        # On a step a check decides now (its sensors checked), every rank waits here, so that a
+        # candidate is replayed while every rank still holds the step's state.
+        if self.audit or summary.unanimous or now or together:
             # Every rank is here, at this step, with the step's exact state: decide now.
             alarm = g.judge_flags(
                 exchange, loss, deterministic=self._deterministic, audit=self.audit

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental import implicit_replication
 
+from ..protocol import Check, StepStart
 from .stats import GradStatsState, ReducedTap
 
 
@@ -150,7 +151,7 @@ class FlagExchange:
         self._own: tuple[int, int, int] | None = None
         self._flags: torch.Tensor | None = None
         if isinstance(flags, torch.Tensor):
-            if flags.numel() == 2:  # SENSORS: the third flag is the online sensors' (0: none)
+            if flags.numel() == 2:  # the third flag is the other checks' (0: none flagged)
                 flags = torch.cat([flags.reshape(2), flags.new_zeros(1)])
             self._flags = flags
             clean = (flags.sum() == 0).to(flags.dtype).reshape(1)
@@ -294,22 +295,38 @@ def _total_norm(grads: list[torch.Tensor], meshes: list[Any]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-class GradientCheck:
+class GradientCheck(Check):
     """Check 1 for one guarded model: the taps' state, this step's flags, and the exchange
     in flight until it is settled.
 
     The parallelism adapter installs its gradient taps writing into :attr:`hook_state`
     (``ParallelAdapter.install_gradient_taps``); the guard arms the check before each forward
-    pass and calls :meth:`exchange` after backward on every rank.
+    pass (:meth:`begin_step`) and calls :meth:`exchange` after backward on every rank. Its
+    flags are the step's reduction itself, so it contributes no other (:class:`.Check`).
     """
 
+    coverage_key = "nonfinite_gradients"
+
     def __init__(
-        self, params: list[torch.nn.Parameter], dp_group: dist.ProcessGroup | None, world: int
+        self,
+        params: list[torch.nn.Parameter],
+        dp_group: dist.ProcessGroup | None,
+        world: int,
+        *,
+        grad_accum: int = 1,
+        taps_see_each_micro_batch: bool = False,
+        device: torch.device | None = None,
     ) -> None:
-        """``params``: the trainable parameters in the order of the fingerprint tables."""
+        """``params``: the trainable parameters in the order of the fingerprint tables;
+        ``grad_accum``: micro-batches per step; ``taps_see_each_micro_batch``: the taps see
+        each micro-batch's own gradient even with accumulation (a pipeline step's starts from
+        none); ``device``: the parameters' device."""
         self.params = params
         self.dp_group = dp_group
         self.world = world
+        self.grad_accum = grad_accum
+        self.taps_see_each_micro_batch = taps_see_each_micro_batch
+        self.device = device if device is not None else torch.device("cpu")
         self.hook_state = GradStatsState(
             process_group=dp_group, param_index={id(p): i for i, p in enumerate(params)}
         )
@@ -323,6 +340,17 @@ class GradientCheck:
     def disarm(self) -> None:
         """Stop capturing fingerprints (the step's backward is over)."""
         self.hook_state.capture_fingerprints = False
+
+    def begin_step(self, start: StepStart) -> None:
+        """Arm the taps; on a deterministic step they fingerprint the local gradients for
+        check 2, unless accumulation hides each micro-batch's own gradient from them (the
+        audited micro-batch's is fingerprinted by the audit's isolation instead)."""
+        capture = start.deterministic and (self.grad_accum == 1 or self.taps_see_each_micro_batch)
+        self.arm(capture_fingerprints=capture, device=self.device)
+
+    def end_step(self) -> None:
+        """The step's backward is over: stop capturing."""
+        self.disarm()
 
     @property
     def local_fingerprints(self) -> torch.Tensor | None:
@@ -370,7 +398,8 @@ class GradientCheck:
 
         Clips the reduced gradient to ``max_grad_norm`` when set (collective under FSDP2 and
         pipelines; every rank reaches it here). ``sensor_flag``: a one-element tensor, nonzero
-        when an online sensor flagged this step (travels in the same reduction). Raises when
+        when another check flagged this step (:meth:`.Check.take_flag`; only the online
+        sensors contribute one); it travels in the same reduction. Raises when
         the hook did not run this step (see :meth:`require_reduction`).
         """
         self.require_reduction()
@@ -381,7 +410,7 @@ class GradientCheck:
             norm = self.clip(max_grad_norm)
             reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
         parts = [*local_flags, reduced]
-        if sensor_flag is not None:  # SENSORS: one more int64 in the same per-step reduction
+        if sensor_flag is not None:  # the other checks' flag: one more value, same reduction
             parts.append(sensor_flag.reshape(1).to(reduced))
         origin = state.local_origin
         if origin is not None:  # a pipeline stage: where a non-finite value started

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ...alarm import Alarm, Verdict
 from ...reporting import Reporter
 from ..gradients.exchange import FlagTable
+from ..protocol import Check, StepStart
 from .attribution import (
     FAILED_ROW,
     NONDETERMINISTIC_OP,
@@ -78,8 +79,10 @@ logger = logging.getLogger("sdc_agent")
 RebuildBatch = Callable[[int, int], Any]
 
 
-class RingAudit:
+class RingAudit(Check):
     """Check 2 for one guard (and the confirmation replays check 1 asks for)."""
+
+    coverage_key = "replay_audit"
 
     checks_batches = True
     """Record what each micro-batch's forward was fed and compare it with what each replay was
@@ -146,8 +149,44 @@ class RingAudit:
         """The micro-batch position being computed (trained or replayed), else None."""
         self._isolating = False
         self._snapshot_pending = False
+        self.off_because: str | None = None
+        """Why the audits stopped (a set-up finding, :meth:`turn_off`), or None while they run."""
+        self.environment = StepEnvironment()
+        """What the current step's computation runs under (its seed and kernels), put back by
+        :meth:`StepEnvironment.restore` when it is over (:meth:`begin_step`)."""
         if any(True for _ in adapter.module.buffers()):
             adapter.module.register_forward_pre_hook(self._before_module_forward)
+
+    # ------------------------------------------------------------------ the check protocol
+    def begin_step(self, start: StepStart) -> None:
+        """Prepare the step (:meth:`prepare_step`); its environment is :attr:`environment`."""
+        self.environment = self.prepare_step(
+            start.step,
+            audit=start.audit,
+            deterministic=start.deterministic,
+            position=start.position,
+            seeded=start.seeded,
+        )
+
+    def turn_off(self, reason: str) -> None:
+        """Stop the audits and their confirmations for good (a set-up finding, the same on
+        every rank): they would judge GPUs on replays that do not reproduce training."""
+        self.off_because = reason
+        self.can_confirm = False
+
+    def describe(self, planned: dict[str, Any]) -> dict[str, Any]:
+        """The planned audit, off when a set-up finding turned it off, comparing the loss bits
+        only when the preflight found gradients not reproducible."""
+        described = dict(planned)
+        if self.off_because is not None:
+            described.update(
+                on=False, why=f"turned off by a set-up finding: {self.off_because}", pairs=[]
+            )
+        elif described.get("on") and not self.compare_grads:
+            described["compares"] = (
+                "loss bits only (the preflight found gradients not reproducible)"
+            )
+        return described
 
     # ------------------------------------------------------------------ per step (local)
     def prepare_step(

@@ -51,6 +51,7 @@ from ...sensors.families import describe_families
 from ...sensors.linear import find_board
 from ...sensors.plan import SensorPlan, plan_sensors
 from ..gradients.exchange import FlagTable
+from ..protocol import Check, StepStart
 from ..replay.attribution import FAILED_ROW, ROW_WIDTH, Outcome, is_failed, third_gpu
 
 if TYPE_CHECKING:
@@ -154,9 +155,14 @@ def sensor_verdict(
     return "transient", "target"
 
 
-class SensorCheck:
+class SensorCheck(Check):
     """The online sensors of one guard (a do-nothing when the model has no protected layer or
-    ``Schedule.sensors`` is False)."""
+    ``Schedule.sensors`` is False): check 4. Its flag travels in check 1's reduction
+    (:meth:`take_flag`), a step it checked is seeded (:meth:`seeds`) and decided at once
+    (:attr:`decides_now`), and its candidates are confirmed by check 2's replays
+    (:meth:`judge`)."""
+
+    coverage_key = "online_sensors"
 
     def __init__(
         self,
@@ -258,12 +264,23 @@ class SensorCheck:
         seeded, so that a candidate's confirmation replays it exactly (dropout included)."""
         return bool(self.active(step))
 
-    def begin_step(self, step: int) -> None:
-        """Arm the sensors that check at ``step`` (before its forward pass)."""
+    def seeds(self, step: int) -> bool:
+        """A step some sensor checks is seeded, so that a candidate's confirmation replays it
+        exactly (:meth:`checks_at`)."""
+        return self.checks_at(step)
+
+    @property
+    def decides_now(self) -> bool:
+        """On a step whose sensors checked, every rank waits for the flags, so that a candidate
+        is replayed while every rank still holds the step's state (and none has applied it)."""
+        return self.sensing
+
+    def begin_step(self, start: StepStart) -> None:
+        """Arm the sensors that check at the step (before its forward pass)."""
         self._ratios = None
         if self.board is None:
             return
-        active = self.active(step)
+        active = self.active(start.step)
         self.sensing = bool(active)
         self.board.arm(active)
 
@@ -493,8 +510,9 @@ class SensorCheck:
         return dataclasses.replace(alarm, sensor_candidates=found)
 
     # ------------------------------------------------------------------ coverage
-    def describe(self) -> dict[str, Any]:
-        """The sensors' part of ``Guard.coverage()``: which GEMMs are checked, at what rate."""
+    def describe(self, planned: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The sensors' part of ``Guard.coverage()``: which GEMMs are checked, at what rate
+        (the schedule plans nothing for them: ``planned`` is not read)."""
         if self.board is None:
             return {
                 "on": False,

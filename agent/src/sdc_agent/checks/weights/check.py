@@ -15,6 +15,7 @@ import torch.distributed as dist
 from ...alarm import Alarm
 from ...parallel.adapter import WeightReplicas
 from ...reporting import Reporter
+from ..protocol import Check
 from .divergence import DivergenceCheck, ReplicaComparison
 from .sharded import ShardedDivergenceCheck
 
@@ -29,13 +30,16 @@ def weight_check(replicas: WeightReplicas, reporter: Reporter) -> WeightCheck | 
     return ShardedWeightCheck(replicas, reporter)
 
 
-class WeightCheck:
+class WeightCheck(Check):
     """Check 3 for one guard: compares every replica's weights and reports the verdict.
 
     Collective like :class:`DivergenceCheck`: every rank calls :meth:`compare_now` and
     :meth:`launch` at the same steps, and settles what :meth:`launch` started at the same
     agreement point (:meth:`take_in_flight` then :meth:`judge` or :meth:`DivergenceCheck.wait`).
+    It runs after updates, not inside a step: the step hooks of :class:`.Check` do nothing.
     """
+
+    coverage_key = "weight_fingerprints"
 
     def __init__(
         self,
@@ -98,10 +102,12 @@ class ShardedWeightCheck(WeightCheck):
         return ShardedDivergenceCheck(self._replicas)
 
 
-class WeightCheckOff:
+class WeightCheckOff(Check):
     """Check 3 where weights have no redundancy (full sharding): compares nothing, records no
     pass (``last_weight_check_pass`` stays None, so checkpoint tags say the weights were not
     verified)."""
+
+    coverage_key = "weight_fingerprints"
 
     def compare_now(self, step: int) -> Alarm | None:
         """Nothing to compare: no alarm."""
