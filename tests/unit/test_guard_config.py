@@ -143,3 +143,33 @@ def test_the_trees_thresholds_reach_the_sensors(calls):
     # And thresholds given to protect and, differently, to the tree are refused
     with pytest.raises(ValueError, match="thresholds were given twice"):
         _guard(protected=True, protect_config=SensorConfig(margin=5.0), config=config)
+
+
+def test_the_report_component_switches_the_workload_record(calls):
+    # Given a guard told to record no workload, and one left at the default
+    quiet = _guard(
+        config=sdc.GuardConfig(
+            audit=sdc.AuditConfig(every=0),
+            weights=sdc.WeightsConfig(on_start=False),
+            report=sdc.ReportConfig(workload=False),
+        )
+    )
+    # Then the first has no recorder (no hooks on the model), the second records
+    assert quiet._run.workload is None
+    assert quiet.config.report.workload is False
+    default = _guard(schedule=sdc.Schedule(audit_every=0, check_on_start=False))
+    assert default._run.workload is not None and default.config.report.workload is True
+    # And the switch changes no check: the flat view is the same
+    assert (
+        quiet.config.schedule()
+        == sdc.GuardConfig(
+            audit=sdc.AuditConfig(every=0), weights=sdc.WeightsConfig(on_start=False)
+        ).schedule()
+    )
+
+
+def test_a_report_switch_that_is_not_a_bool_is_refused():
+    with pytest.raises(TypeError, match=r"GuardConfig\.report\.workload must be True or False"):
+        sdc.ReportConfig(workload="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"GuardConfig\.report must be a sdc_agent\.ReportConfig"):
+        sdc.GuardConfig(report=sdc.TrainingConfig())  # type: ignore[arg-type]

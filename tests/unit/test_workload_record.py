@@ -47,6 +47,13 @@ class Model(nn.Module):
         return self.head(x)
 
 
+def recorders_hooks(module: nn.Module) -> list[str]:
+    """The workload recorder's forward hooks and pre-hooks on ``module``."""
+    hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+    names = [getattr(h, "__qualname__", "") for h in hooks]
+    return [n for n in names if n.startswith("WorkloadRecorder.")]
+
+
 def record(model: nn.Module, x: torch.Tensor) -> WorkloadRecorder:
     recorder = WorkloadRecorder(model)
     model(x)
@@ -91,8 +98,12 @@ def test_finish_without_a_forward_and_a_model_with_nothing_to_record():
     recorder = WorkloadRecorder(Model())
     recorder.finish()
     assert recorder.done and recorder.hooks == 0 and recorder.document is None
-    nothing = WorkloadRecorder(nn.ReLU())
-    assert nothing.done and nothing.document is None
+    # A model with no layer the recorder knows may still call attention: it waits for the
+    # forward, and then records nothing
+    relu = nn.ReLU()
+    nothing = WorkloadRecorder(relu)
+    relu(torch.randn(2, 3))
+    assert nothing.done and nothing.hooks == 0 and nothing.document is None
 
 
 def test_more_distinct_ops_than_the_bound_keep_the_most_frequent_first():
@@ -132,12 +143,12 @@ def test_an_oversized_op_is_scaled_to_fit_and_says_so():
 
     from sdc_agent.workload import _Seen
 
-    (op,) = summarize({("gemm", (1 << 20, n, k), "bf16"): _Seen("model.layers.0.mlp.up", 3)})
+    (op,) = summarize({("gemm", (1 << 20, n, k), "bf16", False): _Seen("model.layers.0.mlp.up", 3)})
     assert op.shape == fitted.shape
     assert op.name == f"model.layers.0.mlp.up x3 scaled from {1 << 20}x{n}x{k}"
     assert len(op.name) <= MAX_NAME_CHARS
     long_path = "model." + "very_long_module_name." * 8 + "proj"
-    (named,) = summarize({("gemm", (4, 4, 4), "fp32"): _Seen(long_path, 1)})
+    (named,) = summarize({("gemm", (4, 4, 4), "fp32", False): _Seen(long_path, 1)})
     assert len(named.name) == MAX_NAME_CHARS and named.name.endswith(".proj")
     parse_workload({"schema": "sdc.workload/v1", "ops": [op.as_dict(), named.as_dict()]})
 
@@ -208,13 +219,103 @@ def test_a_guard_on_ddp_records_the_inner_modules_on_its_first_step(calls, monke
         schedule=sdc.Schedule(audit_every=0, check_on_start=False, sensors=False, check_every=0),
     )
     recorder = guard._run.workload
-    assert recorder is not None and recorder.hooks == 2  # the Linear and the bare module
+    # On the bare module and its Linear, not on DDP's wrapper
+    assert recorder is not None and recorder.hooks > 0
+    assert recorders_hooks(ddp.module) and recorders_hooks(ddp.module[0])
+    assert not recorders_hooks(ddp)
     assert guard.train([batch(0), batch(1)]) is None
     assert recorder.done and recorder.hooks == 0
-    assert not ddp.module[0]._forward_hooks and not ddp.module._forward_hooks
+    assert not recorders_hooks(ddp.module) and not recorders_hooks(ddp.module[0])
     assert recorder.document == {
         "schema": "sdc.workload/v1",
         "ops": [{"kind": "gemm", "shape": [4, 3, 8], "dtype": "fp32", "name": "0"}],
     }
     alarm = guard._run.reporter.alarm(2, "compute", last_pass=None, suspects=None)
     assert alarm.to_dict()["workload"] == recorder.document
+
+
+class Attention(nn.Module):
+    """Self-attention through F.scaled_dot_product_attention, with grouped-query heads."""
+
+    def __init__(self, heads: int = 4, kv_heads: int = 4, head_dim: int = 8) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q = nn.Linear(heads * head_dim, heads * head_dim)
+        self.kv = nn.Linear(heads * head_dim, 2 * kv_heads * head_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2, self.kv_heads, self.head_dim).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads
+        )
+        return out.transpose(1, 2).reshape(b, t, -1)
+
+
+class Decoder(nn.Module):
+    def __init__(self, kv_heads: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Attention(kv_heads=kv_heads) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def sdpa_ops(document: dict | None) -> list[dict]:
+    assert document is not None
+    return [op for op in document["ops"] if op["kind"] == "sdpa"]
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["multi-head", "grouped-query"])
+def test_attention_calls_are_recorded_with_the_query_heads_and_the_mask(kv_heads):
+    # Given a decoder whose blocks call F.scaled_dot_product_attention (causal)
+    recorder = record(Decoder(kv_heads=kv_heads), torch.randn(2, 6, 32))
+    # Then each call is one sdpa op of [batch, query heads, sequence, head_dim], causal, named
+    # after the module that called it, counted over both blocks
+    assert sdpa_ops(recorder.document) == [
+        {
+            "kind": "sdpa",
+            "shape": [2, 4, 6, 8],
+            "dtype": "fp32",
+            "causal": True,
+            "name": "blocks.0 x2",
+        }
+    ]
+    # And the recording left no torch function mode behind
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_cross_attention_is_not_recorded():
+    class Cross(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            memory = torch.randn(x.shape[0], 2, 10, 8)  # another sequence length
+            return torch.nn.functional.scaled_dot_product_attention(x, memory, memory)
+
+    recorder = record(Cross(), torch.randn(1, 2, 6, 8))
+    assert recorder.done and recorder.document is None
+
+
+def test_an_oversized_attention_is_scaled_batch_first():
+    big = OpSpec("sdpa", (64, 32, 8192, 128), "bf16", causal=True)
+    scaled = fit(big)
+    assert scaled.elements() <= MAX_OP_ELEMENTS and scaled.causal
+    assert scaled.shape[1:] == (32, 8192, 128) and 1 <= scaled.shape[0] < 64
+    huge = fit(OpSpec("sdpa", (1, 64, 2**20, 128), "bf16"))
+    assert huge.elements() <= MAX_OP_ELEMENTS and huge.shape[3] == 128 and huge.shape[1] == 1
+
+
+def test_attention_under_the_sensors_checked_attention_is_recorded_too():
+    # Given a decoder whose attention the online sensors check by their own unfused path
+    from sdc_agent.sensors import protect
+
+    model = Decoder()
+    protect(model, attention="checked")
+    recorder = WorkloadRecorder(model)
+    model(torch.randn(2, 6, 32)).sum().backward()
+    # Then the recorder saw the calls before the sensors' mode took them, and both modes left
+    assert [op["shape"] for op in sdpa_ops(recorder.document)] == [[2, 4, 6, 8]]
+    assert torch._C._len_torch_function_stack() == 0

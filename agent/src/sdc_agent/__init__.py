@@ -22,7 +22,14 @@ from .alarm import Alarm, RankInfo, SensorCandidate, Verdict
 from .checks.replay.setup import AuditSetupError
 from .checks.weights.divergence import find_divergent_ranks
 from .checks.weights.report import DivergenceReport
-from .config import AuditConfig, GuardConfig, SensorsConfig, TrainingConfig, WeightsConfig
+from .config import (
+    AuditConfig,
+    GuardConfig,
+    ReportConfig,
+    SensorsConfig,
+    TrainingConfig,
+    WeightsConfig,
+)
 from .errors import SdcAgentError
 from .exit import SDC_EXIT_CODE, exit_on_alarm
 from .fingerprint import fingerprint, fingerprints
@@ -55,6 +62,7 @@ __all__ = [
     "NullPublisher",
     "Publisher",
     "RankInfo",
+    "ReportConfig",
     "ResumeDecision",
     "ResumeRule",
     "Schedule",

@@ -1,5 +1,5 @@
 """One configuration tree for the guard, one dataclass per component (torchtitan's manner):
-``GuardConfig(audit=, weights=, sensors=, training=)``.
+``GuardConfig(audit=, weights=, sensors=, training=, report=)``.
 
     import sdc_agent as sdc
     config = sdc.GuardConfig(
@@ -7,6 +7,7 @@
         weights=sdc.WeightsConfig(every=200),
         sensors=sdc.SensorsConfig(budget=0.02),
         training=sdc.TrainingConfig(grad_accum=4, max_grad_norm=1.0),
+        report=sdc.ReportConfig(workload=True),
     )
     guard = sdc.Guard(model, optimizer, ..., config=config)
 
@@ -157,11 +158,31 @@ class TrainingConfig:
         _validate(self.component, _values(self))
 
 
+@dataclass(kw_only=True, frozen=True)
+class ReportConfig:
+    """What the alarm report carries besides the verdict (no ``Schedule`` field: it changes no
+    check)."""
+
+    component = "report"
+    workload: bool = True
+    """Record the job's op shapes (GEMMs, attention, norms) on the first forward pass for the
+    alarm report's ``workload``, which a node screen then runs (``sdc_agent.workload``,
+    docs/usage/screen.md); its hooks are removed after that forward. False: record nothing (the
+    report then has no ``workload``, and a screen runs its fixed suite only)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workload, bool):
+            raise TypeError(
+                f"GuardConfig.report.workload must be True or False, got {self.workload!r}"
+            )
+
+
 _COMPONENTS: dict[str, type] = {
     "audit": AuditConfig,
     "weights": WeightsConfig,
     "sensors": SensorsConfig,
     "training": TrainingConfig,
+    "report": ReportConfig,
 }
 
 
@@ -174,6 +195,7 @@ class GuardConfig:
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     sensors: SensorsConfig = field(default_factory=SensorsConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def __post_init__(self) -> None:
         for name, kind in _COMPONENTS.items():

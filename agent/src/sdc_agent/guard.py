@@ -145,8 +145,8 @@ class Guard:
         the first stage's inputs, the last stage's targets (:mod:`sdc_agent.parallel.pp`).
 
         ``config``: the whole configuration as one tree (:class:`sdc_agent.GuardConfig`: audit,
-        weights, sensors with their thresholds, training), instead of ``schedule``; give one
-        or the other.
+        weights, sensors with their thresholds, training, the report's workload), instead of
+        ``schedule``; give one or the other.
         """
         if config is not None:
             if schedule is not None:
@@ -172,6 +172,7 @@ class Guard:
             divide_loss=divide_loss,
             pipeline=pipeline,
             sensor_thresholds=config.sensors.thresholds if config is not None else None,
+            record_workload=self._config.report.workload,
         )
         """What runs behind the facade (private: :mod:`sdc_agent._coordinator`)."""
 

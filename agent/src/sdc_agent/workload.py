@@ -5,14 +5,24 @@ job's own op shapes besides its fixed suite. :class:`WorkloadRecorder` records t
 training model's first forward pass: forward hooks on every ``nn.Linear`` (a ``gemm`` [m, n, k]:
 the input's rows by its last dimension k, times the output's last dimension n), ``nn.LayerNorm``
 (``norm`` [rows, features]) and ``nn.RMSNorm`` (``rmsnorm`` [rows, features]), subclasses
-included (the guard's protected layers are). Shapes are the local ones this rank computes: they
+included (the guard's protected layers are), and every call of
+``F.scaled_dot_product_attention`` during that forward (``sdpa`` [batch, heads, sequence,
+head_dim], ``causal`` from ``is_causal``; seen by a ``TorchFunctionMode`` entered for that one
+forward, and named after the innermost module that called it). Shapes are the local ones this
+rank computes: they
 are read from the activations (a DTensor's local tensor), never from a weight, which FSDP2 may
 hold sharded. The dtype is the output's (under autocast that is what the kernel computed in);
 fp32 GEMMs with TF32 matmul math on a GPU are ``tf32``; other dtypes (fp8, integers, fp64) are
 left out.
 
-Not recorded: attention (``scaled_dot_product_attention`` is a function, not a module, and is
-not intercepted), softmax, reductions, embeddings, convolutions, the backward GEMMs (dgrad and
+Attention is recorded as self-attention of the query's heads: a call whose keys' sequence or
+values' head size differs from the query's (cross-attention) is left out; grouped-query
+attention (fewer key/value heads) is recorded with the query's heads for all three, which the
+screen then runs as full multi-head attention (the same kernels on more data); an ``attn_mask``
+is not recorded (the screen runs none). Attention computed otherwise (``nn.MultiheadAttention``'s
+own path, a hand-written softmax of ``q @ k.T``, FlashAttention's own package) is not seen.
+
+Not recorded either: softmax, reductions, embeddings, convolutions, the backward GEMMs (dgrad and
 wgrad), collectives. The recording is bounded: distinct (kind, shape, dtype) ops, the most
 frequent (then the largest) first, at most :data:`sdc_contract.screen.MAX_WORKLOAD_OPS`; an op
 that would move more than :data:`sdc_contract.screen.MAX_OP_ELEMENTS` elements is scaled down
@@ -36,13 +46,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
 from sdc_contract.screen import (
     MAX_NAME_CHARS,
     MAX_OP_ELEMENTS,
     MAX_WORKLOAD_OPS,
+    TF32_KINDS,
     OpDtype,
     OpKind,
     OpSpec,
@@ -59,8 +72,17 @@ _DTYPES: dict[torch.dtype, OpDtype] = {
 }
 _RMS_NORM: type[nn.Module] | None = getattr(nn, "RMSNorm", None)
 
-OpKey = tuple[OpKind, tuple[int, ...], OpDtype]
-"""What makes two recorded ops the same: kind, shape, dtype."""
+OpKey = tuple[OpKind, tuple[int, ...], OpDtype, bool]
+"""What makes two recorded ops the same: kind, shape, dtype, and (attention) a causal mask."""
+
+
+def _key(op: OpSpec) -> OpKey:
+    return (op.kind, op.shape, op.dtype, op.causal)
+
+
+def _spec(key: OpKey, name: str = "") -> OpSpec:
+    kind, shape, dtype, causal = key
+    return OpSpec(kind=kind, shape=shape, dtype=dtype, name=name, causal=causal)
 
 
 @dataclass
@@ -79,7 +101,7 @@ def _local(value: Any) -> torch.Tensor | None:
 
 def _op_dtype(tensor: torch.Tensor, kind: OpKind) -> OpDtype | None:
     dtype = _DTYPES.get(tensor.dtype)
-    if dtype == "fp32" and kind == "gemm" and tensor.device.type == "cuda":
+    if dtype == "fp32" and kind in TF32_KINDS and tensor.device.type == "cuda":
         try:
             if torch.get_float32_matmul_precision() != "highest":
                 return "tf32"
@@ -118,11 +140,48 @@ def op_of(module: nn.Module, args: tuple[Any, ...], output: Any) -> OpSpec | Non
     return OpSpec(kind=kind, shape=shape, dtype=dtype)
 
 
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+    """Argument ``name`` of a call, given at position ``index`` or by keyword."""
+    return args[index] if len(args) > index else kwargs.get(name)
+
+
+def attention_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpSpec | None:
+    """The ``sdpa`` op one call ``F.scaled_dot_product_attention(*args, **kwargs)`` computed
+    (unscaled, unnamed), or None when it is not self-attention the screen can run (module
+    docstring)."""
+    q = _local(_argument(args, kwargs, 0, "query"))
+    k = _local(_argument(args, kwargs, 1, "key"))
+    v = _local(_argument(args, kwargs, 2, "value"))
+    if q is None or k is None or v is None or min(q.dim(), k.dim(), v.dim()) < 2:
+        return None
+    length, head_dim = int(q.shape[-2]), int(q.shape[-1])
+    if int(k.shape[-2]) != length or int(v.shape[-1]) != head_dim or q.numel() == 0:
+        return None  # cross-attention, or values of another head size
+    heads = int(q.shape[-3]) if q.dim() >= 3 else 1
+    batch = math.prod(int(d) for d in q.shape[:-3]) if q.dim() > 3 else 1
+    dtype = _op_dtype(q, "sdpa")
+    if dtype is None:
+        return None
+    causal = bool(_argument(args, kwargs, 5, "is_causal"))
+    return OpSpec(kind="sdpa", shape=(batch, heads, length, head_dim), dtype=dtype, causal=causal)
+
+
 def fit(op: OpSpec, limit: int = MAX_OP_ELEMENTS) -> OpSpec:
     """``op`` scaled down to move at most ``limit`` elements (:meth:`OpSpec.elements`): a
-    GEMM's m first (then n, then k), a norm's rows first (then its features)."""
+    GEMM's m first (then n, then k), attention's batch first (then its heads, its sequence, its
+    head size), a norm's rows first (then its features)."""
     if op.elements() <= limit:
         return op
+    if op.kind == "sdpa":
+        batch, heads, length, head_dim = op.shape
+        room = max(1, limit // 8)  # q, k, v, out and their gradients
+        head_dim = min(head_dim, room)
+        length = min(length, max(1, room // head_dim))
+        heads = min(heads, max(1, room // (length * head_dim)))
+        batch = min(batch, max(1, room // (heads * length * head_dim)))
+        return OpSpec(
+            kind="sdpa", shape=(batch, heads, length, head_dim), dtype=op.dtype, causal=op.causal
+        )
     if op.kind == "gemm":
         m, n, k = op.shape
         if k * n + k + n <= limit:  # m alone can make it fit
@@ -153,9 +212,10 @@ def summarize(
     """The bounded workload of what was seen: scaled to fit, merged again, the most frequent
     (then the largest) first, at most ``max_ops``, each named after its first module."""
     merged: dict[OpKey, tuple[_Seen, tuple[int, ...] | None]] = {}
-    for (kind, shape, dtype), entry in seen.items():
-        op = fit(OpSpec(kind=kind, shape=shape, dtype=dtype), limit)
-        key: OpKey = (op.kind, op.shape, op.dtype)
+    for original, entry in seen.items():
+        op = fit(_spec(original), limit)
+        key = _key(op)
+        shape = original[1]
         scaled_from = shape if op.shape != shape else None
         if key in merged:
             merged[key][0].count += entry.count
@@ -163,20 +223,37 @@ def summarize(
             merged[key] = (_Seen(entry.name, entry.count), scaled_from)
     ranked = sorted(
         merged.items(),
-        key=lambda item: (
-            -item[1][0].count,
-            -OpSpec(kind=item[0][0], shape=item[0][1], dtype=item[0][2]).elements(),
-        ),
+        key=lambda item: (-item[1][0].count, -_spec(item[0]).elements()),
     )
     ops = []
-    for (kind, shape, dtype), (entry, scaled_from) in ranked[:max_ops]:
+    for key, (entry, scaled_from) in ranked[:max_ops]:
         suffix = f" x{entry.count}" if entry.count > 1 else ""
         if scaled_from is not None:
             suffix += " scaled from " + "x".join(str(d) for d in scaled_from)
         if len(suffix) > MAX_NAME_CHARS - 8:
             suffix = " scaled" if scaled_from is not None else ""
-        ops.append(OpSpec(kind=kind, shape=shape, dtype=dtype, name=_name(entry.name, suffix)))
+        ops.append(_spec(key, _name(entry.name, suffix)))
     return tuple(ops)
+
+
+class _AttentionCalls(TorchFunctionMode):
+    """Hands each ``F.scaled_dot_product_attention`` call to ``seen`` while it is entered."""
+
+    def __init__(self, seen: Callable[[tuple[Any, ...], dict[str, Any]], None]) -> None:
+        super().__init__()
+        self._seen = seen
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            self._seen(args, kwargs)
+        return func(*args, **kwargs)
 
 
 class WorkloadRecorder:
@@ -196,6 +273,9 @@ class WorkloadRecorder:
         """Whether the recording is over (the hooks are gone)."""
         self._seen: dict[OpKey, _Seen] = {}
         self._handles: list[RemovableHandle] = []
+        self._modules: list[str] = []
+        """The modules whose forward runs now, innermost last (names an attention call)."""
+        self._attention: _AttentionCalls | None = None
         self._on_recorded = on_recorded
         self._failed = False
         try:
@@ -215,11 +295,66 @@ class WorkloadRecorder:
         for path, sub in module.named_modules():
             if isinstance(sub, kinds):
                 self._handles.append(sub.register_forward_hook(self._hook(path)))
-        if not self._handles:
-            self.finish()
+            # Where each attention call comes from: the innermost module running.
+            self._handles.append(sub.register_forward_pre_hook(self._entering(path)))
+            self._handles.append(sub.register_forward_hook(self._leaving, always_call=True))
+        # The model's own forward sees attention calls (a mode entered for that one forward)
+        # and ends the recording (always_call: even one that raised). The mode is entered
+        # after, and left before, any the model's other hooks enter around the same forward
+        # (the online sensors'): modes are a stack, and this one must be its top, the first
+        # to see a call (the sensors' checked attention computes it without calling SDPA).
+        self._handles.append(module.register_forward_pre_hook(self._root_starts))
+        self._handles.append(
+            module.register_forward_hook(self._root_done, always_call=True, prepend=True)
+        )
+
+    def _entering(self, path: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def hook(sub: nn.Module, args: tuple[Any, ...]) -> None:
+            self._modules.append(path)
+
+        return hook
+
+    def _leaving(self, sub: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self._modules:
+            self._modules.pop()
+
+    def _root_starts(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.done or self._attention is not None:
             return
-        # The model's own forward ends the recording (always_call: even one that raised).
-        self._handles.append(module.register_forward_hook(self._root_done, always_call=True))
+        try:
+            self._attention = _AttentionCalls(self._attention_call)
+            self._attention.__enter__()
+        except Exception:
+            self._attention = None
+            self._fail("watching its attention calls")
+
+    def _attention_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.done:
+            return
+        path = self._modules[-1] if self._modules else ""
+        try:
+            op = attention_of(args, kwargs)
+            if op is not None:
+                self._count(op, path)
+        except Exception:
+            self._fail(f"reading the attention of {path or 'the model'}")
+
+    def _count(self, op: OpSpec, path: str) -> None:
+        """One more call of ``op``, first seen in ``path``."""
+        key = _key(op)
+        entry = self._seen.get(key)
+        if entry is None:
+            entry = self._seen[key] = _Seen(path)
+        entry.count += 1
+
+    def _leave_attention_mode(self) -> None:
+        """Leave the attention mode, if entered (never raises)."""
+        mode, self._attention = self._attention, None
+        if mode is not None:
+            try:
+                mode.__exit__(None, None, None)
+            except Exception:
+                self._fail("leaving its attention mode")
 
     def _hook(self, path: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         def hook(sub: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -227,13 +362,8 @@ class WorkloadRecorder:
                 return
             try:
                 op = op_of(sub, args, output)
-                if op is None:
-                    return
-                key: OpKey = (op.kind, op.shape, op.dtype)
-                entry = self._seen.get(key)
-                if entry is None:
-                    entry = self._seen[key] = _Seen(path)
-                entry.count += 1
+                if op is not None:
+                    self._count(op, path)
             except Exception:
                 self._fail(f"reading {path or 'the model'}")
 
@@ -248,12 +378,14 @@ class WorkloadRecorder:
         if self.done:
             return
         self.done = True
+        self._leave_attention_mode()
         for handle in self._handles:
             try:
                 handle.remove()
             except Exception:
                 self._fail("removing its hooks")
         self._handles = []
+        self._modules = []
         seen, self._seen = self._seen, {}
         document = None
         if seen and not self._failed:
@@ -282,11 +414,16 @@ class WorkloadRecorder:
                 exc_info=True,
             )
         self.done = True
+        mode, self._attention = self._attention, None
+        if mode is not None:
+            with contextlib.suppress(Exception):
+                mode.__exit__(None, None, None)
         for handle in self._handles:
             with contextlib.suppress(Exception):
                 handle.remove()
         self._handles = []
+        self._modules = []
         self._seen = {}
 
 
-__all__ = ["WorkloadRecorder", "fit", "op_of", "summarize"]
+__all__ = ["WorkloadRecorder", "attention_of", "fit", "op_of", "summarize"]
