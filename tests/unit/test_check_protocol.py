@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import sdc_agent as sdc
@@ -20,6 +19,7 @@ from sdc_agent.checks.gradients.exchange import GradientCheck
 from sdc_agent.checks.protocol import Check, StepStart
 from sdc_agent.checks.replay.audit import RingAudit
 from sdc_agent.checks.sensors.check import SensorCheck
+from tests.unit.test_guard_facade import batch, loss_of
 
 AGENT = Path(sdc.__file__).resolve().parent
 
@@ -28,15 +28,6 @@ AGENT = Path(sdc.__file__).resolve().parent
 def node(monkeypatch):
     """The one rank's node name (the guard's rank map reads it)."""
     monkeypatch.setenv("NODE_NAME", "hyperpod-i-0000000000000000a")
-
-
-def batch(step: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
-
-
-def loss_of(model: nn.Module, b: tuple) -> torch.Tensor:
-    return F.cross_entropy(model(b[0]), b[1])
 
 
 def guard_of(**schedule: Any) -> sdc.Guard:

@@ -48,7 +48,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
 from sdc_contract.screen import (
@@ -62,6 +61,8 @@ from sdc_contract.screen import (
     parse_workload,
     workload_document,
 )
+
+from ._function_mode import RoutingMode
 
 logger = logging.getLogger("sdc_agent")
 
@@ -236,26 +237,6 @@ def summarize(
     return tuple(ops)
 
 
-class _AttentionCalls(TorchFunctionMode):
-    """Hands each ``F.scaled_dot_product_attention`` call to ``seen`` while it is entered."""
-
-    def __init__(self, seen: Callable[[tuple[Any, ...], dict[str, Any]], None]) -> None:
-        super().__init__()
-        self._seen = seen
-
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            self._seen(args, kwargs)
-        return func(*args, **kwargs)
-
-
 class WorkloadRecorder:
     """Records ``module``'s op shapes on its first forward pass, then removes its hooks.
 
@@ -275,7 +256,7 @@ class WorkloadRecorder:
         self._handles: list[RemovableHandle] = []
         self._modules: list[str] = []
         """The modules whose forward runs now, innermost last (names an attention call)."""
-        self._attention: _AttentionCalls | None = None
+        self._attention: RoutingMode | None = None
         self._on_recorded = on_recorded
         self._failed = False
         try:
@@ -322,22 +303,25 @@ class WorkloadRecorder:
         if self.done or self._attention is not None:
             return
         try:
-            self._attention = _AttentionCalls(self._attention_call)
+            self._attention = RoutingMode({F.scaled_dot_product_attention: self._attention_call})
             self._attention.__enter__()
         except Exception:
             self._attention = None
             self._fail("watching its attention calls")
 
-    def _attention_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.done:
-            return
-        path = self._modules[-1] if self._modules else ""
-        try:
-            op = attention_of(args, kwargs)
-            if op is not None:
-                self._count(op, path)
-        except Exception:
-            self._fail(f"reading the attention of {path or 'the model'}")
+    def _attention_call(
+        self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Count one attention call (unless the recording is over), then compute it."""
+        if not self.done:
+            path = self._modules[-1] if self._modules else ""
+            try:
+                op = attention_of(args, kwargs)
+                if op is not None:
+                    self._count(op, path)
+            except Exception:
+                self._fail(f"reading the attention of {path or 'the model'}")
+        return func(*args, **kwargs)
 
     def _count(self, op: OpSpec, path: str) -> None:
         """One more call of ``op``, first seen in ``path``."""

@@ -5,9 +5,9 @@ A real LLM block writes most of its ops as function calls, not modules: the resi
 ``act_fn`` module calling ``F.silu`` in Hugging Face), the attention
 (``F.scaled_dot_product_attention``) and the loss (``F.cross_entropy``, inside the forward of a
 Hugging Face ``...ForCausalLM`` given ``labels``). :func:`sdc_agent.sensors.protect` reaches them
-without any change to the model's code by one :class:`torch.overrides.TorchFunctionMode`,
-:class:`_SensorMode`, entered while a module of the protected model runs its forward (a forward
-pre-hook and an ``always_call`` forward hook on every module keep the stack of running modules).
+without any change to the model's code by one :class:`torch.overrides.TorchFunctionMode`
+(:class:`~sdc_agent._function_mode.RoutingMode` over the sites' handlers), entered while a
+module of the protected model runs its forward (a forward pre-hook and an ``always_call`` forward hook on every module keep the stack of running modules).
 The mode sees every torch function called in those forwards and routes these few to their
 checked versions:
 
@@ -62,8 +62,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
+from .._function_mode import RoutingMode
 from . import attention, loss
 from .board import Gemm, SensorBoard
 from .elementwise import ActivationFunction, EmbeddingFunction, MulFunction, add_ratio
@@ -133,29 +133,6 @@ def _rows(board: SensorBoard, t: torch.Tensor) -> int:
     return max(1, t.numel() // max(1, t.shape[-1] if t.dim() else 1))
 
 
-class _SensorMode(TorchFunctionMode):
-    """Routes the checked functions of the module docstring to their sites; everything else
-    runs untouched (inside ``__torch_function__`` the mode is off, so the calls it makes are
-    plain)."""
-
-    def __init__(self, sites: FunctionSensors) -> None:
-        super().__init__()
-        self.sites = sites
-
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        handler = self.sites.handlers.get(func)
-        if handler is not None:
-            return handler(func, args, kwargs)
-        return func(*args, **kwargs)
-
-
 class FunctionSensors:
     """The sites of one protected model: the module stack, the mode, the handlers, the
     recompute comparisons. Made by :func:`sdc_agent.sensors.protect` (``functions=True``)."""
@@ -197,7 +174,7 @@ class FunctionSensors:
         checks (discovery), and a site first met after it is late for the plan."""
         self._depth = 0
         self._tracking = False
-        self._mode: _SensorMode | None = None
+        self._mode: RoutingMode | None = None
         self._late: set[str] = set()
         self.recompute = RecomputeComparisons(self) if recompute else None
         self.handlers: dict[Callable[..., Any], Callable[..., Any]] = {
@@ -280,7 +257,7 @@ class FunctionSensors:
                     self.forwards += 1
                 self._tracking = self._wanted()
                 if self._tracking:
-                    self._mode = _SensorMode(self)
+                    self._mode = RoutingMode(self.handlers)
                     self._mode.__enter__()
             self._depth += 1
             if self._tracking:
