@@ -145,6 +145,11 @@ class SdcConfig:
     """Job data points of one SDC metric in one minute, all jobs together, at which the flood
     alarm pages: a flood of made-up JobNames can keep real jobs out of the SDC alarms
     (`floodThreshold`)."""
+    flood_watch_fraction: float = environment.DEFAULT_FLOOD_WATCH_FRACTION
+    """The sweeper's flood watch tells the topic when an SDC alarm's recently active job series
+    (one per JobName, past three hours) reach this fraction of the 500 series its Metrics
+    Insights query returns: made-up JobNames may be keeping real jobs out of ALARM
+    (`floodWatchFraction`)."""
     agent_identity: str = SHARED_IDENTITY
     """How the training pods' role tells pods apart (`agentIdentity`): `shared` (any pod the
     agent policy is attached to may write any job's report stream: IRSA, or Pod Identity
@@ -162,6 +167,12 @@ class SdcConfig:
             self.flood_threshold >= 2,
             "floodThreshold",
             f"{self.flood_threshold}: at least 2 (one real finding gives one data point)",
+        )
+        _check(
+            0 < self.flood_watch_fraction <= 1,
+            "floodWatchFraction",
+            f"{self.flood_watch_fraction} is outside (0, 1] (a share of the 500 series an SDC "
+            "alarm's Metrics Insights query returns)",
         )
         _check(
             self.agent_identity in AGENT_IDENTITIES,
@@ -533,6 +544,7 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "jobLabel": ("job_label", _as_str),
     "agentIdentity": ("agent_identity", _as_str),
     "floodThreshold": ("flood_threshold", _as_int),
+    "floodWatchFraction": ("flood_watch_fraction", _as_float),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
 

@@ -119,6 +119,7 @@ class SdcGuardStack(cdk.Stack):
             "Sweeper",
             function=self.functions.function("sweeper"),
             rate=SWEEP_RATE,
+            flood_watch_fraction=config.flood_watch_fraction,
         )
 
         self.sdc_alarms = SdcAlarms(self, "SdcAlarms", config=config)
@@ -239,6 +240,8 @@ class SdcGuardStack(cdk.Stack):
         # real job's contributor out of ALARM) start the same workflow.
         reports.grant_read(fn("sweeper"))
         workflow.grant_start_backstop(fn("sweeper"))
+        # The flood watch: how many job series each SDC alarm's query matches (ListMetrics).
+        sdc.grant_list_series(fn("sweeper"))
 
         for step in self.functions.kubernetes_steps:
             self.eks_access.grant_kubernetes(step, fn(step))

@@ -129,6 +129,20 @@ class SdcAlarms(Construct):
             ),
         )
 
+    def grant_list_series(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """List the SDC metrics' series, and read none of their data (the sweeper's flood watch
+        counts the job series each alarm's query matches)."""
+        return allow(
+            grantee,
+            sid="ListSdcSeries",
+            actions=["cloudwatch:ListMetrics"],
+            resources=["*"],
+            wildcard_reason=(
+                "CloudWatch ListMetrics has no resource-level permissions and no namespace "
+                "condition (read only: series names, no data)"
+            ),
+        )
+
 
 class SeriesFloodAlarms(Construct):
     """One alarm per SDC metric on how many job data points it has in a minute, all jobs

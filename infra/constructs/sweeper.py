@@ -1,4 +1,5 @@
-"""The sweeper's schedule: every SWEEP_RATE, close remediations whose execution ended."""
+"""The sweeper's schedule: every SWEEP_RATE, close remediations whose execution ended, watch
+the SDC alarms' series for a flood of made-up JobNames, start the backstop; and its settings."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from aws_cdk import aws_scheduler_targets as targets
 from constructs import Construct
 
 from infra import nag
+from sdc_contract.environment import FLOOD_WATCH_FRACTION
 
 
 class SweeperSchedule(Construct):
@@ -17,8 +19,10 @@ class SweeperSchedule(Construct):
 
     The sweeper is the backstop of "every admitted remediation ends": whatever ended an
     execution without its last record (timeout, abort, a runtime error), its open remediation
-    is closed as `abandoned` within one period. (A Scheduler schedule, not a second EventBridge
-    rule: the stack's one rule is the alarms' route into the workflow.)
+    is closed as `abandoned` within one period. Each sweep also counts the SDC alarms' recently
+    active job series (the flood watch: `FLOOD_WATCH_FRACTION`, set here on the function).
+    (A Scheduler schedule, not a second EventBridge rule: the stack's one rule is the alarms'
+    route into the workflow.)
     """
 
     def __init__(
@@ -26,10 +30,13 @@ class SweeperSchedule(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        function: lambda_.IFunction,
+        function: lambda_.Function,
         rate: cdk.Duration,
+        flood_watch_fraction: float,
     ) -> None:
         super().__init__(scope, construct_id)
+        # The flood watch tells the topic at this share of an SDC alarm's 500-series limit.
+        function.add_environment(FLOOD_WATCH_FRACTION, repr(flood_watch_fraction))
         self.role = iam.Role(
             self,
             "Role",

@@ -26,10 +26,12 @@ from sdc_contract.autoapprove import AutoApprovePolicy, parse_policy
 from sdc_contract.environment import (
     APPROVAL_TTL_MARGIN_SECONDS,
     DEFAULT_APPROVAL_TIMEOUT_SECONDS,
+    DEFAULT_FLOOD_WATCH_FRACTION,
     DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS,
     DEFAULT_LOOKBACK_SECONDS,
     DEFAULT_MAX_FRACTION,
     DEFAULT_MAX_NODES_PER_HOUR,
+    FLOOD_WATCH_FRACTION,
 )
 from sdc_contract.metrics import DEFAULT_NAMESPACE, report_log_group
 from sdc_contract.modes import Mode, mode_for, parse_modes
@@ -303,6 +305,28 @@ class Settings:
             raise ConfigurationError(f"MAX_FRACTION must be a number, got {raw!r}") from None
         if not 0.0 < value <= 1.0:
             raise ConfigurationError(f"MAX_FRACTION must be in (0, 1], got {value}")
+        return value
+
+    # -- the sweeper's flood watch -------------------------------------------------------------
+
+    @property
+    def flood_watch_fraction(self) -> float:
+        """FLOOD_WATCH_FRACTION: the share of an SDC alarm's series limit (500) at which the
+        sweeper's flood watch tells the on-call that made-up JobNames may blind it (default 0.8)."""
+        raw = self._optional(FLOOD_WATCH_FRACTION)
+        if raw is None:
+            return DEFAULT_FLOOD_WATCH_FRACTION
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{FLOOD_WATCH_FRACTION} must be a number, got {raw[:80]!r}"
+            ) from None
+        if not 0.0 < value <= 1.0:
+            raise ConfigurationError(
+                f"{FLOOD_WATCH_FRACTION} must be in (0, 1] (a share of the alarm's 500-series "
+                f"limit), got {raw[:80]!r}"
+            )
         return value
 
     # -- health check and replacement ---------------------------------------------------------

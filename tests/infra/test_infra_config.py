@@ -30,6 +30,7 @@ def test_shipped_cdk_json_gives_the_documented_defaults() -> None:
     assert config.training_namespace == "default"
     assert config.agent_identity == "shared" and config.report_streams == "job"
     assert config.pod_identity_namespace is None
+    assert config.flood_threshold == 50 and config.flood_watch_fraction == 0.8
 
 
 def test_missing_cluster_name_names_the_key_and_how_to_set_it() -> None:
@@ -116,6 +117,10 @@ def test_partial_thresholds_keep_the_default_for_the_others() -> None:
         ("trainingNamespace", "Team_A", "not a Kubernetes namespace name", "trainingNamespace"),
         ("floodThreshold", 1, "at least 2", "floodThreshold"),
         ("floodThreshold", "x", "expected an integer", "floodThreshold"),
+        ("floodWatchFraction", 0, "outside (0, 1]", "floodWatchFraction"),
+        ("floodWatchFraction", 1.5, "outside (0, 1]", "floodWatchFraction"),
+        ("floodWatchFraction", "nan", "outside (0, 1]", "floodWatchFraction"),
+        ("floodWatchFraction", "most", "expected a number", "floodWatchFraction"),
         ("agentIdentity", "irsa", "expected one of ['shared', 'pod-identity']", "agentIdentity"),
         (
             "trainingNamespace",

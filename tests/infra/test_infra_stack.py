@@ -15,7 +15,9 @@ import sdc_contract as contract
 from infra.config import METRIC_NAMES
 from infra.constructs.functions import SERVICES, STEPS
 from infra.template import STEP_HANDLER_SUFFIX
+from sdc_contract.environment import FLOOD_WATCH_FRACTION
 from sdc_contract.metrics import job_alarm_query, job_count_query
+from sdc_remediation import config as remediation_config
 from tests.infra.infra_template import (
     all_states,
     as_list,
@@ -443,6 +445,7 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
             # approve alone knows request_approval's role (confined to the canary's action)
             "approve": {contract.APPROVAL_REQUESTER_ROLE},
             "canary": {contract.CANARY_TIMEOUT_SECONDS},  # how long a run stays open
+            "sweeper": {FLOOD_WATCH_FRACTION},  # the flood watch's share of the series limit
         }.get(props["Handler"].split(".")[0], set())
         assert set(env) == CONTRACT_ENV | own
         assert env["REPORT_LOG_GROUP"] == "/sdc/example-hyperpod-cluster"
@@ -996,3 +999,15 @@ def test_the_sweeper_runs_on_a_schedule_reads_executions_and_starts_only_the_bac
         a for s in statements for a in as_list(s["Action"]) if a.startswith("logs:")
     } - {"logs:CreateLogStream", "logs:PutLogEvents"}  # its own log group's
     assert logs_actions == {"logs:FilterLogEvents"}
+    # And it lists the SDC series (the flood watch) and reads none of their data
+    cloudwatch_actions = {
+        a for s in statements for a in as_list(s["Action"]) if a.startswith("cloudwatch:")
+    }
+    assert cloudwatch_actions == {"cloudwatch:ListMetrics"}
+    (listing,) = [s for s in statements if s.get("Sid") == "ListSdcSeries"]
+    assert as_list(listing["Action"]) == ["cloudwatch:ListMetrics"]
+    # And its flood watch tells at floodWatchFraction of the limit (cdk.json: 0.8), under the
+    # variable name the function reads
+    env = template["Resources"][sweeper]["Properties"]["Environment"]["Variables"]
+    assert env[FLOOD_WATCH_FRACTION] == "0.8"
+    assert remediation_config.Settings(env).flood_watch_fraction == 0.8

@@ -46,6 +46,11 @@ CANARY_TIMEOUT_SECONDS = "CANARY_TIMEOUT_SECONDS"
 """Set on the canary function only: how long a run may take (``canaryTimeout``); a run stays open,
 and its reports and approval acceptable, that long at most."""
 DEFAULT_CANARY_TIMEOUT_SECONDS = 3600
+FLOOD_WATCH_FRACTION = "FLOOD_WATCH_FRACTION"
+"""Set on the sweeper only (``floodWatchFraction``): the share of an SDC alarm's 500-series
+Metrics Insights limit at which the sweeper's flood watch tells the on-call that made-up JobNames
+may blind it."""
+DEFAULT_FLOOD_WATCH_FRACTION = 0.8
 
 FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     HYPERPOD_CLUSTER_NAME,
@@ -132,12 +137,14 @@ __all__ = [
     "CHECK_MODES",
     "DEFAULT_APPROVAL_TIMEOUT_SECONDS",
     "DEFAULT_CANARY_TIMEOUT_SECONDS",
+    "DEFAULT_FLOOD_WATCH_FRACTION",
     "DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS",
     "DEFAULT_LOOKBACK_SECONDS",
     "DEFAULT_MAX_FRACTION",
     "DEFAULT_MAX_NODES_PER_HOUR",
     "DRY_RUN",
     "EKS_CLUSTER_NAME",
+    "FLOOD_WATCH_FRACTION",
     "FUNCTION_ENVIRONMENT",
     "HEALTH_CHECKS",
     "HEALTH_CHECK_TIMEOUT_SECONDS",

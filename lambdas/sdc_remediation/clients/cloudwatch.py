@@ -1,5 +1,5 @@
-"""CloudWatch metrics: the per-node series localize lists and reads, the data the canary puts,
-and whether an alarm changed state."""
+"""CloudWatch metrics: the per-node series localize lists and reads, the series the sweeper's
+flood watch counts, the data the canary puts, and whether an alarm changed state."""
 
 from __future__ import annotations
 
@@ -20,24 +20,59 @@ def dimensions_of(metric: dict[str, Any]) -> dict[str, str]:
     return {d["Name"]: d["Value"] for d in metric.get("Dimensions", [])}
 
 
+RECENTLY_ACTIVE = "PT3H"
+"""ListMetrics' ``RecentlyActive``, its only valid value: series with data points in the past
+three hours (AWS: an approximation, a series may show up to about 50 minutes longer)."""
+
+
+def _series_pages(
+    namespace: str,
+    name: str,
+    cluster: str,
+    *,
+    job: str | None = None,
+    recently_active: bool = False,
+) -> Iterator[dict[str, Any]]:
+    """ListMetrics' pages (at most 500 series each) of ``name``'s series in ``namespace`` with
+    this cluster's ClusterName (and ``job``'s JobName when given), any other dimensions; lazily,
+    so a caller may stop after a few. The caller wraps the iteration in ``aws.aws_errors``."""
+    dimensions = [{"Name": CLUSTER_DIMENSION, "Value": cluster}]
+    if job is not None:
+        dimensions.append({"Name": JOB_DIMENSION, "Value": job})
+    request: dict[str, Any] = {"Namespace": namespace, "MetricName": name, "Dimensions": dimensions}
+    if recently_active:
+        request["RecentlyActive"] = RECENTLY_ACTIVE
+    yield from aws.client("cloudwatch").get_paginator("list_metrics").paginate(**request)
+
+
 def list_series(
     namespace: str, metric_names: Sequence[str], cluster: str, *, job: str | None = None
 ) -> list[dict[str, Any]]:
     """Every series of ``metric_names`` in ``namespace`` with this cluster's ClusterName (and
     ``job``'s JobName when given), any other dimensions, as ListMetrics returns them."""
-    cw = aws.client("cloudwatch")
     series: list[dict[str, Any]] = []
-    dimensions = [{"Name": CLUSTER_DIMENSION, "Value": cluster}]
-    if job is not None:
-        dimensions.append({"Name": JOB_DIMENSION, "Value": job})
     with aws.aws_errors("cloudwatch:ListMetrics"):
         for name in metric_names:
-            pages = cw.get_paginator("list_metrics").paginate(
-                Namespace=namespace, MetricName=name, Dimensions=dimensions
-            )
-            for page in pages:
+            for page in _series_pages(namespace, name, cluster, job=job):
                 series.extend(page.get("Metrics", []))
     return series
+
+
+def recent_series(
+    namespace: str, name: str, cluster: str, *, max_pages: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """The series of ``name`` in ``namespace`` with this cluster's ClusterName that had data in
+    the past three hours (``RECENTLY_ACTIVE``), any other dimensions, from at most
+    ``max_pages`` pages of ListMetrics; and whether more were left unread."""
+    series: list[dict[str, Any]] = []
+    with aws.aws_errors("cloudwatch:ListMetrics"):
+        for read, page in enumerate(
+            _series_pages(namespace, name, cluster, recently_active=True), start=1
+        ):
+            series.extend(page.get("Metrics", []))
+            if read >= max_pages:
+                return series, bool(page.get("NextToken"))
+    return series, False
 
 
 def positive_values(
@@ -81,4 +116,12 @@ def changed_since(alarm_name: str, started: datetime, states: Sequence[str]) -> 
     return any(a["StateUpdatedTimestamp"] >= started and a["StateValue"] in states for a in alarms)
 
 
-__all__ = ["changed_since", "dimensions_of", "list_series", "positive_values", "put_metric_data"]
+__all__ = [
+    "RECENTLY_ACTIVE",
+    "changed_since",
+    "dimensions_of",
+    "list_series",
+    "positive_values",
+    "put_metric_data",
+    "recent_series",
+]

@@ -12,6 +12,11 @@ Held nodes count against the guard's out-of-service fraction until released, so 
 shrinks the room for real findings: once a day the sweeper reminds the on-call of every node held
 longer than a day (``REMIND_AFTER_SECONDS``), in one message.
 
+Then the flood watch (``logic/flood_watch.py``): when an SDC alarm's recently active job series
+near the 500 its Metrics Insights query returns (made-up JobNames), the on-call is told, at most
+once every 6 hours. Its failure (AWS unreachable, throttled, denied) is logged and counted
+(``flood_watch_failed``), never the end of the sweep.
+
 Last, the backstop (``logic/backstop.py``): reports in the report group that no remediation
 took up (a flood of made-up JobNames can keep a real job's contributor out of ALARM) start the
 workflow, bounded per sweep.
@@ -26,7 +31,7 @@ from typing import Any, TypedDict
 
 from sdc_contract.names import node_name_of
 
-from .. import clock
+from .. import clock, text
 from ..clients import sns
 from ..clients.stepfunctions import execution_status
 from ..config import Settings
@@ -35,6 +40,7 @@ from ..dal.ledger import Ledger
 from ..observability import logger, metrics
 from . import notify
 from .backstop import BackstopResult, backstop
+from .flood_watch import FloodWatchResult, flood_watch
 
 REMIND_AFTER_SECONDS = 86400
 """A node held longer than this is in the daily reminder."""
@@ -53,6 +59,9 @@ class SweepResult:
     """The long-held nodes this sweep reminded the on-call of (empty: no reminder due)."""
     backstop: BackstopResult = field(default_factory=lambda: BackstopResult(enabled=False))
     """The reports no remediation took up, started by this sweep (``logic/backstop.py``)."""
+    flood_watch: FloodWatchResult = field(default_factory=FloodWatchResult)
+    """The SDC alarms' recently active series, counted against their limit
+    (``logic/flood_watch.py``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The handler's JSON answer."""
@@ -61,6 +70,7 @@ class SweepResult:
             "abandoned": self.abandoned,
             "skipped": self.skipped,
             "reminded": self.reminded,
+            "flood_watch": self.flood_watch.as_dict(),
             "backstop": self.backstop.as_dict(),
         }
 
@@ -128,6 +138,7 @@ def sweep(settings: Settings) -> SweepResult:
         }
         sns.publish(settings.topic_arn, subject[:100], json.dumps(body, indent=2))
     result.reminded = remind_long_held(ledger, settings)
+    result.flood_watch = watch_for_floods(settings, ledger)
     # Last: what it does not finish (its bounds) the next sweep goes on with.
     result.backstop = backstop(settings, ledger)
     if result.backstop.started:
@@ -137,6 +148,21 @@ def sweep(settings: Settings) -> SweepResult:
         )
     logger.info("swept", extra=result.as_dict())
     return result
+
+
+def watch_for_floods(settings: Settings, ledger: Ledger) -> FloodWatchResult:
+    """The flood watch, which never ends the sweep: whatever it raises (AWS unreachable,
+    throttled, its permission denied) is logged and counted, and the sweep goes on. Its metrics
+    are put only when there is something to see (nothing billed while all is well)."""
+    try:
+        found = flood_watch(settings, ledger)
+    except Exception as exc:  # advisory: the reminders and the backstop go on
+        logger.exception("flood watch failed; the sweep goes on")
+        metrics.add_metric(name="flood_watch_failed", unit="Count", value=1)
+        return FloodWatchResult(error=f"{type(exc).__name__}: {text.printable(exc, 300)}")
+    if found.blind:
+        metrics.add_metric(name="series_flood", unit="Count", value=found.most[1])
+    return found
 
 
 class HeldNode(TypedDict):

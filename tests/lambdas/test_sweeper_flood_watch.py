@@ -1,0 +1,278 @@
+"""The sweeper's flood watch (issue 32): a flood of made-up JobNames on the SDC metrics, which
+can keep a real job's contributor out of ALARM (a Metrics Insights alarm's query returns at most
+500 series), is told to the on-call once per period, naming the count, the limit and the likely
+flooder; a normal cluster is not; the watch's failure never stops the reminders or the backstop.
+
+moto's ListMetrics ignores ``RecentlyActive`` (it lists every series it holds) and pages by 500,
+as AWS does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import botocore.exceptions
+import pytest
+from remediation_factories import (
+    CLUSTER,
+    JOB,
+    held_after_rejection,
+    put_node_metric,
+    put_report,
+    rank,
+    report,
+)
+
+from sdc_remediation import aws, clock
+from sdc_remediation.config import Settings
+from sdc_remediation.errors import ConfigurationError
+from sdc_remediation.logic import flood_watch
+
+GROUP = f"/sdc/{CLUSTER}"
+METRIC = "sdc_replay_mismatch"
+
+
+@pytest.fixture
+def machine(cloud: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The workflow's stand-in (one long Wait), named in STATE_MACHINE_ARN as infra sets it."""
+    arn = aws.client("stepfunctions").create_state_machine(
+        name="sdc-guard-test",
+        definition='{"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": true}}}',
+        roleArn="arn:aws:iam::123456789012:role/sfn",
+    )["stateMachineArn"]
+    monkeypatch.setenv("STATE_MACHINE_ARN", arn)
+    return arn
+
+
+def _put(cloud: Any, data: list[dict[str, Any]]) -> None:
+    cw = cloud.client("cloudwatch")
+    for first in range(0, len(data), 20):
+        cw.put_metric_data(Namespace="SDC", MetricData=data[first : first + 20])
+
+
+def _flood(
+    cloud: Any, count: int, *, prefix: str = "junk-", node: str | None = None, per_node: int = 0
+) -> None:
+    """One pod's flood: ``count`` made-up JobNames on the job series of the replay metric (what
+    the alarm's query matches), the first ``per_node`` of them also on a per-node series of
+    ``node``."""
+    at = datetime.now(UTC) - timedelta(minutes=5)
+    data = [
+        {
+            "MetricName": METRIC,
+            "Dimensions": [
+                {"Name": "ClusterName", "Value": CLUSTER},
+                {"Name": "JobName", "Value": f"{prefix}{n}"},
+            ],
+            "Timestamp": at,
+            "Value": 5.0,
+        }
+        for n in range(count)
+    ]
+    data += [
+        {
+            "MetricName": METRIC,
+            "Dimensions": [
+                {"Name": "ClusterName", "Value": CLUSTER},
+                {"Name": "JobName", "Value": f"{prefix}{n}"},
+                {"Name": "NodeName", "Value": node},
+            ],
+            "Timestamp": at,
+            "Value": 5.0,
+        }
+        for n in range(per_node if node else 0)
+    ]
+    _put(cloud, data)
+
+
+def _a_real_finding(cloud: Any, nodes: int = 3) -> None:
+    """The real job's finding on a few nodes: its per-node, job and cluster series."""
+    at = datetime.now(UTC) - timedelta(minutes=5)
+    for instance in cloud.nodes[:nodes]:
+        put_node_metric(cloud.client("cloudwatch"), f"hyperpod-{instance}", at)
+
+
+def _flood_notices(cloud: Any) -> list[dict[str, Any]]:
+    return [m for m in cloud.sns_messages() if "series flood" in m["subject"]]
+
+
+def _count_list_metrics() -> list[dict[str, Any]]:
+    """Every ListMetrics request the code's CloudWatch client sends from now on."""
+    calls: list[dict[str, Any]] = []
+    aws.client("cloudwatch").meta.events.register(
+        "provide-client-params.cloudwatch.ListMetrics",
+        lambda params, **_: calls.append(dict(params)),
+    )
+    return calls
+
+
+def _list_metrics_fails(code: str) -> None:
+    """The code's ListMetrics answers ``code`` (throttled, denied)."""
+
+    def refuse(**_: Any) -> None:
+        raise botocore.exceptions.ClientError(
+            {"Error": {"Code": code, "Message": "refused"}, "ResponseMetadata": {}}, "ListMetrics"
+        )
+
+    aws.client("cloudwatch").meta.events.register("before-call.cloudwatch.ListMetrics", refuse)
+
+
+def test_a_flood_of_junk_job_names_gives_one_notice_naming_the_flooder_and_the_limit(
+    cloud: Any, invoke: Callable[[str, Any], Any]
+) -> None:
+    # Given a real job's finding on three nodes, and one pod's flood of 450 made-up JobNames
+    # (30 of them also on a per-node series of the node it runs on)
+    _a_real_finding(cloud)
+    _flood(cloud, 450, node="hyperpod-flooder", per_node=30)
+    # And ListMetrics counted
+    calls = _count_list_metrics()
+
+    # When the sweeper runs
+    watch = invoke("sweeper", {})["flood_watch"]
+
+    # Then the watch counted the replay alarm's job series (450 junk + the real job's one),
+    # past 80 % of the 500 its query returns, and told the on-call
+    assert watch["job_series"] == {
+        "sdc_divergent_tensors": 0,
+        "sdc_nonfinite_grad": 0,
+        METRIC: 451,
+    }
+    assert (watch["limit"], watch["threshold"], watch["blind"], watch["notified"]) == (
+        500,
+        400,
+        True,
+        True,
+    )
+    assert watch["error"] is None and watch["counted_all"] is True
+    # And it named the flood's pattern first, the JobNames with the most series, the node
+    assert watch["top_patterns"][0] == {"pattern": "junk-*", "job_names": 450}
+    # (the real job has the most series of one name, 4: the flood is the pattern's 450 names)
+    assert watch["top_jobs"][:2] == [
+        {"job": JOB, "series": 4},
+        {"job": "junk-0", "series": 2},
+    ]
+    assert watch["top_nodes"][0] == {"node": "hyperpod-flooder", "series": 30}
+    # And it read one page per SDC metric, recently active series of this cluster only
+    assert len(calls) == 3
+    assert all(c["RecentlyActive"] == "PT3H" for c in calls)
+    assert all(c["Dimensions"] == [{"Name": "ClusterName", "Value": CLUSTER}] for c in calls)
+    # And one message went to the topic, the count and the limit in its subject (no name a pod
+    # chose), the flooder in its body
+    (notice,) = _flood_notices(cloud)
+    assert "451 job series of sdc_replay_mismatch" in notice["subject"]
+    assert "alarm limit 500" in notice["subject"] and "junk" not in notice["subject"]
+    body = json.loads(notice["message"])
+    assert body["top_job_name_patterns"][0] == {"pattern": "junk-*", "job_names": 450}
+    assert (body["limit"], body["threshold"], body["job_series"][METRIC]) == (500, 400, 451)
+    assert "backstop" in body["summary"]
+
+
+def test_a_second_sweep_within_the_period_sends_no_second_notice(
+    cloud: Any, invoke: Callable[[str, Any], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a flood the first sweep told
+    _flood(cloud, 450)
+    assert invoke("sweeper", {})["flood_watch"]["notified"] is True
+
+    # When the sweeper runs again 15 minutes later, the flood still there
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(minutes=15))
+    again = invoke("sweeper", {})["flood_watch"]
+
+    # Then it still sees the flood, and sends nothing more
+    assert again["blind"] is True and again["notified"] is False
+    assert len(_flood_notices(cloud)) == 1
+
+    # And once the period is over, a flood that lasts is told again
+    monkeypatch.setattr(
+        clock, "now", lambda: real_now() + timedelta(seconds=flood_watch.NOTICE_EVERY_SECONDS + 60)
+    )
+    assert invoke("sweeper", {})["flood_watch"]["notified"] is True
+    assert len(_flood_notices(cloud)) == 2
+
+
+def test_a_normal_cluster_gives_no_notice(cloud: Any, invoke: Callable[[str, Any], Any]) -> None:
+    # Given a real finding on three nodes and a few other jobs' findings, well under the bound
+    _a_real_finding(cloud)
+    _flood(cloud, 12, prefix="team-a-run-")
+    # When the sweeper runs
+    watch = invoke("sweeper", {})["flood_watch"]
+    # Then it counted them and told nobody
+    assert watch["job_series"][METRIC] == 13
+    assert (watch["blind"], watch["notified"], watch["top_jobs"]) == (False, False, [])
+    assert _flood_notices(cloud) == []
+
+
+def test_the_fraction_is_configurable(
+    cloud: Any, invoke: Callable[[str, Any], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given FLOOD_WATCH_FRACTION 0.5 (250 of 500) and 300 made-up JobNames
+    monkeypatch.setenv("FLOOD_WATCH_FRACTION", "0.5")
+    _flood(cloud, 300)
+    # When the sweeper runs / Then 300 is past the bound
+    watch = invoke("sweeper", {})["flood_watch"]
+    assert (watch["threshold"], watch["blind"], watch["notified"]) == (250, True, True)
+
+
+@pytest.mark.parametrize("raw", ["0", "-0.2", "1.5", "eighty", "nan"])
+def test_an_invalid_fraction_is_a_clear_error_naming_the_variable(raw: str) -> None:
+    # Given a FLOOD_WATCH_FRACTION outside (0, 1] / When it is read / Then the error names it
+    with pytest.raises(ConfigurationError, match="FLOOD_WATCH_FRACTION"):
+        _ = Settings({"FLOOD_WATCH_FRACTION": raw}).flood_watch_fraction
+    # And unset, it is 0.8
+    assert Settings({}).flood_watch_fraction == 0.8
+
+
+def test_the_listing_is_bounded_and_a_listing_cut_short_is_told(
+    cloud: Any, invoke: Callable[[str, Any], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given one page per metric a sweep, and 600 made-up JobNames (more than one page of 500)
+    monkeypatch.setattr(flood_watch, "MAX_PAGES_PER_METRIC", 1)
+    _flood(cloud, 600)
+    calls = _count_list_metrics()
+    # When the sweeper runs
+    watch = invoke("sweeper", {})["flood_watch"]
+    # Then it read one page of each metric, says it did not count them all, and tells
+    assert len(calls) == 3
+    assert watch["counted_all"] is False and watch["job_series"][METRIC] == 500
+    (notice,) = _flood_notices(cloud)
+    assert "at least 500 job series" in notice["subject"]
+
+
+@pytest.mark.parametrize("code", ["Throttling", "AccessDenied", "ValidationError"])
+def test_a_failing_list_metrics_never_stops_the_reminders_or_the_backstop(
+    cloud: Any,
+    machine: str,
+    cluster_pods: Any,
+    invoke: Callable[[str, Any], Any],
+    monkeypatch: pytest.MonkeyPatch,
+    code: str,
+) -> None:
+    # Given a node held for two days (a reminder is due) and a real report no alarm took up
+    node = cloud.nodes[0]
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() - timedelta(days=2))
+    held_after_rejection(invoke, node)
+    monkeypatch.setattr(clock, "now", real_now)
+    at = datetime.now(UTC) - timedelta(minutes=20)
+    instance = cloud.nodes[1]
+    body = report(time=at, suspects=[3], ranks={"3": rank(f"hyperpod-{instance}", instance, 3)})
+    put_report(cloud.client("logs"), GROUP, body, at, stream=JOB)
+    # And a flood, which the watch cannot see: ListMetrics is throttled, denied or refused
+    _flood(cloud, 450)
+    _list_metrics_fails(code)
+
+    # When the sweeper runs
+    answer = invoke("sweeper", {})
+
+    # Then the watch says why it did not finish, and told nobody
+    assert code in answer["flood_watch"]["error"]
+    assert answer["flood_watch"]["notified"] is False and _flood_notices(cloud) == []
+    # And the reminder went out and the backstop started the report's workflow
+    assert answer["reminded"] == [f"hyperpod-{node}"]
+    assert len(answer["backstop"]["started"]) == 1
+    executions = aws.client("stepfunctions").list_executions(stateMachineArn=machine)
+    assert len(executions["executions"]) == 1
