@@ -252,3 +252,15 @@ def invoke() -> Callable[[str, Any], Any]:
         return module.handler(event, FakeLambdaContext())
 
     return _invoke
+
+
+@pytest.fixture
+def machine(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The workflow's stand-in (one long Wait), named in STATE_MACHINE_ARN as infra sets it."""
+    arn = aws.client("stepfunctions").create_state_machine(
+        name="sdc-guard-test",
+        definition='{"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": true}}}',
+        roleArn="arn:aws:iam::123456789012:role/sfn",
+    )["stateMachineArn"]
+    monkeypatch.setenv("STATE_MACHINE_ARN", arn)
+    return arn

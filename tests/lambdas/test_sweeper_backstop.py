@@ -13,7 +13,6 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from remediation_factories import (
     CLUSTER,
     JOB,
@@ -32,18 +31,6 @@ from sdc_remediation.logic import backstop
 from sdc_remediation.models.state import report_identity
 
 GROUP = f"/sdc/{CLUSTER}"
-
-
-@pytest.fixture
-def machine(cloud: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The workflow's stand-in (one long Wait), named in STATE_MACHINE_ARN as infra sets it."""
-    arn = aws.client("stepfunctions").create_state_machine(
-        name="sdc-guard-test",
-        definition='{"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": true}}}',
-        roleArn="arn:aws:iam::123456789012:role/sfn",
-    )["stateMachineArn"]
-    monkeypatch.setenv("STATE_MACHINE_ARN", arn)
-    return arn
 
 
 def _executions(machine: str) -> list[dict[str, Any]]:

@@ -35,18 +35,6 @@ GROUP = f"/sdc/{CLUSTER}"
 METRIC = "sdc_replay_mismatch"
 
 
-@pytest.fixture
-def machine(cloud: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The workflow's stand-in (one long Wait), named in STATE_MACHINE_ARN as infra sets it."""
-    arn = aws.client("stepfunctions").create_state_machine(
-        name="sdc-guard-test",
-        definition='{"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": true}}}',
-        roleArn="arn:aws:iam::123456789012:role/sfn",
-    )["stateMachineArn"]
-    monkeypatch.setenv("STATE_MACHINE_ARN", arn)
-    return arn
-
-
 def _put(cloud: Any, data: list[dict[str, Any]]) -> None:
     cw = cloud.client("cloudwatch")
     for first in range(0, len(data), 20):

@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 import sdc_agent as sdc
 from sdc_agent.checks.gradients.exchange import GradientCheck
 from sdc_agent.checks.protocol import Check, StepStart
 from sdc_agent.checks.replay.audit import RingAudit
 from sdc_agent.checks.sensors.check import SensorCheck
-from tests.unit.test_guard_facade import batch, loss_of
+from tests.unit.test_guard_facade import batch, guard_of
 
 AGENT = Path(sdc.__file__).resolve().parent
 
@@ -28,18 +27,6 @@ AGENT = Path(sdc.__file__).resolve().parent
 def node(monkeypatch):
     """The one rank's node name (the guard's rank map reads it)."""
     monkeypatch.setenv("NODE_NAME", "hyperpod-i-0000000000000000a")
-
-
-def guard_of(**schedule: Any) -> sdc.Guard:
-    torch.manual_seed(0)
-    ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 3)))
-    return sdc.Guard(
-        ddp,
-        torch.optim.SGD(ddp.parameters(), lr=0.1),
-        compute_loss=loss_of,
-        rebuild_batch=batch,
-        schedule=sdc.Schedule(check_on_start=False, check_every=0, **schedule),
-    )
 
 
 class Recording(Check):
@@ -76,7 +63,7 @@ class Recording(Check):
 
 def test_the_four_checks_follow_the_one_protocol(calls):
     # Given a guard
-    guard = guard_of(audit_every=0, sensors=False)
+    guard = guard_of(check_every=0)
     run = guard._run
     # Then its four checks are Checks, in the order every rank calls them, one key each
     kinds = [type(c) for c in run.checks]
@@ -91,7 +78,7 @@ def test_the_four_checks_follow_the_one_protocol(calls):
 
 def test_a_check_added_to_the_tuple_is_driven_through_every_step(calls):
     # Given a guard with a fifth check that seeds every step and decides each one at once
-    guard = guard_of(audit_every=0, sensors=False)
+    guard = guard_of(check_every=0)
     fifth = Recording(seeds_every_step=True, decides=True)
     run = guard._run
     run.checks = (*run.checks, fifth)
@@ -118,7 +105,7 @@ def test_a_check_added_to_the_tuple_is_driven_through_every_step(calls):
 
 def test_a_check_that_decides_nothing_leaves_the_common_step_deferred(calls):
     # Given a guard with a fifth check that flags nothing
-    guard = guard_of(audit_every=0, sensors=False)
+    guard = guard_of(check_every=0)
     fifth = Recording()
     run = guard._run
     run.checks = (*run.checks, fifth)
@@ -139,7 +126,7 @@ def test_a_check_that_decides_nothing_leaves_the_common_step_deferred(calls):
 
 def test_a_set_up_finding_turns_the_audit_off_through_the_check(calls):
     # Given a guard whose audit a set-up finding turns off
-    guard = guard_of(audit_every=0, sensors=False)
+    guard = guard_of(check_every=0)
     guard._run.audit.turn_off("rebuild_batch: it raised")
     # Then the coordinator and coverage() read it from the audit, and confirmations stop
     assert guard._run.audits_off == "rebuild_batch: it raised"
