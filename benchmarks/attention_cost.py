@@ -1,7 +1,7 @@
 """What the checked attention path costs against the fused SDPA kernel, on a Llama's training step.
 
 ``sdc.protect(model, attention="checked")`` replaces ``F.scaled_dot_product_attention`` by an
-unfused path whose GEMMs and softmax are checked (sensors/attention.py); it runs on every step,
+unfused path whose GEMMs and softmax are checked (sensors/ops/attention.py); it runs on every step,
 checked or not (replays must reproduce training bit for bit), so its cost is paid always. This
 times one process's forward and backward of the test Llama (tests/support/llama.py, with the
 sequence length raised) under three settings: the plain model (fused kernel), protected with the
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 import sdc_agent as sdc
-from sdc_agent.sensors import SensorBoard
+from sdc_agent.sensors.runtime.board import SensorBoard
 from tests.support.llama import VOCAB, llama
 
 

@@ -50,8 +50,8 @@ import sdc_agent as sdc
 from sdc_agent.drills.faults import _flip_bit_
 from sdc_agent.drills.launch import launch
 from sdc_agent.sensors import SensorConfig
-from sdc_agent.sensors.linear import find_board
-from sdc_agent.sensors.sites import find_sites
+from sdc_agent.sensors.ops.linear import find_board
+from sdc_agent.sensors.ops.sites import find_sites
 from tests.support.llama import causal_lm_loss, llama, tokens
 
 WORLD, PER_NODE, PEER_OFFSET = 6, 2, 2

@@ -170,7 +170,7 @@ def versions(args: argparse.Namespace, recorder: Recorder) -> int:
             "device": str(device),
             "error": str(err).splitlines()[0][:200],
         }
-    from sdc_agent.sensors.linear import _fp32_out_supported
+    from sdc_agent.sensors.ops.linear import _fp32_out_supported
 
     figures["protected_linear_path"] = (
         "mm(out_dtype=float32)"

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from sdc_agent.faults import FlipGemmBit, ScaleGemmElement
-from sdc_agent.sensors import GEMMS, ProtectedLinear
+from sdc_agent.sensors.ops.linear import ProtectedLinear
+from sdc_agent.sensors.runtime.board import GEMMS
 
 FACTORS = (1.001, 1.01, 1.1, 2.0)
 BITS = (10, 16, 18, 20, 22, 24, 26, 30)

@@ -8,7 +8,7 @@ accumulator through ``torch.mm(..., out_dtype=torch.float32)``), this script che
    replays need);
 2. healthy batches raise no flag after the warm-up; x1.1 on one element of each GEMM's fp32
    result, and bit flips 20..30, are caught (rates printed);
-3. the fused Triton checksum kernel (``sdc_agent.sensors._triton_checksum``) against the torch
+3. the fused Triton checksum kernel (``sdc_agent.sensors.maths._triton_checksum``) against the torch
    path on the self-check's known cases, when Triton is importable;
 4. overhead: forward + backward of ``nn.Linear`` vs the protected layer with no sensor armed and
    with all three armed, once per check backend (``--backends``: torch ops, the Triton kernel;
@@ -39,7 +39,9 @@ import torch
 from torch import nn
 
 from sdc_agent.faults import FlipGemmBit, ScaleGemmElement
-from sdc_agent.sensors import GEMMS, ProtectedLinear, _triton_checksum, abft
+from sdc_agent.sensors.maths import _triton_checksum, abft
+from sdc_agent.sensors.ops.linear import ProtectedLinear
+from sdc_agent.sensors.runtime.board import GEMMS
 
 
 def step(layer: nn.Module, x: torch.Tensor, device: str) -> list[torch.Tensor]:

@@ -2,8 +2,8 @@
 shape, dtype and kind of data. The sensors' first-check threshold (``SensorConfig.
 initial_threshold``) is set above everything this prints, with margin.
 
-Each check divides its identity's residual by a rounding bound (``sensors/abft.py``,
-``sensors/rows.py``), so a healthy ratio is a property of the data's rounding, not of the size of
+Each check divides its identity's residual by a rounding bound (``sensors/maths/abft.py``,
+``sensors/ops/rows.py``), so a healthy ratio is a property of the data's rounding, not of the size of
 the op: this measures how far that holds. Every op runs through its protected module (the code
 path training runs), forward and backward, every sensor armed, on fresh data per trial; the data
 kinds are those that stretch a rounding bound: ``randn``; ``llama`` (weights of std 0.02 as Hugging

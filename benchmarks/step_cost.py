@@ -72,7 +72,7 @@ def measure(job: str, group: str, tokens: int, vocab: int) -> dict[str, Any]:
     of ``group`` (``single``: one process; ``periodic``: three); rank 0 returns them."""
     import torch.distributed as dist
 
-    from sdc_agent.sensors.plan import plan_sensors
+    from sdc_agent.sensors.runtime.plan import plan_sensors
 
     spec = project.JOBS_BY_NAME[job]
     shape = slices.SliceShape(**spec.slice_shape(), parallel=spec.parallel, bf16=spec.bf16)

@@ -218,7 +218,7 @@ def cuda_linear_path() -> None:
     on the 16-bit operands (torch >= 2.8 on a GPU), not the CPU's fp32 copies and fp32 GEMM.
     The recorder (and the warm-up's emulator) compute that operator as an fp32 product, and
     record it as the 16-bit GEMM with an fp32 output that a GPU runs."""
-    from sdc_agent.sensors import linear
+    from sdc_agent.sensors.ops import linear
 
     def supported(device: torch.device, dtype: torch.dtype) -> bool:
         return dtype in (torch.bfloat16, torch.float16)

@@ -47,7 +47,7 @@ JOBS: dict[str, tuple[str, dict]] = {
         {"steps": 12, "layer_norm": True, "faults": [gemm_fault("net.1")]},
     ),
     # The drill model's layers are 32 wide and see 8 rows: a check reads as many elements as
-    # its GEMM multiplies, so the cost model (sensors/plan.py) rotates over 179 steps at the
+    # its GEMM multiplies, so the cost model (sensors/runtime/plan.py) rotates over 179 steps at the
     # default 1%; 25% gives an 11-step rotation, after the 20-step burn-in.
     "persistent_rotating": (
         RUN,

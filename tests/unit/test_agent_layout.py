@@ -159,3 +159,58 @@ def test_the_fault_injectors_stay_reachable_by_their_old_names():
     )
     # Then they are the one module of the drills package, loaded on first use
     assert out == "True True True"
+
+
+SENSOR_LAYERS = ("maths", "runtime", "ops")
+"""The sensors' layers, each importing only those before it (``sdc_agent/sensors/__init__``)."""
+
+
+def test_the_sensor_layers_import_only_downwards():
+    # Given the import graph of the sensors' three layers and protect()
+    graph = import_graph()
+    base = "sdc_agent.sensors"
+
+    def layer(module: str) -> str | None:
+        if not module.startswith(base + "."):
+            return None
+        first = module[len(base) + 1 :].split(".")[0]
+        return first if first in SENSOR_LAYERS else "protection"
+
+    order = {name: i for i, name in enumerate((*SENSOR_LAYERS, "protection"))}
+    members = [m for m in graph if layer(m) is not None]
+    # (read for real: every layer has modules, and the ops build on both lower layers)
+    assert {layer(m) for m in members} == set(order)
+    assert f"{base}.runtime.board" in graph[f"{base}.ops.linear"]
+    assert f"{base}.maths.abft" in graph[f"{base}.ops.linear"]
+    # Then no module of a layer imports a module of a layer above it
+    upward = sorted(
+        f"{m} -> {t}"
+        for m in members
+        for t in graph[m]
+        if (up := layer(t)) is not None and order[up] > order[layer(m) or ""]
+    )
+    assert not upward, "a sensors layer imports one above it: " + "; ".join(upward)
+    # And the maths knows nothing of torch.nn modules, boards or steps: it imports no agent
+    # module outside the maths
+    maths = [m for m in members if layer(m) == "maths"]
+    outside = sorted(f"{m} -> {t}" for m in maths for t in graph[m] if layer(t) != "maths")
+    assert not outside, "; ".join(outside)
+
+
+@pytest.mark.slow
+def test_the_sensors_export_a_small_surface_and_keep_the_flat_layouts_names():
+    # When a fresh interpreter imports the sensors and reaches a name of the flat layout
+    out = _run(
+        "import sdc_agent.sensors as s\n"
+        "from sdc_agent.sensors import ProtectedLinear, SensorBoard, softmax_ratio\n"
+        "from sdc_agent.sensors.ops.linear import ProtectedLinear as P\n"
+        "from sdc_agent.sensors.runtime.board import SensorBoard as B\n"
+        "print(sorted(s.__all__), P is ProtectedLinear and B is SensorBoard,"
+        " 'softmax_ratio' in dir(s), hasattr(s, 'no_such_name'))"
+    )
+    # Then the public surface is the few names a user writes, and the old names are the same
+    # objects as their modules' (so isinstance checks written against them still hold)
+    assert out == (
+        "['ResidualAdd', 'SensorConfig', 'describe_families', 'find_board', 'protect',"
+        " 'protected_layers'] True True False"
+    )

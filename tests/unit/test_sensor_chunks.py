@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sdc_agent.sensors import (
+from sdc_agent.sensors.ops.elementwise import (
     activation_dgrad_ratio,
     activation_ratio,
     add_ratio,
@@ -111,15 +111,15 @@ def test_blocks_cut_a_row_larger_than_a_block_and_cover_every_element():
 @functools.lru_cache(maxsize=1)
 def row_checks() -> dict[str, tuple]:
     """Each row check and its arguments, on healthy results of bf16 ops over [256, 4096]."""
-    from sdc_agent.sensors.loss import nll_grad_ratio
-    from sdc_agent.sensors.norm import layer_norm_dgrad_ratio, layer_norm_output_ratio
-    from sdc_agent.sensors.residual import residual_ratio
-    from sdc_agent.sensors.rmsnorm import (
+    from sdc_agent.sensors.ops.loss import nll_grad_ratio
+    from sdc_agent.sensors.ops.norm import layer_norm_dgrad_ratio, layer_norm_output_ratio
+    from sdc_agent.sensors.ops.residual import residual_ratio
+    from sdc_agent.sensors.ops.rmsnorm import (
         rms_norm_dgrad_ratio,
         rms_norm_ratio,
         rms_norm_wgrad_ratio,
     )
-    from sdc_agent.sensors.softmax import (
+    from sdc_agent.sensors.ops.softmax import (
         log_softmax_dgrad_ratio,
         log_softmax_ratio,
         softmax_dgrad_ratio,

@@ -19,8 +19,8 @@ from torch import nn
 
 from sdc_agent.faults import _flip_bit_
 from sdc_agent.sensors import SensorConfig, protect
-from sdc_agent.sensors.rmsnorm import rms_norm_epsilon
-from sdc_agent.sensors.sites import find_sites
+from sdc_agent.sensors.ops.rmsnorm import rms_norm_epsilon
+from sdc_agent.sensors.ops.sites import find_sites
 
 THRESHOLD = SensorConfig().min_threshold
 TRIALS = 20

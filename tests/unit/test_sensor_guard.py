@@ -121,7 +121,7 @@ def test_the_kernels_backends_are_chosen_at_construction_not_in_the_first_forwar
     import importlib
 
     import sdc_agent._coordinator as guard_module
-    from sdc_agent.sensors import abft
+    from sdc_agent.sensors.maths import abft
 
     fingerprint = importlib.import_module("sdc_agent.fingerprint")  # the package exports a
     # function of the same name

@@ -21,7 +21,8 @@ from sdc_agent.checks.replay.replayer import Replayer
 from sdc_agent.checks.sensors.check import SensorCheck
 from sdc_agent.fingerprint import fingerprints
 from sdc_agent.schedule import Schedule
-from sdc_agent.sensors import ProtectedLinear, protect
+from sdc_agent.sensors import protect
+from sdc_agent.sensors.ops.linear import ProtectedLinear
 
 GEMM_OPS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.matmul.default"}
 

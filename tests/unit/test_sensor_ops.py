@@ -16,14 +16,10 @@ import torch
 from torch import nn
 
 from sdc_agent.drills.faults import _flip_bit_
-from sdc_agent.sensors import (
-    ProtectedLayerNorm,
-    ProtectedLogSoftmax,
-    ProtectedResidualAdd,
-    ProtectedSoftmax,
-    ResidualAdd,
-    protect,
-)
+from sdc_agent.sensors import ResidualAdd, protect
+from sdc_agent.sensors.ops.norm import ProtectedLayerNorm
+from sdc_agent.sensors.ops.residual import ProtectedResidualAdd
+from sdc_agent.sensors.ops.softmax import ProtectedLogSoftmax, ProtectedSoftmax
 
 ROWS, D, TRIALS = 16, 256, 200
 
@@ -80,7 +76,7 @@ def test_protected_ops_keep_the_plain_modules_values_bit_for_bit(armed, bf16):
         "gate": "softmax",
         "add": "residual_add",
         "logp": "log_softmax",
-        "/mul": "mul",  # h * gate(h) in the forward: a function site (sensors/sites.py)
+        "/mul": "mul",  # h * gate(h) in the forward: a function site (sensors/ops/sites.py)
     }
     assert type(guarded.legacy) is nn.Softmax  # torch's implicit dim stays unchecked
     assert not board.take_flags()[0].any()

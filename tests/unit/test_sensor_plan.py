@@ -15,9 +15,10 @@ from sdc_agent.checks.replay.attribution import Outcome
 from sdc_agent.checks.sensors.check import SensorReading, sensor_verdict
 from sdc_agent.publish.events import liveness_metric_data
 from sdc_agent.publish.liveness import LivenessBatch
-from sdc_agent.sensors import ProtectedLinear, SensorConfig, protect
-from sdc_agent.sensors.board import agreed_thresholds
-from sdc_agent.sensors.plan import plan_sensors, sensor_costs
+from sdc_agent.sensors import SensorConfig, protect
+from sdc_agent.sensors.ops.linear import ProtectedLinear
+from sdc_agent.sensors.runtime.board import agreed_thresholds
+from sdc_agent.sensors.runtime.plan import plan_sensors, sensor_costs
 
 
 def board_of(*shapes: tuple[int, int]):

@@ -11,8 +11,11 @@ import warnings
 import pytest
 import torch
 
-from sdc_agent.sensors import GEMMS, ProtectedLinear, SensorBoard, SensorConfig, abft
-from sdc_agent.sensors import _triton_checksum as kernel
+from sdc_agent.sensors import SensorConfig
+from sdc_agent.sensors.maths import _triton_checksum as kernel
+from sdc_agent.sensors.maths import abft
+from sdc_agent.sensors.ops.linear import ProtectedLinear
+from sdc_agent.sensors.runtime.board import GEMMS, SensorBoard
 
 if not kernel.AVAILABLE:
     if platform.system() == "Linux":  # a missing dev requirement is a failure, not a skip

@@ -9,16 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from sdc_agent.sensors import (
-    GEMMS,
-    ProtectedLayerNorm,
-    ProtectedLinear,
-    SensorBoard,
-    SensorConfig,
-    find_board,
-    forward_ratio,
-    protect,
-)
+from sdc_agent.sensors import SensorConfig, find_board, protect
+from sdc_agent.sensors.maths.abft import forward_ratio
+from sdc_agent.sensors.ops.linear import ProtectedLinear
+from sdc_agent.sensors.ops.norm import ProtectedLayerNorm
+from sdc_agent.sensors.runtime.board import GEMMS, SensorBoard
 
 
 def model(bias: bool = True) -> nn.Sequential:

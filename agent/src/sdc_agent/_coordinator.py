@@ -75,8 +75,8 @@ from .publisher import NullPublisher, Publisher
 from .recording import open_alarm_log
 from .reporting import Reporter
 from .schedule import Schedule
-from .sensors.abft import sensor_backend
-from .sensors.board import SensorConfig
+from .sensors.maths.abft import sensor_backend
+from .sensors.runtime.board import SensorConfig
 from .topology import TopologyError, all_gather_text, groups_on, rank_map, validate_placement
 from .workload import WorkloadRecorder
 

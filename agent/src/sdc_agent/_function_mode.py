@@ -1,6 +1,6 @@
 """One torch function mode that routes chosen functions to handlers (private).
 
-The online sensors route the functions they check to their sites (:mod:`sdc_agent.sensors.sites`)
+The online sensors route the functions they check to their sites (:mod:`sdc_agent.sensors.ops.sites`)
 and the workload recorder sees attention calls (:mod:`sdc_agent.workload`), each with a
 :class:`RoutingMode` of its own.
 """

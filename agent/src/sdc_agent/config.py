@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .schedule import Schedule
-from .sensors.board import SensorConfig
+from .sensors.runtime.board import SensorConfig
 
 FIELDS: dict[str, dict[str, str]] = {
     "audit": {

@@ -40,7 +40,7 @@ class Schedule:
     effect on a model without them. False: protected layers compute but never check."""
     sensor_budget: float = 0.01
     """Sensor checks per step, as a fraction of the protected GEMMs' compute (estimated; see
-    :mod:`sdc_agent.sensors.plan`); the GEMMs checked rotate so every one is checked within a
+    :mod:`sdc_agent.sensors.runtime.plan`); the GEMMs checked rotate so every one is checked within a
     bounded number of steps. ``math.inf``: every GEMM on every step."""
     sensor_burn_in: int = 20
     """Steps at the start of the guard's run (from its first step) on which every sensor checks

@@ -393,13 +393,13 @@ class _GemmFault(Fault):
 
     def __init__(self, layer: str, *, gemm: str = "forward", index: int = 0, **when: Any) -> None:
         """``layer``: the protected layer's qualified name, or a function site's sensor name
-        (``"model.layers.0.mlp.act_fn/silu"``: :mod:`sdc_agent.sensors.sites`); ``gemm``:
+        (``"model.layers.0.mlp.act_fn/silu"``: :mod:`sdc_agent.sensors.ops.sites`); ``gemm``:
         ``forward``, ``dgrad`` (input gradient) or ``wgrad`` (weight gradient) of a protected
         linear layer; for the other protected layers and sites (norms, adds, softmax,
         activations, attention, the loss) ``forward`` is the op's output and ``dgrad`` its input
         gradient, where it has one (``sensor_ops`` says); ``index``: the flat element (modulo
         the result's size)."""
-        from ..sensors import GEMMS
+        from ..sensors.runtime.board import GEMMS
 
         if gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
@@ -485,7 +485,7 @@ class FlipOpBit(FlipGemmBit):
 
 def _sensor_target(guard: Guard, layer: str | nn.Module) -> Any:
     """What a sensor fault taps: a protected module, or a function site (a name with ``/``)."""
-    from ..sensors.sites import SEPARATOR, find_sites
+    from ..sensors.ops.sites import SEPARATOR, find_sites
 
     if not isinstance(layer, str) or SEPARATOR not in layer:
         return Fault._submodule(guard, layer)

@@ -1,93 +1,98 @@
 """Online checksum sensors: catch a wrong result on the step it happens, between audits.
 
-:func:`protect` makes a model's linear layers check their three GEMMs (:mod:`.abft` has the
-maths, :mod:`.board` the thresholds and flags, :mod:`.plan` which sensors check on each step);
-beyond GEMMs its layer norms (:mod:`.norm`), softmax and log-softmax (:mod:`.softmax`) and the
-residual adds it writes as :class:`ResidualAdd` (:mod:`.residual`) check their row invariants
-(:mod:`.rows`); its RMSNorms of any class are found and checked by hooks (:mod:`.rmsnorm`); the
-functions its forward calls (activations, products and adds, attention, the loss, the
-embedding) are routed to checked versions (:mod:`.sites`, :mod:`.elementwise`,
-:mod:`.attention`, :mod:`.loss`), and activation checkpointing's recomputations compared with
-the first forward (:mod:`.recompute`). :mod:`.families` says per op family what is checked. The
-guard reads the flags once per step and confirms a flag by replays before it names a GPU
-(docs/architecture.md, "Online checksum sensors").
+A user needs one call, :func:`protect` (also ``sdc_agent.protect``), and, for residual adds
+written as ``x + f(x)``, the :class:`ResidualAdd` module; thresholds come in a
+:class:`SensorConfig`. The package has three layers, each importing only those before it:
+
+* :mod:`.maths`: the checksum identities and their rounding bounds (:mod:`.maths.abft`), and
+  the fused Triton kernel that computes a GEMM's check on a GPU;
+* :mod:`.runtime`: what every sensor shares at run time: the board of thresholds and device
+  flags (:mod:`.runtime.board`), which sensors check on which step within the budget
+  (:mod:`.runtime.plan`), the taps and the per-family coverage text;
+* :mod:`.ops`: one module per op family: the protected linear layers and layer norms, RMSNorm
+  hooks, softmax and log-softmax, residual adds, element-wise ops and the embedding, attention,
+  the loss; the function sites that route a forward's calls to the checked versions
+  (:mod:`.ops.sites`) and activation checkpointing's recompute comparisons
+  (:mod:`.ops.recompute`); :mod:`.ops.rows` has what the row-invariant checks share.
+
+:mod:`.protection` puts them on a model. The guard's side, reading the flags once per step and
+confirming a flag by replays before it names a GPU, is the fourth check,
+:mod:`sdc_agent.checks.sensors` (docs/architecture.md, "Online checksum sensors").
+
+The names this package exported before it was split into layers (``ProtectedLinear``,
+``SensorBoard``, the ratio functions, ...) still resolve here, from their modules, for code
+written against the flat layout; new code imports them from their module.
 """
 
-from .abft import (
-    check_cost,
-    dgrad_ratio,
-    forward_ratio,
-    layer_norm_ratio,
-    row_checksum_ratio,
-    wgrad_ratio,
-)
-from .attention import batched_checksum_ratio
-from .board import GEMMS, Gemm, SensorBoard, SensorConfig, SensorId
-from .elementwise import (
-    activation_dgrad_ratio,
-    activation_ratio,
-    add_ratio,
-    embedding_wgrad_ratio,
-    mul_ratio,
-)
-from .families import describe_families
-from .linear import ProtectedLinear, find_board, protected_layers
-from .norm import ProtectedLayerNorm, layer_norm_dgrad_ratio, layer_norm_output_ratio
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .ops.linear import find_board, protected_layers
+from .ops.residual import ResidualAdd
 from .protection import protect
-from .recompute import RecomputeComparisons
-from .residual import ProtectedResidualAdd, ResidualAdd, residual_ratio
-from .rmsnorm import RMSNormSensor, rms_norm_dgrad_ratio, rms_norm_ratio, rms_norm_wgrad_ratio
-from .sites import FunctionSensors, Site, find_sites
-from .softmax import (
-    ProtectedLogSoftmax,
-    ProtectedSoftmax,
-    log_softmax_dgrad_ratio,
-    log_softmax_ratio,
-    softmax_dgrad_ratio,
-    softmax_ratio,
-)
+from .runtime.board import SensorConfig
+from .runtime.families import describe_families
 
 __all__ = [
-    "GEMMS",
-    "FunctionSensors",
-    "Gemm",
-    "ProtectedLayerNorm",
-    "ProtectedLinear",
-    "ProtectedLogSoftmax",
-    "ProtectedResidualAdd",
-    "ProtectedSoftmax",
-    "RMSNormSensor",
-    "RecomputeComparisons",
     "ResidualAdd",
-    "SensorBoard",
     "SensorConfig",
-    "SensorId",
-    "Site",
-    "activation_dgrad_ratio",
-    "activation_ratio",
-    "add_ratio",
-    "batched_checksum_ratio",
-    "check_cost",
     "describe_families",
-    "dgrad_ratio",
-    "embedding_wgrad_ratio",
     "find_board",
-    "find_sites",
-    "forward_ratio",
-    "layer_norm_dgrad_ratio",
-    "layer_norm_output_ratio",
-    "layer_norm_ratio",
-    "log_softmax_dgrad_ratio",
-    "log_softmax_ratio",
-    "mul_ratio",
     "protect",
     "protected_layers",
-    "residual_ratio",
-    "rms_norm_dgrad_ratio",
-    "rms_norm_ratio",
-    "rms_norm_wgrad_ratio",
-    "row_checksum_ratio",
-    "softmax_dgrad_ratio",
-    "softmax_ratio",
-    "wgrad_ratio",
 ]
+
+_MOVED: dict[str, str] = {
+    "FunctionSensors": "ops.sites",
+    "GEMMS": "runtime.board",
+    "Gemm": "runtime.board",
+    "ProtectedLayerNorm": "ops.norm",
+    "ProtectedLinear": "ops.linear",
+    "ProtectedLogSoftmax": "ops.softmax",
+    "ProtectedResidualAdd": "ops.residual",
+    "ProtectedSoftmax": "ops.softmax",
+    "RMSNormSensor": "ops.rmsnorm",
+    "RecomputeComparisons": "ops.recompute",
+    "SensorBoard": "runtime.board",
+    "SensorId": "runtime.board",
+    "Site": "ops.sites",
+    "activation_dgrad_ratio": "ops.elementwise",
+    "activation_ratio": "ops.elementwise",
+    "add_ratio": "ops.elementwise",
+    "batched_checksum_ratio": "ops.attention",
+    "check_cost": "maths.abft",
+    "dgrad_ratio": "maths.abft",
+    "embedding_wgrad_ratio": "ops.elementwise",
+    "find_sites": "ops.sites",
+    "forward_ratio": "maths.abft",
+    "layer_norm_dgrad_ratio": "ops.norm",
+    "layer_norm_output_ratio": "ops.norm",
+    "layer_norm_ratio": "maths.abft",
+    "log_softmax_dgrad_ratio": "ops.softmax",
+    "log_softmax_ratio": "ops.softmax",
+    "mul_ratio": "ops.elementwise",
+    "residual_ratio": "ops.residual",
+    "rms_norm_dgrad_ratio": "ops.rmsnorm",
+    "rms_norm_ratio": "ops.rmsnorm",
+    "rms_norm_wgrad_ratio": "ops.rmsnorm",
+    "row_checksum_ratio": "maths.abft",
+    "softmax_dgrad_ratio": "ops.softmax",
+    "softmax_ratio": "ops.softmax",
+    "wgrad_ratio": "maths.abft",
+}
+"""Every other name of the flat layout, by the module (under this package) that defines it."""
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve a name of the flat layout from the module that now defines it."""
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    """The public names, the subpackages and the names of the flat layout."""
+    return sorted(set(globals()) | set(_MOVED))

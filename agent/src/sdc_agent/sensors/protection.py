@@ -2,12 +2,12 @@
 the model's code or values.
 
 The GEMMs of ``nn.Linear`` and the ``nn.LayerNorm`` norms are swapped by
-:func:`.linear.protect`; this adds the op families beyond GEMMs that live in modules of their
-own: ``nn.Softmax``/``nn.LogSoftmax`` (:mod:`.softmax`) and the residual adds a model writes as
-:class:`~.residual.ResidualAdd` (:mod:`.residual`); RMSNorm modules of any class (:mod:`.rmsnorm`,
+:func:`~sdc_agent.sensors.ops.linear.protect`; this adds the op families beyond GEMMs that live in modules of their
+own: ``nn.Softmax``/``nn.LogSoftmax`` (:mod:`~sdc_agent.sensors.ops.softmax`) and the residual adds a model writes as
+:class:`~sdc_agent.sensors.ops.residual.ResidualAdd` (:mod:`~sdc_agent.sensors.ops.residual`); RMSNorm modules of any class (:mod:`~sdc_agent.sensors.ops.rmsnorm`,
 by hooks); and the functions a model calls in its forward (activations, residual adds written
 as ``+``, scaled-dot-product attention, the cross-entropy loss) and activation checkpointing's
-recomputations (:mod:`.sites`, :mod:`.recompute`). Every protected layer registers its sensors
+recomputations (:mod:`~sdc_agent.sensors.ops.sites`, :mod:`~sdc_agent.sensors.ops.recompute`). Every protected layer registers its sensors
 on one board, in module order (linear layers and norms first, then the other modules, then the
 function sites as they first run), which the guard finds.
 """
@@ -18,12 +18,12 @@ from collections.abc import Callable
 
 from torch import nn
 
-from . import rmsnorm
-from .board import SensorBoard, SensorConfig
-from .linear import protect as protect_linear_and_norms
-from .residual import ProtectedResidualAdd, ResidualAdd
-from .sites import FunctionSensors
-from .softmax import ProtectedLogSoftmax, ProtectedSoftmax
+from .ops import rmsnorm
+from .ops.linear import protect as protect_linear_and_norms
+from .ops.residual import ProtectedResidualAdd, ResidualAdd
+from .ops.sites import FunctionSensors
+from .ops.softmax import ProtectedLogSoftmax, ProtectedSoftmax
+from .runtime.board import SensorBoard, SensorConfig
 
 OP_SWAPS: dict[type, type] = {
     nn.Softmax: ProtectedSoftmax,
@@ -48,9 +48,9 @@ def protect(
 
     ``nn.Linear`` (its three GEMMs); with ``norms`` ``nn.LayerNorm`` (output and input gradient)
     and every RMSNorm module (``nn.RMSNorm``, Hugging Face's ``LlamaRMSNorm`` and any module
-    computing ``x * rsqrt(mean(x²) + eps) * w``: :mod:`.rmsnorm`); with ``ops``
+    computing ``x * rsqrt(mean(x²) + eps) * w``: :mod:`~sdc_agent.sensors.ops.rmsnorm`); with ``ops``
     ``nn.Softmax``/``nn.LogSoftmax`` with an explicit ``dim`` (output and input gradient) and
-    :class:`~.residual.ResidualAdd` (its sum); with ``functions`` the functions called in the
+    :class:`~sdc_agent.sensors.ops.residual.ResidualAdd` (its sum); with ``functions`` the functions called in the
     model's forward: ``F.silu``/``F.gelu`` (output and input gradient), adds of two same-shaped
     tensors (``x + f(x)``), ``F.cross_entropy`` (log-probabilities and the loss gradient), and,
     with ``attention="checked"``, ``F.scaled_dot_product_attention`` by an unfused checked path
@@ -58,11 +58,11 @@ def protect(
     stores the attention probabilities and runs several times slower than a fused kernel on a
     GPU at long context; docs/performance.md); with ``recompute`` (and ``functions``) the
     recomputation of activation-checkpointed blocks is compared with their first forward
-    (:mod:`.recompute`). Linear, LayerNorm and softmax modules of exactly these types are
+    (:mod:`~sdc_agent.sensors.ops.recompute`). Linear, LayerNorm and softmax modules of exactly these types are
     protected. Call it before building :class:`sdc_agent.Guard` (and before wrapping the model in
     DDP or FSDP2); ``config``: the sensors' thresholds; ``include(name, module)`` selects layers
     and the modules whose function calls are checked (default: all). Raises ValueError when the
-    model has no ``nn.Linear``, is protected already (see :func:`.linear.protect`), or
+    model has no ``nn.Linear``, is protected already (see :func:`~sdc_agent.sensors.ops.linear.protect`), or
     ``attention`` is not ``"fused"`` or ``"checked"``.
     """
     if attention not in ("fused", "checked"):

@@ -46,10 +46,10 @@ from torch import nn
 
 from ...alarm import Alarm, SensorCandidate, Verdict, VerdictKind
 from ...schedule import Schedule
-from ...sensors.board import SEPARATION, SensorBoard
-from ...sensors.families import describe_families
-from ...sensors.linear import find_board
-from ...sensors.plan import SensorPlan, plan_sensors
+from ...sensors.ops.linear import find_board
+from ...sensors.runtime.board import SEPARATION, SensorBoard
+from ...sensors.runtime.families import describe_families
+from ...sensors.runtime.plan import SensorPlan, plan_sensors
 from ..gradients.exchange import FlagTable
 from ..protocol import Check, StepStart
 from ..replay.attribution import FAILED_ROW, ROW_WIDTH, Outcome, is_failed, third_gpu

@@ -73,7 +73,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .board import Gemm, SensorBoard
+from ..runtime.board import Gemm, SensorBoard
 from .elementwise import elementwise_ratio
 from .rows import FP32_UNIT_ROUNDOFF, OpSensor, outside_function_modes, row_block_max, row_blocks
 

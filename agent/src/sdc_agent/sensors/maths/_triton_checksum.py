@@ -169,7 +169,7 @@ def row_checksum_ratio(
     bias: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    """:func:`sdc_agent.sensors.abft.row_checksum_ratio` by the fused kernel (0-dim fp32).
+    """:func:`sdc_agent.sensors.maths.abft.row_checksum_ratio` by the fused kernel (0-dim fp32).
 
     ``result`` R x C (fp32), ``left`` R x L and ``right`` L x C in any float dtype and any
     strides; ``scale`` is the bound's ``u (1 + sqrt(C / L))``. No host synchronisation.

@@ -2,7 +2,7 @@
 
 :func:`protect` turns a model's ``nn.Linear`` modules into :class:`ProtectedLinear` in place (the
 same module objects, parameters and ``state_dict`` keys). Its autograd function computes the
-forward GEMM and both backward GEMMs itself, so that each result can be checked (:mod:`.abft`)
+forward GEMM and both backward GEMMs itself, so that each result can be checked (:mod:`~sdc_agent.sensors.maths.abft`)
 on its fp32 value before it is rounded and used:
 
 * fp32 (and fp64): the very calls autograd makes for ``F.linear`` (``F.linear`` forward,
@@ -21,10 +21,10 @@ on its fp32 value before it is rounded and used:
   Python autograd function), and a layer with some GEMMs on it runs the others as plain 16-bit
   GEMMs inside its function.
 
-Which GEMMs are on the checked path is the board's (:meth:`~.board.SensorBoard.runs_checked`):
+Which GEMMs are on the checked path is the board's (:meth:`~sdc_agent.sensors.runtime.board.SensorBoard.runs_checked`):
 the sensors armed at this step, read at the forward (its backward follows the forward). The
 audit's replays of a step run while the board still holds that step's set, unchecked
-(:meth:`~.board.SensorBoard.stop_checking`), so a replay computes with the very kernels the
+(:meth:`~sdc_agent.sensors.runtime.board.SensorBoard.stop_checking`), so a replay computes with the very kernels the
 step trained with and its bits compare with the step's.
 
 Fault drills (:class:`sdc_agent.faults.GemmFault`) corrupt a GEMM's fp32 result through
@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from .abft import dgrad_ratio, forward_ratio, wgrad_ratio
-from .board import Gemm, LayerShape, SensorBoard, SensorConfig
-from .tap import GemmTap
+from ..maths.abft import dgrad_ratio, forward_ratio, wgrad_ratio
+from ..runtime.board import Gemm, LayerShape, SensorBoard, SensorConfig
+from ..runtime.tap import GemmTap
 from .tensor_parallel import local_linear
 
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
@@ -139,7 +139,7 @@ class _ProtectedLinearFunction(torch.autograd.Function):
     """``F.linear`` with its forward and backward GEMMs computed, tapped and checked here.
 
     ``kernels``: per GEMM (forward, dgrad, wgrad), whether it runs on the checked path (the
-    board's :meth:`~.board.SensorBoard.runs_checked`, read at the forward). A 16-bit GEMM off
+    board's :meth:`~sdc_agent.sensors.runtime.board.SensorBoard.runs_checked`, read at the forward). A 16-bit GEMM off
     that path is the plain 16-bit GEMM (no fp32 result, no copy): a forward checked at a step
     whose backward GEMMs are not pays nothing for them. Which GEMMs are checked (recorded on
     the board) is read at the forward too: the backward of this forward follows it."""
@@ -295,7 +295,7 @@ class ProtectedLinear(nn.Linear):
         """``F.linear(x, weight, bias)``, its GEMMs checked when the board says so.
 
         A layer none of whose GEMMs is on the checked path at this step (the board's
-        :meth:`~.board.SensorBoard.runs_checked`) runs ``F.linear`` itself: ``nn.Linear``'s
+        :meth:`~sdc_agent.sensors.runtime.board.SensorBoard.runs_checked`) runs ``F.linear`` itself: ``nn.Linear``'s
         kernels and autograd, no fp32 result, no copy, no Python autograd function (with a fault
         drill's taps, two identity functions around the same call). Under tensor parallelism (a
         DTensor weight) the GEMMs are this rank's slices (:mod:`.tensor_parallel`)."""
@@ -374,7 +374,7 @@ def protect(
     wrapping the model in DDP or building the optimizer does not matter (the parameters stay the
     same objects). Only modules whose type is exactly ``nn.Linear`` are protected (subclasses
     such as attention's output projection are called through other functions); likewise
-    exactly ``nn.LayerNorm`` (:class:`~sdc_agent.sensors.norm.ProtectedLayerNorm`, its output
+    exactly ``nn.LayerNorm`` (:class:`~sdc_agent.sensors.ops.norm.ProtectedLayerNorm`, its output
     checked). ``config``: the sensors' thresholds (:class:`SensorConfig`);
     ``include(name, module)`` selects layers (default: all). Protecting twice raises ValueError.
     """

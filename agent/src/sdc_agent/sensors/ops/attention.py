@@ -12,7 +12,7 @@ comparison of checkpointed blocks, :mod:`.recompute`). The path, per batch and h
 
 forward::
 
-    S = Q Kᵀ           S @ 1 = Q (Kᵀ 1)                      (row checksum, :mod:`.abft`)
+    S = Q Kᵀ           S @ 1 = Q (Kᵀ 1)                      (row checksum, :mod:`~sdc_agent.sensors.maths.abft`)
     P = softmax(S * scale + mask)     P @ 1 = 1               (rows sum to one)
     O = P V            O @ 1 = P (V 1)                        (row checksum)
 
@@ -24,7 +24,7 @@ backward (``dO`` given)::
     dQ = (dZ scale) K  dQ @ 1 = dS (K 1)
     dK = (dZ scale)ᵀ Q dK @ 1 = dSᵀ (Q 1)
 
-Every GEMM check's bound is four times :mod:`.abft`'s (``u (1 + sqrt(C / L)) |a_r| |B|_F`` per row, per
+Every GEMM check's bound is four times :mod:`~sdc_agent.sensors.maths.abft`'s (``u (1 + sqrt(C / L)) |a_r| |B|_F`` per row, per
 batch and head; :data:`ATTENTION_BOUND_FACTOR` says why), the softmax bound :mod:`.softmax`'s with masked entries (probability 0) left out.
 Grouped-query attention (``enable_gqa=True``, or K/V with fewer heads) repeats K and V over the
 query heads as SDPA does and sums their gradients back. ``is_causal`` masks top-left aligned, as
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from .abft import BOUND_FLOOR, _bound_scale
+from ..maths.abft import BOUND_FLOOR, _bound_scale
 from .rows import FP32_UNIT_ROUNDOFF, OpSensor, sqrt_length
 from .softmax import softmax_dgrad_ratio
 
@@ -55,7 +55,7 @@ ATTENTION_MODES = ("fused", "checked")
 
 
 ATTENTION_BOUND_FACTOR = 4.0
-"""Attention's GEMM checks use four times :mod:`.abft`'s probabilistic bound: their operands are
+"""Attention's GEMM checks use four times :mod:`~sdc_agent.sensors.maths.abft`'s probabilistic bound: their operands are
 not the random-signed data the bound's random walk assumes (probabilities are non-negative,
 causal masks zero whole triangles, a head's inner dimension is short), and healthy ratios were
 measured up to 2.5 of the single bound (random operands, T from 16 to 256, head width 12 to 64;
@@ -66,7 +66,7 @@ element still reads hundreds of bounds at these sizes."""
 def batched_checksum_ratio(
     result: torch.Tensor, left: torch.Tensor, right: torch.Tensor
 ) -> torch.Tensor:
-    """:func:`.abft.row_checksum_ratio` over leading batch dimensions: the largest per-row
+    """:func:`~sdc_agent.sensors.maths.abft.row_checksum_ratio` over leading batch dimensions: the largest per-row
     ``|result @ 1 - left @ (right @ 1)| / bound`` for ``result = left @ right`` (fp32, ``result``
     ... x R x C, ``left`` ... x R x L, ``right`` ... x L x C). 0-dim fp32; NaN/Inf gives +Inf."""
     left32, right32 = left.float(), right.float()

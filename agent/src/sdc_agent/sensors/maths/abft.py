@@ -37,7 +37,7 @@ layers without this term). So both sides differ by about
 which is what :func:`row_checksum_ratio` divides the difference by (``bound_floor`` keeps an
 all-zero row from dividing by zero). The ratio is a property of the data's rounding, not of
 the layer's size: healthy ratios stay below about 2 over every shape, dtype and kind of data
-measured (``benchmarks/sensor_ratios.py``), and the thresholds (:mod:`.board`) are in units of
+measured (``benchmarks/sensor_ratios.py``), and the thresholds (:mod:`~sdc_agent.sensors.runtime.board`) are in units of
 this bound. A wrong element ``c`` adds ``|delta c|`` to one row's difference; at a 10% change
 that is thousands of ``bound_r`` for small layers and still ~15-80 for 512-4096-wide ones.
 A NaN/Inf in either side makes the ratio NaN/Inf, which the board treats as a flag.

@@ -1,7 +1,7 @@
 """Protected layer norms: ``nn.LayerNorm`` whose output rows and input gradient are checked.
 
 A norm layer is not a GEMM, but its rows obey invariants just as cheap to check, forward and
-backward (the maths below and in :func:`.abft.layer_norm_ratio`). The layer runs the very kernels
+backward (the maths below and in :func:`~sdc_agent.sensors.maths.abft.layer_norm_ratio`). The layer runs the very kernels
 autograd runs for ``F.layer_norm`` (``torch.native_layer_norm`` forward, which also returns the
 kernel's own row mean μ and ``r = 1/sqrt(var + eps)``, and ``native_layer_norm_backward``), so
 its values are ``nn.LayerNorm``'s bit for bit (proved by the tests), checked or not.
@@ -51,8 +51,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from .abft import layer_norm_row_sums
-from .board import Gemm, SensorBoard
+from ..maths.abft import layer_norm_row_sums
+from ..runtime.board import Gemm, SensorBoard
 from .rows import (
     FP32_UNIT_ROUNDOFF,
     OpSensor,
@@ -137,7 +137,7 @@ def layer_norm_output_ratio(
 ) -> torch.Tensor:
     """Forward check: each output row's sum against the affine parameters (0-dim fp32).
 
-    :func:`.abft.layer_norm_ratio`'s identity and bound, plus the rounding of the output to its
+    :func:`~sdc_agent.sensors.maths.abft.layer_norm_ratio`'s identity and bound, plus the rounding of the output to its
     own dtype when it is coarser than fp32 (:func:`.rows.output_rounding`). ``y`` and ``x`` are
     R x D, ``mean``/``rstd`` R values. In blocks of rows of at most ``chunk`` elements
     (:func:`.rows.row_block_max`)."""

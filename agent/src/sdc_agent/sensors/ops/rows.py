@@ -5,7 +5,7 @@ as reading them once (the maths of each is in its own module: :mod:`.norm`, :mod
 :mod:`.softmax`). Each check computes, per row, the identity's two sides and a bound on how far
 apart rounding alone may put them, and hands the board the largest ``|observed - expected| /
 bound`` (:func:`worst_row_ratio`); the board's thresholds and flags are the GEMMs'
-(:mod:`.board`). A bound is built from the op's inputs only, never from the values it checks:
+(:mod:`~sdc_agent.sensors.runtime.board`). A bound is built from the op's inputs only, never from the values it checks:
 a corrupted element (a flipped exponent bit makes it ~2^100) would otherwise widen its own
 bound, or overflow it to Inf, and hide.
 
@@ -32,8 +32,8 @@ from contextlib import contextmanager
 
 import torch
 
-from .board import Gemm, SensorBoard
-from .tap import GemmTap
+from ..runtime.board import Gemm, SensorBoard
+from ..runtime.tap import GemmTap
 
 FP32_UNIT_ROUNDOFF = 2.0**-24
 """``u`` of fp32: every check sums in fp32 and the kernels compute in it."""
@@ -115,7 +115,7 @@ def row_block_max(
 
 def sqrt_length(features: int) -> float:
     """``1 + sqrt(D)``: the growth of a D-term sum's rounding error as a random walk (Higham &
-    Mary, SIAM J. Sci. Comput. 2019), as in :mod:`.abft`."""
+    Mary, SIAM J. Sci. Comput. 2019), as in :mod:`~sdc_agent.sensors.maths.abft`."""
     return 1.0 + math.sqrt(max(features, 1))
 
 
@@ -154,7 +154,7 @@ class OpSensor:
 
     def tap(self, op: str, value: torch.Tensor) -> None:
         """Let every tap see (and change in place) the op's result before its check (``op``: a
-        :data:`Gemm`, or an intermediate result's name: :data:`.tap.GemmTap`)."""
+        :data:`Gemm`, or an intermediate result's name: :data:`~sdc_agent.sensors.runtime.tap.GemmTap`)."""
         for tap in self.gemm_taps:
             tap(op, value)
 

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..fingerprint import fingerprints
+from ...fingerprint import fingerprints
 from .rows import OpSensor, outside_function_modes
 
 MAX_PENDING = 64

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .board import Gemm, SensorBoard
+from ..runtime.board import Gemm, SensorBoard
 from .rows import (
     FP32_UNIT_ROUNDOFF,
     OpSensor,
@@ -75,7 +75,7 @@ class ResidualAdd(nn.Module):
 
     def __init__(self, features: int = 1) -> None:
         """``features``: the width of the rows it adds (the last dimension), for the sensor
-        budget's cost model only (``sensors/plan.py``); any width works."""
+        budget's cost model only (``sensors/runtime/plan.py``); any width works."""
         super().__init__()
         if isinstance(features, bool) or not isinstance(features, int) or features < 1:
             raise ValueError(f"ResidualAdd features must be an integer >= 1, got {features!r}")

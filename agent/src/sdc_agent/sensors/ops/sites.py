@@ -63,9 +63,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._function_mode import RoutingMode
+from ..._function_mode import RoutingMode
+from ..runtime.board import Gemm, SensorBoard
 from . import attention, loss
-from .board import Gemm, SensorBoard
 from .elementwise import ActivationFunction, EmbeddingFunction, MulFunction, add_ratio
 from .recompute import RecomputeComparisons, in_backward
 from .rows import OpSensor

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .board import Gemm, SensorBoard
+from ..runtime.board import Gemm, SensorBoard
 from .rows import (
     FP32_UNIT_ROUNDOFF,
     OpSensor,

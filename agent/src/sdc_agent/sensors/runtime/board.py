@@ -8,7 +8,7 @@ once per step (:meth:`SensorBoard.take_flags`), at the point where check 1 alrea
 
 A sensor flags from its first check: a ratio above the threshold in force, or a NaN/Inf in a
 checksum. Every check divides its identity's residual by the rounding bound of its op
-(:mod:`.abft`, :mod:`.rows`), which carries the op's shape and dtype, so one threshold in units
+(:mod:`~sdc_agent.sensors.maths.abft`, :mod:`~sdc_agent.sensors.ops.rows`), which carries the op's shape and dtype, so one threshold in units
 of that bound serves every op:
 
 * From the first check, ``SensorConfig.initial_threshold`` (``INITIAL_THRESHOLD``, 12). Measured
@@ -77,7 +77,7 @@ class SensorConfig:
     """The agreed threshold is ``margin`` times the ranks' median of their largest healthy
     ratio in the observation window (within ``[min_threshold, initial_threshold]``)."""
     min_threshold: float = 3.0
-    """Floor of every threshold, in units of the rounding bound of :mod:`sdc_agent.sensors.abft`."""
+    """Floor of every threshold, in units of the rounding bound of :mod:`sdc_agent.sensors.maths.abft`."""
     initial_threshold: float = INITIAL_THRESHOLD
     """The threshold every sensor holds from its first check until the ranks agree on a tighter
     one, and the ceiling of what they agree on (module docstring: measured healthy ratios reach
