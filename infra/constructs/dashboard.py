@@ -26,6 +26,11 @@ def _quoted(names: Sequence[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
 
 
+def _any_metric(names: Sequence[str]) -> str:
+    """A SEARCH term matching any of ``names``."""
+    return " OR ".join(f'MetricName="{name}"' for name in names)
+
+
 OPEN_REMEDIATIONS_QUERY = (
     # The record step logs one "recorded" line per transition (pk = instance id). A node whose
     # latest transition does not close its remediation is still cordoned and waiting for a human.
@@ -35,6 +40,16 @@ OPEN_REMEDIATIONS_QUERY = (
     f"| filter last_transition not in [{_quoted(CLOSING_TRANSITIONS)}]\n"
     "| sort since desc"
 )
+
+SWEEPER_HEALTH_METRICS = (
+    "series_flood",
+    "flood_watch_failed",
+    "reminder_failed",
+    "backstop_started",
+)
+"""What the sweeper puts only when something is wrong (lambdas/sdc_remediation/logic/sweeper.py):
+an SDC alarm's series near its 500-series limit (the flood watch), the watch or the held-node
+reminder failing, and the backstop starting workflows no alarm started."""
 
 _ONE_MINUTE = cdk.Duration.minutes(1)
 _FIVE_MINUTES = cdk.Duration.minutes(5)
@@ -202,6 +217,33 @@ class Dashboard(Construct):
                 width=8,
                 height=6,
             ),
+        )
+        # Whether the alarms can still see: the sweeper's flood watch and its backstop. Each
+        # line exists only in the hours something was wrong (an empty graph is all well).
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title=(
+                    "Alarm blindness: job series near the 500 limit, watch/reminder failures, "
+                    "workflows started by the backstop"
+                ),
+                left=[
+                    search(
+                        f"{{{POWERTOOLS_METRICS_NAMESPACE},ClusterName,service}} "
+                        f'ClusterName="{cluster}" ({_any_metric(SWEEPER_HEALTH_METRICS)})',
+                        "Maximum",
+                        _FIVE_MINUTES,
+                        label="",
+                    )
+                ],
+                left_annotations=[
+                    cloudwatch.HorizontalAnnotation(
+                        value=config.flood_watch_fraction * 500,
+                        label="flood watch tells (floodWatchFraction x 500)",
+                    )
+                ],
+                width=24,
+                height=6,
+            )
         )
         self.dashboard.add_widgets(
             cloudwatch.GraphWidget(

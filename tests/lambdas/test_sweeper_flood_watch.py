@@ -264,3 +264,99 @@ def test_a_failing_list_metrics_never_stops_the_reminders_or_the_backstop(
     assert len(answer["backstop"]["started"]) == 1
     executions = aws.client("stepfunctions").list_executions(stateMachineArn=machine)
     assert len(executions["executions"]) == 1
+
+
+def _sns_refuses(about: str) -> Callable[[], None]:
+    """The code's SNS Publish is throttled for messages whose subject has ``about`` in it;
+    returns what makes SNS accept them again."""
+
+    def refuse(params: dict[str, Any], **_: Any) -> None:
+        if about in str(params.get("Subject", "")):
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": "Throttling", "Message": "Rate exceeded"}}, "Publish"
+            )
+
+    events = aws.client("sns").meta.events
+    events.register("provide-client-params.sns.Publish", refuse)
+    return lambda: events.unregister("provide-client-params.sns.Publish", refuse)
+
+
+def _a_long_held_node_and_a_lost_report(cloud: Any, invoke: Callable[[str, Any], Any]) -> str:
+    """A node held for two days (a reminder is due) and a real report no alarm took up (the
+    backstop's); the held node's name."""
+    node = cloud.nodes[0]
+    real_now = clock.now
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(clock, "now", lambda: real_now() - timedelta(days=2))
+        held_after_rejection(invoke, node)
+    at = datetime.now(UTC) - timedelta(minutes=20)
+    instance = cloud.nodes[1]
+    body = report(time=at, suspects=[3], ranks={"3": rank(f"hyperpod-{instance}", instance, 3)})
+    put_report(cloud.client("logs"), GROUP, body, at, stream=JOB)
+    return f"hyperpod-{node}"
+
+
+def test_a_refused_flood_notice_is_sent_by_the_next_sweep_and_stops_nothing(
+    cloud: Any,
+    machine: str,
+    cluster_pods: Any,
+    invoke: Callable[[str, Any], Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a flood, a reminder due and a lost report, and SNS throttling the flood notice
+    held = _a_long_held_node_and_a_lost_report(cloud, invoke)
+    _flood(cloud, 450)
+    accept = _sns_refuses("series flood")
+
+    # When the sweeper runs
+    answer = invoke("sweeper", {})
+
+    # Then the watch saw the flood and says its notice was not sent, and why
+    watch = answer["flood_watch"]
+    assert watch["blind"] is True and watch["notified"] is False
+    assert watch["error"].startswith("notice not sent:") and "Throttling" in watch["error"]
+    assert _flood_notices(cloud) == []
+    # And the reminder went out and the backstop started the report's workflow
+    assert answer["reminded"] == [held]
+    assert len(answer["backstop"]["started"]) == 1
+
+    # When SNS accepts again and the next sweep runs 15 minutes later
+    accept()
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(minutes=15))
+    again = invoke("sweeper", {})["flood_watch"]
+
+    # Then the notice goes out then, not 6 hours later (the claim was given back)
+    assert again["notified"] is True and again["error"] is None
+    assert len(_flood_notices(cloud)) == 1
+
+
+def test_a_refused_reminder_is_sent_by_the_next_sweep_and_stops_nothing(
+    cloud: Any,
+    machine: str,
+    cluster_pods: Any,
+    invoke: Callable[[str, Any], Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a reminder due, a lost report and a flood, and SNS throttling the reminder
+    held = _a_long_held_node_and_a_lost_report(cloud, invoke)
+    _flood(cloud, 450)
+    accept = _sns_refuses("reminder")
+
+    # When the sweeper runs
+    answer = invoke("sweeper", {})
+
+    # Then nobody is said to be reminded, and the flood watch and the backstop still ran
+    assert answer["reminded"] == []
+    assert answer["flood_watch"]["notified"] is True
+    assert len(answer["backstop"]["started"]) == 1
+    assert not [m for m in cloud.sns_messages() if "reminder" in m["subject"]]
+
+    # When SNS accepts again and the next sweep runs 15 minutes later
+    accept()
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(minutes=15))
+
+    # Then the reminder goes out then, not a day later, once
+    assert invoke("sweeper", {})["reminded"] == [held]
+    assert len([m for m in cloud.sns_messages() if "reminder" in m["subject"]]) == 1

@@ -162,6 +162,10 @@ class Ledger:
         """Claim the ``what`` due once every ``every_seconds`` (``Notices.due``)."""
         return self._notices.due(cluster, what, every_seconds)
 
+    def release_due(self, cluster: str, what: str) -> None:
+        """Give back a :meth:`due` claim whose message was not sent (``Notices.release_due``)."""
+        self._notices.release_due(cluster, what)
+
     # -- reports outside their claims (report_outcomes, claims) -------------------------------
 
     def refuse_report(self, cluster: str, report: str, *, reason: str, instance_id: str) -> None:

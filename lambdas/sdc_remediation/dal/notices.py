@@ -56,5 +56,11 @@ class Notices:
             values={":next": now + every_seconds, ":now": now, ":at": clock.iso(clock.now())},
         )
 
+    def release_due(self, cluster: str, what: str) -> None:
+        """Give back the claim :meth:`due` took (its message could not be sent), so that the
+        next caller claims it again instead of waiting for the next period. Safe against a
+        concurrent caller: nobody else can have claimed it within the period just claimed."""
+        self._table.delete_if(keys.due(cluster, what), "attribute_exists(next_at)")
+
 
 __all__ = ["Notices"]

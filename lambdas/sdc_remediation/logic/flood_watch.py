@@ -44,12 +44,12 @@ import sdc_contract as contract
 from sdc_contract.metrics import CLUSTER_DIMENSION, JOB_DIMENSION, NODE_DIMENSION
 
 from .. import text
-from ..clients import sns
 from ..clients.cloudwatch import dimensions_of, recent_series
 from ..config import Settings
 from ..dal.ledger import Ledger
 from ..observability import logger
 from . import notify
+from .periodic import publish_when_due
 
 SERIES_LIMIT = 500
 """A Metrics Insights query returns at most this many series (AWS, "Metrics Insights quotas");
@@ -168,10 +168,20 @@ def flood_watch(settings: Settings, ledger: Ledger) -> FloodWatchResult:
         {"node": text.printable(n, NAME_CHARS), "series": c} for n, c in _top(series_per_node)
     ]
     logger.warning("flood watch: an SDC alarm may be blind", extra=result.as_dict())
-    if ledger.due(cluster, NOTICE, NOTICE_EVERY_SECONDS):
-        subject, body = flood_message(result, settings)
-        sns.publish(settings.topic_arn, subject, body)
-        result.notified = True
+    subject, body = flood_message(result, settings)
+    try:
+        result.notified = publish_when_due(
+            ledger,
+            cluster,
+            NOTICE,
+            NOTICE_EVERY_SECONDS,
+            topic_arn=settings.topic_arn,
+            subject=subject,
+            message=body,
+        )
+    except Exception as exc:  # the claim was given back: the next sweep tries again
+        logger.exception("flood watch: the notice was not sent")
+        result.error = f"notice not sent: {type(exc).__name__}: {text.printable(exc, 300)}"
     return result
 
 

@@ -41,6 +41,7 @@ from ..observability import logger, metrics
 from . import notify
 from .backstop import BackstopResult, backstop
 from .flood_watch import FloodWatchResult, flood_watch
+from .periodic import publish_when_due
 
 REMIND_AFTER_SECONDS = 86400
 """A node held longer than this is in the daily reminder."""
@@ -180,7 +181,7 @@ def remind_long_held(ledger: Ledger, settings: Settings) -> list[str]:
     cluster = settings.hyperpod_cluster_name
     now = int(clock.now().timestamp())
     long_held = [h for h in ledger.held(cluster) if now - int(h["at"]) > REMIND_AFTER_SECONDS]
-    if not long_held or not ledger.due(cluster, "held-reminder", REMIND_EVERY_SECONDS):
+    if not long_held:
         return []
     nodes: list[HeldNode] = [
         {
@@ -205,5 +206,18 @@ def remind_long_held(ledger: Ledger, settings: Settings) -> list[str]:
         "cluster": cluster,
         "nodes": nodes,
     }
-    sns.publish(settings.topic_arn, subject, json.dumps(body, indent=2))
-    return [n["node"] for n in nodes]
+    try:
+        sent = publish_when_due(
+            ledger,
+            cluster,
+            "held-reminder",
+            REMIND_EVERY_SECONDS,
+            topic_arn=settings.topic_arn,
+            subject=subject,
+            message=json.dumps(body, indent=2),
+        )
+    except Exception:  # the claim was given back; the flood watch and the backstop go on
+        logger.exception("the held-node reminder was not sent; the next sweep tries again")
+        metrics.add_metric(name="reminder_failed", unit="Count", value=1)
+        return []
+    return [n["node"] for n in nodes] if sent else []
