@@ -45,11 +45,12 @@ SWEEPER_HEALTH_METRICS = (
     "series_flood",
     "flood_watch_failed",
     "reminder_failed",
+    "notice_failed",
     "backstop_started",
 )
 """What the sweeper puts only when something is wrong (lambdas/sdc_remediation/logic/sweeper.py):
-an SDC alarm's series near its 500-series limit (the flood watch), the watch or the held-node
-reminder failing, and the backstop starting workflows no alarm started."""
+an SDC alarm's series near its 500-series limit (the flood watch), the watch, the held-node
+reminder or the abandoned notice failing, and the backstop starting workflows no alarm started."""
 
 _ONE_MINUTE = cdk.Duration.minutes(1)
 _FIVE_MINUTES = cdk.Duration.minutes(5)

@@ -20,6 +20,8 @@ from remediation_factories import (
     CLUSTER,
     JOB,
     held_after_rejection,
+    item_state,
+    ledger_item,
     put_node_metric,
     put_report,
     rank,
@@ -28,6 +30,7 @@ from remediation_factories import (
 
 from sdc_remediation import aws, clock
 from sdc_remediation.config import Settings
+from sdc_remediation.dal import keys
 from sdc_remediation.errors import ConfigurationError
 from sdc_remediation.logic import flood_watch
 
@@ -360,3 +363,26 @@ def test_a_refused_reminder_is_sent_by_the_next_sweep_and_stops_nothing(
     # Then the reminder goes out then, not a day later, once
     assert invoke("sweeper", {})["reminded"] == [held]
     assert len([m for m in cloud.sns_messages() if "reminder" in m["subject"]]) == 1
+
+
+def test_a_refused_abandoned_notice_stops_neither_the_watch_nor_the_backstop(
+    cloud: Any, machine: str, cluster_pods: Any, invoke: Callable[[str, Any], Any]
+) -> None:
+    # Given an open remediation whose execution Step Functions does not know, a lost report and
+    # a flood, and SNS throttling the abandoned notice
+    gone = "arn:aws:states:us-east-1:123456789012:execution:sdc-guard-test:gone"
+    invoke("admit", item_state(cloud.nodes[2], execution=gone))
+    _a_long_held_node_and_a_lost_report(cloud, invoke)
+    _flood(cloud, 450)
+    _sns_refuses("abandoned")
+
+    # When the sweeper runs
+    answer = invoke("sweeper", {})
+
+    # Then the remediation is closed as abandoned (in the ledger: nothing lost), and the flood
+    # watch and the backstop ran after the refused notice
+    assert [a["execution_status"] for a in answer["abandoned"]] == ["DOES_NOT_EXIST"]
+    assert ledger_item(keys.state(cloud.nodes[2]))["status"] == "abandoned"
+    assert answer["flood_watch"]["notified"] is True
+    assert len(answer["backstop"]["started"]) == 1
+    assert not [m for m in cloud.sns_messages() if "abandoned" in m["subject"]]

@@ -137,7 +137,11 @@ def sweep(settings: Settings) -> SweepResult:
             "`sdc-remediation release NODE`",
             "remediations": result.abandoned,
         }
-        sns.publish(settings.topic_arn, subject[:100], json.dumps(body, indent=2))
+        try:
+            sns.publish(settings.topic_arn, subject[:100], json.dumps(body, indent=2))
+        except Exception:  # recorded in the ledger and counted above; the rest of the sweep goes on
+            logger.exception("the abandoned notice was not sent; the sweep goes on")
+            metrics.add_metric(name="notice_failed", unit="Count", value=1)
     result.reminded = remind_long_held(ledger, settings)
     result.flood_watch = watch_for_floods(settings, ledger)
     # Last: what it does not finish (its bounds) the next sweep goes on with.
