@@ -155,7 +155,8 @@ def jobs() -> list[Job]:
                 stage_hsdp_tp, 2, ((0, 4, 8), (1, 5, 9), (2, 6, 10), (3, 7, 11))
             ),
             three_d_columns,
-            _pipeline(2, three_d_columns, [[0, 1], [4, 5], [8, 9]]),
+            # Every stage's TP groups, the job's (PipelineAdapter gathers them).
+            _pipeline(2, three_d_columns, [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]),
         ),
     ]
 

@@ -18,16 +18,19 @@ from sdc_agent.fingerprint import fingerprints, table_digest
 from tests.agent.scenarios import CountingPublisher
 
 
-def long_clean_run(*, steps: int, schedule: dict[str, Any]) -> dict[str, Any]:
-    """Train the pipeline without faults (bf16 autocast, activation checkpointing); count the
-    checks that ran and passed, and say what guard.coverage() reports."""
+def long_clean_run(*, steps: int, schedule: dict[str, Any], tp: int = 1) -> dict[str, Any]:
+    """Train the pipeline without faults (bf16 autocast, activation checkpointing; ``tp`` > 1:
+    TP groups of ``tp`` ranks inside each stage); count the checks that ran and passed, and
+    say what guard.coverage() reports."""
     publisher = CountingPublisher()
-    _, _, _, guard = build_pipeline(
-        schedule, autocast_bf16=True, activation_checkpointing=True, publisher=publisher
+    _, _, optimizer, guard = build_pipeline(
+        schedule, autocast_bf16=True, activation_checkpointing=True, publisher=publisher, tp=tp
     )
+    updates: list[int | None] = []
+    optimizer.register_step_post_hook(lambda *_: updates.append(guard.current_step))
     saves: list[dict[str, Any]] = []
     alarm = guard.train(
-        (make_feed(s, dist.get_rank()) for s in range(steps)),
+        (make_feed(s, dist.get_rank(), tp=tp) for s in range(steps)),
         save_checkpoint=lambda s, tags: saves.append(tags),
     )
     return {
@@ -37,6 +40,7 @@ def long_clean_run(*, steps: int, schedule: dict[str, Any]) -> dict[str, Any]:
         "weight_check_passes": publisher.weight_check_passes,
         "alarms_published": len(publisher.alarms),
         "saves": saves,
+        "updates": updates,
         "coverage": guard.coverage(),
     }
 

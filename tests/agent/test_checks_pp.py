@@ -7,6 +7,12 @@ copies in the other replicas are on other nodes. Replica r replays replica r + 1
 (peer_offset counts replicas); disputes are settled on replica r + 2. Rank 2 (replica 1, stage 0)
 and rank 3 (replica 1, stage 1) are the faulty ranks: a fault on one stage changes what the
 other stage of its replica computes, and only the stage where it happened may be named.
+
+A second launch of 12 processes runs TP x PP x HSDP (the drill's ``3d``): 3 nodes x 4 ranks,
+each replica a 2-stage pipeline whose stages are tensor parallel over 2 ranks (rank
+4 * node + 2 * stage + tp; ``up`` column-parallel, ``down`` row-parallel). Each TP rank's
+pipeline is one of the rings' 6 pipelines, and ``peer_offset`` 2 makes each TP group replay the
+next node's. Rank 5 (node 1, stage 0, tp 1) is the faulty rank; its TP partner is rank 4.
 """
 
 from __future__ import annotations
@@ -107,11 +113,50 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+TP_FAULTY, TP_PARTNER = 5, 4
+"""TP x PP x HSDP: the faulty rank (node 1, stage 0, tp 1) and its stage's TP partner."""
+TP_CLEAN_STEPS = 20
+TP_SCHEDULE = {**SCHEDULE, "peer_offset": 2}
+"""Each TP group replays the next node's (peer_offset counts pipelines: 2 per replica)."""
+
+TP_JOBS: dict[str, tuple[str, dict[str, Any]]] = {
+    "3d_forward_persistent": (
+        DRILL,
+        {
+            "steps": 12,
+            "schedule": TP_SCHEDULE,
+            "faults": [
+                {"kind": "ScaleOutputElement", "layer": "blocks.0.up", "rank": TP_FAULTY, "step": 7}
+            ],
+            "parallel": "3d",
+            "shards": 2,
+        },
+    ),
+    "3d_clean_bf16": (
+        f"{SCEN}:long_clean_run",
+        {
+            "steps": TP_CLEAN_STEPS,
+            "schedule": {"audit_every": 1, "check_every": 1, "ckpt_every": 0, "peer_offset": 2},
+            "tp": 2,
+        },
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, Any]]]:
     names = list(JOBS)
     per_job = launch(
         [JOBS[n] for n in names], world=6, ranks_per_node=2, timeout_s=LAUNCH_DEADLINE_S
+    )
+    return dict(zip(names, per_job, strict=True))
+
+
+@pytest.fixture(scope="module")
+def results_3d() -> dict[str, list[dict[str, Any]]]:
+    names = list(TP_JOBS)
+    per_job = launch(
+        [TP_JOBS[n] for n in names], world=12, ranks_per_node=4, timeout_s=LAUNCH_DEADLINE_S
     )
     return dict(zip(names, per_job, strict=True))
 
@@ -253,3 +298,38 @@ def test_a_fault_free_pipeline_run_raises_no_alarm_and_checks_every_step(results
     assert "where it started" in cov["checks"]["nonfinite_gradients"]["why"]
     assert any("in transit" in line for line in cov["not_covered"])
     assert not cov["checks"]["online_sensors"]["on"]
+
+
+def test_a_forward_fault_in_one_tp_slice_of_a_stage_names_that_gpu_not_its_tp_group(results_3d):
+    # Given TP x PP x HSDP and x1000 on one element of rank 5's column-parallel blocks.0.up
+    # output (stage 0) from step 7: the TP all-reduce of blocks.0.down carries it to rank 4
+    # before the stage sends it, so both ranks of the stage's TP group diverge locally
+    alarm = the_alarm(results_3d, "3d_forward_persistent")
+    # Then the audit at step 10 keeps the pairs whose ordered local results diverged first:
+    # rank 5's, as target (replayed by rank 1) and as replayer (of rank 9's step)
+    assert (alarm["step"], alarm["check"]) == (10, "compute")
+    assert alarm["mismatched_pairs"] == [[5, 1], [9, 5]]
+    # And rank 5 alone is named, not its TP partner
+    assert alarm["culprits"] == [TP_FAULTY] and alarm["suspects"] == [TP_FAULTY]
+    assert TP_PARTNER not in alarm["suspects"] and "diverged only later" in alarm["diagnosis"]
+    assert alarm["suspect_window"] == [5, 10] and alarm["last_audit_pass"] == 5
+    # And no rank of any stage applied step 10
+    assert all(u == list(range(10)) for u in updates(results_3d, "3d_forward_persistent"))
+
+
+def test_a_fault_free_tp_pipeline_run_in_bf16_raises_no_alarm(results_3d):
+    # Given 20 steps of TP x PP x HSDP, bf16 autocast, activation checkpointing, every step
+    # audited (the ordered local results compared inside each stage) and weight-checked
+    per_rank = ok(results_3d, "3d_clean_bf16")
+    # Then no rank raised or published an alarm, and every rank applied every step
+    assert all(r["alarm"] is None and r["alarms_published"] == 0 for r in per_rank)
+    assert all(r["updates"] == list(range(TP_CLEAN_STEPS)) for r in per_rank)
+    (rank0,) = [r for r in per_rank if r["rank"] == 0]
+    assert rank0["audit_passes"] == TP_CLEAN_STEPS
+    assert rank0["weight_check_passes"] == TP_CLEAN_STEPS + 1
+    # And every rank reports the same coverage, with every stage's TP groups (the job's)
+    cov = rank0["coverage"]
+    assert all(r["coverage"] == cov for r in per_rank)
+    assert cov["parallelism"] == "pp+hsdp+tp"
+    assert cov["pipeline"]["tp_groups"] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+    assert "diverged first name the GPU" in cov["checks"]["replay_audit"]["compares"]

@@ -122,8 +122,8 @@ def test_fsdp_x_tp_coverage_says_stored_weights_are_not_compared():
 
 def test_tp_inside_pipeline_stages_keeps_the_pipelines_texts_and_says_what_names_the_group():
     # Given TP x PP x HSDP on 12 ranks: 2 stages x TP 2 per replica, 3 replicas (the stage's
-    # facts as PipelineAdapter gives them: no compute_groups among the layout facts, the TP
-    # groups under the pipeline's)
+    # facts as PipelineAdapter gives them: no compute_groups among the layout facts, every
+    # stage's TP groups, the job's, under the pipeline's)
     columns = [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 11]]
     facts = {
         "parallel": "pp+hsdp+tp",
@@ -141,7 +141,7 @@ def test_tp_inside_pipeline_stages_keeps_the_pipelines_texts_and_says_what_names
         "micro_batches": 2,
         "replicas": 6,
         "stage_ranks": columns,
-        "tp_groups": [[0, 1], [4, 5], [8, 9]],
+        "tp_groups": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]],
     }
     cov = describe(
         Schedule(audit_every=5, check_every=5, peer_offset=2),
@@ -161,8 +161,13 @@ def test_tp_inside_pipeline_stages_keeps_the_pipelines_texts_and_says_what_names
     assert audit["compares"].startswith("per stage:")
     assert {"replayer": 0, "target": 4, "third": 8} in audit["pairs"]
     assert cov["pipeline"]["tp_groups"] == pipeline["tp_groups"]
-    # And it says that a forward fault inside a stage names the stage's TP group, not the GPU
+    # And inside each stage it compares the ordered local results, which name the GPU
+    assert "the pairs whose local results diverged first name the GPU" in audit["compares"]
+    # And it says that a forward fault in one rank's slice names that GPU, and what is still
+    # left to the stage's TP group (a wrong value inside a TP collective, loss-only audits)
     (line,) = [x for x in cov["not_covered"] if x.startswith("tensor parallel inside a pipeline")]
-    assert "names the stage's whole TP group" in line
+    assert "names that GPU" in line
+    assert "inside a TP collective" in line and "deterministic_audits=False" in line
+    assert "names every rank of the stage's TP group it reached" in line
     # And stored weights are compared (HSDP copies of each slice)
     assert cov["checks"]["weight_fingerprints"]["on"]

@@ -78,11 +78,13 @@ NOT_COVERED_PIPELINE = [
 """What no check covers under pipeline parallelism, beyond the data-parallel lines."""
 
 NOT_COVERED_PIPELINE_TP = [
-    "tensor parallel inside a pipeline stage: check 2 compares each rank's stage boundaries "
-    "(what it received, sent and sent back) and its local gradient slices, not the ordered local "
-    "results of a TP job, so a forward fault in one rank's TP slice, which the TP all-reduce "
-    "carries to its partners before the stage sends it, names the stage's whole TP group (its "
-    "node, never another); a fault only in one rank's local weight gradient names that rank",
+    "tensor parallel inside a pipeline stage: check 2 compares each rank's ordered local results "
+    "within its stage, so a forward fault in one rank's TP slice, which the TP all-reduce "
+    "carries to its partners before the stage sends it, names that GPU (its pairs diverged "
+    "first); a wrong value inside a TP collective (the all-reduce of row-parallel partial "
+    "outputs) or in a backward result a collective reduces before any local result uses it, and "
+    "any divergence under loss-only audits (deterministic_audits=False), names every rank of "
+    "the stage's TP group it reached (its node, never another)",
 ]
 """What tensor parallelism inside pipeline stages leaves to the stage's TP group."""
 
@@ -275,6 +277,13 @@ def describe(
             else "per stage: activations received and sent and the last stage's loss bits "
             "(deterministic_audits=False)"
         )
+        if schedule.deterministic_audits and pipeline.get("tp_groups"):
+            compares += (
+                "; inside each stage's TP group, each rank's local results in the order it "
+                "computed them (module outputs before tensor parallel's collectives, local "
+                "gradient slices): the pairs whose local results diverged first name the GPU, "
+                "not its TP group"
+            )
     if groups:
         local = (
             "each TP group replays another group's micro-batch collectively, every rank its own "

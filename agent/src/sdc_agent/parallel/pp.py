@@ -38,10 +38,13 @@ the stage's view is :class:`~.tp.TensorParallelAdapter`'s. Each TP rank's pipeli
 rings' pipelines (``peer_offset`` counts pipelines: a multiple of the TP degree, so each TP group
 replays another group's stage, slice by slice, on another node, which the placement check
 requires of every stage's ring), a TP group draws one RNG stream, and check 3 compares each
-(stage, shard, tp) slice across its replicas. Check 2 compares the per-stage records above, not
-the TP adapter's ordered local results: a forward fault in one rank's TP slice, which the TP
-all-reduce carries to its partners before the stage sends it, names the stage's TP group (one
-node); a fault only in one rank's local weight gradient names that rank.
+(stage, shard, tp) slice across its replicas. Check 2 compares the per-stage records above and,
+inside each stage, the TP adapter's ordered local results (its probes run in the audited pipeline
+step and in its replay alike): a forward fault in one rank's TP slice, which the TP all-reduce
+carries to its partners before the stage sends it, makes every rank of the stage's TP group
+diverge locally, and the pairs whose ordered local results diverged first name the one GPU
+(:func:`~sdc_agent.checks.replay.pipeline.earliest_in_stages`). ``compute_groups`` holds every
+stage's TP groups, gathered at construction, so every rank reaches the same verdict.
 """
 
 from __future__ import annotations
@@ -229,10 +232,12 @@ class PipelineAdapter(ParallelAdapter):
         self.data: FSDP2Adapter = data_type(model, None, mesh_size=job // self.pipeline_ranks)
         """The FSDP2 view of the stage module (:class:`~.tp.TensorParallelAdapter`'s with
         tensor parallelism inside the stage): its layout, taps and gradient sync."""
-        self.compute_groups: tuple[tuple[int, ...], ...] = self.data.compute_groups
-        """The stage's TP groups (global ranks), each computing one micro-batch's part of the
-        stage together; empty without tensor parallelism. The placement rule maps each onto
-        another along its stage's ring."""
+        self.compute_groups: tuple[tuple[int, ...], ...] = ()
+        """Every stage's TP groups (global ranks, the whole job's: gathered by
+        :meth:`_job_compute_groups`), each computing one micro-batch's part of its stage
+        together; empty without tensor parallelism. The placement rule maps each onto another
+        along its stage's ring, and check 2 keeps the pairs of each that diverged first: every
+        rank must see the same groups to reach the same verdict."""
         self.model: nn.Module = model
         """The stage module training runs (the schedule calls it)."""
         self.module: nn.Module = model
@@ -261,6 +266,7 @@ class PipelineAdapter(ParallelAdapter):
         self.rows_of_stage = {int(stage.stage_index): list(range(len(self.params)))}
         """Each stage's rows in the fingerprint tables."""
         self._grid()
+        self._job_compute_groups()
         self._weight_groups()
 
     # ------------------------------------------------------------------ the job's grid
@@ -309,6 +315,15 @@ class PipelineAdapter(ParallelAdapter):
         self.grid: list[list[int]] = grid
         """``grid[replica][coordinate]``: the global rank holding that stage of that replica."""
         self._layout_rows = rows
+
+    def _job_compute_groups(self) -> None:
+        """Every stage's TP groups: the stage's mesh knows only its own stage's, so they are
+        gathered over this rank's pipeline (one text per stage; collective, every rank alike)."""
+        texts = all_gather_text(
+            json.dumps([list(g) for g in self.data.compute_groups]), self.pipeline_group
+        )
+        groups = {tuple(int(r) for r in g) for text in texts for g in json.loads(text)}
+        self.compute_groups = tuple(sorted(groups))
 
     def replica_columns(self) -> tuple[tuple[int, ...], ...]:
         """Per pipeline coordinate: the global ranks holding that stage, by replica (the ring
@@ -443,11 +458,13 @@ class PipelineAdapter(ParallelAdapter):
         return facts
 
     def install_gradient_taps(self, stats: GradStatsState) -> None:
-        """Check 1's taps on the stage's unsharded (local) and sharded (reduced) parameters,
-        and the pipeline's boundary flags that say where a non-finite value started."""
-        # FSDP2's taps only, also with tensor parallelism inside the stage: the pipeline's check 2
-        # compares per-stage records, not the TP adapter's ordered local results.
-        FSDP2Adapter.install_gradient_taps(self.data, stats)
+        """Check 1's taps on the stage's unsharded (local) and sharded (reduced) parameters
+        (with tensor parallelism inside the stage, the TP adapter's, which also record the
+        ordered local results check 2 compares), and the pipeline's boundary flags that say
+        where a non-finite value started."""
+        # With tensor parallelism inside the stage, the TP adapter's taps and probes: they record
+        # the stage's ordered local results, which name the GPU inside its TP group.
+        self.data.install_gradient_taps(stats)
         stats.local_origin = PipelineOrigin(self.recorder)
         stats.stage_of = self.pipeline_group  # clipping: the norm is over every stage
 

@@ -22,6 +22,13 @@ LOCALLY, on that rank (:meth:`StageOutcome.diverges_locally_from`); a stage whos
 differ is downstream of someone else's divergence and is not blamed. The earliest local
 divergence in the pipeline's dataflow names one GPU, not its pipeline group.
 
+With tensor parallelism inside the stages, the ranks of a stage's TP group compute each
+micro-batch together, and a TP all-reduce inside the stage carries one rank's wrong value to its
+partners before anything is sent: the whole group diverges locally. The TP probes then record
+each rank's local results in order, in the audited pipeline step and in its replay alike
+(:func:`ordered_local_results`), and per stage only the pairs that diverged first are kept
+(:func:`earliest_in_stages`): one GPU, not its TP group.
+
 The same boundaries say where a NaN or Inf started (check 1): a stage that received finite
 values and produced a non-finite one (:meth:`PipelineRecorder.flags`,
 :func:`started_on_this_stage`).
@@ -50,7 +57,12 @@ from ...fingerprint import fingerprints
 from ..gradients.finiteness import new_flag
 from ..gradients.stats import GradStatsState
 from ..gradients.taps import ShardedGradientTaps
-from .attribution import find_culprits, find_mismatches, unexplained
+from .attribution import (
+    earliest_local_mismatches,
+    find_culprits,
+    find_mismatches,
+    unexplained,
+)
 from .environment import deterministic_kernels, seed_all
 from .replayer import Replayer, loss_bits
 
@@ -525,7 +537,13 @@ class PipelineReplayer(Replayer):
         targets) through the pipeline with RNG ``seed`` (collective: every rank at once)."""
         adapter = self.adapter
         with self.state_set_aside():
-            record = GradStatsState(process_group=None, param_index=self.step_state.param_index)
+            record = GradStatsState(
+                process_group=None,
+                param_index=self.step_state.param_index,
+                # Tensor parallel inside the stage: the TP probes record this replay's ordered
+                # local results too, as they do the audited pipeline step's.
+                records_events=self.step_state.records_events,
+            )
             record.arm(capture_fingerprints=deterministic, device=adapter.param_device)
             with (
                 adapter.recorder.recording(fingerprinting=True) as records,
@@ -536,6 +554,7 @@ class PipelineReplayer(Replayer):
                     adapter.run_pipeline_step(batch, reduce=False)
                 flags = record.local_flags
                 finite = not bool(torch.cat(flags).any()) if flags else True
+                self.last_table = ordered_local_results(record) if deterministic else None
                 return adapter.recorder.outcome(
                     records,
                     record.local_fingerprints if deterministic else None,
@@ -592,6 +611,18 @@ class PipelineComparison:
         """Every replay matched what it replayed, stage by stage."""
         return not any(self.local.values()) and not any(self.unexplained.values())
 
+    def keeping(self, local: dict[int, list[tuple[int, int]]]) -> PipelineComparison:
+        """The comparison with only ``local``'s locally diverging pairs (a subset of
+        :attr:`local`: :func:`earliest_in_stages`), culprits and disputes recomputed from them;
+        the dropped pairs diverged too, so they are not :attr:`unexplained`."""
+        culprits = {c: find_culprits(pairs) for c, pairs in local.items()}
+        return PipelineComparison(
+            local=local,
+            culprits=culprits,
+            disputed={c: unexplained(pairs, culprits[c]) for c, pairs in local.items()},
+            unexplained=self.unexplained,
+        )
+
 
 def compare_pipelines(
     own: list[list[PipelineOutcome]],
@@ -626,3 +657,48 @@ def compare_pipelines(
         lost[c] = [p for p in anywhere[c] if p not in explained and p not in seen]
         seen.update(lost[c])
     return PipelineComparison(local=local, culprits=culprits, disputed=disputed, unexplained=lost)
+
+
+# ---------------------------------------------------------------------------------- TP inside
+# Tensor parallel inside a stage: the ranks of a stage's TP group compute each micro-batch
+# together, and the TP all-reduce of a row-parallel layer's partial outputs carries one rank's
+# wrong value to its partners BEFORE the stage sends anything, so every rank of the group
+# diverges locally at that stage. Their ordered local results (the TP probes':
+# :meth:`~sdc_agent.parallel.tp.TensorParallelAdapter.install_gradient_taps`) say who diverged
+# first, as in a TP job without a pipeline (:func:`.attribution.earliest_local_mismatches`).
+def ordered_local_results(state: GradStatsState) -> torch.Tensor:
+    """The local results ``state``'s taps and TP probes recorded, in the order the rank
+    computed them ([events, 2] int64; empty when they were not recorded: no tensor parallelism,
+    or no fingerprints captured)."""
+    events = state.local_events
+    if not events:
+        return torch.zeros((0, 2), dtype=torch.int64)
+    return torch.stack(events)
+
+
+def tp_group_ids(
+    columns: Sequence[Sequence[int]], groups: Sequence[Sequence[int]]
+) -> list[list[int]]:
+    """Per pipeline coordinate, per replica: an id of the TP group of the rank there
+    (``columns[c][replica]``, global ranks; ``groups``: every TP group of the job, global
+    ranks); a rank in no group gets an id of its own."""
+    group_of = {rank: index for index, group in enumerate(groups) for rank in group}
+    return [[group_of.get(rank, len(groups) + rank) for rank in column] for column in columns]
+
+
+def earliest_in_stages(
+    local: dict[int, list[tuple[int, int]]],
+    first: dict[int, dict[tuple[int, int], int]],
+    group_of: Sequence[Sequence[int]],
+) -> dict[int, list[tuple[int, int]]]:
+    """Per pipeline coordinate ``c``: the pairs of ``local[c]`` (locally diverging (target,
+    replayer) replicas) whose ordered local results diverged first among the pairs of the same
+    two TP groups; ``first[c][pair]``: the index of the first local result where the target's
+    own differs from its replayer's replay (:func:`.attribution.first_divergence`);
+    ``group_of[c][replica]``: the TP group of that replica's rank at ``c``
+    (:func:`tp_group_ids`). A later pair only received a wrong result through a TP collective;
+    ranks alone in their group keep every pair."""
+    return {
+        c: earliest_local_mismatches(pairs, first[c], group_of[c]) if pairs else []
+        for c, pairs in local.items()
+    }

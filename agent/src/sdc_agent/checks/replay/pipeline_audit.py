@@ -12,11 +12,15 @@ returns the same Alarm.
 The ring logic is :mod:`.attribution`'s, run along each pipeline coordinate
 (:func:`~.pipeline.compare_pipelines`): a rank is in a mismatch only where ITS stage diverged
 locally (same inputs, different outputs), so a stage downstream of a faulty one, whose inputs
-already differ, is not blamed. A disputed pair is settled on a third replica, on another node:
-in a confirmation round every replica replays the disputed replica's pipeline step, and the third
-replica's and the target's own rows, stage by stage, decide with the existing verdicts
-(``persistent``, ``transient``, ``replayer_wrong``, ``unclear``). Check 1's confirmations of a
-non-finite gradient run the same rounds.
+already differ, is not blamed. With tensor parallelism inside the stages, a divergence (and only
+a divergence: no collective on a step that agrees) sends each rank's replay's ordered local
+results to the rank whose step it replayed, one small all-gather shares where each first
+differs, and per stage the pairs that diverged first are kept
+(:func:`~.pipeline.earliest_in_stages`). A disputed pair is settled on a third replica, on
+another node: in a confirmation round every replica replays the disputed replica's pipeline
+step, and the third replica's and the target's own rows, stage by stage, decide with the
+existing verdicts (``persistent``, ``transient``, ``replayer_wrong``, ``unclear``). Check 1's
+confirmations of a non-finite gradient run the same rounds.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch.distributed as dist
 
 from ...alarm import Alarm, Verdict, VerdictKind
 from ...reporting import Reporter
-from .attribution import mismatch_verdict, replay_target, third_gpu
+from .attribution import first_divergence, mismatch_verdict, replay_target, third_gpu
 from .audit import CollectiveRingAudit, RebuildBatch
 from .environment import StepEnvironment
 from .layout import ReplayLayout
@@ -39,9 +43,12 @@ from .pipeline import (
     StageRecord,
     combine_pipeline_outcomes,
     compare_pipelines,
+    earliest_in_stages,
     failed_row,
     is_failed_row,
+    ordered_local_results,
     row_width,
+    tp_group_ids,
 )
 
 
@@ -101,6 +108,8 @@ class PipelineRingAudit(CollectiveRingAudit):
         self.pipeline = adapter
         self.pipeline_replayer = replayer
         self._kept: dict[int, StageRecord] | None = None
+        self._own_results: torch.Tensor | None = None
+        """The audited pipeline step's ordered local results (tensor parallel inside the stage)."""
         self._audited_now = False
         self._width = row_width(len(adapter.rows_of_stage))
 
@@ -136,6 +145,9 @@ class PipelineRingAudit(CollectiveRingAudit):
         state = self.pipeline_replayer.step_state
         if audited and state.local_fingerprints is not None:
             state.restart_fingerprints(self.pipeline.param_device)
+        if audited and state.local_events is not None:
+            # The TP probes' ordered local results: this pipeline step's own, as the replay's.
+            state.local_events, state.local_event_keys = [], []
 
     def end_micro_batch(self) -> None:
         """After a pipeline step: its boundary flags join the step's; the audited one's record
@@ -246,9 +258,14 @@ class PipelineRingAudit(CollectiveRingAudit):
                 f"sdc_agent: audit step {step} ran no pipeline step through the guard "
                 "(GuardedStep.run_pipeline)"
             )
+        # The per-parameter table: ``own_fingerprints`` is the ordered local results instead
+        # when the TP probes record them (GradStatsState.local_table).
+        state = self.pipeline_replayer.step_state
+        gradients = state.local_fingerprints if own_fingerprints is not None else None
         own = a.recorder.outcome(
-            self._kept, own_fingerprints if deterministic else None, a.rows_of_stage, True
+            self._kept, gradients if deterministic else None, a.rows_of_stage, True
         )
+        self._own_results = ordered_local_results(state) if deterministic else None
         replayed = self.replica_row(
             step, replay_target(a.replica_index, a.replicas, self.peer_offset), deterministic
         )
@@ -278,6 +295,32 @@ class PipelineRingAudit(CollectiveRingAudit):
         if found.agreed:
             self.reporter.record_pass("audit", step)
             return None
+        diagnosis = None
+        if deterministic and a.compute_groups and any(found.local.values()):
+            # Tensor parallel inside the stages: keep the pairs that diverged first; the others
+            # received a wrong result through a TP collective (collective: only on a divergence).
+            firsts = self._first_divergences()
+            first = {
+                c: {(t, r): firsts[column[t]] for t, r in found.local[c]}
+                for c, column in enumerate(columns)
+            }
+            kept = earliest_in_stages(found.local, first, tp_group_ids(columns, a.compute_groups))
+            if kept != found.local:
+                named = [(columns[c][t], columns[c][r]) for c in kept for t, r in kept[c]]
+                later = [
+                    (columns[c][t], columns[c][r])
+                    for c, pairs in found.local.items()
+                    for t, r in pairs
+                    if (t, r) not in kept[c]
+                ]
+                diagnosis = (
+                    "ranks that compute together (tensor parallel inside a pipeline stage): the "
+                    f"pairs {sorted(named)} diverged first, in local results computed before a "
+                    f"collective mixed their group's slices; the pairs {sorted(later)} of the "
+                    "same groups diverged only later, after a collective carried a wrong result "
+                    "to them"
+                )
+                found = found.keeping(kept)
 
         disputed_replicas = sorted({t for pairs in found.disputed.values() for t, _ in pairs})
         confirmations = (
@@ -326,7 +369,13 @@ class PipelineRingAudit(CollectiveRingAudit):
                         kind="unclear",
                     )
                 )
-        unexplained = any(found.unexplained.values())
+        if any(found.unexplained.values()):
+            lost = (
+                "replicas disagree but no pipeline stage diverged from the same inputs: what a "
+                "stage sent differs from what the next one received (a corruption in transit), "
+                "or every stage of a replica was affected alike"
+            )
+            diagnosis = f"{diagnosis}; {lost}" if diagnosis else lost
         return self.reporter.alarm(
             step,
             "compute",
@@ -335,11 +384,37 @@ class PipelineRingAudit(CollectiveRingAudit):
             pairs=sorted(pairs),
             culprits=sorted(culprits),
             verdicts=verdicts,
-            diagnosis=(
-                "replicas disagree but no pipeline stage diverged from the same inputs: what a "
-                "stage sent differs from what the next one received (a corruption in transit), "
-                "or every stage of a replica was affected alike"
-                if unexplained
-                else None
-            ),
+            diagnosis=diagnosis,
         )
+
+    def _first_divergences(self) -> list[int]:
+        """Per global rank: the index of the first of its own ordered local results (the
+        audited pipeline step's) where its replayer's replay differs
+        (:func:`.attribution.first_divergence`).
+
+        Collective over the job, run only when some stage diverged: each rank sends its
+        replay's ordered local results to the rank whose pipeline step it replayed (the same
+        pipeline coordinate of the target replica) and receives its own replayer's (one
+        point-to-point shift along each stage's ring: the tables never travel further), finds
+        where they first differ from its own, and one small all-gather shares that index."""
+        a = self.pipeline
+        device = a.collective_device
+        empty = torch.zeros((0, 2), dtype=torch.int64)
+        own = (self._own_results if self._own_results is not None else empty).to(device)
+        table = self.pipeline_replayer.last_table
+        replay = (table if table is not None else empty).to(device, torch.int64).contiguous()
+        target = a.rank_at(replay_target(a.replica_index, a.replicas, self.peer_offset))
+        replayer = a.rank_at((a.replica_index - self.peer_offset) % a.replicas)
+        length = torch.tensor([replay.shape[0]], dtype=torch.int64, device=device)
+        received_length = torch.zeros_like(length)
+        self._shift(length, target, received_length, replayer)
+        received = torch.zeros((int(received_length.item()), 2), dtype=torch.int64, device=device)
+        self._shift(replay, target, received, replayer)
+        mine = torch.tensor(
+            [first_divergence(own.cpu().tolist(), received.cpu().tolist())],
+            dtype=torch.int64,
+            device=device,
+        )
+        firsts = [torch.zeros_like(mine) for _ in range(a.world)]
+        dist.all_gather(firsts, mine)
+        return [int(f.item()) for f in firsts]
