@@ -209,9 +209,10 @@ def judge(args: argparse.Namespace, alarm: dict[str, Any] | None) -> tuple[bool,
         # A NaN crosses the TP all-reduce within the step: check 1 names every rank of the
         # faulty rank's TP group (its node) whose local gradient it reached.
         first, size = args.rank - args.rank % args.ranks_per_node, args.ranks_per_node
-    elif args.fault in ("scale", "nan") and args.parallel == "3d":
-        # The stage's TP all-reduce carries a wrong output to the TP partners before the stage
-        # sends it: the stage's TP group is named (coverage() says so), never another node.
+    elif args.fault == "nan" and args.parallel == "3d":
+        # Likewise inside a stage: check 1 names the stage's TP group it reached, never another
+        # node. (A scaled output is named alone: the replay's ordered local results show which
+        # rank of the group diverged first.)
         first, size = args.rank - args.rank % tp, tp
     else:
         return named == [args.rank], f"rank {args.rank} named, alone"
