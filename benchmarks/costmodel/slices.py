@@ -63,6 +63,9 @@ class Configuration:
     protect: bool = False
     recorded: tuple[int, ...] = (2,)
     warmup: tuple[int, ...] = (1,)
+    optimizer: str = "sgd"
+    """``sgd`` (plain SGD), or ``fused_adamw`` (``torch.optim.AdamW(fused=True)``: the guard
+    then skips a bad common step on the device, with no host read on a healthy one)."""
 
 
 PLAIN = Configuration(name="plain", schedule={}, recorded=(2,), warmup=(1,))
@@ -100,7 +103,15 @@ update ((3 + 1) % 4 == 0) and judged in step 4; the first audit step, 5 (5 % 5 =
 preflight's two self-replays, and each fingerprint plan's constants built once); then the
 steady state: weight fingerprints launched after step 7 and judged in step 8, and the audit of
 step 10. Steps 6 and 9 run unrecorded."""
-BY_NAME = {c.name: c for c in (PLAIN, *CONFIGURATIONS, PERIODIC)}
+PLAIN_FUSED_ADAMW = Configuration(name="plain_fused_adamw", schedule={}, optimizer="fused_adamw")
+CHECKS_FUSED_ADAMW = Configuration(
+    name="checks_fused_adamw", schedule={**COMMON, "sensors": False}, optimizer="fused_adamw"
+)
+"""Check 1 with a fused AdamW, and its plain step: the common step the sync pin records with
+no host sync (tests/unit/test_step_sync_pin.py); not in the cost table."""
+BY_NAME = {
+    c.name: c for c in (PLAIN, *CONFIGURATIONS, PERIODIC, PLAIN_FUSED_ADAMW, CHECKS_FUSED_ADAMW)
+}
 
 
 def llama(shape: SliceShape, *, layers: int, vocab: int, seed: int = 0) -> nn.Module:
@@ -242,10 +253,14 @@ def build(
     module = model if model is not None else llama(shape, layers=layers, vocab=vocab)
     board = sdc.protect(module) if configuration.protect else None
     wrapped = wrap(module, shape)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-4)
+    optimizer: torch.optim.Optimizer
+    if configuration.optimizer == "fused_adamw":
+        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4, fused=True)
+    else:
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-4)
     compute_loss = loss_function(shape)
     guard = None
-    if configuration is not PLAIN:
+    if configuration not in (PLAIN, PLAIN_FUSED_ADAMW):
         guard = sdc.Guard(
             wrapped,
             optimizer,

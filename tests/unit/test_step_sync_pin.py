@@ -62,6 +62,23 @@ COMMON_LAUNCHES = {
     "fsdp": {"micro": 2 * PARAMETERS + 1, "step": 4},
 }
 
+# With a fused AdamW (no GradScaler) the common step makes NO host sync (issue 31 item 4): the
+# read above is gone from it. This rank's flags are judged on the device and handed to the
+# optimizer as `found_inf` (the fused kernel skips a bad step on the device); the previous
+# step's flags and reduction are read from host memory that a non-blocking copy filled
+# (exchange.py HostFlags: pinned memory and a CUDA event on a GPU; on the CPU the copy is made
+# at the read, after the reduction's wait). The one wait is the same: the previous step's
+# reduction (exchange.py FlagExchange.reduced_for_reading). Launches over the plain fused
+# step: micro as above; step: the stack of reduced sums, the local flags' cat/ne/any, the
+# reduced values' isfinite (a composite: eq, abs, ne, mul) with all/logical_not, the sensor
+# flag's zeros, the stack and int64 cast of the three flags, the reduction's sum/eq/cast/cat,
+# the flags' all-reduce, found_inf's amax and cast, the fused step's `_foreach_sub_` of
+# found_inf from the step counts, and the host copy's cat and copy_.
+FUSED_ADAMW_LAUNCHES = {
+    "ddp": {"micro": 3, "step": 23},
+    "fsdp": {"micro": 2 * PARAMETERS + 1, "step": 23},
+}
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -88,16 +105,16 @@ def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _common_step(parallel: str) -> tuple[dict, dict]:
+def _common_step(parallel: str, plain: str = "plain", checks: str = "checks") -> tuple[dict, dict]:
     """(the guarded common step's recording, its difference from the plain step's)."""
     shape = slices.SliceShape(
         **TINY, parallel=parallel, bf16="params" if parallel == "fsdp" else "autocast"
     )
     recorded = {}
-    for configuration in (slices.PLAIN, slices.BY_NAME["checks"]):
+    for configuration in (slices.BY_NAME[plain], slices.BY_NAME[checks]):
         built = slices.build(shape, configuration, layers=1, tokens=24, vocab=50)
         [recorded[configuration.name]] = slices.record_steps(built, configuration)
-    return recorded["checks"], difference(recorded["checks"], recorded["plain"])
+    return recorded[checks], difference(recorded[checks], recorded[plain])
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
@@ -127,6 +144,34 @@ def test_the_common_step_adds_one_host_sync_one_wait_one_collective(
     # And the kernel launches it adds, per phase
     launches = {p: added["phases"][p]["launches"] for p in phases}
     assert launches == COMMON_LAUNCHES[parallel], added["phases"]["micro"]["ops"]
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_with_a_fused_adamw_the_common_step_adds_no_host_sync(
+    one_process_group: None, parallel: str
+) -> None:
+    # Given the same tiny Llama, plain and guarded with check 1 only, both with a fused AdamW
+    # (which skips a bad step on the device), after a warm-up step
+    # When one steady-state step of each is recorded at the dispatch level
+    guarded, added = _common_step(parallel, "plain_fused_adamw", "checks_fused_adamw")
+    phases = guarded["phases"]
+    # Then the guard makes no host sync at all (the previous step's flags come from host memory)
+    syncs = [s["where"] for p in phases.values() for s in p["sync_list"] if s["guard"]]
+    assert syncs == []
+    assert sum(added["phases"][p]["syncs"] for p in phases) == 0
+    # And it waits for the previous step's reduction and adds its one collective, as without
+    waits = Counter(w["where"].split(":")[0] for p in phases.values() for w in p["waits"])
+    assert waits == COMMON_WAITS
+    issued = [
+        (c["op"], c["reduce"], c["bytes"])
+        for p in phases.values()
+        for c in p["collectives"]
+        if c["guard"] and not c["replaces"]
+    ]
+    assert issued == COMMON_COLLECTIVES
+    # And the kernel launches it adds, per phase
+    launches = {p: added["phases"][p]["launches"] for p in phases}
+    assert launches == FUSED_ADAMW_LAUNCHES[parallel], added["phases"]["step"]["ops"]
 
 
 def test_the_recorder_counts_a_sync_and_a_wait_added_to_the_step(one_process_group: None) -> None:

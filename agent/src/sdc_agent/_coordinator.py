@@ -32,13 +32,15 @@ whether the step is decided at once, its coverage), so no check is spliced into 
 code; only judging, whose inputs and order the agreement protocol fixes, is each check's own.
 
 A step that fails check 1 or 2 is not applied: its gradients are dropped and the optimizer does
-not step, so the exact state is still there for the confirmation replays. Every decision is made
-from gathered data with the same code on every rank, so every rank returns the same Alarm and no
-rank is left waiting in a collective the others skipped. Alarms are built, logged and published
-in :mod:`sdc_agent.reporting`; the parallelism-specific parts are behind an adapter
-(:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model, which also builds check
-2's audit for its replay unit and runs a step's forward and backward (a pipeline's schedule), so
-nothing here branches on the wrapper.
+not step, so the exact state is still there for the confirmation replays. With a fused
+Adam/AdamW a common step is instead skipped by the optimizer on the device when this rank's
+flags are bad (:meth:`Coordinator.skip_on_device`), and judged at the next agreement point.
+Every decision is made from gathered data with the same code on every rank, so every rank
+returns the same Alarm and no rank is left waiting in a collective the others skipped. Alarms
+are built, logged and published in :mod:`sdc_agent.reporting`; the parallelism-specific parts
+are behind an adapter (:class:`sdc_agent.parallel.ParallelAdapter`), picked from the model,
+which also builds check 2's audit for its replay unit and runs a step's forward and backward (a
+pipeline's schedule), so nothing here branches on the wrapper.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .alarm import Alarm, RankInfo
-from .checks.gradients.exchange import FlagExchange, GradientCheck, StepFlags
+from .checks.gradients.exchange import FlagExchange, GradientCheck, HostFlags, StepFlags
 from .checks.gradients.verdicts import NonfiniteVerdicts
 from .checks.protocol import Check, StepStart
 from .checks.replay.audit import RebuildBatch
@@ -217,6 +219,18 @@ class Coordinator:
         )
         """Check 1: the gradient taps' statistics and the per-step flag exchange."""
         a.install_gradient_taps(self.gradients.hook_state)
+        self.skips_on_device = (
+            self.schedule.skip_on_device
+            and not self.decides_every_step
+            and can_skip_on_device(optimizer, self.scaler)
+            and a.collective_device == a.param_device
+        )
+        """Whether a common step's bad gradient is skipped by the optimizer on the device
+        (``found_inf``), its flags read at the next agreement point: a fused Adam/AdamW, no
+        GradScaler (which owns ``found_inf``), every rank deciding alone, and the flags'
+        collective on the parameters' device (else the flags would be copied to the host)."""
+        self._host_flags = HostFlags(a.collective_device) if self.skips_on_device else None
+        self._skip_armed: tuple[Any, Any] | None = None
         replayer = a.make_replayer(
             compute_loss,  # type: ignore[arg-type]  # None only with a pipeline, whose adapter takes None (check_step_options refused it elsewhere)
             self.gradients.hook_state,
@@ -390,6 +404,7 @@ class Coordinator:
 
         Returns the RNG and kernel state to restore when the step's computation is over.
         """
+        self.disarm_skip()  # the previous step's update is over
         self.current_step = step
         self.reporter.record_start(step)
         start = StepStart(
@@ -411,6 +426,57 @@ class Coordinator:
         """Whether a check needs this step's flags judged at once, every rank at the step with
         its exact state (:attr:`Check.decides_now`)."""
         return any(check.decides_now for check in self.checks)
+
+    def device_flags(self) -> torch.Tensor:
+        """This rank's flags of the step as an int64 tensor on the device, nothing read to the
+        host (:meth:`GradientCheck.device_flags`; clipping first, a collective): for a guard
+        that :attr:`skips_on_device`. The checks' flag is taken here, as :meth:`read_flags`
+        takes it."""
+        return self.gradients.device_flags(
+            max_grad_norm=self.schedule.max_grad_norm, sensor_flag=self._checks_flag()
+        )
+
+    def skip_on_device(self, step: int, own: torch.Tensor) -> None:
+        """A common step on a guard that :attr:`skips_on_device`, after :meth:`settle`: launch
+        the exchange of ``own`` (from :meth:`device_flags`), stage its values for the next
+        agreement point's read, and have the optimizer's next ``step()`` skip the update on
+        the device when ``own`` is bad: nothing is read to the host.
+
+        The outcome is the host path's: a rank whose flags are bad applies nothing (there the
+        gradients are dropped; here the fused kernel returns early and takes its step count
+        back), the others apply the step, and every rank settles the exchange at the next
+        agreement point (:meth:`settle`), which raises the same alarm."""
+        exchange = self.gradients.launch_device(step, own)
+        exchange.skipped_on_device = True
+        assert self._host_flags is not None
+        exchange.stage(self._host_flags)
+        # Exactly 1.0 or 0.0: the fused kernels skip on found_inf == 1 and subtract it from
+        # each parameter's step count (torch/optim/adam.py _fused_adam).
+        self._arm_skip(own.amax().to(torch.float32))
+        self.defer(exchange)
+
+    def _arm_skip(self, found_inf: torch.Tensor) -> None:
+        """Set the optimizer's ``found_inf`` for its next step (``grad_scale`` None: the
+        gradients are not scaled), keeping what the user had there."""
+        self.disarm_skip()
+        o = self.optimizer
+        self._skip_armed = (getattr(o, "found_inf", _ABSENT), getattr(o, "grad_scale", _ABSENT))
+        o.found_inf = found_inf  # type: ignore[attr-defined]  # read by torch's fused step
+        o.grad_scale = None  # type: ignore[attr-defined]  # the same (None: not scaled)
+
+    def disarm_skip(self) -> None:
+        """Restore the optimizer's ``found_inf`` and ``grad_scale`` as the user had them
+        (removed when they had none), once the armed step is over: after the update, at the
+        next step or agreement point. Idempotent."""
+        if self._skip_armed is None:
+            return
+        saved, self._skip_armed = self._skip_armed, None
+        for name, value in zip(("found_inf", "grad_scale"), saved, strict=True):
+            if value is _ABSENT:
+                if name in vars(self.optimizer):
+                    delattr(self.optimizer, name)
+            else:
+                setattr(self.optimizer, name, value)
 
     def end_step(self) -> None:
         """The step's forward and backward are over: stop capturing (idempotent)."""
@@ -450,7 +516,16 @@ class Coordinator:
         if isinstance(flags, int):
             flags = self.read_flags(flags)
         exchange = self.gradients.launch(flags, device=self.parallel.collective_device)
+        if self._host_flags is not None:  # read from host memory when it is settled
+            exchange.stage(self._host_flags)
         return exchange, flags.bad
+
+    def read_own(self, step: int, own: torch.Tensor) -> StepFlags:
+        """The host read of :meth:`device_flags`' ``own`` on a step that is decided on the
+        host (an audit, checkpoint or weight-check step, or one a check decides now) by a
+        guard that :attr:`skips_on_device`: that step's one host sync."""
+        local, reduced, sensor = (bool(v) for v in own.tolist())
+        return StepFlags(step, local, reduced, sensor)
 
     def defer(self, exchange: FlagExchange) -> None:
         """Leave ``exchange`` to be settled by every rank at the next agreement point."""
@@ -545,6 +620,7 @@ class Coordinator:
         """The agreement point: judge what is in flight (collective; every rank calls it at the
         same points, in this order: the previous step's flags, then a launched weight check).
         Returns the first Alarm (logged and published), or None."""
+        self.disarm_skip()  # every agreement point comes after the armed step's update
         exchange, self.gradients.pending = self.gradients.pending, None
         weights = self.weights.take_in_flight()
         alarm = None
@@ -553,12 +629,17 @@ class Coordinator:
                 self.reporter.record_gradient_pass(exchange.step)
             else:
                 table = exchange.table()  # collective: some rank flagged something
-                # Settled a step late: some ranks applied that step, so replays cannot see it.
-                alarm = self.reporter.log_and_publish(
-                    self.nonfinite.alarm(
-                        table, confirm=False, deterministic=self.schedule.deterministic_audits
-                    )
-                )
+                deterministic = self.schedule.deterministic_audits
+                if exchange.skipped_on_device and table.unanimous:
+                    # Every rank flagged the step, so every rank's optimizer skipped it on the
+                    # device: every rank still holds its weights, and its verdict is confirmed
+                    # by replays as the host path confirms it at the step itself.
+                    alarm = self.nonfinite.judge(table, deterministic=deterministic)
+                else:
+                    # Settled a step late: some ranks applied that step, so replays cannot
+                    # see it.
+                    alarm = self.nonfinite.alarm(table, confirm=False, deterministic=deterministic)
+                alarm = self.reporter.log_and_publish(alarm) if alarm is not None else None
         if weights is not None:
             step, check = weights
             if alarm is None:
@@ -593,6 +674,22 @@ class Coordinator:
                     f"CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) set before training, got {value!r}; "
                     "or use Schedule(deterministic_audits=False)"
                 )
+
+
+_ABSENT = object()
+"""An optimizer attribute the user had not set (removed again, not set to None)."""
+
+
+def can_skip_on_device(optimizer: torch.optim.Optimizer, scaler: object) -> bool:
+    """Whether ``optimizer.step()`` skips a step on the device when told so: torch's fused
+    Adam/AdamW (``fused=True``) honour ``found_inf`` (return early when it is 1, take the step
+    count back), as GradScaler uses them; with a GradScaler the scaler owns ``found_inf``."""
+    return (
+        scaler is None
+        and isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+        and bool(optimizer.defaults.get("fused"))
+        and bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+    )
 
 
 def _check_optimizer_owns(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:

@@ -51,6 +51,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "grad_accum": "grad_accum",
         "max_grad_norm": "max_grad_norm",
         "ckpt_every": "ckpt_every",
+        "skip_on_device": "skip_on_device",
     },
 }
 """Per component, each of its fields and the ``Schedule`` field it is."""
@@ -153,6 +154,11 @@ class TrainingConfig:
     """Clip the reduced gradient to this total L2 norm; None: measure it without clipping."""
     ckpt_every: int = 0
     """A checkpoint is due after step s's update when ``(s + 1) % ckpt_every == 0``; 0: never."""
+    skip_on_device: bool = True
+    """Let an optimizer that can skip a step on the device (a fused ``torch.optim.Adam``/
+    ``AdamW``, no GradScaler) skip a common step whose gradient is bad, the verdict read at the
+    next agreement point (no host sync on a healthy step); False: read every step's flags on
+    the host before the update."""
 
     def __post_init__(self) -> None:
         _validate(self.component, _values(self))

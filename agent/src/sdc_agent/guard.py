@@ -539,7 +539,14 @@ class GuardedStep:
         """False when this rank dropped the step's gradients (its reduced gradient was bad while
         other ranks' were not, or an alarm failed the step); ``optimizer.step()`` then finds no
         gradients and changes nothing, and the alarm follows at the next agreement point
-        (:meth:`Guard.finish`)."""
+        (:meth:`Guard.finish`).
+
+        On a common step of a guard whose optimizer skips a bad step on the device (a fused
+        Adam/AdamW, docs/usage/checks.md) the host does not know the verdict yet: True, and
+        ``optimizer.step()`` itself applies nothing when this rank's flags were bad (its
+        ``found_inf``); the alarm follows at the next agreement point all the same. Checkpoint
+        and weight-check steps are decided on the host, so nothing is saved or compared on a
+        verdict not yet known."""
         return self.phase is not StepPhase.DROPPED
 
     @property
@@ -553,8 +560,10 @@ class GuardedStep:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Leave the step: :meth:`end` (also on an exception)."""
+        """Leave the step: :meth:`end` (also on an exception), and give the optimizer its
+        ``found_inf`` back when this step set it (:meth:`check_gradients`)."""
         self.end()
+        self._run.disarm_skip()
 
     def begin(self) -> None:
         """Arm the comm hook; on audit steps seed the RNG and select deterministic kernels."""
@@ -678,6 +687,11 @@ class GuardedStep:
         alarm the gradients are dropped (set to None) so the step cannot be applied; returns the
         Alarm. An fp16 overflow is not an alarm: the gradients stay non-finite, so
         ``scaler.step`` skips the step and ``scaler.update`` lowers the scale.
+
+        With a fused Adam/AdamW and no scaler (``Schedule.skip_on_device``), a common step
+        reads nothing to the host: the flags go to the optimizer as its ``found_inf`` (it
+        skips the update on the device when they are bad) and a bad step's Alarm comes at the
+        next agreement point, as for a step only some ranks flagged.
         """
         g = self._run
         # Misuse raises before any collective, on every rank alike.
@@ -701,13 +715,28 @@ class GuardedStep:
         if loss is None and not g.parallel.schedule_runs_backward:  # in the schedule's rows
             raise TypeError("check_gradients needs the step's loss (or use guarded.backward)")
         g.gradients.require_reduction()
-        # The step's one host read: this rank's flags and the previous step's reduction, which
-        # ran during this step's forward and backward (clipping first, a collective).
-        flags = g.read_flags(self.step)
-        # Every rank settles the previous step's exchanges before launching this step's, so
-        # the collectives pair up in order.
-        if (alarm := g.settle()) is not None:
-            return self._refuse(alarm)
+        if g.skips_on_device:
+            # This rank's flags stay on the device (clipping first, a collective); the previous
+            # step's were copied to host memory without blocking (HostFlags).
+            own = g.device_flags()
+            if (alarm := g.settle()) is not None:
+                return self._refuse(alarm)
+            if self._decided_later():
+                # The common step: no host read. The optimizer skips the update on the device
+                # when this rank's flags are bad; every rank settles them at the next agreement
+                # point, where a bad step is reported as the host path reports it.
+                g.skip_on_device(self.step, own)
+                self.end()
+                return None
+            flags = g.read_own(self.step, own)  # decided on the host: the step's one read
+        else:
+            # The step's one host read: this rank's flags and the previous step's reduction,
+            # which ran during this step's forward and backward (clipping first, a collective).
+            flags = g.read_flags(self.step)
+            # Every rank settles the previous step's exchanges before launching this step's, so
+            # the collectives pair up in order.
+            if (alarm := g.settle()) is not None:
+                return self._refuse(alarm)
         now = g.decides_now  # the same on every rank (a function of the step)
         exchange, own_flags_bad = g.start_flag_exchange(flags)
         together = g.decides_every_step  # FSDP2 + scaler: scaler.step is a collective
@@ -736,6 +765,7 @@ class GuardedStep:
         """Check 3 after ``optimizer.step()`` when due (every ``check_every`` steps, and before
         a checkpoint when ``check_on_checkpoint``). Returns the Alarm, or None."""
         g = self._run
+        g.disarm_skip()  # the update is over: the optimizer's found_inf is the user's again
         if self.checkpoint_due:
             # Nothing is saved before every rank agrees on the gradients (and weights, if asked).
             if (alarm := g.settle()) is not None:
@@ -788,6 +818,15 @@ class GuardedStep:
         return g.checkpoint_tags(self.step, verified=verified)
 
     # ------------------------------------------------------------------ internals
+    def _decided_later(self) -> bool:
+        """Whether this step's flags may be settled at the next agreement point, with a bad
+        step skipped by the optimizer on the device: a common step (no audit, no check that
+        decides now, no checkpoint or weight comparison after its update, which must not run
+        on a verdict not yet known). The same on every rank (a function of the step)."""
+        return not (
+            self.audit or self.checkpoint_due or self.weight_check_due or self._run.decides_now
+        )
+
     def _refuse_under_pipeline(self, name: str) -> None:
         """A pipeline's step is its schedule's: the guard does not run its backward."""
         if self._run.parallel.schedule_runs_backward:

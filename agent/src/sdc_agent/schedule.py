@@ -33,6 +33,11 @@ class Schedule:
     grad_accum: int = 1
     """Micro-batches per step (gradient accumulation): each step's batch is a sequence of this
     many micro-batches, and ``rebuild_batch(step, rank)`` returns that same sequence."""
+    skip_on_device: bool = True
+    """Where the optimizer can skip a step on the device (a fused ``torch.optim.Adam``/``AdamW``,
+    without a GradScaler), let it skip a common step whose gradient is bad, with the verdict
+    read at the next agreement point: no host sync on a healthy step (docs/usage/checks.md).
+    False: the host reads every step's flags before the update, as with any other optimizer."""
     # Sensors (issue 17): only models with protected layers (sdc_agent.sensors.protect) have any,
     # so the default changes nothing for a model that was not protected.
     sensors: bool = True
@@ -103,6 +108,10 @@ class Schedule:
         skips = self.max_skipped_audits
         if not isinstance(skips, int) or isinstance(skips, bool) or skips < 0:
             raise ValueError(f"Schedule.max_skipped_audits must be an integer >= 0, got {skips!r}")
+        if not isinstance(self.skip_on_device, bool):
+            raise ValueError(
+                f"Schedule.skip_on_device must be True or False, got {self.skip_on_device!r}"
+            )
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(
                 f"Schedule.max_grad_norm must be a positive number or None, got {self.max_grad_norm!r}"

@@ -26,6 +26,11 @@ the sum, so this is the usual case) every rank is waiting at the same step and d
 When only some ranks did (a corruption after the all-reduce on one rank), those ranks drop their
 gradients and carry on; every rank settles the exchange at the next agreement point and returns
 the same alarm, naming the step at which it happened. No rank ever applies a non-finite gradient.
+
+With an optimizer that skips a step on the device (a fused Adam/AdamW: its ``found_inf``), a
+common step reads nothing at all: this rank's flags are judged on the device
+(:meth:`GradientCheck.device_flags`) and handed to the optimizer, and the exchange's values are
+copied to host memory without blocking (:class:`HostFlags`), read at the next agreement point.
 """
 
 from __future__ import annotations
@@ -169,6 +174,55 @@ class FlagExchange:
         self._waited = False
         self._summary: FlagSummary | None = None
         self._table: FlagTable | None = None
+        self._host: HostFlags | None = None
+        self._slot = 0
+        self._filled = False
+        self._event: Any = None
+        self.skipped_on_device = False
+        """The optimizer was told to skip this step on the device when this rank's flags are
+        bad (``found_inf``); the host learns the verdict when the exchange is settled."""
+
+    def stage(self, host: HostFlags) -> None:
+        """Have this exchange's values (this rank's three flags, then the reduction's four)
+        copied into ``host``'s memory without blocking, for :meth:`summary` to read at the next
+        agreement point (:class:`HostFlags` says when the copy is made on each device)."""
+        self._host = host
+        self._slot = host.take_slot()
+        if host.stream_ordered:
+            self._fill()
+
+    def _fill(self) -> None:
+        """Wait for the reduction, then copy the values into the host buffer (on CUDA: after the
+        stream's wait, a non-blocking copy into pinned memory and an event behind it)."""
+        host = self._host
+        assert host is not None
+        buffer = host.buffer(self._slot)
+        if self._flags is not None:
+            values = torch.cat([self._flags.reshape(3), self.reduced_for_reading()])
+            buffer.copy_(values, non_blocking=host.stream_ordered)
+        else:  # this rank's flags were read on the host already: only the reduction travels
+            buffer[3:].copy_(self.reduced_for_reading(), non_blocking=host.stream_ordered)
+        if host.stream_ordered:
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._filled = True
+
+    def read_host(self) -> list[int]:
+        """The staged values (:meth:`stage`): this rank's ``[local, reduced, sensor]`` flags (as
+        the host read them, when it did) and the reduction's four, from host memory. On CUDA it
+        waits on the copy's event, recorded a step ago (no stream drain); on the CPU the copy
+        is made here, after the reduction's wait."""
+        host = self._host
+        if host is None:
+            raise RuntimeError("read_host: this exchange was not staged (FlagExchange.stage)")
+        if not self._filled:
+            self._fill()
+        if self._event is not None:
+            self._event.synchronize()
+        values = [int(v) for v in host.view(self._slot).tolist()]  # host memory: no device read
+        if self._own is not None:
+            values[:3] = self._own
+        return values
 
     @property
     def settled(self) -> bool:
@@ -202,9 +256,17 @@ class FlagExchange:
     def summary(self) -> FlagSummary:
         """Wait for the reduction (once) and say whether any rank flagged anything."""
         if self._summary is None:
-            self.settle_from(self.reduced_for_reading().tolist())
+            if self._host is not None:
+                self.settle_from(self.read_host()[3:])
+            else:
+                self.settle_from(self.reduced_for_reading().tolist())
         assert self._summary is not None
         return self._summary
+
+    @property
+    def staged(self) -> bool:
+        """Whether the values are read from host memory (:meth:`stage`)."""
+        return self._host is not None
 
     def table(self) -> FlagTable:
         """Every rank's flags (collective when something is set; see the class docstring)."""
@@ -228,6 +290,44 @@ class FlagExchange:
                     sensor=tuple(bool(se) for _, _, se in rows),
                 )
         return self._table
+
+
+class HostFlags:
+    """Host memory that a step's flags and their reduction are copied into without blocking,
+    read at the next agreement point (issue 31, item 4): two buffers of seven int64 (this
+    rank's three flags, the reduction's four), used in turn, made once per guard with their
+    numpy views, so that reading one is a read of host memory, never of the device.
+
+    On CUDA (:attr:`stream_ordered`) the buffers are pinned and :meth:`FlagExchange.stage`
+    fills one at once: NCCL's ``work.wait()`` makes the current stream wait for the reduction
+    (the host does not), a ``non_blocking`` copy follows on the stream, then a CUDA event; the
+    next step's read waits on that event, a step old by then, instead of draining the stream.
+    On the CPU (gloo) ``work.wait()`` would block the host at once, so the same fill runs at
+    the read instead, where the host path waits today: same buffers, same copy, same read.
+    Untested without a GPU: the pinned buffers, the non-blocking copy and the event (the CPU
+    runs every other line of it)."""
+
+    def __init__(self, device: torch.device) -> None:
+        """Buffers for exchanges whose reduction lives on ``device``."""
+        self.stream_ordered = device.type == "cuda"
+        self._buffers = [
+            torch.zeros(7, dtype=torch.int64, pin_memory=self.stream_ordered) for _ in range(2)
+        ]
+        self._views = [b.numpy() for b in self._buffers]
+        self._next = 0
+
+    def take_slot(self) -> int:
+        """The buffer for the next exchange (the other one may still be waiting to be read)."""
+        slot, self._next = self._next, 1 - self._next
+        return slot
+
+    def buffer(self, slot: int) -> torch.Tensor:
+        """Buffer ``slot`` as a tensor (the copy's destination)."""
+        return self._buffers[slot]
+
+    def view(self, slot: int) -> Any:
+        """Buffer ``slot`` as the numpy array over the same host memory (what is read)."""
+        return self._views[slot]
 
 
 def clip_gradients(
@@ -402,13 +502,8 @@ class GradientCheck(Check):
         sensors contribute one); it travels in the same reduction. Raises when
         the hook did not run this step (see :meth:`require_reduction`).
         """
-        self.require_reduction()
+        local_flags, reduced = self._local_and_reduced(max_grad_norm)
         state = self.hook_state
-        local_flags = state.local_flags
-        reduced = torch.stack(state.reduced_sums)
-        if max_grad_norm is not None:
-            norm = self.clip(max_grad_norm)
-            reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
         parts = [*local_flags, reduced]
         if sensor_flag is not None:  # the other checks' flag: one more value, same reduction
             parts.append(sensor_flag.reshape(1).to(reduced))
@@ -416,6 +511,9 @@ class GradientCheck(Check):
         if origin is not None:  # a pipeline stage: where a non-finite value started
             parts.append(origin.flags().reshape(-1).to(reduced))
         pending = self.pending if self.pending is not None and not self.pending.settled else None
+        if pending is not None and pending.staged:
+            pending.summary()  # from host memory (HostFlags): nothing to read with this step's
+            pending = None
         if pending is not None and pending.reduced_for_reading().device != reduced.device:
             pending = None  # a CPU collective: its summary reads it without a device sync
         if pending is not None:
@@ -435,11 +533,50 @@ class GradientCheck(Check):
             local_bad = origin.started_here(local_bad, values[end + (sensor_flag is not None) :])
         return StepFlags(step, local_bad, reduced_bad, sensor_bad)
 
+    def _local_and_reduced(
+        self, max_grad_norm: float | None
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """This step's local flags and its reduced values (each bucket's reduced sum, then the
+        clipped norm when ``max_grad_norm`` is set: the clip runs here, a collective under
+        FSDP2), on the device."""
+        self.require_reduction()
+        state = self.hook_state
+        reduced = torch.stack(state.reduced_sums)
+        if max_grad_norm is not None:
+            norm = self.clip(max_grad_norm)
+            reduced = torch.cat([reduced, norm.reshape(1).to(reduced)])
+        return state.local_flags, reduced
+
+    def device_flags(
+        self, *, max_grad_norm: float | None, sensor_flag: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """This rank's ``[local_bad, reduced_bad, sensor_bad]`` of this step as an int64 tensor
+        on the device, without reading anything to the host: what :meth:`read_flags` reads,
+        judged on the device (the same values, element by element), for an optimizer that
+        skips a bad step on the device. Not on a pipeline stage (where a non-finite value
+        started is judged on the host)."""
+        if self.hook_state.local_origin is not None:
+            raise RuntimeError("device_flags: a pipeline stage's flags are judged on the host")
+        local_flags, reduced = self._local_and_reduced(max_grad_norm)
+        local_bad = torch.cat([flag.reshape(-1) for flag in local_flags]).ne(0).any()
+        reduced_bad = reduced.isfinite().all().logical_not()
+        sensor_bad = (
+            sensor_flag.reshape(-1).ne(0).any()
+            if sensor_flag is not None
+            else torch.zeros((), dtype=torch.bool, device=reduced.device)
+        )
+        return torch.stack([local_bad, reduced_bad, sensor_bad]).to(torch.int64)
+
     def launch(self, flags: StepFlags, *, device: torch.device) -> FlagExchange:
         """Launch ``flags``' exchange on ``device``, the collective's device (collective; no
         host-to-device copy: :class:`FlagExchange`)."""
         own = (flags.local_bad, flags.reduced_bad, flags.sensor_bad)
         return FlagExchange(flags.step, own, self.dp_group, self.world, device=device)
+
+    def launch_device(self, step: int, own: torch.Tensor) -> FlagExchange:
+        """Launch the exchange of :meth:`device_flags`' ``own`` flags, on their device
+        (collective; nothing is read to the host)."""
+        return FlagExchange(step, own, self.dp_group, self.world, device=own.device)
 
     def exchange(
         self,
