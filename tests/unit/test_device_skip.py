@@ -298,3 +298,12 @@ def test_under_fsdp2_a_bad_step_skipped_on_the_device_leaves_the_host_paths_weig
     assert steps == host_steps == [2]
     # And the sharded weights are bit for bit the host path's
     assert all(torch.equal(a, b) for a, b in zip(weights, host_weights, strict=True))
+
+
+def test_coverage_says_where_a_bad_step_is_skipped(one_process_group: None) -> None:
+    # Given a guard over a fused AdamW, and one over SGD
+    fused = _build()[2].coverage()["checks"]["nonfinite_gradients"]
+    plain = _build("sgd")[2].coverage()["checks"]["nonfinite_gradients"]
+    # Then each one's coverage says where its bad steps are skipped
+    assert fused["bad_step_skipped"].startswith("on the device: the fused optimizer's found_inf")
+    assert plain["bad_step_skipped"].startswith("on the host:")

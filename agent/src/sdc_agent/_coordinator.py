@@ -352,6 +352,13 @@ class Coordinator:
         entries = report["checks"]
         for check in self.checks:
             entries[check.coverage_key] = check.describe(entries.get(check.coverage_key, {}))
+        entries["nonfinite_gradients"]["bad_step_skipped"] = (
+            "on the device: the fused optimizer's found_inf skips a common step whose flags are "
+            "bad, read at the next agreement point (no host read on a healthy common step)"
+            if self.skips_on_device
+            else "on the host: the step's flags are read before optimizer.step(), and a bad "
+            "step's gradients are dropped"
+        )
         report["preflight"] = {
             "done": self.audit.preflight_done,
             "at": "the first audit step: two replays of each rank's own micro-batch, compared "

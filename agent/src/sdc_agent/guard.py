@@ -329,7 +329,8 @@ class Guard:
         stages' TP groups), ``mesh`` (sharded layouts: each dimension's role and size),
         ``sharding`` (replicas, shards, the ranks holding each shard, whether weights have a
         second copy), ``world``, ``ranks``, ``grad_accum``; ``checks`` with
-        ``nonfinite_gradients`` (and its ``confirmation``), ``replay_audit`` (``pairs`` of
+        ``nonfinite_gradients`` (its ``confirmation``, and ``bad_step_skipped``: on the device
+        by a fused optimizer's ``found_inf`` or on the host), ``replay_audit`` (``pairs`` of
         replayer/target/third global ranks, ``micro_batches``: which positions are audited) and
         ``weight_fingerprints`` (``replicas`` compared; off under FSDP2 full sharding), each
         with ``on`` and ``why``; ``precision`` (the scaler and how a non-finite gradient is
