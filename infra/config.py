@@ -150,6 +150,16 @@ class SdcConfig:
     (one per JobName, past three hours) reach this fraction of the 500 series its Metrics
     Insights query returns: made-up JobNames may be keeping real jobs out of ALARM
     (`floodWatchFraction`)."""
+    screen_image: str | None = None
+    """The image the workflow's Screen step runs ``python -m sdc_agent.screen`` from, as a
+    Kubernetes Job on the cordoned suspect node (the training image); unset or empty: the
+    screen is not configured, and the step records ``not configured`` (`screenImage`)."""
+    screen_namespace: str = environment.DEFAULT_SCREEN_NAMESPACE
+    """The Kubernetes namespace of the screen Jobs; the screen function's RBAC covers Jobs and
+    pods there only (infra/k8s/screen-rbac.yaml) (`screenNamespace`)."""
+    screen_deadline_seconds: int = environment.DEFAULT_SCREEN_DEADLINE_SECONDS
+    """The screen Job's activeDeadlineSeconds, start-up (scheduling, the image pull) included;
+    the approval waits for it (`screenDeadlineSeconds`)."""
     agent_identity: str = SHARED_IDENTITY
     """How the training pods' role tells pods apart (`agentIdentity`): `shared` (any pod the
     agent policy is attached to may write any job's report stream: IRSA, or Pod Identity
@@ -158,6 +168,28 @@ class SdcConfig:
     localize reads a job's reports only from its own pods' streams)."""
 
     def __post_init__(self) -> None:
+        if self.screen_image is not None:
+            _check(
+                names.is_image_reference(self.screen_image),
+                "screenImage",
+                f"{self.screen_image[:80]!r} is not a container image reference "
+                "(registry/repository:tag or @sha256:digest, no spaces, at most 512 characters)",
+            )
+        _check(
+            names.is_label_name(self.screen_namespace),
+            "screenNamespace",
+            f"{self.screen_namespace!r} is not a Kubernetes namespace name (a DNS-1123 label: "
+            "lower-case letters, digits and '-', at most 63)",
+        )
+        _check(
+            environment.MIN_SCREEN_DEADLINE_SECONDS
+            <= self.screen_deadline_seconds
+            <= environment.MAX_SCREEN_DEADLINE_SECONDS,
+            "screenDeadlineSeconds",
+            f"{self.screen_deadline_seconds} s is outside "
+            f"{environment.MIN_SCREEN_DEADLINE_SECONDS} s .. "
+            f"{environment.MAX_SCREEN_DEADLINE_SECONDS} s (the approval waits for the screen)",
+        )
         _check(
             names.is_label_key(self.job_label),
             "jobLabel",
@@ -545,6 +577,9 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "agentIdentity": ("agent_identity", _as_str),
     "floodThreshold": ("flood_threshold", _as_int),
     "floodWatchFraction": ("flood_watch_fraction", _as_float),
+    "screenImage": ("screen_image", _optional(_as_str)),
+    "screenNamespace": ("screen_namespace", _as_str),
+    "screenDeadlineSeconds": ("screen_deadline_seconds", _as_duration),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
 

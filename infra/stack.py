@@ -28,6 +28,7 @@ from infra.constructs.reports import ReportLogGroup
 from infra.constructs.rule import AlarmRule
 from infra.constructs.sweeper import SweeperSchedule
 from infra.constructs.workflow import Workflow, log_group_name, state_machine_arn
+from sdc_contract.environment import SCREEN_GRACE_SECONDS
 
 # Margin on top of the health-check and approval windows before the execution itself times out:
 # retries, waits and the record steps; generous so it never cuts a legitimate run short.
@@ -107,7 +108,10 @@ class SdcGuardStack(cdk.Stack):
             approval_timeout=cdk.Duration.seconds(config.approval_timeout_seconds),
             health_check_poll=cdk.Duration.seconds(config.health_check_poll_seconds),
             execution_timeout=cdk.Duration.seconds(
-                config.health_check_timeout_seconds + config.approval_timeout_seconds
+                config.health_check_timeout_seconds
+                + config.screen_deadline_seconds
+                + SCREEN_GRACE_SECONDS
+                + config.approval_timeout_seconds
             ).plus(EXECUTION_TIMEOUT_MARGIN),
             log_retention=log_retention(config.log_retention_days),
             logs_key=self.logs_key.key,

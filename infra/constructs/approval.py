@@ -32,6 +32,7 @@ ITEM_KEYS_AT_APPROVAL: tuple[str, ...] = (
     "admission",
     "cordon",
     "health",
+    "screen",
 )
 
 

@@ -12,6 +12,9 @@ Each role gets an EKS access entry in ONE Kubernetes group, by what its step doe
   spec.unschedulable and sdc-guard's own labels, taints and annotations.
 - `sdc-replacer` (replace, only in REPLACE_MODE `label`): the one group allowed to set HyperPod's
   node-health-status label, which makes HyperPod replace the node.
+- `sdc-screener` (screen): reads nodes (is the suspect cordoned, how many GPUs), and in the
+  screening namespace only creates, reads and deletes Jobs and reads their pods
+  (infra/k8s/screen-rbac.yaml); it can change no node.
 infra/k8s/rbac.yaml binds the groups; infra/k8s/admission-policy.yaml (a
 ValidatingAdmissionPolicy) limits which fields the writers may change. Both are applied once
 with kubectl. The cluster's authentication mode must include the EKS API (API or
@@ -31,6 +34,7 @@ READER_GROUP = "sdc-reader"
 CORDON_GROUP = "sdc-cordoner"
 REPLACE_GROUP = "sdc-replacer"
 RELEASE_GROUP = "sdc-releaser"
+SCREEN_GROUP = "sdc-screener"
 
 STEP_GROUPS: dict[str, str] = {
     "localize": READER_GROUP,
@@ -40,6 +44,7 @@ STEP_GROUPS: dict[str, str] = {
     "cordon": CORDON_GROUP,
     "uncordon": CORDON_GROUP,
     "replace": REPLACE_GROUP,
+    "screen": SCREEN_GROUP,
 }
 """Step folder -> its Kubernetes group (infra/k8s/rbac.yaml)."""
 

@@ -72,6 +72,12 @@ STEPS: dict[str, StepSpec] = {
     "poll_health_check": StepSpec(
         "Poll the deep health check (HyperPod and the node label)", kubernetes=True
     ),
+    "screen": StepSpec(
+        # Creates, polls and deletes the node screen's Job on the cordoned node (its own group:
+        # Jobs and pods in the screening namespace, nodes read).
+        "Screen the cordoned node's GPUs with a Kubernetes Job and read its verdict",
+        kubernetes=True,
+    ),
     "request_approval": StepSpec("Store the task token under an approval id and notify"),
     "replace": StepSpec("Replace the node (BatchReplaceClusterNodes or the health label)"),
     "record": StepSpec("Record a transition in the ledger, emit a metric, notify"),
@@ -257,6 +263,10 @@ class Functions(Construct):
                 security_groups=security_groups if in_vpc else (),
             )
 
+        # The screen function alone knows the screen's image, namespace and deadline.
+        for name, value in screen_environment(config).items():
+            self.steps["screen"].function.add_environment(name, value)
+
     def function(self, folder: str) -> lambda_.Function:
         """A step's or a service's function (a KeyError names an unknown or disabled folder)."""
         step = self.steps.get(folder) or self.services.get(folder)
@@ -341,6 +351,16 @@ class Functions(Construct):
                 )
             ]
         return vpc, subnets, groups
+
+
+def screen_environment(config: SdcConfig) -> dict[str, str]:
+    """What the screen function reads besides the common environment (an empty SCREEN_IMAGE:
+    the screen is not configured, and the step records so)."""
+    return {
+        contract.SCREEN_IMAGE: config.screen_image or "",
+        contract.SCREEN_NAMESPACE: config.screen_namespace,
+        contract.SCREEN_DEADLINE_SECONDS: str(config.screen_deadline_seconds),
+    }
 
 
 def _pascal(folder: str) -> str:

@@ -2,8 +2,9 @@
 
     Localize -> refused claims? RecordRefused -> any suspects or pending nodes? -> in parallel:
         Map over suspects:
-            Admit -> Cordon -> StartHealthCheck -> (Wait -> PollHealthCheck)* -> RequestApproval
-                  -> Replace | Uncordon (rejected with release) | stay cordoned
+            Admit -> Cordon -> StartHealthCheck -> (Wait -> PollHealthCheck)*
+                  -> Screen -> (Wait -> Screen)* (the node screen; its failure goes on)
+                  -> RequestApproval -> Replace | Uncordon (rejected with release) | stay cordoned
             Admit (shadow: the check x verdict is not enforced) -> RecordShadow, nothing touched
                   (with `shadowHealthCheck` and room in the shadow guard: the deep health check
                   first, on the uncordoned node)
@@ -13,7 +14,8 @@
 
 Contracts this file keeps (docs/CONTRACT.md):
 - Each Map item's state starts as {alarm, suspect, execution}; each step's result is added under
-  its own key ($.admission, $.cordon, $.health, $.approval, $.replacement, $.uncordon).
+  its own key ($.admission, $.cordon, $.health, $.screen, $.approval, $.replacement,
+  $.uncordon).
 - Retry/Catch match the exception class names the Lambdas raise. Transient ones are retried with
   backoff; anything else is caught, recorded as `failed` with a notification, and the item ends
   where it is: the workflow never uncordons or replaces on an error path.
@@ -695,6 +697,9 @@ class Workflow(Construct):
         awaiting = record("RecordAwaitingApproval", "awaiting_approval", notify=False).next(
             approval
         )
+        # After the health check's verdict, the node screen; whatever it gives (or a failure
+        # of the step itself) the item goes on to the approval.
+        screen = self._screen(n, awaiting)
 
         polled.next(
             self._health_status_choice(n, "", wait, record_failed)
@@ -708,20 +713,16 @@ class Workflow(Construct):
                 sfn.Condition.string_equals("$.health.status", "passed"),
                 # A passed check does not clear an SDC suspect (deep health checks rarely
                 # reproduce silent corruption): a human still decides.
-                record("RecordHealthCheckPassed", "health_check_passed", notify=False).next(
-                    awaiting
-                ),
+                record("RecordHealthCheckPassed", "health_check_passed", notify=False).next(screen),
             )
             .when(
                 sfn.Condition.string_equals("$.health.status", "failed"),
-                record("RecordHealthCheckFailed", "health_check_failed", notify=False).next(
-                    awaiting
-                ),
+                record("RecordHealthCheckFailed", "health_check_failed", notify=False).next(screen),
             )
             .when(
                 sfn.Condition.string_equals("$.health.status", "timed_out"),
                 record("RecordHealthCheckTimedOut", "health_check_timed_out", notify=False).next(
-                    awaiting
+                    screen
                 ),
             )
             .otherwise(
@@ -773,6 +774,39 @@ class Workflow(Construct):
         replaced.next(record("RecordReplaced", "replaced", notify=True))
         uncordoned.next(record("RecordReleased", "released", notify=True))
         return admit
+
+    def _screen(self, n: Callable[[str], str], then: sfn.IChainable) -> tasks.LambdaInvoke:
+        """The node screen (issue 35): Screen creates its Job on the cordoned node, then
+        (``in_progress``) WaitForScreen -> Screen polls it until an outcome, then ``then`` (the
+        approval). It runs after the deep health check, not beside it: both would want the
+        node's GPUs at once, and HyperPod may taint the node during its check.
+
+        A failure never fails the item: the Catch puts the step's {Error, Cause} at
+        ``$.screen``, which the functions read as a ``failed`` screen (``models.ScreenResult``),
+        and the item goes on to ``then`` as it would have. Transient errors are retried first,
+        as every step's are. A step that answers no status is a ``failed`` screen too."""
+        task, unwrap = self._step(n("Screen"), "screen", "screen")
+        task.add_catch(then, errors=[sfn.Errors.ALL], result_path="$.screen")
+        wait = sfn.Wait(
+            self, n("WaitForScreen"), time=sfn.WaitTime.duration(self._health_check_poll)
+        )
+        wait.next(task)
+        no_status = sfn.Pass(
+            self,
+            n("ScreenNoStatus"),
+            result=sfn.Result.from_object(
+                {"status": "failed", "reason": "the Screen step returned no status"}
+            ),
+            result_path="$.screen",
+        )
+        no_status.next(then)
+        unwrap.next(
+            sfn.Choice(self, n("ScreenStatus"))
+            .when(sfn.Condition.is_not_present("$.screen.status"), no_status)
+            .when(sfn.Condition.string_equals("$.screen.status", "in_progress"), wait)
+            .otherwise(then)
+        )
+        return task
 
     def _shadow(
         self,

@@ -32,6 +32,11 @@ from sdc_contract.environment import (
     DEFAULT_MAX_FRACTION,
     DEFAULT_MAX_NODES_PER_HOUR,
     FLOOD_WATCH_FRACTION,
+    MAX_SCREEN_DEADLINE_SECONDS,
+    MIN_SCREEN_DEADLINE_SECONDS,
+    SCREEN_DEADLINE_SECONDS,
+    SCREEN_IMAGE,
+    SCREEN_NAMESPACE,
 )
 from sdc_contract.metrics import DEFAULT_NAMESPACE, report_log_group
 from sdc_contract.modes import Mode, mode_for, parse_modes
@@ -40,6 +45,7 @@ from sdc_contract.names import (
     DEFAULT_JOB_LABEL,
     HEALTH_CHECK_TYPES,
     REPLACE_MODES,
+    is_image_reference,
     is_label_key,
     is_label_name,
 )
@@ -399,6 +405,45 @@ class Settings:
         return self._int(
             contract.CANARY_TIMEOUT_SECONDS, contract.DEFAULT_CANARY_TIMEOUT_SECONDS, minimum=60
         )
+
+    # -- the node screen ----------------------------------------------------------------------
+
+    @property
+    def screen_image(self) -> str | None:
+        """SCREEN_IMAGE: the image the Screen step's Job runs ``python -m sdc_agent.screen``
+        from (the training image); unset or empty: the screen is not configured (context key
+        screenImage)."""
+        value = self._optional(SCREEN_IMAGE)
+        if value is not None and not is_image_reference(value):
+            raise ConfigurationError(
+                f"{SCREEN_IMAGE} must be a container image reference (no spaces, at most 512 "
+                f"characters), got {value[:80]!r}"
+            )
+        return value
+
+    @property
+    def screen_namespace(self) -> str:
+        """SCREEN_NAMESPACE: the namespace of the screen Jobs (default ``sdc-screen``)."""
+        value = self._optional(SCREEN_NAMESPACE) or contract.DEFAULT_SCREEN_NAMESPACE
+        if not is_label_name(value):
+            raise ConfigurationError(
+                f"{SCREEN_NAMESPACE} must be a Kubernetes namespace name, got {value[:80]!r}"
+            )
+        return value
+
+    @property
+    def screen_deadline_seconds(self) -> int:
+        """SCREEN_DEADLINE_SECONDS: the screen Job's activeDeadlineSeconds (default 1800)."""
+        value = self._int(
+            SCREEN_DEADLINE_SECONDS,
+            contract.DEFAULT_SCREEN_DEADLINE_SECONDS,
+            minimum=MIN_SCREEN_DEADLINE_SECONDS,
+        )
+        if value > MAX_SCREEN_DEADLINE_SECONDS:
+            raise ConfigurationError(
+                f"{SCREEN_DEADLINE_SECONDS} must be <= {MAX_SCREEN_DEADLINE_SECONDS}, got {value}"
+            )
+        return value
 
     @property
     def dry_run(self) -> bool:

@@ -31,6 +31,9 @@ def test_shipped_cdk_json_gives_the_documented_defaults() -> None:
     assert config.agent_identity == "shared" and config.report_streams == "job"
     assert config.pod_identity_namespace is None
     assert config.flood_threshold == 50 and config.flood_watch_fraction == 0.8
+    # and the node screen is not configured (no image), in its namespace, with a 30 m deadline
+    assert config.screen_image is None
+    assert config.screen_namespace == "sdc-screen" and config.screen_deadline_seconds == 1800
 
 
 def test_missing_cluster_name_names_the_key_and_how_to_set_it() -> None:
@@ -122,6 +125,16 @@ def test_partial_thresholds_keep_the_default_for_the_others() -> None:
         ("floodWatchFraction", "nan", "outside (0, 1]", "floodWatchFraction"),
         ("floodWatchFraction", "most", "expected a number", "floodWatchFraction"),
         ("agentIdentity", "irsa", "expected one of ['shared', 'pod-identity']", "agentIdentity"),
+        ("screenImage", "my image:latest", "not a container image reference", "screenImage"),
+        ("screenNamespace", "Screen_NS", "not a Kubernetes namespace name", "screenNamespace"),
+        ("screenDeadlineSeconds", "30s", "outside 120 s .. 21600 s", "screenDeadlineSeconds"),
+        ("screenDeadlineSeconds", "7h", "outside 120 s .. 21600 s", "screenDeadlineSeconds"),
+        (
+            "screenDeadlineSeconds",
+            "soon",
+            "expected seconds or a duration",
+            "screenDeadlineSeconds",
+        ),
         (
             "trainingNamespace",
             "../kube-system",
@@ -139,6 +152,16 @@ def test_invalid_values_are_rejected_naming_the_key(
         ConfigError, match=rf"^context key '{named}' \(SDC_\w+\): .*{re.escape(message)}"
     ):
         load_config({**example_context(), key: value}, {})
+
+
+def test_a_screen_image_is_taken_as_given() -> None:
+    # Given an ECR image with a digest
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/train@sha256:" + "a" * 64
+    # When loaded (from the context, then from its SDC_ variable)
+    config = load_config({**example_context(), "screenImage": image}, {})
+    overridden = load_config(example_context(), {"SDC_SCREEN_IMAGE": image})
+    # Then
+    assert config.screen_image == image and overridden.screen_image == image
 
 
 def test_env_name_maps_camel_case_to_upper_snake() -> None:

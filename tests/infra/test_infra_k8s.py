@@ -3,6 +3,7 @@ writers may change on a node (parsed as kubectl would read it)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,35 @@ def test_the_admission_policy_limits_the_writers_on_every_node_update() -> None:
     unschedulable = next(e for e in validations if "unschedulable" in e)
     assert unschedulable.startswith("variables.cordoner ||")
     assert any(e == "variables.newTaints == variables.oldTaints" for e in validations)
+
+
+def test_the_screener_reads_nodes_and_handles_jobs_in_the_screening_namespace_only() -> None:
+    # Given the screener's cluster role (rbac.yaml) and its namespaced role (screen-rbac.yaml)
+    roles = _by_kind("rbac.yaml", "ClusterRole")
+    (role,) = _by_kind("screen-rbac.yaml", "Role").values()
+    (binding,) = _by_kind("screen-rbac.yaml", "RoleBinding").values()
+
+    # Then cluster-wide it only gets nodes (is the suspect cordoned, how many GPUs)
+    assert STEP_GROUPS["screen"] == "sdc-screener"
+    assert _rules(roles["sdc-screener"]) == {"nodes": {"get"}}
+    # and in the namespace `kubectl apply -n` places it in: create/get/delete Jobs, get/list
+    # pods, nothing else (no patch, no other resource, no subresource)
+    rules = {
+        (group, resource): set(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert rules == {("batch", "jobs"): {"create", "get", "delete"}, ("", "pods"): {"get", "list"}}
+    assert "namespace" not in role["metadata"] and "namespace" not in binding["metadata"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "sdc-screener"}
+    ]
+    # and the admission policy (node writers) does not name it: it writes no node
+    [policy] = _by_kind("admission-policy.yaml", "ValidatingAdmissionPolicy").values()
+    assert "sdc-screener" not in json.dumps(policy)

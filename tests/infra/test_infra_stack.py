@@ -74,7 +74,7 @@ def test_resource_counts(default_synth: Any) -> None:
     template = Template.from_json(default_synth.template)
     # steps + services + the canary (on by default) + CDK's provider of the deploy-time
     # cluster-ARN lookup (no hyperPodClusterArn in the default config)
-    template.resource_count_is("AWS::Lambda::Function", 9 + len(SERVICES) + 1 + 1)
+    template.resource_count_is("AWS::Lambda::Function", 10 + len(SERVICES) + 1 + 1)
     template.resource_count_is("AWS::Lambda::LayerVersion", 1)
     template.resource_count_is("AWS::StepFunctions::StateMachine", 1)
     template.resource_count_is("AWS::Events::Rule", 1)
@@ -302,6 +302,18 @@ def test_every_task_retries_transient_errors_and_catches_terminal_ones(default_s
         assert "Lambda.TooManyRequestsException" in retried, name
         assert not retried & terminal, name
         assert all(r["BackoffRate"] > 1 for r in task["Retry"]), name
+        if name.endswith("Screen"):
+            # The node screen's failure is no remediation failure: everything is caught into
+            # $.screen (read as a failed screen) and the item goes on to the approval
+            prefix = name.removesuffix("Screen")
+            assert task["Catch"] == [
+                {
+                    "ErrorEquals": ["States.ALL"],
+                    "ResultPath": "$.screen",
+                    "Next": f"{prefix}RecordAwaitingApproval",
+                }
+            ], name
+            continue
         # And everything else is caught into the state, with States.ALL last
         caught = [catcher["ErrorEquals"] for catcher in task["Catch"]]
         assert caught[-1] == ["States.ALL"], name
@@ -324,9 +336,17 @@ def test_errors_never_lead_to_uncordon_or_replace(default_synth: Any) -> None:
         nxt |= {catcher["Next"] for catcher in state.get("Catch", [])}
         return nxt
 
+    # The node screen's failure (its Catch, and its status Choice's default) is not followed as
+    # an error path: it leads to the approval, where a person decides as without a screen
+    screen = {"Screen", "ScreenStatus", "LateScreen", "LateScreenStatus"}
+    for name in screen & set(states):
+        state = states[name]
+        ahead = [c["Next"] for c in state.get("Catch", [])]
+        ahead += [state["Default"]] if "Default" in state else []
+        assert {n.removeprefix("Late") for n in ahead} == {"RecordAwaitingApproval"}, name
     # When following every path that starts at a Catch or a Choice's default
-    frontier = [c["Next"] for s in states.values() for c in s.get("Catch", [])]
-    frontier += [s["Default"] for s in states.values() if "Default" in s]
+    frontier = [c["Next"] for n, s in states.items() if n not in screen for c in s.get("Catch", [])]
+    frontier += [s["Default"] for n, s in states.items() if "Default" in s and n not in screen]
     seen: set[str] = set()
     while frontier:
         name = frontier.pop()
@@ -348,7 +368,7 @@ def test_approval_waits_for_the_task_token_with_the_configured_timeout(
     assert default["Resource"].endswith(":states:::lambda:invoke.waitForTaskToken")
     payload = default["Parameters"]["Payload"]
     assert payload["task_token.$"] == "$$.Task.Token"
-    for key in ("alarm", "suspect", "execution", "admission", "cordon", "health"):
+    for key in ("alarm", "suspect", "execution", "admission", "cordon", "health", "screen"):
         assert payload[f"{key}.$"] == f"$.{key}"
     assert default["TimeoutSeconds"] == 86400
     assert variant["TimeoutSeconds"] == 7200
@@ -393,8 +413,23 @@ def test_decision_branches(default_synth: Any) -> None:
     # (the item ends at the Map's recorded end, a Pass: no Fail state inside a Map, issue 32)
     replaced = states[health["replaced_by_hyperpod"]]
     assert states[replaced["Next"]]["Type"] == "Pass" and states[replaced["Next"]].get("End")
+    # And each health-check verdict leads to the node screen, which loops while in progress
+    # and then asks for the approval
     for status in ("passed", "failed", "timed_out"):
-        assert states[states[health[status]]["Next"]]["Next"] == "RequestApproval"
+        assert states[health[status]]["Next"] == "Screen"
+    assert states["Screen"]["Next"] == "ScreenResult"
+    assert states["ScreenResult"]["Next"] == "ScreenStatus"
+    no_status, in_progress = states["ScreenStatus"]["Choices"]
+    assert no_status["Next"] == "ScreenNoStatus"
+    assert states["ScreenNoStatus"]["Next"] == "RecordAwaitingApproval"
+    assert in_progress == {
+        "Variable": "$.screen.status",
+        "StringEquals": "in_progress",
+        "Next": "WaitForScreen",
+    }
+    assert states["WaitForScreen"]["Next"] == "Screen"
+    assert states["ScreenStatus"]["Default"] == "RecordAwaitingApproval"
+    assert states["RecordAwaitingApproval"]["Next"] == "RequestApproval"
 
 
 def test_record_payloads_use_the_contract_transitions(default_synth: Any) -> None:
@@ -446,6 +481,12 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
             "approve": {contract.APPROVAL_REQUESTER_ROLE},
             "canary": {contract.CANARY_TIMEOUT_SECONDS},  # how long a run stays open
             "sweeper": {FLOOD_WATCH_FRACTION},  # the flood watch's share of the series limit
+            # the node screen's Job: image (empty: not configured), namespace, deadline
+            "screen": {
+                contract.SCREEN_IMAGE,
+                contract.SCREEN_NAMESPACE,
+                contract.SCREEN_DEADLINE_SECONDS,
+            },
         }.get(props["Handler"].split(".")[0], set())
         assert set(env) == CONTRACT_ENV | own
         assert env["REPORT_LOG_GROUP"] == "/sdc/example-hyperpod-cluster"
@@ -650,6 +691,7 @@ def test_each_step_gets_only_its_own_permissions_on_named_resources(variant_synt
         "replace",
         "start_health_check",  # a shadowed node's label, before its check
         "approve",  # release reads the node first
+        "screen",  # the node screen's Job on the cordoned node
     }
     assert all(r.endswith(":cluster/ml-prod-eks") for r in by_step["cordon"]["eks:DescribeCluster"])
     # And no step may write to the approvals table except request_approval
@@ -691,6 +733,8 @@ def test_eks_access_entries_put_each_kubernetes_step_in_its_own_group(
         "uncordon": ["sdc-cordoner"],
         "approve": ["sdc-releaser"],
     }
+    # and the screen is the screener (nodes get; Jobs and pods in the screening namespace)
+    cordoning["screen"] = ["sdc-screener"]
     assert entries(default_synth.template) == reading | cordoning
     assert entries(variant_synth.template) == reading | cordoning | {"replace": ["sdc-replacer"]}
     (entry,) = [e for e in resources(variant_synth.template, "AWS::EKS::AccessEntry").values()][:1]
@@ -714,6 +758,7 @@ def test_only_kubernetes_steps_run_in_the_configured_vpc(variant_synth: Any) -> 
         "replace",
         "start_health_check",
         "approve",
+        "screen",
     }
     for fn in functions:
         if "VpcConfig" in fn["Properties"]:

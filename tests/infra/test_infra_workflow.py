@@ -96,6 +96,8 @@ def happy_steps(polls: list[str]) -> dict[str, Any]:
             "started_at": "t0",
             "detail": "",
         },
+        # A stack without screenImage: the Screen step answers at once.
+        "screen": lambda s: {"status": "not_configured", "reason": "screenImage is not set"},
         "request_approval": lambda s: None,
         "replace": lambda s: {"mode": "api", "requested": True, "dry_run": False, "detail": ""},
         "uncordon": lambda s: {
@@ -161,8 +163,10 @@ def test_approved_suspect_is_cordoned_checked_and_replaced(fast_synth: Synth) ->
         "admission",
         "cordon",
         "health",
+        "screen",
         "task_token",
     }
+    assert approval_input["screen"]["status"] == "not_configured"
 
 
 def test_rejected_with_release_uncordons_and_without_stays_cordoned(fast_synth: Synth) -> None:

@@ -14,8 +14,9 @@ CONTRACT = (ROOT / "docs" / "CONTRACT.md").read_text()
 FOLDERS = re.findall(r"^\| `([a-z_]+)`\s+\|", CONTRACT, flags=re.MULTILINE)
 
 
-def test_the_contract_lists_the_nine_steps_and_the_three_services():
-    assert len(FOLDERS) == 12 and "localize" in FOLDERS and "record" in FOLDERS
+def test_the_contract_lists_the_ten_steps_and_the_three_services():
+    assert len(FOLDERS) == 13 and "localize" in FOLDERS and "record" in FOLDERS
+    assert "screen" in FOLDERS
     assert {"approve", "sweeper", "canary"} <= set(FOLDERS)
 
 

@@ -51,6 +51,24 @@ FLOOD_WATCH_FRACTION = "FLOOD_WATCH_FRACTION"
 Metrics Insights limit at which the sweeper's flood watch tells the on-call that made-up JobNames
 may blind it."""
 DEFAULT_FLOOD_WATCH_FRACTION = 0.8
+# Set on the screen function only (context keys screenImage, screenNamespace,
+# screenDeadlineSeconds): the node screen's Kubernetes Job (lambdas/README.md, "screen").
+SCREEN_IMAGE = "SCREEN_IMAGE"
+"""The image the screen Job runs ``python -m sdc_agent.screen`` from (the training image); empty
+or unset: the screen is not configured, and the Screen step records ``not_configured``."""
+SCREEN_NAMESPACE = "SCREEN_NAMESPACE"
+"""The namespace the screen Jobs run in (the function's RBAC covers Jobs and pods there only)."""
+DEFAULT_SCREEN_NAMESPACE = "sdc-screen"
+SCREEN_DEADLINE_SECONDS = "SCREEN_DEADLINE_SECONDS"
+"""The Job's ``activeDeadlineSeconds``: how long a screen may take, from its creation, start-up
+(scheduling, the image pull) included."""
+DEFAULT_SCREEN_DEADLINE_SECONDS = 1800
+MIN_SCREEN_DEADLINE_SECONDS = 120
+MAX_SCREEN_DEADLINE_SECONDS = 21600
+"""The deadline's bounds (2 minutes, 6 hours): the approval waits for the screen."""
+SCREEN_GRACE_SECONDS = 120
+"""How long past the Job's deadline the Screen step still waits for Kubernetes to end the Job
+before it gives up by itself (the workflow's execution timeout allows for it)."""
 
 FUNCTION_ENVIRONMENT: tuple[str, ...] = (
     HYPERPOD_CLUSTER_NAME,
@@ -142,6 +160,8 @@ __all__ = [
     "DEFAULT_LOOKBACK_SECONDS",
     "DEFAULT_MAX_FRACTION",
     "DEFAULT_MAX_NODES_PER_HOUR",
+    "DEFAULT_SCREEN_DEADLINE_SECONDS",
+    "DEFAULT_SCREEN_NAMESPACE",
     "DRY_RUN",
     "EKS_CLUSTER_NAME",
     "FLOOD_WATCH_FRACTION",
@@ -156,11 +176,17 @@ __all__ = [
     "LOOKBACK_SECONDS",
     "MAX_FRACTION",
     "MAX_NODES_PER_HOUR",
+    "MAX_SCREEN_DEADLINE_SECONDS",
     "METRIC_NAMESPACE",
+    "MIN_SCREEN_DEADLINE_SECONDS",
     "POD_NAMESPACE",
     "REPLACE_MODE",
     "REPORT_LOG_GROUP",
     "REPORT_STREAMS",
+    "SCREEN_DEADLINE_SECONDS",
+    "SCREEN_GRACE_SECONDS",
+    "SCREEN_IMAGE",
+    "SCREEN_NAMESPACE",
     "SDC_CLUSTER_NAME",
     "SDC_JOB_NAME",
     "SDC_LOG_GROUP",

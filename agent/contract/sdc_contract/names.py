@@ -37,6 +37,10 @@ GPU_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 """A GPU's identifier in a report: ``GPU-<uuid>`` (NVIDIA), ``cuda:<n>`` or ``cpu`` as the agent
 writes it; at most 64 characters of letters, digits and ``. _ : -``."""
 
+IMAGE_REFERENCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
+"""A container image reference (``registry/path:tag`` or ``...@sha256:<digest>``): printable,
+no spaces, at most 512 characters (the screen Job's image, ``screenImage`` / ``SCREEN_IMAGE``)."""
+
 HEALTH_CHECK_TYPES: tuple[str, ...] = (
     "InstanceStress",
     "InstanceConnectivity",
@@ -82,6 +86,11 @@ def is_gpu_uuid(value: str) -> bool:
     return bool(GPU_UUID.match(value))
 
 
+def is_image_reference(value: str) -> bool:
+    """Whether ``value`` has the shape of a container image reference (``IMAGE_REFERENCE``)."""
+    return bool(IMAGE_REFERENCE.match(value))
+
+
 def node_name_of(instance_id: str) -> str:
     """The Kubernetes node name HyperPod gives ``instance_id``."""
     return NODE_NAME_PREFIX + instance_id
@@ -113,6 +122,7 @@ __all__ = [
     "DNS1123_SUBDOMAIN",
     "GPU_UUID",
     "HEALTH_CHECK_TYPES",
+    "IMAGE_REFERENCE",
     "INSTANCE_ID",
     "JOB_NAME",
     "MAX_JOB_NAME_CHARS",
@@ -121,6 +131,7 @@ __all__ = [
     "NODE_NAME_PREFIX",
     "REPLACE_MODES",
     "is_gpu_uuid",
+    "is_image_reference",
     "is_instance_id",
     "is_job_name",
     "is_label_key",

@@ -156,14 +156,17 @@ def pending(ctx: click.Context, as_json: bool) -> None:
     for item in items:
         ev = item["evidence"]
         health = (ev.get("health_check") or {}).get("status", "not run")
+        screen = (ev.get("screen") or {}).get("status", "not run")
         _say(
             f"{item['approval_id']}  {item['node_name']} ({item['instance_id']})  "
             f"check={ev.get('check')} step={ev.get('step')} verdict={ev.get('verdict')} "
-            f"window={ev.get('suspect_window')} health={health} "
+            f"window={ev.get('suspect_window')} health={health} screen={screen} "
             f"earlier={len(ev.get('previous_remediations', []))}  requested {item['created_at']}"
         )
         if ev.get("resume"):
             _say(f"    resume rule: {ev['resume'].get('sentence')}")
+        if ev.get("screen"):
+            _say(f"    screen: {ev['screen'].get('line')}")
         _say(f"    suggested: {ev.get('suggested_action', '')}")
         if item.get("status") == "sending":
             _say(
@@ -274,6 +277,7 @@ def history(
         click.echo("No recorded transitions.")
         return
     stated: set[str] = set()
+    screened: set[str] = set()
     for e in events:
         who = f" by {e['approver']}" if e.get("approver") else ""
         _say(
@@ -283,6 +287,10 @@ def history(
             # Once per remediation: the rule is the alarm's, the same on each of its events.
             stated.add(e["remediation_id"])
             _say(f"    resume rule: {e['resume']}")
+        if e.get("screen") and e["remediation_id"] not in screened:
+            # Once per remediation, on its first event that carries the screen's outcome.
+            screened.add(e["remediation_id"])
+            _say(f"    screen: {e['screen']}")
 
 
 @main.command()
@@ -341,6 +349,7 @@ def _remediation_json(r: outcomes.Remediation) -> dict[str, Any]:
         "alarm_was": outcomes.classify(r),
         "repeat_offender": r.repeat,
         "dry_run": r.dry_run,
+        "screen": r.screen,
         "transitions": r.transitions,
     }
 

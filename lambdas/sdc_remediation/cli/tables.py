@@ -106,6 +106,7 @@ def remediations_table(remediations: Iterable[Remediation]) -> str:
             r.outcome + (" (dry run)" if r.dry_run else ""),
             classify(r),
             "\n".join(_step(t) for t in r.transitions),
+            cell(r.screen or "-"),
         )
         for r in remediations
     ]
@@ -121,6 +122,7 @@ def remediations_table(remediations: Iterable[Remediation]) -> str:
             "outcome",
             "alarm was",
             "transitions",
+            "screen",
         ),
         tablefmt="simple_grid",
     )

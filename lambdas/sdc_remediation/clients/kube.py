@@ -18,6 +18,7 @@ import json
 import os
 import tempfile
 import urllib.parse
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -138,9 +139,10 @@ def _endpoint_and_ca(settings: Settings) -> tuple[str, str]:
 class KubeApi:
     """The few Kubernetes calls the workflow makes, with errors mapped to typed ones.
 
-    Plain urllib3 rather than the generated ``kubernetes`` client: three REST calls do not need
-    it, and its wrapper turns a TLS failure into an AttributeError (it decodes a None body), which
-    would hide the one error that must never look transient.
+    Nodes (get, patch), pods (get, list) and the node screen's batch/v1 Jobs (create, get,
+    delete, their pods). Plain urllib3 rather than the generated ``kubernetes`` client: a few
+    REST calls do not need it, and its wrapper turns a TLS failure into an AttributeError (it
+    decodes a None body), which would hide the one error that must never look transient.
     """
 
     def __init__(self, endpoint: str, ca_file: str, token: str) -> None:
@@ -167,14 +169,19 @@ class KubeApi:
         path: str,
         body: dict[str, Any] | None = None,
         query: dict[str, str] | None = None,
+        *,
+        content_type: str = "application/strategic-merge-patch+json",
+        exists: Callable[[], dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        """One request; ``exists`` answers a 409 (AlreadyExists: a create retried after its
+        first answer was lost) instead of raising, for a create only."""
         url = self._base + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
         data = None
         if body is not None:
-            headers["Content-Type"] = "application/strategic-merge-patch+json"
+            headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
         try:
             resp = self._http.request(
@@ -202,6 +209,8 @@ class KubeApi:
             return json.loads(resp.data or b"{}")
         if status == 404:
             raise NodeNotFound(f"{what}: not found in Kubernetes (404)")
+        if status == 409 and exists is not None:
+            return exists()
         if status in (401, 403):
             raise ConfigurationError(
                 f"{what}: Kubernetes denied the request ({status}); check the EKS access entry "
@@ -278,6 +287,60 @@ class KubeApi:
                 return pods
             query = {**query, "continue": token}
         return pods
+
+    # -- batch/v1 Jobs (the node screen) ---------------------------------------------------------
+
+    @staticmethod
+    def _jobs_path(namespace: str) -> str:
+        return (
+            "/apis/batch/v1/namespaces/"
+            + _segment("namespace", namespace, is_label_name(namespace))
+            + "/jobs"
+        )
+
+    def _job_path(self, namespace: str, name: str) -> str:
+        return self._jobs_path(namespace) + "/" + _segment("job", name, is_label_name(name))
+
+    def create_job(self, namespace: str, job: dict[str, Any]) -> dict[str, Any]:
+        """Create the Job ``job`` (a batch/v1 manifest) in ``namespace``; a Job of that name
+        already there (a retried create) is returned as it is (GET), never created twice."""
+        name = str((job.get("metadata") or {}).get("name") or "")
+        return self._call(
+            f"create job {namespace}/{name}",
+            "POST",
+            self._jobs_path(namespace),
+            job,
+            content_type="application/json",
+            exists=lambda: self.get_job(namespace, name),
+        )
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        """The Job ``namespace/name`` (NodeNotFound on 404)."""
+        return self._call(f"get job {namespace}/{name}", "GET", self._job_path(namespace, name))
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete the Job and, in the background, its pods (``propagationPolicy: Background``:
+        without it the API leaves the pods orphaned); False when it was already gone."""
+        try:
+            self._call(
+                f"delete job {namespace}/{name}",
+                "DELETE",
+                self._job_path(namespace, name),
+                {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+                content_type="application/json",
+            )
+        except NodeNotFound:
+            return False
+        return True
+
+    def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        """The pods of the Job ``job_name`` (the ``job-name`` label the Job controller sets)."""
+        return self.list_pods(namespace, label_selector={JOB_NAME_LABEL: job_name}, node_name=None)
+
+
+JOB_NAME_LABEL = "job-name"
+"""The label the Job controller puts on every pod of a Job (and ``batch.kubernetes.io/job-name``
+since Kubernetes 1.27; both are set)."""
 
 
 TRAINING_OWNER_KINDS = frozenset(

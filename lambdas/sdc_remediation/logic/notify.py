@@ -12,7 +12,7 @@ from typing import Any
 
 from sdc_contract import resume
 
-from ..models import HealthResult, ItemState, RecordInput, Suspect
+from ..models import HealthResult, ItemState, RecordInput, ScreenResult, Suspect
 from .autoapprove import AutoDecision
 
 # Paraphrased from the approach of the AWS ML blog post "Detecting and recovering from silent data
@@ -114,11 +114,35 @@ def evidence(state: ItemState, history: list[dict[str, Any]]) -> dict[str, Any]:
         "health_check": None
         if health is None
         else {"status": health.status, "detail": health.detail},
+        "screen": screen_evidence(state.screen),
         "previous_remediations": history,
         "suggested_action": suggested_action(s.check, s.verdict),
         "remediation_id": state.admission.remediation_id if state.admission else None,
         "execution": state.execution,
     }
+
+
+def screen_evidence(screen: ScreenResult | None) -> dict[str, Any] | None:
+    """The node screen's outcome as the approval's evidence keeps it (None: no screen ran)."""
+    if screen is None:
+        return None
+    return {
+        "status": screen.status,
+        "line": screen.line(),
+        "gpu_index": screen.gpu_index,
+        "gpu_uuid": screen.gpu_uuid,
+        "ran": screen.ran,
+        "reason": screen.reason,
+        "job": screen.job,
+    }
+
+
+def screen_line(ev: dict[str, Any]) -> str:
+    """``screen: reproduced on GPU 3 (UUID ...)`` / ``screen: clean (ran: ...)`` / ``screen:
+    failed (reason)`` / ``screen: not configured ...``: the approval message's line. A clean
+    screen is not an exoneration: the approver still decides on the job's evidence."""
+    screen = ev.get("screen")
+    return f"screen: {screen['line'] if screen else 'not run'}"
 
 
 def subject_prefix(dry_run: bool) -> str:
@@ -153,6 +177,7 @@ def approval_message(
         f"Divergent:      {_divergent(ev)}",
         f"Full report:    CloudWatch Logs {ev.get('report') or 'not recorded'}",
         f"Health check:   {health['status']} {health['detail']}".rstrip(),
+        screen_line(ev),
         f"History:        {repeats} earlier remediation(s) of this instance"
         + (
             ": "
@@ -217,7 +242,7 @@ def transition_message(inp: RecordInput, cluster: str, *, dry_run: bool = False)
         body["report"] = report_reference(st.suspect)
     if st.suspects:
         body["suspects"] = [s.node_name for s in st.suspects]
-    for key in ("admission", "cordon", "health", "approval", "replacement", "uncordon"):
+    for key in ("admission", "cordon", "health", "screen", "approval", "replacement", "uncordon"):
         value = getattr(st, key)
         if value is not None:
             body[key] = value.model_dump(by_alias=True)
@@ -270,6 +295,7 @@ def auto_approval_message(
             f"Approver recorded: {auto.approver}",
             f"Why: {auto.reason}",
             f"Health check: {(ev.get('health_check') or {}).get('status', 'not run')}",
+            screen_line(ev),
             f"Job: {ev['job']}, check {ev['check']} at step {ev['step']}, verdict {ev['verdict']}",
             f"Resume rule: {(ev.get('resume') or {}).get('sentence', '-')}",
             f"Approval id: {approval_id} (the blast-radius guard admitted this node first)",

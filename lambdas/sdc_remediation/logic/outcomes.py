@@ -78,6 +78,9 @@ class Remediation:
     transitions: list[dict[str, Any]] = field(default_factory=list)
     """``{at, transition, approver?, reason?, decision?}`` in order."""
     dry_run: bool = False
+    screen: str | None = None
+    """The node screen's outcome (``reproduced on GPU 3 (UUID ...)``, ``clean (ran: ...)``,
+    ``failed (...)``), from the latest event that carries one; None: no screen recorded."""
     repeat_same_instance: bool = False
     """The same instance alarmed again within the recurrence window."""
     repeat_after_replacement: bool = False
@@ -187,6 +190,8 @@ def summarise(events: Iterable[Mapping[str, Any]]) -> list[Remediation]:
             # `unknown`, the name the record step writes for it now.
             entry.verdict = contract.verdict_name(event["verdict"])
         entry.dry_run = entry.dry_run or bool(event.get("dry_run"))
+        if event.get("screen"):
+            entry.screen = str(event["screen"])
         entry.transitions.append(
             {
                 key: event[key]

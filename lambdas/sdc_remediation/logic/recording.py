@@ -218,7 +218,7 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
     pk = instance_id or keys.cluster_pk(cluster)
     detail = {
         key: getattr(st, key).model_dump(by_alias=True)
-        for key in ("admission", "cordon", "health", "replacement", "uncordon")
+        for key in ("admission", "cordon", "health", "screen", "replacement", "uncordon")
         if getattr(st, key) is not None
     }
     if unverified_approval:
@@ -250,6 +250,8 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         # The agent's resume rule for this alarm (`sdc-remediation history` states it).
         "resume": resume["sentence"] if resume else None,
         "resume_step": resume["max_step"] if resume else None,
+        # The node screen's outcome, once there is one (`sdc-remediation history` shows it).
+        "screen": st.screen.line() if st.screen is not None and st.screen.done else None,
         "detail": encode_detail(detail),
     }
     # Only this execution's own remediation may change the node's STATE: a `duplicate`

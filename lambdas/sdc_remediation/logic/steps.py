@@ -32,6 +32,7 @@ from ..models import (
     PollInput,
     RecordResult,
     ReplaceResult,
+    ScreenResult,
     Suspect,
 )
 from ..models.canary import Run
@@ -40,6 +41,7 @@ from ..targets import KubeFactory, target_for
 from . import canary, decision, health, notify, operator_api, recording, sweeper
 from . import localize as localize_mod
 from . import replace as replace_mod
+from . import screen as screen_mod
 from .admission import AdmitRequest
 from .approval import PendingApproval
 from .canary.watch import Stop
@@ -102,6 +104,12 @@ def start_health_check(state: ItemState, settings: Settings, kube: KubeFactory) 
 def poll_health_check(state: PollInput, settings: Settings, kube: KubeFactory) -> HealthResult:
     """PollHealthCheck step."""
     return health.poll(target_for(state.suspect).settings(settings), state, kube)
+
+
+def screen(state: ItemState, settings: Settings, kube: KubeFactory) -> ScreenResult:
+    """Screen step: the node screen as a Kubernetes Job on the cordoned node, started on the
+    first call and polled on the next ones (a canary's reserved node: a dry run, no Job)."""
+    return screen_mod.screen(state, target_for(state.suspect).settings(settings), kube)
 
 
 def request_approval(state: ApprovalRequestInput, settings: Settings) -> str:
@@ -192,6 +200,7 @@ __all__ = [
     "record",
     "replace",
     "request_approval",
+    "screen",
     "start_health_check",
     "sweep",
     "uncordon",

@@ -23,6 +23,8 @@ from .results import (
     HealthResult,
     HealthStatus,
     ReplaceResult,
+    ScreenResult,
+    ScreenStatus,
 )
 from .state import (
     Alarm,
@@ -59,6 +61,8 @@ __all__ = [
     "ReplaceResult",
     "Report",
     "ReportMetric",
+    "ScreenResult",
+    "ScreenStatus",
     "StepError",
     "Suspect",
     "Transition",

@@ -31,7 +31,7 @@ from typing import Any
 
 from infra.app import STACK_ID
 from infra.template import STEP_HANDLER_SUFFIX
-from tests.support.kube_standin import KubeStandIn
+from tests.e2e.harness.kube_jobs import JobsStandIn
 
 from .account import Cluster, create_cluster, create_hyperpod_cluster
 from .alarms import AlarmSpec, LocalAlarmEvaluator
@@ -74,7 +74,7 @@ class DeployedChain(Driver):
             quiet=self.quiet_handlers,
         )
         self._exit.enter_context(process_environment({**self.aws.environment, **shared}))
-        self.kube = self._exit.enter_context(KubeStandIn())
+        self.kube = self._exit.enter_context(JobsStandIn())
         self.hyperpod = HyperPodSimulator(self.kube, account_id=ACCOUNT, region=REGION).install()
         self._exit.callback(self.hyperpod.uninstall)
         # Served first: a function whose environment names the deployed URL calls the stand-in.

@@ -45,7 +45,7 @@ from moto.server import ThreadedMotoServer
 
 from infra.app import synthesize_template
 from infra.template import function_logical_ids, state_machine_definition
-from tests.support.kube_standin import KubeStandIn
+from tests.e2e.harness.kube_jobs import JobsStandIn
 
 from .account import (
     ACCOUNT,
@@ -185,7 +185,7 @@ class LocalPipeline(Driver):
         )
         # moto's backends are process globals: start every pipeline from an empty account.
         reset_embedded_aws(self.endpoint, timeout=10)
-        self.kube = self._exit.enter_context(KubeStandIn())
+        self.kube = self._exit.enter_context(JobsStandIn())
         self.hyperpod = HyperPodSimulator(
             self.kube,
             account_id=ACCOUNT,

@@ -1,0 +1,1 @@
+"""Lambda package of the screen workflow step (handler string: screen.handler.handler)."""
