@@ -78,6 +78,8 @@ JOBS: tuple[Job, ...] = (
         tables="the held-out user mistakes (docs/recovery.md)"),
     Job(name="screen-campaign", script="screen_campaign.py",
         tables="the node screen's faults by kind and its runtime (docs/usage/screen.md)"),
+    Job(name="sensor-calibration", script="sensor_calibration.py",
+        tables="what each sensor's check moves against the plan's cost coefficients"),
     Job(name="step-work", script="step_work.py",
         tables="the always-on path counted (this tree)"),
     # Each job's launch may take 30 min on 2 busy cores ((a) 8B passed 15 min): its own limit.

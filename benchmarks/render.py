@@ -308,6 +308,35 @@ def attention_cost(results: Results) -> list[str]:
     return lines + _provenances(results, ["attention-cost"])
 
 
+def sensor_calibration(results: Results) -> list[str]:
+    """Per sensor family: what its check moves by the recorder against what the plan registers,
+    and the coefficient the plan prices it with (sensors/runtime/plan.py's CALIBRATION)."""
+    document = results["sensor-calibration"]
+    rows = [
+        [
+            c["family"],
+            c["op"],
+            f"{c['registered_elements'] / 1e6:.2f}M",
+            f"{c['moved_elements'] / 1e6:.2f}M",
+            f"{c['ratio']:.2f}",
+            f"{c['coefficient']:.2f}",
+            f"{c['launches']}",
+        ]
+        for c in document["checks"]
+    ]
+    head = [
+        "family",
+        "check",
+        "registered (fp32 elements)",
+        "moved (recorder)",
+        "moved / registered",
+        "plan's coefficient",
+        "launches added",
+    ]
+    counted = provenance(document, timed=False).replace("_Modelled by", "_Counted by", 1)
+    return [*_table(head, rows), "", counted]
+
+
 PARALLEL_PREFIX = re.compile(r"^(pp|tp|cp|ep)_")
 
 
@@ -869,6 +898,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "screen-campaign": screen_campaign,
     "publish": publish,
     "step-cost": step_cost,
+    "sensor-calibration": sensor_calibration,
     "coverage": coverage,
 }
 """Every table a document can hold, by marker name."""

@@ -14,6 +14,8 @@ from torch import nn
 import sdc_agent as sdc
 from sdc_agent.drills.job import DrillModel, make_batch, make_fault, make_loss
 from sdc_agent.sensors import ResidualAdd, SensorConfig, protect
+from sdc_agent.sensors.runtime.board import SensorBoard
+from sdc_agent.sensors.runtime.plan import plan_sensors, sensor_costs
 
 
 def x1000_from(layer: str, step: int, *, rank: int, gemm: str = "forward") -> dict[str, Any]:
@@ -105,6 +107,42 @@ class SensorCountingPublisher:
 
     def flush(self, timeout: float | None = None) -> bool:
         return True
+
+
+def _planned_board(*, ops_model: bool, layer_norm: bool) -> SensorBoard:
+    """:func:`sensed_run`'s protected model after one step: the board the guard plans from
+    (its rows, its device, the function sites the first forward met)."""
+    torch.manual_seed(0)
+    module = OpsDrillModel() if ops_model else DrillModel()
+    if layer_norm:
+        module.net[1] = nn.LayerNorm(module.net[1].num_features)
+    board = protect(module)
+    loss = ops_loss() if ops_model else make_loss()
+    loss(module, make_batch(0, 0)).backward()
+    return board
+
+
+def planned_period(budget: float, *, ops_model: bool = False, layer_norm: bool = False) -> int:
+    """The sensor period the guard plans for :func:`sensed_run`'s model at ``budget``: the
+    same plan (``plan_sensors`` in bursts, at the rows and device the board saw in its first
+    step), computed here so that a test's step counts follow the plan's cost model instead of
+    a number written down under an older one."""
+    board = _planned_board(ops_model=ops_model, layer_norm=layer_norm)
+    return plan_sensors(
+        board, budget, rows=board.rows, device_type=board.device_type, burst=True
+    ).period
+
+
+def budget_for_period(period: int, *, ops_model: bool = False, layer_norm: bool = False) -> float:
+    """The sensor budget at which the guard plans a ``period``-step rotation (in bursts, whose
+    period is ``ceil(total cost / budget)``) for :func:`sensed_run`'s model."""
+    if period < 2:
+        raise ValueError(f"period must be >= 2 (1: every sensor every step), got {period}")
+    board = _planned_board(ops_model=ops_model, layer_norm=layer_norm)
+    total = sum(sensor_costs(board, rows=board.rows, device_type=board.device_type))
+    budget = total / (period - 0.5)
+    assert planned_period(budget, ops_model=ops_model, layer_norm=layer_norm) == period
+    return budget
 
 
 def sensed_run(

@@ -17,7 +17,7 @@ import pytest
 
 from sdc_agent.drills.launch import launch
 from tests.agent.outcomes import the_alarm
-from tests.agent.sensor_scenarios import x1_1_once, x1000_from
+from tests.agent.sensor_scenarios import budget_for_period, planned_period, x1_1_once, x1000_from
 
 # How long this file's processes may run before the launcher kills them; the suite's conftest
 # marks the file slow and gives pytest-timeout this plus a margin.
@@ -27,6 +27,13 @@ R = 3
 RUN = "tests.agent.sensor_scenarios:sensed_run"
 CLEAN_STEPS = 300
 DEFAULT_BUDGET = 0.01  # Schedule's default sensor_budget
+# The period the guard plans for the drill model at the default budget, by the plan's own cost
+# model (sensors/runtime/plan.py, calibrated by the recorder: 935 steps when written, 309
+# before the calibration): the x1000 runs after the burn-in last one period past their fault,
+# and audit after it, so the fault lands between audits whatever the calibration says.
+DEFAULT_PERIOD = planned_period(DEFAULT_BUDGET)
+LATE_START = 30
+X1000_AUDIT_EVERY = max(1000, LATE_START + DEFAULT_PERIOD + 1)
 
 
 def gemm_fault(layer: str = "net.4", **kw: Any) -> dict[str, Any]:
@@ -47,14 +54,16 @@ JOBS: dict[str, tuple[str, dict]] = {
         {"steps": 12, "layer_norm": True, "faults": [gemm_fault("net.1")]},
     ),
     # The drill model's layers are 32 wide and see 8 rows: a check reads as many elements as
-    # its GEMM multiplies, so the cost model (sensors/runtime/plan.py) rotates over 179 steps at the
-    # default 1%; 25% gives an 11-step rotation, after the 20-step burn-in.
+    # its GEMM multiplies, so the cost model (sensors/runtime/plan.py) rotates over DEFAULT_PERIOD
+    # steps at the default 1%; the budget that the plan turns into an 11-step rotation (about
+    # 89% when written; 25% before the calibration) fits the rotation between the 20-step
+    # burn-in, the fault at 70 and the audit at 100.
     "persistent_rotating": (
         RUN,
         {
             "steps": 100,
             "audit_every": 100,
-            "budget": 0.25,
+            "budget": budget_for_period(11),
             "faults": [gemm_fault("net.0", step=70, persistent=True)],
         },
     ),
@@ -65,19 +74,20 @@ JOBS: dict[str, tuple[str, dict]] = {
     "clean_fp32": (RUN, {"steps": CLEAN_STEPS}),
     "clean_bf16": (RUN, {"steps": CLEAN_STEPS, "autocast_bf16": True}),
     # A GPU that turns bad and stays bad (x1000 on one element of net.4's forward GEMM on R),
-    # audits every 1,000 steps, the default budget: from step 5, from the job's first step,
-    # and from step 30 (after the burn-in: the rotation's bursts must find it).
+    # audits every X1000_AUDIT_EVERY (>= 1,000) steps, the default budget: from step 5, from the
+    # job's first step, and from step 30 (after the burn-in: the rotation's bursts must find
+    # it, so that run lasts one period past the fault; an alarm ends a run).
     **{
         f"x1000_from_{start}": (
             RUN,
             {
-                "steps": 400,
-                "audit_every": 1000,
+                "steps": max(400, start + DEFAULT_PERIOD + 1),
+                "audit_every": X1000_AUDIT_EVERY,
                 "budget": DEFAULT_BUDGET,
                 "faults": [x1000_from("net.4", start, rank=R)],
             },
         )
-        for start in (5, 0, 30)
+        for start in (5, 0, LATE_START)
     },
 }
 
@@ -216,8 +226,10 @@ def test_a_persistent_fault_after_the_burn_in_is_named_within_one_period_at_the_
     run = results["x1000_from_30"][0]
     period = run["coverage"]["period"]
     alarm = the_alarm(results, "x1000_from_30")
-    # Then the rotation's next burst names R: within one period, long before the next audit
-    assert 30 <= alarm["step"] < 30 + period < 1000
+    # Then the rotation's next burst names R: within one period, before the next audit (the
+    # period the guard planned is the one this file planned its steps and audits by)
+    assert period == DEFAULT_PERIOD
+    assert 30 <= alarm["step"] < 30 + period < X1000_AUDIT_EVERY
     assert alarm["suspects"] == [R] and [v["kind"] for v in alarm["verdicts"]] == ["persistent"]
     # And the budget did rotate after the burn-in: one sensor step per period
     assert run["coverage"]["burn_in"] == 20 and period > 20

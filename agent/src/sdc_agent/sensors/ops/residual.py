@@ -75,7 +75,8 @@ class ResidualAdd(nn.Module):
 
     def __init__(self, features: int = 1) -> None:
         """``features``: the width of the rows it adds (the last dimension), for the sensor
-        budget's cost model only (``sensors/runtime/plan.py``); any width works."""
+        budget's cost model only (``sensors/runtime/plan.py``; left at 1, a protected add
+        prices the rows of its first forward instead); any width works."""
         super().__init__()
         if isinstance(features, bool) or not isinstance(features, int) or features < 1:
             raise ValueError(f"ResidualAdd features must be an integer >= 1, got {features!r}")
@@ -106,10 +107,16 @@ class ProtectedResidualAdd(OpSensor, ResidualAdd):
         # the add's D.
         d = self.features
         self._attach_sensor(board, name, "residual_add", [(6 * d, d)])
+        # Given no features (1), the first forward prices the rows it sees instead.
+        self._sized = d > 1
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``a + b``, checked when the board says so."""
         y = a + b
+        if not self._sized:
+            d = y.shape[-1] if y.dim() else 1
+            self.sensor_board.resize(self.sensor_base, [(6 * d, d)])
+            self._sized = True
         if not self.sensing():
             return y
         with torch.no_grad():

@@ -108,10 +108,15 @@ class Site(OpSensor):
         self.gemm_taps = []
         self.registered = False
 
-    def register(self, board: SensorBoard, costs: list[tuple[int, int]]) -> None:
-        """Register this site's sensors on ``board`` (per-row ``costs`` of each op)."""
+    def register(
+        self, board: SensorBoard, costs: list[tuple[int, int]], fixed: list[int] | None = None
+    ) -> None:
+        """Register this site's sensors on ``board`` (per-row ``costs`` of each op, and the
+        elements each op's check reads once whatever the batch, ``fixed``)."""
         self.sensor_board = board
-        self.sensor_base = board.register_op(self.layer_name, self.kind, self.sensor_ops, costs)
+        self.sensor_base = board.register_op(
+            self.layer_name, self.kind, self.sensor_ops, costs, fixed
+        )
         self.registered = True
 
     def checks(self, op: Gemm) -> bool:
@@ -228,11 +233,16 @@ class FunctionSensors:
         module = self.stack[-1] if self.stack else ""
         return None if module in self.excluded else self.site(module, function)
 
-    def ensure_registered(self, site: Site, costs: Callable[[], list[tuple[int, int]]]) -> None:
-        """Register ``site`` the first time it runs."""
+    def ensure_registered(
+        self,
+        site: Site,
+        costs: Callable[[], list[tuple[int, int]]],
+        fixed: Callable[[], list[int]] | None = None,
+    ) -> None:
+        """Register ``site`` the first time it runs (``costs``, ``fixed``: :meth:`Site.register`'s)."""
         if site.registered:
             return
-        site.register(self.board, costs())
+        site.register(self.board, costs(), fixed() if fixed is not None else None)
         # The guard plans at its second step, from the sites the first forward and backward met.
         if self.forwards > 1 and site.layer_name not in self._late:
             self._late.add(site.layer_name)
@@ -370,7 +380,9 @@ class FunctionSensors:
         site = self._current("embedding")
         if site is None:
             return func(*args, **kwargs)
-        self.ensure_registered(site, lambda: self._elementwise_costs(weight[:1], 3, 1, (4, 2)))
+        self.ensure_registered(
+            site, lambda: self._embedding_costs(weight), lambda: [0, weight.numel()]
+        )
         if not site.sensing():
             return func(*args, **kwargs)
         padding = bound.get("padding_idx")
@@ -413,6 +425,15 @@ class FunctionSensors:
         if backward is not None:
             costs.append((backward[0] * per_row, backward[1] * per_row))
         return costs
+
+    @staticmethod
+    def _embedding_costs(weight: torch.Tensor) -> list[tuple[int, int]]:
+        """Per-row costs of the checked embedding over a vocabulary x D ``weight``: the lookup
+        gathered again and compared (~3 D a row) against the gather's D; the weight gradient's
+        check reads each row's output gradient (~4 D) against the scatter's 2 D, and once a
+        check the whole vocabulary x D weight gradient (registered as its ``fixed`` cost)."""
+        d = weight.shape[-1]
+        return [(3 * d, d), (4 * d, 2 * d)]
 
     def _attention_costs(self, q: torch.Tensor, k: torch.Tensor) -> list[tuple[int, int]]:
         """Per-row costs of the checked attention: its GEMMs' flops against the checks' reads."""

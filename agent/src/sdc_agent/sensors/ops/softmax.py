@@ -206,11 +206,23 @@ class _ProtectedRowNormaliser(OpSensor):
     def _attach(self, board: SensorBoard, name: str) -> None:
         if self.dim is None:
             raise ValueError(f"{type(self).__name__} {name!r}: dim=None cannot be protected")
-        # Per element of the row (the width is not known before it runs): the forward check
-        # reads x and y (~4) against the op's ~5, the backward's ~5 against its ~4.
-        self._attach_sensor(board, name, self.kind, [(4, 5), (5, 4)])
+        # Per element of the row: the forward check reads x and y (~4) against the op's ~5,
+        # the backward's ~5 against its ~4. The row's width is not known before it runs: the
+        # first forward scales these to per row (_size), before the plan prices them.
+        self._attach_sensor(board, name, self.kind, list(self._PER_ELEMENT))
+        self._sized = False
+
+    _PER_ELEMENT = ((4, 5), (5, 4))
+
+    def _size(self, x: torch.Tensor) -> None:
+        width = x.shape[self.dim] if x.dim() and self.dim is not None else 1
+        per_row = [(c * width, o * width) for c, o in self._PER_ELEMENT]
+        self.sensor_board.resize(self.sensor_base, per_row)
+        self._sized = True
 
     def _checked(self, x: torch.Tensor, plain: Any) -> torch.Tensor:
+        if not self._sized:
+            self._size(x)
         device = x.device.type
         if not self.sensing() or not autocast_mirrored(device):
             return plain(x)

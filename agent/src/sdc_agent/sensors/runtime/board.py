@@ -239,17 +239,33 @@ class SensorBoard:
         return self._add(layer, "layer_norm", ("forward",), [(5 * features, 8 * features)])
 
     def register_op(
-        self, layer: str, kind: str, ops: tuple[Gemm, ...], costs: list[tuple[int, int]]
+        self,
+        layer: str,
+        kind: str,
+        ops: tuple[Gemm, ...],
+        costs: list[tuple[int, int]],
+        fixed: list[int] | None = None,
     ) -> int:
         """Add the sensors of a layer that is not a linear one (a norm's backward, a residual
         add, a softmax): ``ops`` in sensor-index order, ``costs`` per op and per row as
-        (flops of the check, flops of the op). Returns the index of its first sensor."""
-        if not ops or len(ops) != len(costs):
+        (flops of the check, flops of the op), ``fixed`` per op the elements its check reads
+        once whatever the batch (an embedding's vocabulary x width weight gradient). Returns
+        the index of its first sensor."""
+        if not ops or len(ops) != len(costs) or (fixed is not None and len(fixed) != len(ops)):
             raise ValueError(f"register_op: {len(ops)} ops and {len(costs)} costs for {layer!r}")
         unknown = [op for op in ops if op not in GEMMS]
         if unknown:
             raise ValueError(f"register_op: ops must be among {GEMMS}, got {unknown}")
-        return self._add(layer, kind, ops, costs)
+        return self._add(layer, kind, ops, costs, fixed)
+
+    def resize(self, base: int, costs: list[tuple[int, int]]) -> None:
+        """Set the per-row ``costs`` of the layer whose first sensor is ``base``, once its first
+        forward shows its width (a softmax's rows, a ``ResidualAdd`` given no ``features``):
+        the plan, made at the guard's second step, prices them."""
+        count = self._bases.count(base)
+        if self._bases[base] != base or len(costs) != count:
+            raise ValueError(f"resize: {len(costs)} costs for the {count} sensors at {base}")
+        self.costs[base : base + count] = [(float(c), float(o)) for c, o in costs]
 
     def _add(
         self,

@@ -25,6 +25,19 @@ cost 8-9% of their GEMM, this model says 9.3%), and for GPUs the ratio of an H10
 bf16 rate to its memory bandwidth (~990 TFLOP/s over ~4.8 TB/s per 4-byte element, rounded
 down; not measured here: ``benchmarks/sensor_gpu.py`` measures the real overhead on a GPU).
 
+The elements a check reads per row are written by hand where each sensor registers (its op's
+module: ``board.costs`` and ``board.fixed_costs``), and for most op families they undercount
+what the check moves: a non-GEMM check runs 20-90 eager operators with fp32 temporaries, each a
+pass over memory. So the memory model multiplies each sensor's registered elements by its
+family's :data:`CALIBRATION` coefficient: what the dispatch-level recorder counts the check
+moving (bytes read and written, ``benchmarks/costmodel/calibration.py``, fp32) over what it
+registers (:func:`check_bytes`). The coefficients are 0.84-1.3 for the linear checks, the layer
+norm's output, the residual add and the embedding's weight gradient, 2.5-6 for the other checks
+(docs/performance/sensors.md,
+"What a check moves"); ``tests/unit/test_sensor_calibration.py`` holds each within 25% of the
+recorder at another width, so the table cannot go stale. The kernel launches a check adds
+(22-89 on the CPU's eager path) are counted in that table but not priced here.
+
 The rotation: the sensors, in a fixed order, are packed greedily into groups whose cost stays
 within ``budget``; a sensor costing more than the budget alone gets a group followed by empty
 groups, so that its cost averaged over the steps stays within the budget. Step ``s`` checks
@@ -58,6 +71,51 @@ def read_cost(device_type: str | None) -> float:
     return READ_COST.get(device_type or "cuda", READ_COST["cuda"])
 
 
+CALIBRATION: dict[tuple[str, str], float] = {
+    # (sensor kind, op): moved / registered, fp32, 1024 features, 256 rows (module docstring)
+    ("linear", "forward"): 1.00,
+    ("linear", "dgrad"): 1.00,
+    ("linear", "wgrad"): 1.27,
+    ("layer_norm", "forward"): 1.01,
+    ("layer_norm", "dgrad"): 5.09,
+    ("rms_norm", "forward"): 4.79,
+    ("rms_norm", "dgrad"): 5.91,
+    ("rms_norm", "wgrad"): 3.84,
+    ("activation", "forward"): 5.95,
+    ("activation", "dgrad"): 4.82,
+    ("mul", "forward"): 5.90,
+    ("mul", "dgrad"): 5.90,
+    ("add", "forward"): 5.90,
+    ("residual_add", "forward"): 0.84,
+    ("softmax", "forward"): 3.51,
+    ("softmax", "dgrad"): 3.61,
+    ("log_softmax", "forward"): 5.76,
+    ("log_softmax", "dgrad"): 4.81,
+    ("cross_entropy", "forward"): 3.84,
+    ("cross_entropy", "dgrad"): 2.51,
+    ("embedding", "forward"): 3.83,
+    ("embedding", "wgrad"): 1.26,
+}
+"""Per sensor kind and op: the elements its check moves, as the dispatch-level recorder counts
+them, over the elements the board registers for it (module docstring). A kind not here (the
+checked attention, recompute comparisons) counts as registered (1.0)."""
+
+
+def calibration(kind: str, op: str) -> float:
+    """:data:`CALIBRATION` of a sensor ``kind``'s ``op`` (1.0 when not calibrated)."""
+    return CALIBRATION.get((kind, op), 1.0)
+
+
+def check_bytes(board: SensorBoard, index: int, rows: int, *, element_size: int = 4) -> float:
+    """Bytes sensor ``index``'s check moves over a batch of ``rows`` rows: what it registers
+    (``rows`` x per-row + fixed elements) times its :func:`calibration`, in elements of
+    ``element_size`` bytes (fp32: what the checks compute in)."""
+    check, _ = board.costs[index]
+    sensor = board.sensors[index]
+    elements = rows * check + board.fixed_costs[index]
+    return element_size * calibration(sensor.kind, sensor.gemm) * elements
+
+
 def sensor_costs(
     board: SensorBoard, *, rows: int | None = None, device_type: str | None = None
 ) -> list[float]:
@@ -66,7 +124,8 @@ def sensor_costs(
 
     Without ``rows``: the per-row flops model (elements a check reads per row over its GEMM's
     flops per row). With ``rows`` (the batch's rows): the memory model of the module docstring
-    on ``device_type``, with each check's batch-independent passes amortised over ``rows``."""
+    on ``device_type``: each check's calibrated bytes (:func:`check_bytes`, its batch-independent
+    passes amortised over ``rows``) as fp32 element reads."""
     total = sum(op for _, op in board.costs)
     if rows is None:
         return [check / total for check, _ in board.costs]
@@ -74,8 +133,8 @@ def sensor_costs(
         raise ValueError(f"rows must be >= 1, got {rows!r}")
     weight = read_cost(device_type)
     return [
-        weight * (check + fixed / rows) / total
-        for (check, _), fixed in zip(board.costs, board.fixed_costs, strict=True)
+        weight * check_bytes(board, index, rows) / 4 / (rows * total)
+        for index in range(len(board.costs))
     ]
 
 
