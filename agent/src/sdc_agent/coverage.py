@@ -89,6 +89,20 @@ NOT_COVERED_PIPELINE_TP = [
 """What tensor parallelism inside pipeline stages leaves to the stage's TP group."""
 
 
+NOT_COVERED_EP = [
+    "expert parallel: the replay audit does not yet run (routing and the all-to-all dispatch "
+    "and combine are not replayed): a finite wrong value in an expert's grouped GEMM, the "
+    "router's logits or top-k choice, or an all-to-all is caught only if it makes a gradient "
+    "non-finite or leaves the replicas' weights different",
+    "expert parallel: the online sensors do not run (sdc.protect does not instrument grouped "
+    "GEMMs, torch._grouped_mm, or the router, and a candidate would need a replay to confirm)",
+    "expert parallel: a NaN that the combine all-to-all carries to the EP partners within the "
+    "step is named by check 1 on every rank whose local gradient it reached, without a "
+    "confirmation replay",
+]
+"""What expert parallel (torchtitan's over HSDP) leaves uncovered, beyond HSDP's lines."""
+
+
 class LayoutFacts(TypedDict):
     """What a parallel layout lets check 3 see (``ParallelAdapter.coverage_facts()``)."""
 
@@ -112,6 +126,10 @@ class LayoutFacts(TypedDict):
     """Sharded layouts: each mesh dimension's role and size (``replicate``, ``shard``, ``tp``)."""
     compute_groups: NotRequired[list[list[int]]]
     """Tensor parallel: the ranks of each TP group (they compute one micro-batch together)."""
+    expert_groups: NotRequired[list[list[int]]]
+    """Expert parallel: the ranks of each EP group (they exchange tokens by all-to-all)."""
+    replays_off: NotRequired[str]
+    """Why the layout runs no replay (check 2 and its confirmations off), when it runs none."""
 
 
 def ddp_facts(global_ranks: list[int]) -> LayoutFacts:
@@ -187,6 +205,8 @@ def describe(
     not_covered = [between_audits if line is BETWEEN_AUDITS else line for line in NOT_COVERED]
     if sharded:
         not_covered.append(NOT_COVERED_SHARDED)
+    if facts.get("expert_groups"):
+        not_covered += NOT_COVERED_EP
     if not facts["weights_compared"] and facts["parallel"] in (
         "fsdp",
         "fsdp+tp",
@@ -208,6 +228,9 @@ def describe(
         else "the placement puts no third GPU on a third node (peer_offset); non-finite "
         "gradients are named without confirmation"
     )
+    if "replays_off" in facts:  # no replay runs: a non-finite gradient is named unconfirmed
+        can_confirm = False
+        confirm_why = f"no confirmation replay: {facts['replays_off']}"
     precision: dict[str, Any]
     if scaler is not None:
         precision = {

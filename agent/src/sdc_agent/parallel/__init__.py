@@ -18,7 +18,12 @@ the adapter from the model:
 
 :mod:`.mesh` learns the mesh and every dimension's role (replicate, shard, tp) from the
 parameters' DTensor placements, sub-meshes included, and refuses what it cannot check (context
-and expert parallel, by the dimension it found).
+parallel, and expert parallel other than torchtitan's over HSDP, by the dimension it found).
+
+* :mod:`.ep`: :class:`ExpertParallelAdapter`, torchtitan's expert parallel (MoE) over HSDP
+  (the routed experts on ``("dp_replicate", "efsdp", "ep")``, the rest on
+  ``("dp_replicate", "fsdp")``): checks 1 and 3 as HSDP's, check 2 and the sensors off with
+  the reason (its module docstring says why).
 
 What each check asks, and how DDP and FSDP2 answer:
 
@@ -76,6 +81,7 @@ from .._compile import refuse_compiled
 from ..checks.replay.replayer import ComputeLoss
 from .adapter import ParallelAdapter, WeightReplicas
 from .ddp import DDPAdapter, require_ddp
+from .ep import ExpertParallelAdapter
 from .fsdp import FSDP2Adapter, is_fsdp2
 from .mesh import ShardedLayout, ShardingLayoutError, learn_layout
 from .pp import PipelineAdapter, check_pipeline_options
@@ -83,6 +89,7 @@ from .tp import TensorParallelAdapter
 
 __all__ = [
     "DDPAdapter",
+    "ExpertParallelAdapter",
     "FSDP2Adapter",
     "ParallelAdapter",
     "PipelineAdapter",
@@ -114,8 +121,9 @@ def adapter_for(
     model: nn.Module, dp_group: dist.ProcessGroup | None, pipeline: Any = None
 ) -> ParallelAdapter:
     """The adapter for ``model``: :class:`PipelineAdapter` when a ``pipeline`` schedule drives
-    it (``model`` is then this rank's stage module), :class:`TensorParallelAdapter` for an FSDP2
-    module whose mesh has a tensor-parallel dimension, :class:`FSDP2Adapter` for another FSDP2
+    it (``model`` is then this rank's stage module), :class:`ExpertParallelAdapter` for an FSDP2
+    module whose experts live on an expert-parallel mesh, :class:`TensorParallelAdapter` for an
+    FSDP2 module whose mesh has a tensor-parallel dimension, :class:`FSDP2Adapter` for another FSDP2
     module, else DDP's. A compiled model, or compiled autograd, is refused first."""
     refuse_compiled(model)  # before any adapter's collectives: every rank refuses alike
     if pipeline is not None:
@@ -123,6 +131,8 @@ def adapter_for(
     if is_fsdp2(model):
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         _, layout = learn_layout(trainable)
+        if layout.expert_parallel:
+            return ExpertParallelAdapter(model, dp_group)
         if layout.tensor_parallel:
             return TensorParallelAdapter(model, dp_group)
         return FSDP2Adapter(model, dp_group)

@@ -8,9 +8,10 @@ the checks and the guard's wiring do not know which wrapper they run on. What di
   ``("replicate", "shard")`` (or torchtitan's and Accelerate's names for the same two
   dimensions, :data:`HSDP_DIM_NAME_PAIRS`) with ``(Replicate(), Shard)`` placements is HSDP
   (replicas across nodes, shards within a node). A mesh with a tensor-parallel dimension is
-  :class:`~.tp.TensorParallelAdapter`'s; anything else (a mesh that does not cover every rank,
-  meshes that are not one mesh's dimensions, context or expert parallel) is refused with a clear
-  error: the checks' reasoning (every rank trains on its own micro-batch; replicas of a shard
+  :class:`~.tp.TensorParallelAdapter`'s, torchtitan's expert parallel over HSDP
+  :class:`~.ep.ExpertParallelAdapter`'s; anything else (a mesh that does not cover every rank,
+  meshes that are not one mesh's dimensions, context or other expert parallel) is refused with
+  a clear error: the checks' reasoning (every rank trains on its own micro-batch; replicas of a shard
   hold the same bits) would not hold.
 * Every rank is a data-parallel rank: each trains on its own micro-batch, so the ring replay,
   check 1's flags and the rank map run over the whole mesh (WORLD), as under DDP.
@@ -170,6 +171,8 @@ class FSDP2Adapter(ParallelAdapter):
     """A replay's forward all-gathers the other ranks' shards: every rank replays at once."""
     tensor_parallel = False
     """Whether this adapter checks a tensor-parallel dimension (:mod:`.tp`'s does)."""
+    expert_parallel = False
+    """Whether this adapter checks an expert-parallel layout (:mod:`.ep`'s does)."""
 
     def __init__(
         self,
@@ -196,6 +199,13 @@ class FSDP2Adapter(ParallelAdapter):
                 f"sdc_agent: {type(self).__name__} does not check tensor parallel layouts "
                 f"({self.layout.kind}); build the Guard (sdc_agent.parallel.adapter_for picks "
                 "TensorParallelAdapter)"
+            )
+        if self.layout.expert_parallel and not self.expert_parallel:
+            raise ShardingLayoutError(
+                f"sdc_agent: {type(self).__name__} does not check expert parallel layouts "
+                f"({self.layout.kind}); build the Guard without a pipeline (expert parallel "
+                "under pipeline parallel is not supported; sdc_agent.parallel.adapter_for picks "
+                "ExpertParallelAdapter)"
             )
         self.model: nn.Module = model
         """The model training runs: the root FSDP module (``compute_loss`` gets it)."""

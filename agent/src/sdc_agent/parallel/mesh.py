@@ -22,18 +22,21 @@ on ``mesh["dp"]`` only): its placement on the dimensions it lacks is ``Replicate
 parallel (a ``cp`` dimension) and expert parallel (an ``ep`` dimension; MoE experts on a mesh of
 their own) are refused with an error that says what was found: the checks' per-dimension
 reasoning would need answers for them that no adapter gives yet (docs/architecture.md, "Tensor
-parallelism", says how they would map). The pipeline dimension never appears on a parameter
+parallelism", says how they would map), with one exception: torchtitan's expert parallel over
+HSDP (:data:`EXPERT_MESH_NAMES`: the routed experts on ``("dp_replicate", "efsdp", "ep")``, every
+other parameter on the HSDP mesh ``("dp_replicate", "fsdp")`` of the same ranks), which
+:func:`learn_layout` reads as the layout ``"hsdp+ep"`` (:mod:`.ep` says what each check does
+there). The pipeline dimension never appears on a parameter
 (each stage's parameters live on the other dimensions' mesh): the pipeline's adapter composes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 import torch
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
@@ -80,6 +83,24 @@ included). Accelerate's ``dp_shard_cp`` flattens FSDP2's shards with context par
 parameters cannot tell whether that has more than one rank (Accelerate's integration refuses
 context parallelism itself)."""
 
+EP = "ep"
+"""The expert-parallel dimension: the ranks along it hold different experts of one MoE layer and
+exchange tokens by all-to-all (a role only on the expert mesh, never the model's)."""
+
+EXPERT_MESH_NAMES = ("dp_replicate", "efsdp", "ep")
+"""The one expert mesh the guard checks: torchtitan's (``ParallelDims``' sparse mesh, plain
+DTensors) under HSDP, the experts' copies along ``dp_replicate``, FSDP2's shards of them along
+``efsdp`` and the expert-parallel ranks along ``ep``."""
+EXPERT_DENSE_NAMES = ("dp_replicate", "fsdp")
+"""The mesh the dense (non-expert) parameters must live on next to :data:`EXPERT_MESH_NAMES`."""
+EXPERT_SUPPORTED = (
+    "Expert parallel is checked only as torchtitan lays it out over HSDP: the routed experts on "
+    "a mesh named ('dp_replicate', 'efsdp', 'ep') with placements (Replicate, Shard or "
+    "_StridedShard, Shard(0)), every other parameter on ('dp_replicate', 'fsdp') over the same "
+    "ranks (ParallelDims(dp_replicate>=2, dp_shard, ep), tp=1, cp=1, pp=1)"
+)
+"""What an error about an expert-parallel layout says is supported."""
+
 REFUSED_DIMS: dict[str, str] = {
     "cp": "context parallel",
     "dp_cp": "context parallel",
@@ -90,6 +111,9 @@ REFUSED_DIMS: dict[str, str] = {
     "pp": "pipeline parallel",
 }
 """Dimension names of parallelisms the guard does not check on a parameter mesh."""
+
+EXPERT_LAYOUT = "hsdp+ep"
+"""The layout of :data:`EXPERT_MESH_NAMES` next to HSDP."""
 
 LAYOUTS: dict[tuple[str, ...], str] = {
     (SHARD,): "fsdp",
@@ -138,6 +162,13 @@ class ShardedLayout:
     """This rank's coordinate along the tp dimension."""
     tp_groups: tuple[tuple[int, ...], ...] = ()
     """Every tensor-parallel group's global ranks, by tp coordinate (empty without tp)."""
+    ep: int = 1
+    """Ranks per expert-parallel group (1 without expert parallel)."""
+    ep_groups: tuple[tuple[int, ...], ...] = ()
+    """Every expert-parallel group's global ranks, by ep coordinate (empty without EP): the
+    ranks that exchange one MoE layer's tokens by all-to-all, each holding its own experts."""
+    expert_params: tuple[str, ...] = ()
+    """The names of the parameters on the expert mesh (the routed experts)."""
 
     @property
     def weight_redundancy(self) -> bool:
@@ -153,6 +184,11 @@ class ShardedLayout:
     def tensor_parallel(self) -> bool:
         """Whether the mesh has a tensor-parallel dimension."""
         return TP in self.roles
+
+    @property
+    def expert_parallel(self) -> bool:
+        """Whether the routed experts live on an expert-parallel mesh of their own."""
+        return bool(self.ep_groups)
 
     def dims(self) -> dict[str, int]:
         """Each role's size, JSON-ready (``{"replicate": 3, "shard": 1, "tp": 2}``)."""
@@ -227,7 +263,7 @@ def _on_root(
     return tuple(by_name.get(n, Replicate()) for n in root_names)
 
 
-def learn_layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, ShardedLayout]:
+def learn_layout(params: Sequence[tuple[str, torch.Tensor]]) -> tuple[DeviceMesh, ShardedLayout]:
     """The model's mesh and its layout, from the parameters' DTensor metadata (see the module
     docstring); raises :class:`ShardingLayoutError`, naming what was found, when unsupported.
 
@@ -242,6 +278,10 @@ def learn_layout(params: list[tuple[str, nn.Parameter]]) -> tuple[DeviceMesh, Sh
             f"sdc_agent.Guard: parameters {plain[:3]} are not sharded (not DTensors); apply "
             "fully_shard to the root module too, so that every parameter is sharded"
         )
+    expert = [(name, p) for name, p in sharded if _on_expert_mesh(p.device_mesh)]
+    if expert:
+        dense = [(name, p) for name, p in sharded if not _on_expert_mesh(p.device_mesh)]
+        return _learn_expert_layout(dense, expert)
     # Compared by value (DeviceMesh equality: device type, ranks, dimension names): FSDP2 may
     # hold equal meshes as distinct objects.
     meshes: list[DeviceMesh] = []
@@ -306,4 +346,80 @@ def _layout_of(mesh: DeviceMesh, roles: tuple[str, ...], kind: str) -> ShardedLa
         tp=tp,
         tp_index=tp_index,
         tp_groups=tp_groups,
+    )
+
+
+def _on_expert_mesh(mesh: DeviceMesh) -> bool:
+    """Whether ``mesh`` has an expert-parallel dimension (by name: :data:`REFUSED_DIMS`')."""
+    return any(REFUSED_DIMS.get(n) == REFUSED_DIMS[EP] for n in _names(mesh) or ())
+
+
+def _refuse_expert(found: str) -> ShardingLayoutError:
+    return ShardingLayoutError(
+        f"sdc_agent.Guard: {found}, which the guard does not check yet. {EXPERT_SUPPORTED} "
+        "(docs/usage/ep.md)"
+    )
+
+
+def _learn_expert_layout(
+    dense: Sequence[tuple[str, DTensor]], expert: Sequence[tuple[str, DTensor]]
+) -> tuple[DeviceMesh, ShardedLayout]:
+    """The layout ``"hsdp+ep"``: the dense parameters' HSDP mesh and layout, with the expert
+    mesh's EP groups. Refuses, by the dimension found, every other expert-parallel layout.
+
+    Why the dense layout answers for the experts too: both meshes unflatten the same ranks with
+    ``dp_replicate`` outermost, so the ranks at one position within a replica hold the same
+    dense shard AND the same expert shard (the same experts, the same efsdp slice of them): the
+    experts' expert-data-parallel copies are the dense shards' replicas."""
+    expert_names = {_names(p.device_mesh) for _, p in expert}
+    other = sorted(str(n) for n in expert_names if n != EXPERT_MESH_NAMES)
+    if other:
+        dims = sorted({n for names in expert_names for n in names or () if n in REFUSED_DIMS})
+        raise _refuse_expert(
+            f"the expert parameters live on a mesh {', '.join(other)} (expert parallel, mesh "
+            f"dimensions {dims})"
+        )
+    if not dense:
+        raise _refuse_expert("every parameter lives on the expert mesh (no dense HSDP mesh)")
+    mesh, layout = learn_layout(dense)
+    if layout.kind != "hsdp" or _names(mesh) != EXPERT_DENSE_NAMES:
+        raise _refuse_expert(
+            f"expert parallel is composed with a dense {layout.kind.upper()} mesh "
+            f"{_names(mesh)} (tensor parallel with experts, or no replicas)"
+        )
+    experts: list[DeviceMesh] = []
+    for _, p in expert:
+        if not any(p.device_mesh == seen for seen in experts):
+            experts.append(p.device_mesh)
+    if len(experts) > 1:
+        raise _refuse_expert(f"the experts live on {len(experts)} different expert meshes")
+    emesh = experts[0]
+    if (
+        emesh.device_type != mesh.device_type
+        or emesh.mesh.flatten().tolist() != mesh.mesh.flatten().tolist()
+        or emesh.mesh.shape[0] != mesh.mesh.shape[0]
+    ):
+        raise _refuse_expert(
+            f"the expert mesh {tuple(emesh.mesh.shape)} does not lay out the dense mesh "
+            f"{tuple(mesh.mesh.shape)}'s ranks with the same replicas"
+        )
+    for name, p in expert:
+        replicate, efsdp, ep = p.placements
+        if not (
+            replicate.is_replicate()
+            and (_is_shard(efsdp) or efsdp.is_replicate())
+            and isinstance(ep, Shard)
+            and ep.dim == 0
+        ):
+            raise _refuse_expert(
+                f"expert parameter {name} has placements {tuple(p.placements)} on "
+                f"{EXPERT_MESH_NAMES}"
+            )
+    ep_size = emesh.mesh.shape[-1]
+    return mesh, replace(
+        layout,
+        kind=EXPERT_LAYOUT,
+        ep=ep_size,
+        ep_groups=tuple(tuple(row) for row in emesh.mesh.reshape(-1, ep_size).tolist()),
+        expert_params=tuple(name for name, _ in expert),
     )

@@ -151,6 +151,7 @@ class RingAudit(Check):
         self._snapshot_pending = False
         self.off_because: str | None = None
         """Why the audits stopped (a set-up finding, :meth:`turn_off`), or None while they run."""
+        self._off_by_setup = True
         self.environment = StepEnvironment()
         """What the current step's computation runs under (its seed and kernels), put back by
         :meth:`StepEnvironment.restore` when it is over (:meth:`begin_step`)."""
@@ -168,10 +169,13 @@ class RingAudit(Check):
             seeded=start.seeded,
         )
 
-    def turn_off(self, reason: str) -> None:
+    def turn_off(self, reason: str, *, setup_finding: bool = True) -> None:
         """Stop the audits and their confirmations for good (a set-up finding, the same on
-        every rank): they would judge GPUs on replays that do not reproduce training."""
+        every rank): they would judge GPUs on replays that do not reproduce training.
+        ``setup_finding`` False: the layout itself cannot be replayed yet (expert parallel,
+        :mod:`sdc_agent.parallel.ep`), which ``coverage()`` says as such."""
         self.off_because = reason
+        self._off_by_setup = setup_finding
         self.can_confirm = False
 
     def describe(self, planned: dict[str, Any]) -> dict[str, Any]:
@@ -179,9 +183,12 @@ class RingAudit(Check):
         only when the preflight found gradients not reproducible."""
         described = dict(planned)
         if self.off_because is not None:
-            described.update(
-                on=False, why=f"turned off by a set-up finding: {self.off_because}", pairs=[]
+            why = (
+                f"turned off by a set-up finding: {self.off_because}"
+                if self._off_by_setup
+                else f"off for this layout: {self.off_because}"
             )
+            described.update(on=False, why=why, pairs=[])
         elif described.get("on") and not self.compare_grads:
             described["compares"] = (
                 "loss bits only (the preflight found gradients not reproducible)"
