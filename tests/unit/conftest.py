@@ -2,8 +2,34 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
+
 import pytest
 import torch.distributed as dist
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A 1-process gloo group for the test (the guard's collectives run in it), on a simulated
+    HyperPod node."""
+    if dist.is_initialized():
+        pytest.fail("a process group is already initialised in this test process")
+    monkeypatch.setenv("NODE_NAME", "hyperpod-i-00000000000000000")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -7,13 +7,10 @@ cleared and restored after it, and which set-ups keep the host path."""
 from __future__ import annotations
 
 import math
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import sdc_agent as sdc
@@ -26,27 +23,6 @@ COMMON = {
     "sensors": False,
     "peer_offset": 1,
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A 1-process gloo group for the test (the guard's collectives run in it)."""
-    if dist.is_initialized():
-        pytest.fail("a process group is already initialised in this test process")
-    monkeypatch.setenv("NODE_NAME", "hyperpod-i-00000000000000000")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _batch(bad_step: int | None) -> Any:

@@ -14,7 +14,6 @@ written in the commit message and in the comment beside the pin.
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -80,28 +79,16 @@ FUSED_ADAMW_LAUNCHES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A 1-process gloo group for the test (the guard's collectives run in it)."""
-    if dist.is_initialized():
-        pytest.fail("a process group is already initialised in this test process")
-    monkeypatch.setenv("NODE_NAME", "hyperpod-i-00000000000000000")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+def one_process_group(one_process_group: None) -> Iterator[None]:
+    """The shared 1-process gloo group (tests/unit/conftest.py), on one thread, with the
+    recorder's wrappers of torch.distributed removed before the group goes."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         yield
     finally:
         uninstall()  # the recorder's wrappers of torch.distributed go with the group
-        dist.destroy_process_group()
         torch.set_num_threads(threads)
 
 
