@@ -123,6 +123,10 @@ class SdcConfig:
     )
     """Opt-in approval without a person: `{"onHealthCheckFailed": bool, "minPrecision": 0..1,
     "minEvents": N}`; off by default (`autoApprove`)."""
+    auto_approve_requires_screen: bool = False
+    """The auto-approval policy approves only a node whose screen reproduced the fault
+    (`$.screen.status` `reproduced`); any other screen outcome (clean, inconclusive, failed,
+    not configured, skipped) leaves it to a person; off by default (`autoApproveRequiresScreen`)."""
     check_modes: Mapping[str, str] = field(default_factory=dict)
     """Per check x verdict `enforce` or `shadow`: keys `<check>/<verdict>`, `<check>/*` or
     `*`, the most specific wins; unlisted ones are enforced (`checkModes`)."""
@@ -569,6 +573,7 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "adoptReportLogGroup": ("adopt_report_log_group", _as_bool),
     "checkModes": ("check_modes", _as_modes),
     "autoApprove": ("auto_approve", _as_policy),
+    "autoApproveRequiresScreen": ("auto_approve_requires_screen", _as_bool),
     "shadowHealthCheck": ("shadow_health_check", _as_bool),
     "canarySchedule": ("canary_schedule_seconds", _as_schedule),
     "canaryTimeout": ("canary_timeout_seconds", _as_duration),

@@ -266,6 +266,11 @@ class Functions(Construct):
         # The screen function alone knows the screen's image, namespace and deadline.
         for name, value in screen_environment(config).items():
             self.steps["screen"].function.add_environment(name, value)
+        # The auto-approval policy (request_approval) may require a reproduced screen.
+        self.steps["request_approval"].function.add_environment(
+            contract.AUTO_APPROVE_REQUIRES_SCREEN,
+            "true" if config.auto_approve_requires_screen else "false",
+        )
 
     def function(self, folder: str) -> lambda_.Function:
         """A step's or a service's function (a KeyError names an unknown or disabled folder)."""

@@ -25,6 +25,7 @@ import sdc_contract as contract
 from sdc_contract.autoapprove import AutoApprovePolicy, parse_policy
 from sdc_contract.environment import (
     APPROVAL_TTL_MARGIN_SECONDS,
+    AUTO_APPROVE_REQUIRES_SCREEN,
     DEFAULT_APPROVAL_TIMEOUT_SECONDS,
     DEFAULT_FLOOD_WATCH_FRACTION,
     DEFAULT_HEALTH_CHECK_TIMEOUT_SECONDS,
@@ -386,6 +387,20 @@ class Settings:
             return parse_policy(self._optional(contract.AUTO_APPROVE) or "")
         except ValueError as exc:
             raise ConfigurationError(f"AUTO_APPROVE: {exc}") from None
+
+    @property
+    def auto_approve_requires_screen(self) -> bool:
+        """AUTO_APPROVE_REQUIRES_SCREEN: `true` lets the auto-approval policy approve only a node
+        whose screen reproduced the fault (default false; context key autoApproveRequiresScreen;
+        set on request_approval)."""
+        raw = (self._optional(AUTO_APPROVE_REQUIRES_SCREEN) or "false").lower()
+        if raw in _TRUE:
+            return True
+        if raw in _FALSE:
+            return False
+        raise ConfigurationError(
+            f"{AUTO_APPROVE_REQUIRES_SCREEN} must be 'true' or 'false', got {raw[:40]!r}"
+        )
 
     @property
     def shadow_health_check(self) -> bool:

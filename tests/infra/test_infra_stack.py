@@ -474,9 +474,10 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
         assert len(props["Layers"]) == 1
         env = props["Environment"]["Variables"]
         # request_approval alone also names the approve function's URL (its messages quote it,
-        # and the canary's approval is settled through it)
+        # and the canary's approval is settled through it), and whether its auto-approval
+        # policy needs a reproduced screen (autoApproveRequiresScreen)
         own = {
-            "request_approval": {contract.APPROVAL_URL},
+            "request_approval": {contract.APPROVAL_URL, contract.AUTO_APPROVE_REQUIRES_SCREEN},
             # approve alone knows request_approval's role (confined to the canary's action)
             "approve": {contract.APPROVAL_REQUESTER_ROLE},
             "canary": {contract.CANARY_TIMEOUT_SECONDS},  # how long a run stays open

@@ -42,6 +42,10 @@ APPROVAL_REQUESTER_ROLE = "APPROVAL_REQUESTER_ROLE"
 approve URL may settle the canary's approval and nothing else."""
 CHECK_MODES = "CHECK_MODES"
 AUTO_APPROVE = "AUTO_APPROVE"
+AUTO_APPROVE_REQUIRES_SCREEN = "AUTO_APPROVE_REQUIRES_SCREEN"
+"""Set on request_approval only (context key ``autoApproveRequiresScreen``, default ``false``):
+``true`` lets the auto-approval policy approve only a node whose screen reproduced the fault
+(``$.screen.status`` ``reproduced``); any other screen outcome means a person decides."""
 CANARY_TIMEOUT_SECONDS = "CANARY_TIMEOUT_SECONDS"
 """Set on the canary function only: how long a run may take (``canaryTimeout``); a run stays open,
 and its reports and approval acceptable, that long at most."""
@@ -151,6 +155,7 @@ __all__ = [
     "APPROVAL_TTL_SECONDS",
     "APPROVAL_URL",
     "AUTO_APPROVE",
+    "AUTO_APPROVE_REQUIRES_SCREEN",
     "CANARY_TIMEOUT_SECONDS",
     "CHECK_MODES",
     "DEFAULT_APPROVAL_TIMEOUT_SECONDS",

@@ -350,6 +350,7 @@ def _remediation_json(r: outcomes.Remediation) -> dict[str, Any]:
         "repeat_offender": r.repeat,
         "dry_run": r.dry_run,
         "screen": r.screen,
+        "screen_agreement": r.screen_agreement,
         "transitions": r.transitions,
     }
 
@@ -367,7 +368,8 @@ def _remediation_json(r: outcomes.Remediation) -> dict[str, Any]:
 @_fail_cleanly
 def stats(ctx: click.Context, since: Any, window: Any, as_json: bool) -> None:
     """How often each check x verdict was right: alarms, health-check confirmations,
-    replacements, rejections, repeat offenders, and a precision estimate with its 95 % interval.
+    replacements, rejections, repeat offenders, a precision estimate with its 95 % interval, and
+    whether the node screen agreed with the job (agreed / disagreed / no evidence).
     """
     remediations = outcomes.mark_recurrences(outcomes.summarise(_ledger(ctx).all_events()), window)
     start = precision.window_start(clock.now(), since)
@@ -378,6 +380,7 @@ def stats(ctx: click.Context, since: Any, window: Any, as_json: bool) -> None:
         payload = {
             "since": clock.iso(start) if start else None,
             "definition": precision.PRECISION_DEFINITION,
+            "screen_agreement_definition": precision.SCREEN_AGREEMENT_DEFINITION,
             "rows": [row.as_dict() for row in rows],
         }
         click.echo(json.dumps(payload, indent=2))

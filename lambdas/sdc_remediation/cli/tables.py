@@ -14,7 +14,7 @@ from tabulate import tabulate
 
 from .. import text
 from ..logic.outcomes import Remediation, classify
-from ..logic.stats import FEW_EVENTS, PRECISION_DEFINITION, CheckStats
+from ..logic.stats import FEW_EVENTS, PRECISION_DEFINITION, SCREEN_AGREEMENT_DEFINITION, CheckStats
 from ..models.canary import STEPS, Run
 
 _STATS_HEADERS = (
@@ -30,6 +30,7 @@ _STATS_HEADERS = (
     "repeat\noffenders",
     "precision",
     "95%\ninterval",
+    "screen\nagreed/\ndisagreed/\nno evidence",
     "note",
 )
 
@@ -71,6 +72,7 @@ def stats_table(rows: Iterable[CheckStats], *, scope: str) -> str:
                 row.repeat_offenders,
                 _percent(row.precision),
                 "-" if row.low is None else f"{_percent(row.low)}-{_percent(row.high)}",
+                f"{row.screen_agreed}/{row.screen_disagreed}/{row.screen_no_evidence}",
                 note,
             )
         )
@@ -82,6 +84,7 @@ def stats_table(rows: Iterable[CheckStats], *, scope: str) -> str:
             tabulate(body, headers=_STATS_HEADERS, tablefmt="simple"),
             "",
             textwrap.fill(PRECISION_DEFINITION, width=100),
+            textwrap.fill(SCREEN_AGREEMENT_DEFINITION, width=100),
         ]
     )
 

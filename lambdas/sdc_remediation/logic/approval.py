@@ -22,6 +22,7 @@ from ..errors import ApprovalAlreadyDecided
 from ..models import ApprovalRequestInput
 from ..observability import logger
 from . import autoapprove, notify, outcomes, stats
+from .screen import job_name
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,26 @@ def auto_decision(
         health_status=state.health.status if state.health else None,
         precision=precision,
         rejected_at=rejected_at,
+        requires_screen=settings.auto_approve_requires_screen,
+        screen=screen_on_this_node(state),
+        screen_line=state.screen.line() if state.screen is not None else "",
     )
     logger.info(
         "auto-approval policy", extra={"approve": decision.approve, "reason": decision.reason}
     )
     return decision
+
+
+def screen_on_this_node(state: ApprovalRequestInput) -> str | None:
+    """This node's screen outcome as the policy reads it (None: no screen ran). A ``reproduced``
+    result counts only from this item's own Job (``screen.job_name``: execution, item and
+    instance), so a result carried from anywhere else is no reproduction on this node."""
+    result = state.screen
+    if result is None:
+        return None
+    if result.status == autoapprove.SCREEN_REPRODUCED and result.job != job_name(state):
+        return "reproduced by a Job that is not this node's"
+    return result.status
 
 
 def _rejected_recently(remediations: list[outcomes.Remediation], instance_id: str) -> str | None:
@@ -130,4 +146,10 @@ def auto_approve(
     pending.approvals.mark_notified(approval_id)
 
 
-__all__ = ["PendingApproval", "ask_a_person", "auto_approve", "auto_decision"]
+__all__ = [
+    "PendingApproval",
+    "ask_a_person",
+    "auto_approve",
+    "auto_decision",
+    "screen_on_this_node",
+]

@@ -8,6 +8,12 @@ The precision rule counts only evidence a pod cannot make up: remediations the g
 and the health check or a person decided, one per report, at most one per job (``stats.
 one_per_job``); and it never approves by precision alone a node a person rejected (or released)
 within the recurrence window.
+
+With ``requires_screen`` (``AUTO_APPROVE_REQUIRES_SCREEN``, context key
+``autoApproveRequiresScreen``) neither rule approves unless the node screen reproduced the fault
+on this very node (``screen`` = ``reproduced``): a clean, inconclusive, failed, not configured or
+skipped screen (or none) means a person decides, and the reason says so. A ``clean`` screen never
+releases a node either way: it only withholds the policy's approval.
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ class Precision:
         return self.right / self.decided if self.decided else None
 
 
+SCREEN_REPRODUCED = "reproduced"
+"""The one screen outcome that lets the policy approve when it requires a screen."""
+
+
 @dataclass(frozen=True)
 class AutoDecision:
     """The policy's answer: approve (with the approver and reason to record) or why not."""
@@ -56,6 +66,9 @@ def evaluate(
     health_status: str | None,
     precision: Precision | None,
     rejected_at: str | None = None,
+    requires_screen: bool = False,
+    screen: str | None = None,
+    screen_line: str = "",
 ) -> AutoDecision:
     """Apply the policy to one remediation waiting for approval; pure.
 
@@ -63,14 +76,29 @@ def evaluate(
     rule needs ``min_events`` decided remediations of the same check x verdict (from as many
     distinct jobs), compares the point estimate with ``min_precision`` (the Wilson interval is
     part of the reason), and never applies to a node a person rejected at ``rejected_at``
-    (within the recurrence window).
+    (within the recurrence window). With ``requires_screen``, both rules need ``screen`` (this
+    node's screen outcome: a ``ScreenStatus``, None when none ran) to be ``reproduced`` first;
+    ``screen_line`` (what it found) joins an approval's reason.
     """
+    if requires_screen and screen != SCREEN_REPRODUCED:
+        shown = "not run" if screen is None else screen.replace("_", " ")
+        return AutoDecision(
+            False,
+            "",
+            f"auto-approval needs a reproduced screen: screen {shown} "
+            "(autoApproveRequiresScreen=true); a person decides",
+        )
+    also = (
+        f"; screen {screen_line or SCREEN_REPRODUCED}, autoApproveRequiresScreen=true"
+        if requires_screen
+        else ""
+    )
     if policy.on_health_check_failed and health_status == "failed":
         return AutoDecision(
             True,
             f"{APPROVER_PREFIX}/health-check-failed",
             "auto-approved by policy: the deep health check failed (hardware confirmed); "
-            f"inputs: onHealthCheckFailed=true, health={health_status}",
+            f"inputs: onHealthCheckFailed=true, health={health_status}{also}",
         )
     if policy.min_precision is None:
         return AutoDecision(False, "", "no auto-approval rule applies; a person decides")
@@ -103,9 +131,9 @@ def evaluate(
     )
     if estimate >= policy.min_precision:
         return AutoDecision(
-            True, f"{APPROVER_PREFIX}/precision", f"auto-approved by policy: {inputs}"
+            True, f"{APPROVER_PREFIX}/precision", f"auto-approved by policy: {inputs}{also}"
         )
     return AutoDecision(False, "", f"below the auto-approval threshold: {inputs}; a person decides")
 
 
-__all__ = ["AutoDecision", "Precision", "evaluate"]
+__all__ = ["SCREEN_REPRODUCED", "AutoDecision", "Precision", "evaluate"]

@@ -178,6 +178,7 @@ def approval_message(
         f"Full report:    CloudWatch Logs {ev.get('report') or 'not recorded'}",
         f"Health check:   {health['status']} {health['detail']}".rstrip(),
         screen_line(ev),
+        *_auto_approval_lines(ev),
         f"History:        {repeats} earlier remediation(s) of this instance"
         + (
             ": "
@@ -198,6 +199,14 @@ def approval_message(
         f"To list pending approvals: {cli_prefix} pending",
     ]
     return subject[:100], "\n".join(lines)
+
+
+def _auto_approval_lines(ev: dict[str, Any]) -> list[str]:
+    """Why the auto-approval policy left this one to a person (none without a policy)."""
+    auto = ev.get("auto_approval")
+    if not auto or auto.get("approve"):
+        return []
+    return [f"Auto-approval:  not applied: {auto.get('reason') or 'no rule applies'}"]
 
 
 def _divergent(ev: dict[str, Any]) -> str:

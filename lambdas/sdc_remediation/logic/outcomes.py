@@ -21,6 +21,11 @@ alarming within the window. The ledger does not know which instance replaced whi
 second rule counts any other node of that job: a replacement that did not stop the job's alarms
 suggests the wrong node was blamed. It turns a person's approval into "wrong"; it never makes
 anything "right".
+
+Screen agreement (``screen_agreement``): whether the node screen agreed with the job's finding.
+``reproduced`` agreed; ``clean`` disagreed (the screen did not find it: not an exoneration, and
+it decides nothing about right or wrong); any other outcome (inconclusive, failed, not
+configured, skipped, none) is no screen evidence.
 """
 
 from __future__ import annotations
@@ -45,6 +50,34 @@ UNKNOWN = "-"
 """Check or verdict of events recorded before the ledger kept them."""
 
 Verdict = Literal["right", "wrong", "undecided"]
+ScreenAgreement = Literal["agreed", "disagreed", "no_evidence"]
+
+_SCREEN_LINE_STATUS = (
+    # The ledger's `screen` line (``ScreenResult.line``) by its start, for events recorded
+    # before the ledger kept `screen_status`.
+    ("reproduced", "reproduced"),
+    ("clean", "clean"),
+    ("inconclusive", "inconclusive"),
+    ("failed", "failed"),
+    ("not configured", "not_configured"),
+    ("skipped", "skipped"),
+)
+
+
+def screen_agreement(status: str | None) -> ScreenAgreement:
+    """Whether a screen of ``status`` agreed with the job's finding (module docstring)."""
+    if status == "reproduced":
+        return "agreed"
+    if status == "clean":
+        return "disagreed"
+    return "no_evidence"
+
+
+def screen_status_of_line(line: str | None) -> str | None:
+    """The screen's status from its ledger line (None: no line, or one this cannot read)."""
+    text = (line or "").strip()
+    return next((status for start, status in _SCREEN_LINE_STATUS if text.startswith(start)), None)
+
 
 # Terminal transitions, most telling first: a remediation's outcome is the first one it has.
 _OUTCOME_ORDER = (
@@ -81,6 +114,9 @@ class Remediation:
     screen: str | None = None
     """The node screen's outcome (``reproduced on GPU 3 (UUID ...)``, ``clean (ran: ...)``,
     ``failed (...)``), from the latest event that carries one; None: no screen recorded."""
+    screen_status: str | None = None
+    """Its status (``reproduced``, ``clean``, ...), from the same event (or, on an event recorded
+    before the ledger kept it, read from the line)."""
     repeat_same_instance: bool = False
     """The same instance alarmed again within the recurrence window."""
     repeat_after_replacement: bool = False
@@ -155,6 +191,11 @@ class Remediation:
         )
 
     @property
+    def screen_agreement(self) -> ScreenAgreement:
+        """Whether the node screen agreed with the job's finding (``screen_agreement``)."""
+        return screen_agreement(self.screen_status)
+
+    @property
     def decided(self) -> bool:
         """Admitted, and decided by the health check or a person: what precision counts."""
         return classify(self) != "undecided"
@@ -192,6 +233,11 @@ def summarise(events: Iterable[Mapping[str, Any]]) -> list[Remediation]:
         entry.dry_run = entry.dry_run or bool(event.get("dry_run"))
         if event.get("screen"):
             entry.screen = str(event["screen"])
+            entry.screen_status = (
+                str(event["screen_status"])
+                if event.get("screen_status")
+                else screen_status_of_line(entry.screen)
+            )
         entry.transitions.append(
             {
                 key: event[key]
@@ -256,9 +302,12 @@ __all__ = [
     "DEFAULT_RECURRENCE_WINDOW",
     "UNKNOWN",
     "Remediation",
+    "ScreenAgreement",
     "Verdict",
     "classify",
     "mark_recurrences",
+    "screen_agreement",
+    "screen_status_of_line",
     "since",
     "summarise",
 ]

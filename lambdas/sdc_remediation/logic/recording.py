@@ -32,7 +32,7 @@ from ..errors import InvalidStepInput
 from ..models import RecordInput, RecordResult, RecordState, StepError, Transition, parse_step
 from ..observability import logger, metrics
 from ..targets import target_for
-from . import decision, notify, shadow
+from . import decision, notify, outcomes, shadow
 
 # Every terminal transition of an admitted remediation closes it: the node is free for a new
 # admission and its place in flight is given back. Whether the node keeps counting against the
@@ -71,6 +71,23 @@ OUTCOME_METRICS = (
     "approval_timed_out",
     "failed",
 )
+
+SCREEN_AGREEMENT_TRANSITION = "awaiting_approval"
+"""The transition the record step counts the screen's agreement at: recorded once per
+remediation, right after the Screen step, before anyone decides."""
+SCREEN_AGREEMENT_METRICS: dict[outcomes.ScreenAgreement, str] = {
+    "agreed": "screen_agreed",
+    "disagreed": "screen_disagreed",
+    "no_evidence": "screen_no_evidence",
+}
+"""Whether the node screen agreed with the job's finding, counted as outcome metrics (the same
+dimensions, ``OUTCOME_DIMENSIONS``: the dashboard's table shows them beside the outcomes; no
+alarm reads them)."""
+
+
+def screen_status(st: RecordState) -> str | None:
+    """The screen's outcome in the state (None: no screen, or one still running)."""
+    return st.screen.status if st.screen is not None and st.screen.done else None
 
 
 def outcome_metric(cluster: str, check: str, verdict: str, transition: str) -> None:
@@ -252,6 +269,8 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
         "resume_step": resume["max_step"] if resume else None,
         # The node screen's outcome, once there is one (`sdc-remediation history` shows it).
         "screen": st.screen.line() if st.screen is not None and st.screen.done else None,
+        # ... and its status: whether the screen agreed with the job (the precision ledger).
+        "screen_status": screen_status(st),
         "detail": encode_detail(detail),
     }
     # Only this execution's own remediation may change the node's STATE: a `duplicate`
@@ -308,6 +327,14 @@ def record(inp: RecordInput, settings: Settings, node: NodeKey | None = None) ->
                 st.suspect.check,
                 st.suspect.verdict,
                 inp.transition,
+            )
+        if st.suspect is not None and inp.transition == SCREEN_AGREEMENT_TRANSITION:
+            # Once per remediation, when the screen is over: whether it agreed with the job.
+            outcome_metric(
+                settings.hyperpod_cluster_name,
+                st.suspect.check,
+                st.suspect.verdict,
+                SCREEN_AGREEMENT_METRICS[outcomes.screen_agreement(screen_status(st))],
             )
     if st.suspect is not None:
         error = f"{inp.error.error}: {inp.error.cause[:500]}" if inp.error else None

@@ -33,6 +33,13 @@ PRECISION_DEFINITION = (
     "is one remediation. Interval: Wilson score, 95 %."
 )
 
+SCREEN_AGREEMENT_DEFINITION = (
+    "screen agreement per check x verdict, one per remediation: agreed = the node screen "
+    "reproduced the fault on the node the job named; disagreed = the screen ran clean (not an "
+    "exoneration: it counts in neither right nor wrong); no evidence = inconclusive, failed, not "
+    "configured, skipped or no screen."
+)
+
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -86,6 +93,12 @@ class CheckStats:
     high: float | None
     jobs: int = 0
     """Distinct jobs among the decided remediations."""
+    screen_agreed: int = 0
+    """Remediations whose node screen reproduced the fault (agreed with the job)."""
+    screen_disagreed: int = 0
+    """... whose screen ran clean (disagreed; not an exoneration)."""
+    screen_no_evidence: int = 0
+    """... whose screen gave no evidence (inconclusive, failed, not configured, skipped, none)."""
 
     @property
     def decided(self) -> int:
@@ -126,6 +139,9 @@ def check_stats(check: str, verdict: str, remediations: Iterable[Remediation]) -
         low=interval[0] if interval else None,
         high=interval[1] if interval else None,
         jobs=len(jobs),
+        screen_agreed=sum(r.screen_agreement == "agreed" for r in rows),
+        screen_disagreed=sum(r.screen_agreement == "disagreed" for r in rows),
+        screen_no_evidence=sum(r.screen_agreement == "no_evidence" for r in rows),
     )
 
 
@@ -156,6 +172,7 @@ def window_start(now: datetime, since: timedelta | None) -> datetime | None:
 __all__ = [
     "FEW_EVENTS",
     "PRECISION_DEFINITION",
+    "SCREEN_AGREEMENT_DEFINITION",
     "CheckStats",
     "check_stats",
     "one_per_job",
