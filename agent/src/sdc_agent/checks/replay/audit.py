@@ -701,6 +701,43 @@ class RingAudit(Check):
             setup=finding.to_dict("stopped" if self.stops_on_setup_error else "off"),
         )
 
+    def _first_divergences_over(
+        self,
+        own_table: torch.Tensor | None,
+        replay_table: torch.Tensor | None,
+        *,
+        target: int,
+        replayer: int,
+        world: int,
+        group: dist.ProcessGroup | None,
+    ) -> list[int]:
+        """Per rank of ``group`` (``world`` of them): the index of the first of its own ordered
+        local results ``own_table`` where its replayer's replay differs
+        (:func:`.attribution.first_divergence`).
+
+        Collective over ``group``: each rank sends its replay's local results
+        (``replay_table``) to ``target``, the rank whose work it replayed, and receives its own
+        ``replayer``'s (one point-to-point shift around the ring: the tables never travel
+        further), finds where they first differ from its own, and one small all-gather shares
+        that index. The TP audit and the pipeline audit (per stage) both use it."""
+        device = self.adapter.collective_device
+        empty = torch.zeros((0, 2), dtype=torch.int64)
+        own = (own_table if own_table is not None else empty).to(device, torch.int64)
+        replay = (replay_table if replay_table is not None else empty).to(device, torch.int64)
+        length = torch.tensor([replay.shape[0]], dtype=torch.int64, device=device)
+        received_length = torch.zeros_like(length)
+        self._shift(length, target, received_length, replayer)
+        received = torch.zeros((int(received_length.item()), 2), dtype=torch.int64, device=device)
+        self._shift(replay.contiguous(), target, received, replayer)
+        mine = torch.tensor(
+            [first_divergence(own.cpu().tolist(), received.cpu().tolist())],
+            dtype=torch.int64,
+            device=device,
+        )
+        firsts = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(firsts, mine, group=group)
+        return [int(f.item()) for f in firsts]
+
     def _earliest_local_pairs(
         self,
         pairs: list[tuple[int, int]],
@@ -715,25 +752,15 @@ class RingAudit(Check):
         replayer's (one point-to-point shift around the ring: the tables never travel further),
         finds where they first differ from its own, and one small all-gather shares that index."""
         a = self.adapter
-        device = a.collective_device
-        empty = torch.zeros((0, 2), dtype=torch.int64)
-        own = (own_table if own_table is not None else empty).to(device, torch.int64)
-        replay = (replay_table if replay_table is not None else empty).to(device, torch.int64)
-        target = a.global_rank(replay_target(a.dp_rank, a.world, self.peer_offset))
-        replayer = a.global_rank((a.dp_rank - self.peer_offset) % a.world)
-        length = torch.tensor([replay.shape[0]], dtype=torch.int64, device=device)
-        received_length = torch.zeros_like(length)
-        self._shift(length, target, received_length, replayer)
-        received = torch.zeros((int(received_length.item()), 2), dtype=torch.int64, device=device)
-        self._shift(replay.contiguous(), target, received, replayer)
-        mine = torch.tensor(
-            [first_divergence(own.cpu().tolist(), received.cpu().tolist())],
-            dtype=torch.int64,
-            device=device,
+        firsts = self._first_divergences_over(
+            own_table,
+            replay_table,
+            target=a.global_rank(replay_target(a.dp_rank, a.world, self.peer_offset)),
+            replayer=a.global_rank((a.dp_rank - self.peer_offset) % a.world),
+            world=a.world,
+            group=a.dp_group,
         )
-        firsts = [torch.zeros_like(mine) for _ in range(a.world)]
-        dist.all_gather(firsts, mine, group=a.dp_group)
-        first = {(t, r): int(firsts[t].item()) for t, r in pairs}
+        first = {(t, r): firsts[t] for t, r in pairs}
         group_of = list(range(len(a.compute_groups), len(a.compute_groups) + a.world))
         for index, members in enumerate(a.compute_groups):
             for dp in members:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ...alarm import Alarm, Verdict, VerdictKind
 from ...reporting import Reporter
-from .attribution import first_divergence, mismatch_verdict, replay_target, third_gpu
+from .attribution import mismatch_verdict, replay_target, third_gpu
 from .audit import CollectiveRingAudit, RebuildBatch
 from .environment import StepEnvironment
 from .layout import ReplayLayout
@@ -398,23 +398,11 @@ class PipelineRingAudit(CollectiveRingAudit):
         point-to-point shift along each stage's ring: the tables never travel further), finds
         where they first differ from its own, and one small all-gather shares that index."""
         a = self.pipeline
-        device = a.collective_device
-        empty = torch.zeros((0, 2), dtype=torch.int64)
-        own = (self._own_results if self._own_results is not None else empty).to(device)
-        table = self.pipeline_replayer.last_table
-        replay = (table if table is not None else empty).to(device, torch.int64).contiguous()
-        target = a.rank_at(replay_target(a.replica_index, a.replicas, self.peer_offset))
-        replayer = a.rank_at((a.replica_index - self.peer_offset) % a.replicas)
-        length = torch.tensor([replay.shape[0]], dtype=torch.int64, device=device)
-        received_length = torch.zeros_like(length)
-        self._shift(length, target, received_length, replayer)
-        received = torch.zeros((int(received_length.item()), 2), dtype=torch.int64, device=device)
-        self._shift(replay, target, received, replayer)
-        mine = torch.tensor(
-            [first_divergence(own.cpu().tolist(), received.cpu().tolist())],
-            dtype=torch.int64,
-            device=device,
+        return self._first_divergences_over(
+            self._own_results,
+            self.pipeline_replayer.last_table,
+            target=a.rank_at(replay_target(a.replica_index, a.replicas, self.peer_offset)),
+            replayer=a.rank_at((a.replica_index - self.peer_offset) % a.replicas),
+            world=a.world,
+            group=None,
         )
-        firsts = [torch.zeros_like(mine) for _ in range(a.world)]
-        dist.all_gather(firsts, mine)
-        return [int(f.item()) for f in firsts]
