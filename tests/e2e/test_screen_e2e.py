@@ -6,8 +6,6 @@ deleted; the rest of the workflow is what it always is."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 
 from tests.e2e.harness.pipeline import LocalPipeline
 from tests.e2e.scenario import culprit_alarm, local_cluster, operator, pending_for, raise_alarm
+from tests.support.screen_run import simulated_screen_message
 
 pytestmark = pytest.mark.slow
 
@@ -26,28 +25,7 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/llama-train:2026.11"
 
 def _real_screen(tmp_path: Path) -> str:
     """The termination message of the real screen of 4 simulated devices, device 3 faulty."""
-    log = tmp_path / "termination-log"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sdc_agent.screen",
-            "--simulate",
-            "4",
-            "--fault",
-            "3:gemm-x1000",
-            "--repetitions",
-            "2",
-            "--termination-log",
-            str(log),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 3, done.stderr
-    return log.read_text()
+    return simulated_screen_message(tmp_path, 3)
 
 
 def test_the_screen_reproduces_on_the_suspect_node_before_the_approval(tmp_path):

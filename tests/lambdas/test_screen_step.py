@@ -6,8 +6,6 @@ leaves a bad message is `failed`, the Job deleted, and nothing else is lost."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +20,7 @@ from sdc_remediation.dal.dynamo import from_item
 from sdc_remediation.errors import ClusterApiUnavailable, ConfigurationError
 from sdc_remediation.logic import screen as screen_logic
 from tests.e2e.harness.kube_jobs import JobsStandIn
+from tests.support.screen_run import simulated_screen_message
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/llama-train:2026.11"
 NAMESPACE = "sdc-screen"
@@ -401,30 +400,10 @@ def test_screen_settings_defaults():
 @pytest.mark.slow
 def test_the_real_screens_termination_message_names_the_faulty_device(tmp_path):
     # Given the real screen on 4 simulated devices, a fault injected into device 2
-    log = tmp_path / "termination-log"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sdc_agent.screen",
-            "--simulate",
-            "4",
-            "--fault",
-            "2:gemm-x1000",
-            "--repetitions",
-            "2",
-            "--termination-log",
-            str(log),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 3, done.stderr
+    message = simulated_screen_message(tmp_path, 2, timeout=240)
 
     # When the step reads its termination log as the pod's message
-    out = screen_logic.read_result({"exitCode": 3, "message": log.read_text()})
+    out = screen_logic.read_result({"exitCode": 3, "message": message})
 
     # Then
     assert out.status == "reproduced" and out.gpu_index == 2 and out.gpu_uuid == "cpu-2"
