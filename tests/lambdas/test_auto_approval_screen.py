@@ -70,6 +70,26 @@ def _expect_send(sfn: Stubber) -> None:
     sfn.add_response("send_task_success", {}, {"taskToken": TOKEN, "output": ANY})
 
 
+def _decide(invoke, state: dict[str, Any], *, approves: bool) -> dict[str, Any]:
+    """Ask for the approval with SendTaskSuccess stubbed (expected only when the policy
+    approves, so an unexpected decision fails), and return the stored request."""
+    with Stubber(aws.client("stepfunctions")) as sfn:
+        if approves:
+            _expect_send(sfn)
+        _request(invoke, state)
+        sfn.assert_no_pending_responses()
+    (stored,) = _approvals()
+    return stored
+
+
+def _person_asked(invoke, state: dict[str, Any]) -> str:
+    """Ask for the approval, check that a person is asked (the request is pending), and return
+    the policy's reason for not approving."""
+    stored = _decide(invoke, state, approves=False)
+    assert stored["status"] == "pending"
+    return json.loads(stored["evidence"])["auto_approval"]["reason"]
+
+
 @pytest.fixture
 def requires_screen(monkeypatch: pytest.MonkeyPatch) -> None:
     """The health-check rule, with a reproduced screen required."""
@@ -82,13 +102,8 @@ def test_a_reproduced_screen_lets_the_policy_approve(cloud, invoke, requires_scr
     state = _state(invoke, cloud.nodes[0], "failed", "reproduced")
 
     # When RequestApproval runs
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _expect_send(sfn)
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
     # Then the policy approved, and its reason names the screen and the key
-    (stored,) = _approvals()
+    stored = _decide(invoke, state, approves=True)
     assert stored["status"] == "approved"
     assert stored["approver"] == "policy:sdc-guard-auto-approve/health-check-failed"
     assert f"screen reproduced on GPU 3 (UUID {UUID})" in stored["reason"]
@@ -106,12 +121,8 @@ def test_any_other_screen_outcome_asks_a_person_and_says_why(
     state = _state(invoke, cloud.nodes[0], "failed", outcome)
 
     # When RequestApproval runs (no SendTaskSuccess may happen: the Stubber has none)
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
     # Then a person is asked, and both the evidence and the message say why not the policy
-    (stored,) = _approvals()
+    stored = _decide(invoke, state, approves=False)
     assert stored["status"] == "pending"
     why = f"auto-approval needs a reproduced screen: screen {outcome.replace('_', ' ')}"
     evidence = json.loads(stored["evidence"])
@@ -126,13 +137,7 @@ def test_no_screen_at_all_asks_a_person(cloud, invoke, requires_screen):
     # Given a failed health check and no screen in the state
     state = _state(invoke, cloud.nodes[0], "failed", None)
 
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
-    (stored,) = _approvals()
-    assert stored["status"] == "pending"
-    reason = json.loads(stored["evidence"])["auto_approval"]["reason"]
+    reason = _person_asked(invoke, state)
     assert "auto-approval needs a reproduced screen: screen not run" in reason
 
 
@@ -143,13 +148,7 @@ def test_a_screen_caught_as_an_error_is_a_failed_screen_and_asks_a_person(
     state = _state(invoke, cloud.nodes[0], "failed", None)
     state["screen"] = {"Error": "ClusterApiUnavailable", "Cause": "503 after the retries"}
 
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
-    (stored,) = _approvals()
-    assert stored["status"] == "pending"
-    reason = json.loads(stored["evidence"])["auto_approval"]["reason"]
+    reason = _person_asked(invoke, state)
     assert "auto-approval needs a reproduced screen: screen failed" in reason
 
 
@@ -158,13 +157,7 @@ def test_a_reproduced_screen_of_another_job_is_not_this_nodes(cloud, invoke, req
     state = _state(invoke, cloud.nodes[0], "failed", "reproduced")
     state["screen"]["job"] = "sdc-screen-0000000000000000"
 
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
-    (stored,) = _approvals()
-    assert stored["status"] == "pending"
-    reason = json.loads(stored["evidence"])["auto_approval"]["reason"]
+    reason = _person_asked(invoke, state)
     assert "auto-approval needs a reproduced screen: screen reproduced by a Job" in reason
 
 
@@ -172,14 +165,8 @@ def test_a_reproduced_screen_alone_approves_nothing(cloud, invoke, requires_scre
     # Given a reproduced screen but a passed health check and no precision rule
     state = _state(invoke, cloud.nodes[0], "passed", "reproduced")
 
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
     # Then the requirement adds a condition, never a rule: a person decides
-    (stored,) = _approvals()
-    assert stored["status"] == "pending"
-    reason = json.loads(stored["evidence"])["auto_approval"]["reason"]
+    reason = _person_asked(invoke, state)
     assert reason == "no auto-approval rule applies; a person decides"
 
 
@@ -191,13 +178,8 @@ def test_key_off_the_policy_is_unchanged_whatever_the_screen(cloud, invoke, monk
     state = _state(invoke, cloud.nodes[0], "failed", outcome)
 
     # When RequestApproval runs
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _expect_send(sfn)
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
     # Then the policy approves as before, and its reason says nothing of the screen
-    (stored,) = _approvals()
+    stored = _decide(invoke, state, approves=True)
     assert stored["status"] == "approved"
     assert stored["reason"] == (
         "auto-approved by policy: the deep health check failed (hardware confirmed); "
@@ -212,13 +194,7 @@ def test_key_off_a_passed_check_still_asks_a_person_without_a_screen_reason(
     monkeypatch.setenv("AUTO_APPROVE_REQUIRES_SCREEN", "false")
     state = _state(invoke, cloud.nodes[0], "passed", "clean")
 
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
-    (stored,) = _approvals()
-    assert stored["status"] == "pending"
-    reason = json.loads(stored["evidence"])["auto_approval"]["reason"]
+    reason = _person_asked(invoke, state)
     assert "screen" not in reason
 
 
@@ -227,12 +203,8 @@ def test_a_clean_screen_never_releases_the_node(cloud, invoke, requires_screen):
     node = cloud.nodes[0]
     state = _state(invoke, node, "passed", "clean")
 
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
     # Then nothing decided: the request waits for a person, the node stays held by the guard
-    (stored,) = _approvals()
+    stored = _decide(invoke, state, approves=False)
     assert stored["status"] == "pending"
     assert stored.get("decision") is None and stored.get("release") in (None, False)
     (message,) = cloud.sns_messages()
@@ -318,12 +290,7 @@ def test_the_real_screen_step_reproducing_the_fault_is_approved(
     assert state["screen"]["status"] == "reproduced"
 
     # When RequestApproval runs
-    with Stubber(aws.client("stepfunctions")) as sfn:
-        _expect_send(sfn)
-        _request(invoke, state)
-        sfn.assert_no_pending_responses()
-
     # Then the policy approved on the screen's word on GPU 3
-    (stored,) = _approvals()
+    stored = _decide(invoke, state, approves=True)
     assert stored["status"] == "approved"
     assert f"screen reproduced on GPU 3 (UUID {UUID})" in stored["reason"]
