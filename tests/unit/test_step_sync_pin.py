@@ -104,6 +104,26 @@ def _common_step(parallel: str, plain: str = "plain", checks: str = "checks") ->
     return recorded[checks], difference(recorded[checks], recorded[plain])
 
 
+def _assert_waits_collectives_launches(
+    guarded: dict, added: dict, launches: dict[str, int], shown: str
+) -> None:
+    """The common step's blocking waits and added collectives are today's (COMMON_WAITS,
+    COMMON_COLLECTIVES), and its added launches per phase are ``launches`` (on a mismatch the
+    ``shown`` phase's operators are printed)."""
+    phases = guarded["phases"]
+    waits = Counter(w["where"].split(":")[0] for p in phases.values() for w in p["waits"])
+    assert waits == COMMON_WAITS
+    issued = [
+        (c["op"], c["reduce"], c["bytes"])
+        for p in phases.values()
+        for c in p["collectives"]
+        if c["guard"] and not c["replaces"]
+    ]
+    assert issued == COMMON_COLLECTIVES
+    found = {p: added["phases"][p]["launches"] for p in phases}
+    assert found == launches, added["phases"][shown]["ops"]
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_common_step_adds_one_host_sync_one_wait_one_collective(
     one_process_group: None, parallel: str
@@ -118,19 +138,8 @@ def test_the_common_step_adds_one_host_sync_one_wait_one_collective(
     found = Counter((s["where"].split(":")[0], s["kind"]) for s in syncs)
     assert found == COMMON_SYNCS, [s["where"] for s in syncs]
     assert sum(added["phases"][p]["syncs"] for p in phases) == sum(COMMON_SYNCS.values())
-    # And so are its blocking waits and the collectives it adds
-    waits = Counter(w["where"].split(":")[0] for p in phases.values() for w in p["waits"])
-    assert waits == COMMON_WAITS
-    issued = [
-        (c["op"], c["reduce"], c["bytes"])
-        for p in phases.values()
-        for c in p["collectives"]
-        if c["guard"] and not c["replaces"]
-    ]
-    assert issued == COMMON_COLLECTIVES
-    # And the kernel launches it adds, per phase
-    launches = {p: added["phases"][p]["launches"] for p in phases}
-    assert launches == COMMON_LAUNCHES[parallel], added["phases"]["micro"]["ops"]
+    # And so are its blocking waits, the collectives it adds and its launches per phase
+    _assert_waits_collectives_launches(guarded, added, COMMON_LAUNCHES[parallel], "micro")
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
@@ -146,19 +155,9 @@ def test_with_a_fused_adamw_the_common_step_adds_no_host_sync(
     syncs = [s["where"] for p in phases.values() for s in p["sync_list"] if s["guard"]]
     assert syncs == []
     assert sum(added["phases"][p]["syncs"] for p in phases) == 0
-    # And it waits for the previous step's reduction and adds its one collective, as without
-    waits = Counter(w["where"].split(":")[0] for p in phases.values() for w in p["waits"])
-    assert waits == COMMON_WAITS
-    issued = [
-        (c["op"], c["reduce"], c["bytes"])
-        for p in phases.values()
-        for c in p["collectives"]
-        if c["guard"] and not c["replaces"]
-    ]
-    assert issued == COMMON_COLLECTIVES
-    # And the kernel launches it adds, per phase
-    launches = {p: added["phases"][p]["launches"] for p in phases}
-    assert launches == FUSED_ADAMW_LAUNCHES[parallel], added["phases"]["step"]["ops"]
+    # And it waits for the previous step's reduction and adds its one collective, as without;
+    # and its launches per phase
+    _assert_waits_collectives_launches(guarded, added, FUSED_ADAMW_LAUNCHES[parallel], "step")
 
 
 def test_the_recorder_counts_a_sync_and_a_wait_added_to_the_step(one_process_group: None) -> None:
