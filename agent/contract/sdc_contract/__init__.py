@@ -24,6 +24,8 @@ Modules, by what they fix:
 - ``errors``: the remediation errors' names, retried or caught by the workflow.
 - ``screen``: the node screen's workload (``sdc.workload/v1``) and result (``sdc.screen/v1``),
   its verdicts and exit codes.
+- ``idle_screen``: screening idle and standby nodes: the reserved job, the metric and alarm a
+  reproduced idle screen raises, the screener's settings and metrics, its ledger key.
 
 The constants are also importable from the package itself (``sdc_contract.CANARY_JOB``).
 """
@@ -35,6 +37,7 @@ from . import (
     canary,
     environment,
     errors,
+    idle_screen,
     metrics,
     modes,
     names,
@@ -44,18 +47,21 @@ from . import (
 )
 from .canary import *  # noqa: F403  (each module's __all__ is its public surface)
 from .environment import *  # noqa: F403
+from .idle_screen import *  # noqa: F403
 from .metrics import *  # noqa: F403
 from .report import *  # noqa: F403
 
 __all__ = [
     *canary.__all__,
     *environment.__all__,
+    *idle_screen.__all__,
     *metrics.__all__,
     *report.__all__,
     "autoapprove",
     "canary",
     "environment",
     "errors",
+    "idle_screen",
     "metrics",
     "modes",
     "names",
