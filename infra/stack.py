@@ -124,6 +124,7 @@ class SdcGuardStack(cdk.Stack):
             function=self.functions.function("sweeper"),
             rate=SWEEP_RATE,
             flood_watch_fraction=config.flood_watch_fraction,
+            alarm_period_seconds=config.alarm_period_seconds,
         )
 
         self.sdc_alarms = SdcAlarms(self, "SdcAlarms", config=config)

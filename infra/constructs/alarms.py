@@ -130,8 +130,19 @@ class SdcAlarms(Construct):
         )
 
     def grant_list_series(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
-        """List the SDC metrics' series, and read none of their data (the sweeper's flood watch
-        counts the job series each alarm's query matches)."""
+        """List the SDC metrics' series, and read their data (the sweeper's flood watch counts
+        the job series each alarm's query matches, and when they are many, how many had data
+        at once: the contributors that may be in ALARM together)."""
+        allow(
+            grantee,
+            sid="ReadCrowdedSdcSeries",
+            actions=["cloudwatch:GetMetricData"],
+            resources=["*"],
+            wildcard_reason=(
+                "CloudWatch GetMetricData has no resource-level permissions (read only: the "
+                "flood watch reads the job series' data when 80 or more are active)"
+            ),
+        )
         return allow(
             grantee,
             sid="ListSdcSeries",

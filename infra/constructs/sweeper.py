@@ -11,7 +11,8 @@ from aws_cdk import aws_scheduler_targets as targets
 from constructs import Construct
 
 from infra import nag
-from sdc_contract.environment import FLOOD_WATCH_FRACTION
+from sdc_contract.environment import ALARM_PERIOD, FLOOD_WATCH_FRACTION
+from sdc_contract.metrics import ALARM_PERIOD_SECONDS
 
 
 class SweeperSchedule(Construct):
@@ -20,7 +21,8 @@ class SweeperSchedule(Construct):
     The sweeper is the backstop of "every admitted remediation ends": whatever ended an
     execution without its last record (timeout, abort, a runtime error), its open remediation
     is closed as `abandoned` within one period. Each sweep also counts the SDC alarms' recently
-    active job series (the flood watch: `FLOOD_WATCH_FRACTION`, set here on the function).
+    active job series (the flood watch: `FLOOD_WATCH_FRACTION`, set here on the function) and,
+    when they are many, how many had data at once in one alarm period (`ALARM_PERIOD`).
     (A Scheduler schedule, not a second EventBridge rule: the stack's one rule is the alarms'
     route into the workflow.)
     """
@@ -33,10 +35,13 @@ class SweeperSchedule(Construct):
         function: lambda_.Function,
         rate: cdk.Duration,
         flood_watch_fraction: float,
+        alarm_period_seconds: int = ALARM_PERIOD_SECONDS,
     ) -> None:
         super().__init__(scope, construct_id)
-        # The flood watch tells the topic at this share of an SDC alarm's 500-series limit.
+        # The flood watch tells the topic at this share of an SDC alarm's 500-series limit (and
+        # of its 100 contributors in ALARM at once, counted per alarm period).
         function.add_environment(FLOOD_WATCH_FRACTION, repr(flood_watch_fraction))
+        function.add_environment(ALARM_PERIOD, str(alarm_period_seconds))
         self.role = iam.Role(
             self,
             "Role",

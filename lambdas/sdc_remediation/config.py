@@ -336,6 +336,26 @@ class Settings:
             )
         return value
 
+    @property
+    def alarm_period_seconds(self) -> int:
+        """ALARM_PERIOD: the SDC alarms' period in seconds, whole minutes up to 3 hours (as
+        infra's ``alarmPeriod``); default ``ALARM_PERIOD_SECONDS`` (60)."""
+        raw = self._optional(contract.ALARM_PERIOD)
+        if raw is None:
+            return contract.ALARM_PERIOD_SECONDS
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{contract.ALARM_PERIOD} must be a whole number of seconds, got {raw[:80]!r}"
+            ) from None
+        if not (0 < value <= 3 * 3600 and value % 60 == 0):
+            raise ConfigurationError(
+                f"{contract.ALARM_PERIOD} must be whole minutes up to 3 hours (the SDC alarms' "
+                f"period), got {raw[:80]!r}"
+            )
+        return value
+
     # -- health check and replacement ---------------------------------------------------------
 
     @property

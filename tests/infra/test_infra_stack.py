@@ -481,7 +481,8 @@ def test_functions_share_the_defaults_and_the_contract_environment(default_synth
             # approve alone knows request_approval's role (confined to the canary's action)
             "approve": {contract.APPROVAL_REQUESTER_ROLE},
             "canary": {contract.CANARY_TIMEOUT_SECONDS},  # how long a run stays open
-            "sweeper": {FLOOD_WATCH_FRACTION},  # the flood watch's share of the series limit
+            # the flood watch's share of the series limit, and the alarms' period (its crowd)
+            "sweeper": {FLOOD_WATCH_FRACTION, contract.ALARM_PERIOD},
             # the node screen's Job: image (empty: not configured), namespace, deadline
             "screen": {
                 contract.SCREEN_IMAGE,
@@ -1045,15 +1046,21 @@ def test_the_sweeper_runs_on_a_schedule_reads_executions_and_starts_only_the_bac
         a for s in statements for a in as_list(s["Action"]) if a.startswith("logs:")
     } - {"logs:CreateLogStream", "logs:PutLogEvents"}  # its own log group's
     assert logs_actions == {"logs:FilterLogEvents"}
-    # And it lists the SDC series (the flood watch) and reads none of their data
+    # And it lists the SDC series (the flood watch) and reads their data (its crowd watch,
+    # issue 32: how many job series had data at once), and puts no SDC data
     cloudwatch_actions = {
         a for s in statements for a in as_list(s["Action"]) if a.startswith("cloudwatch:")
     }
-    assert cloudwatch_actions == {"cloudwatch:ListMetrics"}
+    assert cloudwatch_actions == {"cloudwatch:ListMetrics", "cloudwatch:GetMetricData"}
     (listing,) = [s for s in statements if s.get("Sid") == "ListSdcSeries"]
     assert as_list(listing["Action"]) == ["cloudwatch:ListMetrics"]
+    (reading,) = [s for s in statements if s.get("Sid") == "ReadCrowdedSdcSeries"]
+    assert as_list(reading["Action"]) == ["cloudwatch:GetMetricData"]
     # And its flood watch tells at floodWatchFraction of the limit (cdk.json: 0.8), under the
     # variable name the function reads
     env = template["Resources"][sweeper]["Properties"]["Environment"]["Variables"]
     assert env[FLOOD_WATCH_FRACTION] == "0.8"
     assert remediation_config.Settings(env).flood_watch_fraction == 0.8
+    # and counts the crowd in the alarms' period (alarmPeriod, 1 minute by default)
+    assert env[contract.ALARM_PERIOD] == "60"
+    assert remediation_config.Settings(env).alarm_period_seconds == 60

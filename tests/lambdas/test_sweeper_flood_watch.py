@@ -1,7 +1,9 @@
 """The sweeper's flood watch (issue 32): a flood of made-up JobNames on the SDC metrics, which
 can keep a real job's contributor out of ALARM (a Metrics Insights alarm's query returns at most
 500 series), is told to the on-call once per period, naming the count, the limit and the likely
-flooder; a normal cluster is not; the watch's failure never stops the reminders or the backstop.
+flooder; so is a crowd (far fewer JobNames, but about 100 with data at once: at most 100
+contributors are in ALARM at once); a normal cluster is not; the watch's failure never stops the
+reminders or the backstop.
 
 moto's ListMetrics ignores ``RecentlyActive`` (it lists every series it holds) and pages by 500,
 as AWS does.
@@ -77,6 +79,37 @@ def _flood(
         for n in range(per_node if node else 0)
     ]
     _put(cloud, data)
+
+
+def _crowd(cloud: Any, count: int, *, per_minute: int, prefix: str = "crowd-") -> None:
+    """``count`` made-up JobNames with data on the replay metric's job series, ``per_minute`` of
+    them in each minute (the latest minute 5 minutes ago): at most that many at once."""
+    latest = (datetime.now(UTC) - timedelta(minutes=5)).replace(second=0, microsecond=0)
+    _put(
+        cloud,
+        [
+            {
+                "MetricName": METRIC,
+                "Dimensions": [
+                    {"Name": "ClusterName", "Value": CLUSTER},
+                    {"Name": "JobName", "Value": f"{prefix}{n}"},
+                ],
+                "Timestamp": latest - timedelta(minutes=n // per_minute),
+                "Value": 1.0,
+            }
+            for n in range(count)
+        ],
+    )
+
+
+def _count_get_metric_data() -> list[dict[str, Any]]:
+    """Every GetMetricData request the code's CloudWatch client sends from now on."""
+    calls: list[dict[str, Any]] = []
+    aws.client("cloudwatch").meta.events.register(
+        "provide-client-params.cloudwatch.GetMetricData",
+        lambda params, **_: calls.append(dict(params)),
+    )
+    return calls
 
 
 def _a_real_finding(cloud: Any, nodes: int = 3) -> None:
@@ -195,6 +228,85 @@ def test_a_normal_cluster_gives_no_notice(cloud: Any, invoke: Callable[[str, Any
     assert watch["job_series"][METRIC] == 13
     assert (watch["blind"], watch["notified"], watch["top_jobs"]) == (False, False, [])
     assert _flood_notices(cloud) == []
+
+
+def test_a_crowd_of_job_names_with_data_at_once_is_told_far_below_the_series_limit(
+    cloud: Any, invoke: Callable[[str, Any], Any]
+) -> None:
+    # Given a real job's finding, and one pod keeping 120 made-up JobNames breaching in the
+    # same minute: 121 job series, far below the 400 the series watch tells at, but more
+    # contributors than the 100 a Metrics Insights alarm holds in ALARM at once
+    _a_real_finding(cloud)
+    _crowd(cloud, 120, per_minute=120)
+    reads = _count_get_metric_data()
+
+    # When the sweeper runs
+    watch = invoke("sweeper", {})["flood_watch"]
+
+    # Then the series count is under its threshold, but the crowd is seen and told
+    assert watch["job_series"][METRIC] == 121 and watch["threshold"] == 400
+    # (120 in one minute; the real finding's datum may fall in that minute too)
+    assert watch["at_once"].keys() == {METRIC} and watch["at_once"][METRIC] >= 120
+    assert (watch["crowd_threshold"], watch["contributors_limit"]) == (80, 100)
+    assert (watch["crowded"], watch["blind"], watch["notified"]) == (True, True, True)
+    assert watch["top_patterns"][0] == {"pattern": "crowd-*", "job_names": 120}
+    # And the data read was the replay metric's job series only (the others have none), in
+    # the alarms' one-minute period, in one GetMetricData call of 121 queries
+    (read,) = reads
+    assert len(read["MetricDataQueries"]) == 121
+    assert {q["MetricStat"]["Period"] for q in read["MetricDataQueries"]} == {60}
+    # And the notice says it is a crowd, the count and the limit in its subject
+    (notice,) = _flood_notices(cloud)
+    assert "job series of sdc_replay_mismatch at once" in notice["subject"]
+    assert notice["subject"].endswith("100 in ALARM max") and "crowd-" not in notice["subject"]
+    body = json.loads(notice["message"])
+    assert (body["at_once"], body["crowd_threshold"]) == (watch["at_once"], 80)
+    assert "may be in ALARM at once" in body["summary"]
+
+
+def test_as_many_job_names_spread_over_minutes_are_no_crowd(
+    cloud: Any, invoke: Callable[[str, Any], Any]
+) -> None:
+    # Given 120 JobNames with data, but at most 40 of them in any one minute (a busy cluster)
+    _crowd(cloud, 120, per_minute=40)
+    # When the sweeper runs
+    watch = invoke("sweeper", {})["flood_watch"]
+    # Then it read their data, counted 40 at once, and told nobody
+    assert watch["at_once"] == {METRIC: 40}
+    assert (watch["crowded"], watch["blind"], watch["notified"]) == (False, False, False)
+    assert _flood_notices(cloud) == []
+
+
+def test_the_crowd_is_counted_in_the_alarms_period(
+    cloud: Any, invoke: Callable[[str, Any], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 160 JobNames with data, 40 a minute over 4 minutes: no crowd in 1-minute alarms
+    _crowd(cloud, 160, per_minute=40)
+    assert invoke("sweeper", {})["flood_watch"]["at_once"] == {METRIC: 40}
+    # When the alarms' period is 30 minutes (ALARM_PERIOD 1800 s): a contributor then holds
+    # everything of its 30 minutes, and those 4 minutes lie in at most two such periods
+    monkeypatch.setenv("ALARM_PERIOD", "1800")
+    watch = invoke("sweeper", {})["flood_watch"]
+    # Then the watch counted per 30 minutes: at least 80 at once, a crowd
+    assert watch["at_once"][METRIC] >= 80 and watch["crowded"] is True
+
+
+def test_a_cluster_of_few_jobs_reads_no_data(cloud: Any, invoke: Callable[[str, Any], Any]) -> None:
+    # Given 79 job series with data at once (under the 80 from which the crowd is read)
+    _crowd(cloud, 79, per_minute=79)
+    reads = _count_get_metric_data()
+    # When the sweeper runs / Then no GetMetricData call was made: the watch costs nothing here
+    watch = invoke("sweeper", {})["flood_watch"]
+    assert reads == [] and watch["at_once"] == {} and watch["blind"] is False
+
+
+@pytest.mark.parametrize("raw", ["0", "90", "-60", "sixty"])
+def test_an_invalid_alarm_period_is_a_clear_error_naming_the_variable(raw: str) -> None:
+    # Given an ALARM_PERIOD that is not whole minutes up to 3 hours / Then the error names it
+    with pytest.raises(ConfigurationError, match="ALARM_PERIOD"):
+        _ = Settings({"ALARM_PERIOD": raw}).alarm_period_seconds
+    # And unset, it is the alarms' default minute
+    assert Settings({}).alarm_period_seconds == 60
 
 
 def test_the_fraction_is_configurable(

@@ -55,6 +55,10 @@ FLOOD_WATCH_FRACTION = "FLOOD_WATCH_FRACTION"
 Metrics Insights limit at which the sweeper's flood watch tells the on-call that made-up JobNames
 may blind it."""
 DEFAULT_FLOOD_WATCH_FRACTION = 0.8
+ALARM_PERIOD = "ALARM_PERIOD"
+"""Set on the sweeper only (``alarmPeriod``, in seconds): the SDC alarms' period, the buckets in
+which the flood watch counts the job series with data at once (default
+``metrics.ALARM_PERIOD_SECONDS``)."""
 # Set on the screen function only (context keys screenImage, screenNamespace,
 # screenDeadlineSeconds): the node screen's Kubernetes Job (lambdas/README.md, "screen").
 SCREEN_IMAGE = "SCREEN_IMAGE"
@@ -148,6 +152,7 @@ __all__ = [
     "AGENT_ENVIRONMENT",
     "ALARM_ACCOUNT_ID",
     "ALARM_NAME_PREFIX",
+    "ALARM_PERIOD",
     "APPROVALS_TABLE",
     "APPROVAL_REQUESTER_ROLE",
     "APPROVAL_TIMEOUT_SECONDS",

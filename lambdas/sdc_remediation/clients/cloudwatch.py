@@ -1,5 +1,5 @@
 """CloudWatch metrics: the per-node series localize lists and reads, the series the sweeper's
-flood watch counts, the data the canary puts, and whether an alarm changed state."""
+flood watch counts (and, in a crowd, reads), the data the canary puts, and whether an alarm changed state."""
 
 from __future__ import annotations
 
@@ -75,11 +75,12 @@ def recent_series(
     return series, False
 
 
-def positive_values(
+def positive_points(
     series: Sequence[dict[str, Any]], start: datetime, end: datetime, *, period: int = 60
-) -> Iterator[tuple[dict[str, Any], list[float]]]:
-    """Each series with the values above zero of its per-``period`` Maximum between ``start``
-    and ``end`` (GetMetricData MetricStat, in batches); series without one are left out."""
+) -> Iterator[tuple[dict[str, Any], list[tuple[datetime, float]]]]:
+    """Each series with the (period start, value) points above zero of its per-``period``
+    Maximum between ``start`` and ``end`` (GetMetricData MetricStat, in batches of
+    ``GET_METRIC_DATA_QUERIES``); series without one are left out."""
     cw = aws.client("cloudwatch")
     for offset in range(0, len(series), GET_METRIC_DATA_QUERIES):
         batch = series[offset : offset + GET_METRIC_DATA_QUERIES]
@@ -97,9 +98,24 @@ def positive_values(
             )
             for page in pages:
                 for result in page.get("MetricDataResults", []):
-                    values = [v for v in result.get("Values", []) if v > 0]
-                    if values:
-                        yield batch[int(result["Id"][1:])], values
+                    points = [
+                        (at, value)
+                        for at, value in zip(
+                            result.get("Timestamps", []), result.get("Values", []), strict=False
+                        )
+                        if value > 0
+                    ]
+                    if points:
+                        yield batch[int(result["Id"][1:])], points
+
+
+def positive_values(
+    series: Sequence[dict[str, Any]], start: datetime, end: datetime, *, period: int = 60
+) -> Iterator[tuple[dict[str, Any], list[float]]]:
+    """Each series with the values above zero of its per-``period`` Maximum between ``start``
+    and ``end`` (``positive_points`` without the times); series without one are left out."""
+    for metric, points in positive_points(series, start, end, period=period):
+        yield metric, [value for _, value in points]
 
 
 def put_metric_data(namespace: str, data: Sequence[dict[str, Any]]) -> None:
@@ -121,6 +137,7 @@ __all__ = [
     "changed_since",
     "dimensions_of",
     "list_series",
+    "positive_points",
     "positive_values",
     "put_metric_data",
     "recent_series",

@@ -15,7 +15,8 @@ https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/alarm-limits.html
 - at most 100 of its contributors are in ALARM at once.
 
 So a pod that puts data under hundreds of made-up JobNames can keep a real job's contributor
-out of ALARM. The flood alarms (infra's ``SeriesFloodAlarms``) page on many job data points in
+out of ALARM, and so can one that keeps a hundred made-up JobNames breaching at once (far
+below the series limit: the crowd). The flood alarms (infra's ``SeriesFloodAlarms``) page on many job data points in
 one minute; this watch counts what the query matches over its whole three hours, so a slow
 flood shows too. Every sweep it lists, per SDC metric, the cluster's series with data in the
 past three hours (ListMetrics ``RecentlyActive=PT3H``, at most ``MAX_PAGES_PER_METRIC`` pages
@@ -26,6 +27,14 @@ within its pages, the alarm may be blind: one message to the topic names the cou
 and the JobNames, their patterns and the nodes with the most series (the likely flooder), at
 most once per ``NOTICE_EVERY_SECONDS`` (the ledger's ``due`` claim, ``keys.due``); the sweeper
 counts ``series_flood`` and logs a warning on every such sweep.
+
+The crowd: when a metric has at least ``FLOOD_WATCH_FRACTION`` of ``CONTRIBUTORS_IN_ALARM_LIMIT``
+job series (80 by default), the watch also reads their latest ``CROWD_WINDOW_SECONDS`` of data
+in the alarms' period (``ALARM_PERIOD``; GetMetricData, 500 series a call) and counts, per
+period, the job series with a datum above zero: the contributors that may be in ALARM at once
+(an upper bound: a datum under the alarm's threshold is counted too). When the largest count
+reaches that same 80, the alarm may be crowded, and the same notice says so. Below 80 job series
+nothing is read: a cluster of a few jobs pays for no GetMetricData.
 
 It detects and tells; it prevents nothing: a pod may still put any JobName, and a report the
 flood kept out of ALARM is started by the backstop (``logic/backstop.py``).
@@ -38,13 +47,14 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import sdc_contract as contract
 from sdc_contract.metrics import CLUSTER_DIMENSION, JOB_DIMENSION, NODE_DIMENSION
 
-from .. import text
-from ..clients.cloudwatch import dimensions_of, recent_series
+from .. import clock, text
+from ..clients.cloudwatch import dimensions_of, positive_points, recent_series
 from ..config import Settings
 from ..dal.ledger import Ledger
 from ..observability import logger
@@ -59,6 +69,9 @@ CONTRIBUTORS_IN_ALARM_LIMIT = 100
 "Limits" of alarms on Metrics Insights queries); quoted in the message."""
 METRICS_PROCESSED_LIMIT = 10_000
 """A Metrics Insights query processes only the first this many metrics it matches (AWS)."""
+CROWD_WINDOW_SECONDS = 1800
+"""The crowd watch reads this much of the latest data: two sweep periods (15 minutes each), so a
+crowd that began just after one sweep is seen by the next."""
 MAX_PAGES_PER_METRIC = 4
 """ListMetrics pages (500 series each) read per SDC metric per sweep: 12 calls at most, and
 2,000 series per metric, well past ``SERIES_LIMIT``."""
@@ -87,8 +100,17 @@ class FloodWatchResult:
     """Every listing ended within its pages (else the counts are lower bounds)."""
     threshold: int = 0
     """The count at which the watch tells (``FLOOD_WATCH_FRACTION`` x ``SERIES_LIMIT``)."""
+    at_once: dict[str, int] = field(default_factory=dict)
+    """Per SDC metric whose data was read (the crowd watch), the most job series with a datum
+    above zero in one alarm period of the latest ``CROWD_WINDOW_SECONDS``."""
+    crowd_threshold: int = 0
+    """The count of job series with data at once at which the watch tells
+    (``FLOOD_WATCH_FRACTION`` x ``CONTRIBUTORS_IN_ALARM_LIMIT``); also the count of job series
+    from which a metric's data is read."""
+    crowded: bool = False
+    """A metric had ``crowd_threshold`` job series with data at once."""
     blind: bool = False
-    """A count reached the threshold, or a listing did not end: the alarm may be blind."""
+    """A count reached its threshold, or a listing did not end: the alarm may be blind."""
     notified: bool = False
     """This sweep sent the flood notice (False within ``NOTICE_EVERY_SECONDS`` of the last)."""
     top_patterns: list[dict[str, Any]] = field(default_factory=list)
@@ -112,6 +134,10 @@ class FloodWatchResult:
             "counted_all": self.counted_all,
             "limit": SERIES_LIMIT,
             "threshold": self.threshold,
+            "at_once": dict(sorted(self.at_once.items())),
+            "contributors_limit": CONTRIBUTORS_IN_ALARM_LIMIT,
+            "crowd_threshold": self.crowd_threshold,
+            "crowded": self.crowded,
             "blind": self.blind,
             "notified": self.notified,
             "top_patterns": self.top_patterns,
@@ -125,7 +151,10 @@ def flood_watch(settings: Settings, ledger: Ledger) -> FloodWatchResult:
     """Count the SDC alarms' recently active series and tell the on-call when one nears its
     limit (see the module). Raises what its calls raise; the sweeper catches it."""
     cluster = settings.hyperpod_cluster_name
-    result = FloodWatchResult(threshold=threshold(settings.flood_watch_fraction))
+    result = FloodWatchResult(
+        threshold=threshold(settings.flood_watch_fraction),
+        crowd_threshold=crowd_threshold(settings.flood_watch_fraction),
+    )
     job_names: Counter[str] = Counter()
     series_per_job: Counter[str] = Counter()
     series_per_node: Counter[str] = Counter()
@@ -135,6 +164,7 @@ def flood_watch(settings: Settings, ledger: Ledger) -> FloodWatchResult:
         )
         result.counted_all = result.counted_all and not more
         jobs_of_metric: set[str] = set()
+        job_series: list[dict[str, Any]] = []
         seen: set[frozenset[tuple[str, str]]] = set()
         for series in listed:
             dims = dimensions_of(series)
@@ -146,6 +176,7 @@ def flood_watch(settings: Settings, ledger: Ledger) -> FloodWatchResult:
                 continue
             if dims.keys() == _JOB_SERIES:
                 jobs_of_metric.add(job)
+                job_series.append(series)
             elif dims.keys() == _NODE_SERIES:
                 series_per_node[dims[NODE_DIMENSION]] += 1
             else:
@@ -153,8 +184,11 @@ def flood_watch(settings: Settings, ledger: Ledger) -> FloodWatchResult:
             series_per_job[job] += 1
         result.job_series[metric] = len(jobs_of_metric)
         job_names.update(jobs_of_metric)
+        if len(job_series) >= result.crowd_threshold:
+            result.at_once[metric] = most_at_once(job_series, settings.alarm_period_seconds)
     _, most = result.most
-    result.blind = most >= result.threshold or not result.counted_all
+    result.crowded = any(n >= result.crowd_threshold for n in result.at_once.values())
+    result.blind = most >= result.threshold or result.crowded or not result.counted_all
     if not result.blind:
         return result
     patterns = Counter(job_pattern(job) for job in job_names)
@@ -191,6 +225,23 @@ def threshold(fraction: float) -> int:
     return max(1, math.ceil(fraction * SERIES_LIMIT - 1e-9))
 
 
+def crowd_threshold(fraction: float) -> int:
+    """The count of job series with data at once at which the watch tells: ``fraction`` of
+    ``CONTRIBUTORS_IN_ALARM_LIMIT``, at least one."""
+    return max(1, math.ceil(fraction * CONTRIBUTORS_IN_ALARM_LIMIT - 1e-9))
+
+
+def most_at_once(series: list[dict[str, Any]], period: int, now: datetime | None = None) -> int:
+    """The most of ``series`` with a datum above zero in one ``period`` of the latest
+    ``CROWD_WINDOW_SECONDS``: how many contributors may have been in ALARM at once."""
+    end = now or clock.now()
+    start = end - timedelta(seconds=CROWD_WINDOW_SECONDS)
+    at_once: Counter[datetime] = Counter()
+    for _, points in positive_points(series, start, end, period=period):
+        at_once.update({at for at, _ in points})  # a series counts once per period
+    return max(at_once.values(), default=0)
+
+
 def job_pattern(job: str) -> str:
     """A JobName with each run of digits as ``*`` (``junk-17`` -> ``junk-*``): made-up names
     are mostly a prefix and a counter, so the flood's names share a pattern."""
@@ -215,9 +266,23 @@ def flood_message(result: FloodWatchResult, settings: Settings) -> tuple[str, st
             "with `aws cloudwatch list-metrics --recently-active PT3H`. "
         )
     )
-    subject = (
-        f"{notify.subject_prefix(settings.dry_run)} series flood: {counted}{most} job series of "
-        f"{metric} in 3 h, alarm limit {SERIES_LIMIT}"
+    crowd_metric, crowd = max(result.at_once.items(), key=lambda m: (m[1], m[0]), default=("", 0))
+    if most >= result.threshold or not result.counted_all or not result.crowded:
+        subject = (
+            f"{notify.subject_prefix(settings.dry_run)} series flood: {counted}{most} job series "
+            f"of {metric} in 3 h, alarm limit {SERIES_LIMIT}"
+        )
+    else:
+        subject = (
+            f"{notify.subject_prefix(settings.dry_run)} series flood: {crowd} job series of "
+            f"{crowd_metric} at once, {CONTRIBUTORS_IN_ALARM_LIMIT} in ALARM max"
+        )
+    crowded = (
+        f"{crowd} job series of {crowd_metric} had data in one alarm period of the past "
+        f"{CROWD_WINDOW_SECONDS // 60} minutes (the watch tells at {result.crowd_threshold}): "
+        "that many contributors may be in ALARM at once. "
+        if result.crowded
+        else ""
     )
     body = {
         "transition": "series_flood",
@@ -225,7 +290,7 @@ def flood_message(result: FloodWatchResult, settings: Settings) -> tuple[str, st
             f"The SDC alarm on {metric} matched {counted}{most} recently active job series "
             f"(JobNames) of cluster {settings.hyperpod_cluster_name} in the past three hours; "
             f"the flood watch tells at {result.threshold} ({settings.flood_watch_fraction:g} of "
-            f"{SERIES_LIMIT}). {unread}A Metrics Insights alarm's query returns at most {SERIES_LIMIT} "
+            f"{SERIES_LIMIT}). {crowded}{unread}A Metrics Insights alarm's query returns at most {SERIES_LIMIT} "
             f"series and processes the first {METRICS_PROCESSED_LIMIT:,} metrics, and at most "
             f"{CONTRIBUTORS_IN_ALARM_LIMIT} contributors are in ALARM at once: made-up JobNames "
             "may be keeping a real job's finding out of ALARM. Find the pod that puts them (the "
@@ -240,6 +305,9 @@ def flood_message(result: FloodWatchResult, settings: Settings) -> tuple[str, st
         "counted_all": result.counted_all,
         "limit": SERIES_LIMIT,
         "threshold": result.threshold,
+        "at_once": dict(sorted(result.at_once.items())),
+        "contributors_limit": CONTRIBUTORS_IN_ALARM_LIMIT,
+        "crowd_threshold": result.crowd_threshold,
         "top_job_name_patterns": result.top_patterns,
         "top_job_names": result.top_jobs,
         "top_nodes": result.top_nodes,
@@ -249,14 +317,17 @@ def flood_message(result: FloodWatchResult, settings: Settings) -> tuple[str, st
 
 __all__ = [
     "CONTRIBUTORS_IN_ALARM_LIMIT",
+    "CROWD_WINDOW_SECONDS",
     "MAX_PAGES_PER_METRIC",
     "METRICS_PROCESSED_LIMIT",
     "NOTICE",
     "NOTICE_EVERY_SECONDS",
     "SERIES_LIMIT",
     "FloodWatchResult",
+    "crowd_threshold",
     "flood_message",
     "flood_watch",
     "job_pattern",
+    "most_at_once",
     "threshold",
 ]
