@@ -7,7 +7,10 @@ drill on a model sharded with FSDP2 (full sharding, or HSDP with replicas across
 shards within a node), ``--parallel tp|fsdp+tp`` on a tensor-parallel model (TP groups
 inside a node, composed with HSDP replicas or FSDP2 shards across nodes), and ``--parallel pp``
 on a 2-stage pipeline per node whose stages are sharded over the replicas
-(``torch.distributed.pipelining`` with FSDP2).
+(``torch.distributed.pipelining`` with FSDP2), and ``--parallel ep`` on a small MoE model with
+expert parallel inside each node x HSDP replicas across nodes (:mod:`sdc_agent.drills.ep`), where
+checks 1 and 3 run and the replay audit does not yet: its drill takes ``--fault nan``,
+``weight`` or ``none``, and refuses ``scale`` (only the replay audit would catch it).
 
 The last line is ``PASS: ...`` (exit code 0) when the guard did what the drill expects (the
 faulty rank named, or no alarm where no check can see the fault), else ``FAIL: ...`` (exit code
@@ -28,6 +31,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .drills.ep import EXPERT_W1, EXPERT_W2
 from .drills.job import (
     DrillModel,
     build,
@@ -68,6 +72,18 @@ ranks) 50 s; the old fixed 240 s ran out on a loaded one, where every rank's pro
 (importing torch) and its one-thread replays wait for a core."""
 MIN_NODES = 3
 """The ring replay audit puts each replay pair on two nodes and confirms on a third."""
+EP_FAULTS = ("nan", "weight", "none")
+"""The faults the expert-parallel drill takes: ``scale`` needs the replay audit (check 2), which
+does not run under EP yet (:data:`sdc_agent.parallel.ep.NO_REPLAY`)."""
+EP_NO_SCALE = (
+    "--fault scale --parallel ep: a scaled output is caught only by the ring replay audit "
+    "(check 2), which is not available under expert parallel yet (routing and the all-to-all "
+    "dispatch and combine are not replayed; docs/usage/ep.md), and checks 1 and 3 do not see a "
+    "finite wrong value (the gradients stay finite and the reduction gives every replica the "
+    "same update, so the copies' weights stay equal): choose "
+    f"--fault {' | '.join(EP_FAULTS)}"
+)
+"""The usage error for the one fault the expert-parallel drill cannot catch."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -86,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks-per-node", type=int, default=2, help="processes per node (>= 1)")
     p.add_argument(
         "--parallel",
-        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp", "3d"],
+        choices=["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp", "3d", "ep"],
         default="ddp",
         help="how the model is parallel: DDP, FSDP2 full sharding, HSDP (replicas across "
         "nodes, shards within a node), tp (tensor parallel inside a node, HSDP replicas across "
@@ -94,7 +110,9 @@ def parser() -> argparse.ArgumentParser:
         "FSDP2 across nodes: ('dp', 'tp')), pp: a 2-stage pipeline per node, each stage a "
         "whole copy per replica (HSDP), replicas across nodes, or 3d: the same pipeline with "
         "each stage tensor parallel inside the node (TP x PP x HSDP; --ranks-per-node 4 or "
-        "another multiple of 2 stages x TP >= 2)",
+        "another multiple of 2 stages x TP >= 2), or ep: a small MoE model, expert parallel "
+        "over each node's ranks x HSDP replicas across nodes (torchtitan's layout; --fault "
+        "nan, weight or none: the replay audit, which scale needs, does not run under EP)",
     )
     p.add_argument(
         "--timeout",
@@ -145,6 +163,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f">= 2 ranks per stage: --ranks-per-node {2 * STAGES} (or another multiple of "
             f"{STAGES} from {2 * STAGES})"
         )
+    if args.parallel == "ep":
+        if args.ranks_per_node < 2:
+            p.error(
+                f"--parallel ep puts one expert-parallel group on each node's ranks: "
+                f"--ranks-per-node {args.ranks_per_node} must be at least 2"
+            )
+        if args.fault not in EP_FAULTS:
+            p.error(EP_NO_SCALE)
     return args
 
 
@@ -164,12 +190,59 @@ def _faults(args: argparse.Namespace, tp: int) -> list[dict[str, Any]]:
         stage = (args.rank // tp) % STAGES
         layer, weight = f"blocks.{stage}.up", f"blocks.{stage}.up.weight"
     at = {"rank": args.rank, "step": args.step}
+    if args.parallel == "ep":
+        return _ep_faults(args.fault, at)
     return {
         "scale": [{"kind": "ScaleOutputElement", "layer": layer, "factor": 1000.0, **at}],
         "nan": [{"kind": "NaNOutputElement", "layer": layer, "persistent": False, **at}],
         "weight": [{"kind": "FlipWeightBit", "param": weight, "bit": 27, **at}],
         "none": [],
     }[args.fault]
+
+
+def _ep_faults(fault: str, at: dict[str, int]) -> list[dict[str, Any]]:
+    """The expert-parallel drill's fault (:data:`EP_FAULTS`), in the routed experts."""
+    return {
+        # A non-finite gradient on one rank: NaN in one element of the faulty rank's local
+        # gradient of its experts' w1, one step. A NaN in a forward output would be seen too,
+        # but the combine all-to-all may carry it to an EP partner's expert gradients within
+        # the step (where depends on the routing), naming that rank as well (docs/usage/ep.md).
+        "nan": [
+            {
+                "kind": "ScaleWeightGradElement",
+                "param": EXPERT_W1,
+                "index": 5,
+                "factor": float("nan"),
+                "persistent": False,
+                **at,
+            }
+        ],
+        # One stored expert weight of one copy, after the step's update: check 3 compares the
+        # expert's copies across the nodes (the dp_replicate replicas).
+        "weight": [{"kind": "FlipWeightBit", "param": EXPERT_W2, "bit": 27, **at}],
+        "none": [],
+    }[fault]
+
+
+EP_FAULT_NOTE = {
+    "nan": "a NaN in one element of rank {rank}'s local gradient of its experts' {w1} at step "
+    "{step}",
+    "weight": "bit 27 of one element of rank {rank}'s stored {w2} flipped after step {step}'s "
+    "update",
+}
+"""What the expert-parallel drill's fault is, printed under the first line."""
+
+
+def _checks(coverage: dict[str, Any], layout_prefix: str = "expert parallel:") -> Iterator[str]:
+    """Which checks ran and which were off, and why (the guard's ``coverage()``), then what
+    it says the layout leaves uncovered (its ``not_covered`` lines starting ``layout_prefix``;
+    the others are the sharding's, as under HSDP)."""
+    yield f"checks ({coverage['parallelism']}, from guard.coverage()):"
+    for name, check in coverage["checks"].items():
+        yield f"  {'on ' if check['on'] else 'OFF'} {name}: {check['why']}"
+    for line in coverage["not_covered"]:
+        if line.startswith(layout_prefix):
+            yield f"  not covered: {line}"
 
 
 def _describe(result: dict[str, Any]) -> Iterator[str]:
@@ -237,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         f"sdc drill: {args.parallel}, {args.nodes} nodes x {args.ranks_per_node} ranks "
         f"(gloo, CPU), fault: {args.fault} on rank {args.rank} from step {args.step}"
     )
+    if args.parallel == "ep" and args.fault in EP_FAULT_NOTE:
+        note = EP_FAULT_NOTE[args.fault].format(
+            rank=args.rank, step=args.step, w1=EXPERT_W1, w2=EXPERT_W2
+        )
+        print(f"  the fault: {note}")
     started = time.monotonic()
     job = {
         "steps": args.steps,
@@ -245,9 +323,17 @@ def main(argv: list[str] | None = None) -> int:
         "parallel": args.parallel,
         "shards": {"pp": 1, "3d": tp}.get(args.parallel, args.ranks_per_node),
     }
+    # The expert-parallel drill has its own job (sdc_agent.drills.ep): its model, its meshes.
+    drill_job = ("sdc_agent.drills.job:train_drill", job)
+    if args.parallel == "ep":
+        ep_job = {k: job[k] for k in ("steps", "schedule", "faults")}
+        drill_job = (
+            "sdc_agent.drills.ep:train_ep",
+            {**ep_job, "ranks_per_node": args.ranks_per_node},
+        )
     try:
         results = launch(
-            [("sdc_agent.drills.job:train_drill", job)],
+            [drill_job],
             world=args.nodes * args.ranks_per_node,
             ranks_per_node=args.ranks_per_node,
             timeout_s=args.timeout,
@@ -267,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: a rank raised {errors[0]['error']}")
         return 1
     alarm = results[0]["alarm"]
+    if "coverage" in results[0]:  # the EP drill's job reports it (train_drill does not)
+        for line in _checks(results[0]["coverage"]):
+            print(line)
     for line in _describe(results[0]):
         print(line)
     if args.fault == "weight" and args.parallel in ("fsdp", "fsdp+tp"):
