@@ -7,10 +7,14 @@ definition from `cdk synth`, whose real Lambda handlers localize, admit, cordon 
 stand-in) and health-check (HyperPod simulator) the node; the demo then approves with the real
 operator CLI, as an on-call role, through the approve function's URL (a loopback stand-in that
 checks the SigV4 signature and hands the real approve function the authenticated ARN), and the
-node is replaced. Then the job starts again on the cluster's nodes as they are now, without the
-fault: it resumes from the checkpoint `sdc.clean_resume_step` chooses by the alarm the guard
-recorded next to its checkpoints (the one the pipeline announced; the newer checkpoint inside the
-suspect window is refused), the guard verifies the loaded weights and training goes on.
+node is replaced. Before the approval the workflow's Screen step runs the node screen on the
+cordoned node: its Kubernetes Job's pod is here a local process, the real `python -m
+sdc_agent.screen` on simulated CPU "GPUs", the demo's faulty GPU with an injected GEMM fault, and
+its verdict is a line of the approval message. Then the job starts again on the cluster's nodes
+as they are now, without the fault: it resumes from the checkpoint `sdc.clean_resume_step`
+chooses by the alarm the guard recorded next to its checkpoints (the one the pipeline announced;
+the newer checkpoint inside the suspect window is refused), the guard verifies the loaded weights
+and training goes on.
 Every stand-in is described in tests/e2e/harness.
 No AWS account, no Kubernetes, no GPU needed.
 
@@ -39,6 +43,14 @@ FAULTY_RANK = 3
 FAULT_STEP = 7
 ONCALL_ROLE = "sdc-oncall"
 ONCALL_SESSION = "demo-operator"
+SCREEN_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/llama-train:demo"
+"""The demo's ``screenImage``: named in the Job, never pulled (the pod is a local process)."""
+SCREEN_FAULT = "gemm-x1000"
+"""The fault the screen injects into the faulty GPU's simulated device (``--fault``): the
+training fault's x1000, on the screen's own GEMMs."""
+SCREEN_REPETITIONS = 2
+"""Repetitions of the screen's suite (``--repetitions``): a persistent fault shows in the first;
+the shipped default, 16, is for intermittent ones."""
 
 
 class Timeline:
@@ -117,6 +129,64 @@ def _applied(tl: Timeline, step: int, result: dict[str, Any]) -> str:
     )
 
 
+def _job_node(job: dict[str, Any]) -> str:
+    """The node a screen Job is pinned to (its required node affinity on the node's name)."""
+    pod = job["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return str(terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
+
+
+class LocalScreen:
+    """The screen Job's pod, as a local process: given to the Kubernetes stand-in as its
+    ``screen_result``, it runs the Job's own command and arguments (``python -m
+    sdc_agent.screen``, here with this interpreter), its termination log in ``log_dir``, on as
+    many simulated devices as the Job asked GPUs for, with ``--fault`` on ``faulty_gpu`` when the
+    Job's node is ``faulty_node``. Records every run (``runs``)."""
+
+    def __init__(self, log_dir: str, faulty_node: str, faulty_gpu: int) -> None:
+        self.log_dir = Path(log_dir)
+        self.faulty_node = faulty_node
+        self.faulty_gpu = faulty_gpu
+        self.runs: list[dict[str, Any]] = []
+
+    def __call__(self, job: dict[str, Any]) -> tuple[str | None, int]:
+        name = job["metadata"]["name"]
+        node = _job_node(job)
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
+        log = self.log_dir / f"{name}-termination-log"
+        args = list(container["args"])
+        args[args.index("--termination-log") + 1] = str(log)
+        args += ["--simulate", str(gpus), "--repetitions", str(SCREEN_REPETITIONS)]
+        if node == self.faulty_node:
+            args += ["--fault", f"{self.faulty_gpu}:{SCREEN_FAULT}"]
+        command = [*container["command"], *args]
+        started = time.time()
+        try:
+            done = subprocess.run(
+                [sys.executable, *command[1:]],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            code = done.returncode
+        except subprocess.TimeoutExpired:
+            code = 137  # as a pod killed at its deadline
+        message = log.read_text() if log.exists() else None
+        self.runs.append(
+            {
+                "job": name,
+                "node": node,
+                "gpus": gpus,
+                "command": shlex.join(command),
+                "exit_code": code,
+                "seconds": time.time() - started,
+            }
+        )
+        return message, code
+
+
 def _wall(call: Invocation) -> str:
     return f"({call.ended - call.started:.2f} s)"
 
@@ -137,7 +207,35 @@ def _approve_line(event: dict[str, Any], response: dict[str, Any]) -> str:
     )
 
 
-def _report_workflow(tl: Timeline, calls: list[Invocation]) -> None:
+def _screen_lines(r: dict[str, Any], screen: LocalScreen | None) -> list[str]:
+    """The Screen step's call: the Job it created (and its pod's run, from ``screen``), or the
+    verdict it read from the pod's termination message; none for a poll still waiting."""
+    status = r.get("status")
+    if status == "in_progress":
+        if r.get("started_at") is None:
+            return []
+        runs = [s for s in (screen.runs if screen else []) if s["job"] == r.get("job")]
+        ran = [
+            f"  the Job's pod, here a local process on {s['node']}: $ {s['command']} -> exit "
+            f"{s['exit_code']} ({s['seconds']:.1f} s)"
+            for s in runs
+        ]
+        return [
+            f"screen: Job {r.get('namespace')}/{r.get('job')} created on the cordoned node "
+            f"({r.get('gpus')} GPUs, deadline {r.get('deadline_seconds')} s)",
+            *ran,
+        ]
+    if status == "reproduced":
+        verdict = f"reproduced on GPU {r.get('gpu_index')} (UUID {r.get('gpu_uuid')})"
+    else:
+        verdict = f"{status} ({r.get('reason')})"
+    deleted = ", Job deleted" if r.get("deleted") else ""
+    return [f"screen: {verdict}{deleted}"]
+
+
+def _report_workflow(
+    tl: Timeline, calls: list[Invocation], screen: LocalScreen | None = None
+) -> None:
     """One line per Lambda the workflow invoked, from the adapter's record, in start order."""
     for call in sorted(calls, key=lambda c: c.started):
         r = call.result or {}
@@ -168,6 +266,11 @@ def _report_workflow(tl: Timeline, calls: list[Invocation]) -> None:
             if r.get("status") == "in_progress":
                 continue
             line = f"deep health check: {r.get('status')} ({r.get('detail')})"
+        elif call.folder == "screen":
+            lines = _screen_lines(r, screen)
+            if not lines:
+                continue
+            line = "\n".join([lines[0], *(f"{' ' * 11}{extra}" for extra in lines[1:])])
         elif call.folder == "request_approval":
             line = "approval requested (task token stored, evidence sent to SNS)"
         elif call.folder == "approve":
@@ -180,7 +283,8 @@ def _report_workflow(tl: Timeline, calls: list[Invocation]) -> None:
             )
         else:
             line = f"{call.folder}: {json.dumps(r)[:120]}"
-        tl.say(f"  {line} {_wall(call)}", call.started)
+        head, *rest = line.split("\n")
+        tl.say("\n".join([f"  {head} {_wall(call)}", *rest]), call.started)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -228,7 +332,10 @@ def run(argv: list[str] | None = None) -> int:
         "sdc-guard demo: a silent-data-corruption drill, end to end, on embedded stand-ins\n",
         flush=True,
     )
-    context = {"dryRun": True} if args.dry_run else {}
+    # The Screen step runs only with a screenImage: the demo's, whose Job's pod is LocalScreen.
+    context: dict[str, Any] = {"screenImage": SCREEN_IMAGE}
+    if args.dry_run:
+        context["dryRun"] = True
     with (
         # The training processes name their pods <job>-worker-<rank> from SDC_JOB_NAME. Set
         # before the pipeline's threads start, put back after they stopped: os.environ is
@@ -236,6 +343,7 @@ def run(argv: list[str] | None = None) -> int:
         process_environment({"SDC_JOB_NAME": cluster.job}),
         tempfile.TemporaryDirectory(prefix="sdc-demo-") as spool,
         tempfile.TemporaryDirectory(prefix="sdc-demo-run-") as run_dir,
+        tempfile.TemporaryDirectory(prefix="sdc-demo-screen-") as screen_dir,
         (
             deployed(cluster, context, quiet_handlers=True)
             if args.deployed
@@ -252,6 +360,10 @@ def run(argv: list[str] | None = None) -> int:
         )
         victim = cluster.instance_ids[FAULTY_RANK // cluster.ranks_per_node]
         victim_node = cluster.node_name(victim)
+        # The faulty GPU's index on its node: the training fault's rank's local rank.
+        faulty_gpu = FAULTY_RANK % cluster.ranks_per_node
+        screen = LocalScreen(screen_dir, victim_node, faulty_gpu)
+        p.kube.screen_result = screen
         what = (
             "no fault"
             if args.no_fault
@@ -305,7 +417,8 @@ def run(argv: list[str] | None = None) -> int:
             what="the request_approval invocation to return",
         )
         reported = len(p.invocations)  # nothing runs while the workflow waits for the decision
-        _report_workflow(tl, p.invocations[:reported])
+        _report_workflow(tl, p.invocations[:reported], screen)
+        _report_approval_message(tl, p, approval, args, victim_node, faulty_gpu, screen)
         decision = (
             ["reject", approval, "--release", "--reason", "demo: false alarm"]
             if args.reject
@@ -328,7 +441,7 @@ def run(argv: list[str] | None = None) -> int:
             return _verdict(tl)
         _check_authenticated_decision(tl, p)
         done = p.finish(execution)
-        _report_workflow(tl, p.invocations[reported:])
+        _report_workflow(tl, p.invocations[reported:], screen)
         tl.say(
             f"workflow {done['status']}; ledger for {victim}: {' -> '.join(p.transitions(victim))}"
         )
@@ -339,6 +452,55 @@ def run(argv: list[str] | None = None) -> int:
         if announced is not None:
             _restart_job(tl, p, alarm, announced, run_dir)
         return _verdict(tl)
+
+
+def _report_approval_message(
+    tl: Timeline,
+    p: LocalPipeline,
+    approval: str,
+    args: argparse.Namespace,
+    victim_node: str,
+    faulty_gpu: int,
+    screen: LocalScreen,
+) -> None:
+    """The approval request as SNS delivered it, then what its screen line rests on: exactly
+    one screen Job, on the suspect node, naming the faulty GPU (a dry run creates none)."""
+    messages = [n for n in p.notifications() if f" approve {approval} " in (n["message"] or "")]
+    if not messages:
+        tl.fail(f"no approval message names {approval}")
+        return
+    body = messages[-1]["message"]
+    indent = " " * 11
+    tl.say(
+        f"approval message (SNS): {messages[-1]['subject']}\n"
+        + "\n".join(f"{indent}| {line}".rstrip() for line in body.splitlines())
+    )
+    created = p.kube.created_jobs
+    nodes = [_job_node(j) for j in created]
+    if args.dry_run:
+        if created or "screen: skipped" not in body:
+            tl.fail("a dry run should create no screen Job and say the screen was skipped")
+        else:
+            tl.say("dry run: the Screen step created no Job; the approval message says so")
+        return
+    expected = f"screen: reproduced on GPU {faulty_gpu} (UUID cpu-{faulty_gpu})"
+    if nodes != [victim_node] or len(screen.runs) != 1:
+        tl.fail(f"expected one screen Job, on {victim_node}; created on {nodes}")
+    elif expected not in body:
+        tl.fail(f"the approval message should say '{expected}'")
+    elif p.kube.jobs:
+        tl.fail("the screen Job was not deleted once its result was read")
+    else:
+        took = screen.runs[0]["seconds"]
+        tl.say(
+            f"screen Jobs: 1, on {victim_node} (the suspect), deleted after its result; it took "
+            f"{took:.1f} s. The screen runs seeded known-answer ops (GEMMs, attention, norms, "
+            "reductions) on every GPU of the cordoned node and compares them bit for bit across "
+            f"the GPUs: it named GPU {faulty_gpu}, the GPU of rank {FAULTY_RANK} (here a simulated "
+            "device with an injected fault, standing in for the training fault's GPU). A clean "
+            "screen would not exonerate the node (a fault may not fire in a few repetitions, or "
+            "only in the job's own ops): the operator still decides on the job's evidence"
+        )
 
 
 def _check_authenticated_decision(tl: Timeline, p: LocalPipeline) -> None:

@@ -21,7 +21,10 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
     # ends with the restarted job: on the replacement node, without the fault, it resumes from
     # the checkpoint the pipeline announced, chosen by sdc.clean_resume_step from the alarm the
     # guard recorded next to the checkpoints, refusing the newer one inside the suspect window
-    # (saved with a passing weight check), and trains on with no alarm
+    # (saved with a passing weight check), and trains on with no alarm; before the approval the
+    # Screen step ran one Job on the cordoned suspect node, its pod the real screen (a local
+    # process) with the fault on rank 3's GPU (local rank 1), and the approval message the
+    # operator reads states the screen's verdict on that GPU
     assert status == 0, out
     stages = [
         "agent ALARM at step 10: check 'compute'",
@@ -31,7 +34,16 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
         "admit: admitted",
         "cordon: hyperpod-i-00000000000000001 cordoned",
         "deep health check: passed",
+        "screen: Job sdc-screen/sdc-screen-",
+        "the Job's pod, here a local process on hyperpod-i-00000000000000001: $ python -m "
+        "sdc_agent.screen --termination-log ",
+        "--simulate 8 --repetitions 2 --fault 1:gemm-x1000 -> exit 3",
+        "screen: reproduced on GPU 1 (UUID cpu-1), Job deleted",
         "approval requested",
+        "approval message (SNS): [sdc-guard] approve replacing hyperpod-i-00000000000000001?",
+        "| screen: reproduced on GPU 1 (UUID cpu-1)",
+        "screen Jobs: 1, on hyperpod-i-00000000000000001 (the suspect), deleted after its result",
+        "A clean screen would not exonerate the node",
         "operator: $ sdc-remediation approve",
         "as arn:aws:sts::123456789012:assumed-role/sdc-oncall/demo-operator",
         "approve (function URL, SigV4 us-east-1/lambda, authenticated as "
@@ -61,6 +73,11 @@ def test_the_demo_catches_the_faulty_rank_and_replaces_its_node(capsys):
         s for s, p in zip(stages, positions, strict=True) if p < 0
     ]
     assert positions == sorted(positions)
+    # and exactly one screen Job was created and run, its verdict inside the approval message
+    assert out.count("screen: Job sdc-screen/") == 1
+    assert out.count("the Job's pod, here a local process on ") == 1
+    message = out[out.find("approval message (SNS):") : out.find("screen Jobs: 1")]
+    assert "| screen: reproduced on GPU 1 (UUID cpu-1)" in message
 
 
 @pytest.mark.timeout(600)
