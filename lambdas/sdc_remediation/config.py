@@ -480,6 +480,37 @@ class Settings:
             )
         return value
 
+    def _bounded(self, name: str, default: int, minimum: int, maximum: int, what: str) -> int:
+        """An integer setting within the contract's [minimum, maximum] (errors name it)."""
+        value = self._int(name, default, minimum=minimum)
+        if value > maximum:
+            raise ConfigurationError(f"{name} ({what}) must be <= {maximum}, got {value}")
+        return value
+
+    @property
+    def screen_rescreen_days(self) -> int:
+        """SCREEN_RESCREEN_DAYS: the idle screener screens a node again once its last screen is
+        this many days old (default 30; context key screenRescreenDays)."""
+        return self._bounded(
+            contract.SCREEN_RESCREEN_DAYS,
+            contract.DEFAULT_SCREEN_RESCREEN_DAYS,
+            contract.MIN_SCREEN_RESCREEN_DAYS,
+            contract.MAX_SCREEN_RESCREEN_DAYS,
+            "the rescreen age in days",
+        )
+
+    @property
+    def screen_idle_max_nodes(self) -> int:
+        """SCREEN_IDLE_MAX_NODES: at most this many idle-node screens run at once in the cluster
+        (default 2; context key screenIdleMaxNodes)."""
+        return self._bounded(
+            contract.SCREEN_IDLE_MAX_NODES,
+            contract.DEFAULT_SCREEN_IDLE_MAX_NODES,
+            contract.MIN_SCREEN_IDLE_MAX_NODES,
+            contract.MAX_SCREEN_IDLE_MAX_NODES,
+            "idle-node screens at once",
+        )
+
     @property
     def dry_run(self) -> bool:
         """DRY_RUN: `true` runs every step but only logs cordon, uncordon and replace."""

@@ -14,10 +14,11 @@ CONTRACT = (ROOT / "docs" / "CONTRACT.md").read_text()
 FOLDERS = re.findall(r"^\| `([a-z_]+)`\s+\|", CONTRACT, flags=re.MULTILINE)
 
 
-def test_the_contract_lists_the_ten_steps_and_the_three_services():
-    assert len(FOLDERS) == 13 and "localize" in FOLDERS and "record" in FOLDERS
+def test_the_contract_lists_the_ten_steps_and_the_four_services():
+    # (the idle screener, issue 35, is the fourth service beside approve, sweeper, canary)
+    assert len(FOLDERS) == 14 and "localize" in FOLDERS and "record" in FOLDERS
     assert "screen" in FOLDERS
-    assert {"approve", "sweeper", "canary"} <= set(FOLDERS)
+    assert {"approve", "sweeper", "canary", "screen_idle"} <= set(FOLDERS)
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

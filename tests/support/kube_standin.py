@@ -179,6 +179,14 @@ def matches_fields(pod: dict[str, Any], selector: str) -> bool:
     return True
 
 
+def _containers(gpus: int) -> dict[str, Any]:
+    """A pod spec's containers asking for ``gpus`` GPUs (nothing when 0, as before)."""
+    if not gpus:
+        return {}
+    limits = {"nvidia.com/gpu": str(gpus)}
+    return {"containers": [{"name": "trainer", "resources": {"limits": limits}}]}
+
+
 def strategic_merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     """Enough of a strategic-merge patch for maps: nested merge, ``None`` deletes a key."""
     out = copy.deepcopy(target)
@@ -252,6 +260,7 @@ class KubeStandIn:
         finished_at: str | None = None,
         started: bool = True,
         owner: dict[str, Any] | None = None,
+        gpus: int = 0,
     ) -> None:
         """Register a pod scheduled on ``node``, with the status the kubelet gives it.
 
@@ -259,7 +268,8 @@ class KubeStandIn:
         terminated at ``finished_at`` (started then too). ``started=False``: the kubelet never
         started a container (an image that does not pull: Pending and waiting, or ended without
         a start). ``owner``: its controller owner reference (``{"apiVersion", "kind", "name"}``,
-        a training operator's job), none for a bare pod.
+        a training operator's job), none for a bare pod. ``gpus``: the ``nvidia.com/gpu`` its
+        container asks for (none when 0).
         """
         status: dict[str, Any] = {"phase": phase}
         if phase != "Pending":
@@ -288,7 +298,7 @@ class KubeStandIn:
                     "apiVersion": "v1",
                     "kind": "Pod",
                     "metadata": metadata,
-                    "spec": {"nodeName": node},
+                    "spec": {"nodeName": node, **_containers(gpus)},
                     "status": status,
                 }
             )
@@ -459,6 +469,25 @@ def _make_handler(api: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                     self._status(404, "NotFound")
                     return
                 self._reply(200, found[0])
+                return
+            if segments == ["api", "v1", "pods"] and method == "GET":
+                # Every namespace's pods (the idle screener: fieldSelector spec.nodeName).
+                query = urllib.parse.parse_qs(parts.query)
+                try:
+                    items = [
+                        p
+                        for p in api.pods
+                        if matches_fields(p, query.get("fieldSelector", [""])[0])
+                    ]
+                except SelectorError as exc:
+                    self._status(400, f"BadRequest: {exc}")
+                    return
+                self._reply(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+                return
+            if segments == ["api", "v1", "nodes"] and method == "GET":
+                self._reply(
+                    200, {"kind": "NodeList", "apiVersion": "v1", "items": list(api.nodes.values())}
+                )
                 return
             self._status(404, "NotFound")
 

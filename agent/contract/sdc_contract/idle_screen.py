@@ -14,9 +14,15 @@ cordon, health check, approval and replacement follow.
 
 from __future__ import annotations
 
+from .canary import CANARY_JOB
+
 IDLE_SCREEN_JOB = "sdc-idle-screen"
 """The reserved job of an idle node's reproduced screen: its report's ``job``, its log stream,
 its series' JobName. No training job can be named this."""
+RESERVED_JOBS: tuple[str, ...] = (CANARY_JOB, IDLE_SCREEN_JOB)
+"""The jobs only sdc-guard's own functions publish (the canary, the idle screener): each has
+its own alarm, its own namespace and its one report stream, named by the job; localize reads
+each from that stream only and never mixes them with a training job's data."""
 IDLE_SCREEN_METRIC = "sdc_screen_reproduced"
 """The datum a reproduced idle screen puts (value 1, dimensions ClusterName, JobName and
 NodeName), in :func:`idle_screen_namespace`."""
@@ -36,7 +42,7 @@ DEFAULT_SCREEN_IDLE_MAX_NODES = 2
 MIN_SCREEN_IDLE_MAX_NODES = 1
 MAX_SCREEN_IDLE_MAX_NODES = 64
 DEFAULT_SCREEN_IDLE_SCHEDULE = "rate(30 minutes)"
-"""The idle screener's schedule (context key ``screenIdleSchedule``; ``null`` turns idle
+"""The idle screener's schedule (context key ``screenIdleSchedule``; ``"off"`` turns idle
 screening off). Idle screening runs only where ``screenImage`` is set."""
 
 # What the idle screener puts (namespace POWERTOOLS_METRICS_NAMESPACE, dimension ClusterName),
@@ -86,6 +92,7 @@ __all__ = [
     "MIN_SCREEN_IDLE_MAX_NODES",
     "MIN_SCREEN_RESCREEN_DAYS",
     "NODES_UNSCREENED_METRIC",
+    "RESERVED_JOBS",
     "SCREEN_ABORTED_METRIC",
     "SCREEN_CLEAN_METRIC",
     "SCREEN_FAILED_METRIC",

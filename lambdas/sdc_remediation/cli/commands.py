@@ -23,6 +23,7 @@ import click
 from .. import aws, clock, text
 from ..clients.approval_url import ApprovalService
 from ..clients.kube import KubeApi
+from ..clients.screener import screen_node
 from ..config import Settings
 from ..dal.approvals import Approvals, caller_arn
 from ..dal.canary_runs import RunStore
@@ -408,3 +409,20 @@ def canary(ctx: click.Context, cluster: str, as_json: bool) -> None:
         )
         return
     click.echo(canary_table(run))
+
+
+@main.command()
+@click.argument("node")
+@click.option(
+    "--function",
+    "function_name",
+    envvar="SDC_SCREENER_FUNCTION",
+    required=True,
+    help="The idle screener function's name or ARN (in the stack output IdleScreenCommand; env "
+    "SDC_SCREENER_FUNCTION).",
+)
+@_fail_cleanly
+def screen(node: str, function_name: str) -> None:
+    """Screen NODE now (an idle, schedulable HyperPod node): start the node screen's Job."""
+    answer = screen_node(function_name, node)
+    click.echo(f"screening {answer.get('node', node)}: job {answer.get('job')}")

@@ -288,6 +288,36 @@ class KubeApi:
             query = {**query, "continue": token}
         return pods
 
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every node of the cluster (following ``continue`` tokens, at most
+        ``LIST_MAX_PAGES`` pages: the idle screener's candidates)."""
+        return self._list("list nodes", "/api/v1/nodes", {})
+
+    def pods_on_node(self, node_name: str) -> list[dict[str, Any]]:
+        """Every pod of every namespace scheduled on ``node_name`` (``fieldSelector`` on
+        ``spec.nodeName``, so the server filters): what the idle screener checks for a
+        training pod before a screen starts and before its result counts."""
+        if not is_subdomain_name(node_name):
+            raise InvalidStepInput(f"node name {node_name!r} is not a valid Kubernetes name")
+        return self._list(
+            f"list pods on {node_name}",
+            "/api/v1/pods",
+            {"fieldSelector": f"spec.nodeName={node_name}"},
+        )
+
+    def _list(self, what: str, path: str, query: dict[str, str]) -> list[dict[str, Any]]:
+        """A list call's items across its pages (``limit`` and ``continue``)."""
+        query = {**query, "limit": str(LIST_PAGE_SIZE)}
+        items: list[dict[str, Any]] = []
+        for _ in range(LIST_MAX_PAGES):
+            page = self._call(what, "GET", path, query=query)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+            query = {**query, "continue": token}
+        return items
+
     # -- batch/v1 Jobs (the node screen) ---------------------------------------------------------
 
     @staticmethod

@@ -14,6 +14,8 @@ The ledger is one table of many kinds of item, told apart by their keys:
   ``sk=DUE#<what>`` (``due``): one message per alarm episode, one reminder per period.
 - ``pk=CANARY#<cluster>, sk=RUN#<run id>``: the canary's runs (``run``; the partition is the
   contract's, which infra's LeadingKeys grants name too).
+- ``pk=SCREEN#<cluster>, sk=<node name>``: the idle screener's last and running screen of a
+  node (``screen``).
 - ``pk=REFUSED#<cluster>, sk=REPORT#<report>``: a report the admission refused (the guard's
   circuit open), whatever node (``report_refusal``; expires).
 - ``pk=BACKSTOP#<cluster>``: the sweeper's backstop: ``sk=REPORT#<report>``, a report it
@@ -33,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sdc_contract.canary import canary_runs_key
+from sdc_contract.idle_screen import screens_key
 
 STATE_SK = "STATE"
 GUARD_SK = "GUARD"
@@ -135,6 +138,11 @@ def run(cluster: str, run_id: str) -> Key:
     return {"pk": run_pk(cluster), "sk": run_sk(run_id)}
 
 
+def screen(cluster: str, node_name: str) -> Key:
+    """A node's idle screens (``sdc_contract.idle_screen.screens_key``, sort key its name)."""
+    return {"pk": screens_key(cluster), "sk": node_name}
+
+
 def report_refusal(cluster: str, report: str) -> Key:
     """The item that says the admission refused ``report`` (any node of it)."""
     return {"pk": f"{REFUSED_PREFIX}{cluster}", "sk": report_sk(report)}
@@ -208,6 +216,7 @@ __all__ = [
     "run",
     "run_pk",
     "run_sk",
+    "screen",
     "shadow_guard",
     "state",
 ]

@@ -225,8 +225,14 @@ def start(state: ItemState, settings: Settings, kube: Callable[[], KubeApi]) -> 
 def poll(state: ItemState, previous: ScreenResult, kube: Callable[[], KubeApi]) -> ScreenResult:
     """Read the Job and its pod: the result once there is one (the Job then deleted), else
     ``in_progress`` until the deadline."""
+    return poll_job(previous, kube())
+
+
+def poll_job(previous: ScreenResult, api: KubeApi) -> ScreenResult:
+    """Where the screen Job ``previous`` names stands: its outcome once there is one (the Job
+    then deleted), else ``previous`` (``in_progress``) until its deadline and grace. Shared by
+    the Screen step and the idle screener (``logic.idle_screen``)."""
     namespace, name = previous.namespace or "", previous.job or ""
-    api = kube()
     try:
         job = api.get_job(namespace, name)
     except NodeNotFound:
@@ -418,6 +424,7 @@ __all__ = [
     "job_name",
     "node_gpus",
     "poll",
+    "poll_job",
     "ran_summary",
     "read_result",
     "screen",

@@ -48,19 +48,47 @@ def canary_report(cluster: str, run_id: str, at: datetime) -> dict[str, Any]:
     }
 
 
-def datum(cluster: str, at: datetime) -> list[dict[str, Any]]:
-    """The canary's datum on the series its alarm watches ({ClusterName, JobName}) and on its
-    per-node series (which localize lists), as PutMetricData entries."""
-    job = [
+def datum(
+    cluster: str,
+    at: datetime,
+    *,
+    job: str = contract.CANARY_JOB,
+    node: str = contract.CANARY_NODE_NAME,
+    metric: str = contract.CANARY_METRIC,
+) -> list[dict[str, Any]]:
+    """A reserved job's datum (the canary's by default) on the series its alarm watches
+    ({ClusterName, JobName}) and on its per-node series (which localize lists), as
+    PutMetricData entries."""
+    on_job = [
         {"Name": contract.CLUSTER_DIMENSION, "Value": cluster},
-        {"Name": contract.JOB_DIMENSION, "Value": contract.CANARY_JOB},
+        {"Name": contract.JOB_DIMENSION, "Value": job},
     ]
-    node = [*job, {"Name": contract.NODE_DIMENSION, "Value": contract.CANARY_NODE_NAME}]
+    on_node = [*on_job, {"Name": contract.NODE_DIMENSION, "Value": node}]
     return [
-        {"MetricName": contract.CANARY_METRIC, "Dimensions": dims, "Timestamp": at, "Value": 1.0,
+        {"MetricName": metric, "Dimensions": dims, "Timestamp": at, "Value": 1.0,
          "Unit": "Count", "StorageResolution": 1}
-        for dims in (job, node)
+        for dims in (on_job, on_node)
     ]  # fmt: skip
+
+
+def publish_finding(
+    settings: Settings,
+    report: dict[str, Any],
+    namespace: str,
+    data: list[dict[str, Any]],
+    at: datetime,
+) -> None:
+    """Publish a reserved job's finding as the agent publishes one: its ``sdc.alarm/v1``
+    ``report`` into the report log group, in the stream named by the report's job (localize
+    reads a reserved job from that stream only), then its datum into ``namespace``, one the
+    training pods' policy cannot put into (the canary's, the idle screen's)."""
+    logs.put_event(
+        settings.report_log_group,
+        str(report["job"]),
+        json.dumps(report),
+        int(at.timestamp() * 1000),
+    )
+    cloudwatch.put_metric_data(namespace, data)
 
 
 def start_run(settings: Settings) -> Run:
@@ -69,20 +97,16 @@ def start_run(settings: Settings) -> Run:
     cluster = settings.hyperpod_cluster_name
     store = RunStore(settings.ledger_table, cluster)
     run = store.start(new_run_id(now), now, settings.canary_timeout_seconds)
-    # localize reads one stream per job, named after the job
-    logs.put_event(
-        settings.report_log_group,
-        contract.CANARY_JOB,
-        json.dumps(canary_report(cluster, run.run_id, now)),
-        int(now.timestamp() * 1000),
-    )
-    # Its own namespace, which the training pods' policy cannot write (canary_namespace).
-    cloudwatch.put_metric_data(
-        contract.canary_namespace(settings.metric_namespace), datum(cluster, now)
+    publish_finding(
+        settings,
+        canary_report(cluster, run.run_id, now),
+        contract.canary_namespace(settings.metric_namespace),
+        datum(cluster, now),
+        now,
     )
     store.reach(run.run_id, "published")
     logger.info("canary started", extra={"run": run.run_id})
     return store.get(run.run_id) or run
 
 
-__all__ = ["canary_report", "datum", "new_run_id", "start_run"]
+__all__ = ["canary_report", "datum", "new_run_id", "publish_finding", "start_run"]

@@ -49,25 +49,48 @@ def check_source(event: AlarmStateChangeEvent, settings: Settings) -> str:
     return found[0]
 
 
-def alarm_queries(settings: Settings) -> dict[str, tuple[str, bool]]:
+def alarm_queries(settings: Settings) -> dict[str, tuple[str, str | None]]:
     """This stack's per-job alarm queries (``sdc_contract.metrics.job_alarm_query``): query ->
-    (metric name, whether it is the canary's alarm)."""
+    (metric name, the reserved job whose alarm it is: the canary's, the idle screen's; None for
+    the training jobs' alarms, which watch every job but the reserved ones)."""
     namespace, cluster = settings.metric_namespace, settings.hyperpod_cluster_name
-    queries = {
+    queries: dict[str, tuple[str, str | None]] = {
         contract.job_alarm_query(namespace, metric, cluster, except_job=contract.CANARY_JOB): (
             metric,
-            False,
+            None,
         )
         for metric in contract.SDC_ALARM_METRICS
     }
-    canary = contract.job_alarm_query(
-        contract.canary_namespace(namespace),
-        contract.CANARY_METRIC,
-        cluster,
-        only_job=contract.CANARY_JOB,
-    )
-    queries[canary] = (contract.CANARY_METRIC, True)
+    for job, metric in reserved_metrics().items():
+        query = contract.job_alarm_query(
+            reserved_namespace(job, namespace), metric, cluster, only_job=job
+        )
+        queries[query] = (metric, job)
     return queries
+
+
+def reserved_metrics() -> dict[str, str]:
+    """Each reserved job's metric (the one datum its function puts)."""
+    return {
+        contract.CANARY_JOB: contract.CANARY_METRIC,
+        contract.IDLE_SCREEN_JOB: contract.IDLE_SCREEN_METRIC,
+    }
+
+
+def reserved_namespace(job: str, namespace: str) -> str:
+    """A reserved job's own namespace, apart from the training pods' ``namespace``."""
+    if job == contract.CANARY_JOB:
+        return contract.canary_namespace(namespace)
+    return contract.idle_screen_namespace(namespace)
+
+
+def reserved_job_of(alarm: Alarm) -> str | None:
+    """The reserved job whose alarm ``alarm`` is (None: a training jobs' alarm)."""
+    if alarm.canary:
+        return contract.CANARY_JOB
+    if alarm.metric_name == contract.IDLE_SCREEN_METRIC:
+        return contract.IDLE_SCREEN_JOB
+    return None
 
 
 def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
@@ -88,7 +111,7 @@ def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
             f"{settings.metric_namespace!r} and cluster {settings.hyperpod_cluster_name!r} "
             "(this stack's alarms are Metrics Insights queries grouped by JobName)"
         )
-    metric_name, canary = matched[0]
+    metric_name, reserved = matched[0]
     contributor = detail.alarm_contributor
     if contributor is None:
         raise InvalidAlarmEvent(
@@ -101,10 +124,11 @@ def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
             f"alarm {name!r}: the contributor's {contract.JOB_DIMENSION} {job[:80]!r} is not a "
             "job name (a Kubernetes label value)"
         )
-    if canary != (job == contract.CANARY_JOB):
+    if reserved != (job if job in contract.RESERVED_JOBS else None):
         raise InvalidAlarmEvent(
-            f"alarm {name!r}: job {job!r} is not this alarm's (the canary's alarm is the canary "
-            "job's only, and no training alarm watches the canary job)"
+            f"alarm {name!r}: job {job!r} is not this alarm's (a reserved job's alarm, the "
+            "canary's or the idle screen's, is that job's only, and no training alarm watches a "
+            "reserved job)"
         )
     end = detail.state.timestamp
     start = end - timedelta(seconds=settings.lookback_seconds)
@@ -115,28 +139,36 @@ def alarm_from_event(event: AlarmStateChangeEvent, settings: Settings) -> Alarm:
         reason=text.printable(detail.state.reason, 2000),
         time=clock.iso(end),
         metric_name=metric_name,
-        # The canary's series are in its own namespace (contract.canary_namespace).
+        # A reserved job's series are in its own namespace (contract.canary_namespace, ...).
         namespace=(
-            contract.canary_namespace(settings.metric_namespace)
-            if canary
+            reserved_namespace(reserved, settings.metric_namespace)
+            if reserved
             else settings.metric_namespace
         ),
         cluster_name=settings.hyperpod_cluster_name,
         window_start=clock.iso(start),
         window_end=clock.iso(end + timedelta(seconds=GRACE_SECONDS)),
-        canary=canary,
+        canary=reserved == contract.CANARY_JOB,
         job=job,
     )
 
 
 def belongs_to(alarm: Alarm, job: str) -> bool:
     """Whether ``job``'s data is this alarm's: the contributor's job only (one job's data never
-    joins, blocks or counts against another's remediation). The canary's alarm reads only the
-    canary job, every other alarm only training jobs, so a canary never joins a real
-    remediation (nor counts against its blast radius)."""
+    joins, blocks or counts against another's remediation). A reserved job's alarm (the
+    canary's, the idle screen's) reads only that job, every other alarm only training jobs, so
+    a canary never joins a real remediation (nor counts against its blast radius)."""
     if alarm.job is not None and job != alarm.job:
         return False
-    return (job == contract.CANARY_JOB) == alarm.canary
+    return (job if job in contract.RESERVED_JOBS else None) == reserved_job_of(alarm)
 
 
-__all__ = ["GRACE_SECONDS", "alarm_from_event", "alarm_queries", "belongs_to", "check_source"]
+__all__ = [
+    "GRACE_SECONDS",
+    "alarm_from_event",
+    "alarm_queries",
+    "belongs_to",
+    "check_source",
+    "reserved_job_of",
+    "reserved_namespace",
+]

@@ -76,7 +76,7 @@ class RankResolver:
         job-name label, and where a training operator runs the job, the operator owns it. A
         writer that no longer exists cannot be checked and is refused. Streams named by the
         job prove nothing about their writer: nothing to check."""
-        if not self._streams.per_pod or report.job == contract.CANARY_JOB:
+        if not self._streams.per_pod or report.job in contract.RESERVED_JOBS:
             return
         stream = report.log_stream or ""
         pod = self._streams.writer(stream, report.job)

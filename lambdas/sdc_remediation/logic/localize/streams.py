@@ -9,7 +9,8 @@
   read only from streams under ``<TRAINING_NAMESPACE>/<job>/``, and the writing pod must be
   the job's (``RankResolver.verify_writer``: its job-name label, and its training operator's
   owner reference where the operator runs the job). The canary's report, written by the
-  canary function, stays in the canary job's own stream.
+  canary function, stays in the canary job's own stream, and so does each reserved job's
+  (``sdc_contract.RESERVED_JOBS``: the idle screener's too).
 """
 
 from __future__ import annotations
@@ -55,11 +56,11 @@ class ReportStreams:
         if jobs is None:
             return [
                 StreamFilter(prefix=f"{self.namespace}/"),
-                StreamFilter(names=(contract.CANARY_JOB,)),
+                StreamFilter(names=contract.RESERVED_JOBS),
             ]
         return [
             StreamFilter(names=(job,))
-            if job == contract.CANARY_JOB
+            if job in contract.RESERVED_JOBS
             else StreamFilter(prefix=contract.pod_stream_prefix(self.namespace, job))
             for job in sorted(set(jobs))
         ]
@@ -67,17 +68,18 @@ class ReportStreams:
     def accepts(self, stream: str, job: str) -> bool:
         """Whether a report of ``job`` may come from ``stream``. Streams named by the job
         accept anything here (the filter picked the job's stream; the writer is not known).
-        Per pod: one of the job's pods' streams, or the canary job's own stream for it."""
+        Per pod: one of the job's pods' streams, or a reserved job's own stream for it (the
+        canary's, the idle screen's: written by sdc-guard's functions, never by a pod)."""
         if not self.per_pod:
             return True
-        if job == contract.CANARY_JOB:
-            return stream == contract.CANARY_JOB
+        if job in contract.RESERVED_JOBS:
+            return stream == job
         return self.writer(stream, job) is not None
 
     def writer(self, stream: str, job: str) -> str | None:
         """The pod that wrote ``stream`` for ``job`` (per-pod streams of a training job only);
         None otherwise."""
-        if not self.per_pod or job == contract.CANARY_JOB:
+        if not self.per_pod or job in contract.RESERVED_JOBS:
             return None
         return contract.pod_of_report_stream(stream, self.namespace, job)
 

@@ -21,7 +21,7 @@ from ...config import Settings
 from ...errors import InstanceNotInCluster, NodeNotFound, UntrustedReport
 from ...models import Alarm, RankInfo, Refusal, Report, Suspect
 from ...models.state import MAX_RANKS_PER_SUSPECT, MAX_TENSOR_NAME_CHARS, MAX_TENSOR_NAMES
-from . import canary
+from . import canary, idle
 from .evidence import refusal
 from .resolve import RankResolver
 
@@ -83,7 +83,12 @@ def suspects_from_reports(
                 continue
             by_instance[suspect.instance_id] = suspect
             continue
+        # The idle screener's report: its ledger record of the screen stands in for the pod
+        # of the job that corroborates a training report (the screen ran on no job's pod).
+        screened = report.job == contract.IDLE_SCREEN_JOB
         try:
+            if screened:
+                idle.verify_report(report, settings)
             resolver.verify_writer(report)
             canary.refuse_reserved_node(report)
             refuse_setup(report)
@@ -98,7 +103,8 @@ def suspects_from_reports(
                 node, instance_id = resolver.verified_node(info, rank, report.job)
                 node_hint = node
                 group = resolver.instance_group(instance_id)
-                resolver.corroborate(report.job, node, since)
+                if not screened:
+                    resolver.corroborate(report.job, node, since)
             except REFUSED_CLAIMS as exc:
                 out.refused.append(
                     refusal(exc, stream=stream, job=report.job, node=_node_name(node_hint))
