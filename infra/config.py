@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sdc_contract import autoapprove, environment, metrics, modes, names
+from sdc_contract import autoapprove, environment, idle_screen, metrics, modes, names
 
 METRIC_NAMES: tuple[str, ...] = metrics.SDC_ALARM_METRICS
 """The agent's alarm metrics (docs/CONTRACT.md, "Agent -> CloudWatch"): one deployed alarm each."""
@@ -43,6 +43,17 @@ _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 _SG_ID = re.compile(r"^sg-[0-9a-f]{8,17}$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+# EventBridge Scheduler's recurring expressions: rate(value unit), cron(six fields). A one-time
+# at(...) is refused: screening idle nodes is a standing duty, not an event.
+_RATE = re.compile(r"^rate\((\d+) (minutes?|hours?|days?)\)$")
+_CRON = re.compile(r"^cron\((\S+( \S+){5})\)$")
+_RATE_UNIT_MINUTES = {"minute": 1, "hour": 60, "day": 1440}
+MIN_SCREEN_IDLE_RATE_MINUTES = 5
+"""The shortest rate of `screenIdleSchedule`: each run lists every node and pod of the cluster
+(a heavy call on a large cluster's API server), and a screen takes tens of minutes, so a run
+more often than this would only poll the same Jobs again."""
+OFF_WORDS = ("off", "false", "none", "null", "disabled")
+"""Values of a schedule key that mean "no schedule" (an environment variable cannot be null)."""
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 SHARED_IDENTITY = "shared"
@@ -164,6 +175,18 @@ class SdcConfig:
     screen_deadline_seconds: int = environment.DEFAULT_SCREEN_DEADLINE_SECONDS
     """The screen Job's activeDeadlineSeconds, start-up (scheduling, the image pull) included;
     the approval waits for it (`screenDeadlineSeconds`)."""
+    screen_idle_schedule: str | None = idle_screen.DEFAULT_SCREEN_IDLE_SCHEDULE
+    """How often the idle screener runs (an EventBridge Scheduler expression, `rate(...)` or
+    `cron(...)`): each run starts screens of idle HyperPod nodes, oldest screen first, and
+    collects finished ones. None (`off`, or an explicit null given to `load_config`) turns idle
+    screening off; it also exists only where `screenImage` is set (`screenIdleSchedule`)."""
+    screen_rescreen_days: int = idle_screen.DEFAULT_SCREEN_RESCREEN_DAYS
+    """A node whose last screen is older than this is screened again: defects appear with age
+    (`screenRescreenDays`)."""
+    screen_idle_max_nodes: int = idle_screen.DEFAULT_SCREEN_IDLE_MAX_NODES
+    """At most this many idle-node screens at once in the cluster: each holds all of a node's
+    GPUs for up to `screenDeadlineSeconds`, the GPU time idle screening costs
+    (`screenIdleMaxNodes`)."""
     agent_identity: str = SHARED_IDENTITY
     """How the training pods' role tells pods apart (`agentIdentity`): `shared` (any pod the
     agent policy is attached to may write any job's report stream: IRSA, or Pod Identity
@@ -193,6 +216,30 @@ class SdcConfig:
             f"{self.screen_deadline_seconds} s is outside "
             f"{environment.MIN_SCREEN_DEADLINE_SECONDS} s .. "
             f"{environment.MAX_SCREEN_DEADLINE_SECONDS} s (the approval waits for the screen)",
+        )
+        if self.screen_idle_schedule is not None:
+            problem = _schedule_problem(self.screen_idle_schedule)
+            _check(
+                problem is None,
+                "screenIdleSchedule",
+                f"{self.screen_idle_schedule[:80]!r}: {problem}",
+            )
+        _check(
+            idle_screen.MIN_SCREEN_RESCREEN_DAYS
+            <= self.screen_rescreen_days
+            <= idle_screen.MAX_SCREEN_RESCREEN_DAYS,
+            "screenRescreenDays",
+            f"{self.screen_rescreen_days} days is outside "
+            f"{idle_screen.MIN_SCREEN_RESCREEN_DAYS} .. {idle_screen.MAX_SCREEN_RESCREEN_DAYS}",
+        )
+        _check(
+            idle_screen.MIN_SCREEN_IDLE_MAX_NODES
+            <= self.screen_idle_max_nodes
+            <= idle_screen.MAX_SCREEN_IDLE_MAX_NODES,
+            "screenIdleMaxNodes",
+            f"{self.screen_idle_max_nodes} nodes is outside "
+            f"{idle_screen.MIN_SCREEN_IDLE_MAX_NODES} .. {idle_screen.MAX_SCREEN_IDLE_MAX_NODES} "
+            "(each screen holds all of a node's GPUs for up to screenDeadlineSeconds)",
         )
         _check(
             names.is_label_key(self.job_label),
@@ -353,6 +400,12 @@ class SdcConfig:
     def canary_enabled(self) -> bool:
         """Whether the live canary (schedule, function, alarms) is deployed."""
         return self.canary_schedule_seconds != 0
+
+    @property
+    def idle_screen_enabled(self) -> bool:
+        """Whether the idle screener (function, schedule, alarm, RBAC) is deployed: it runs the
+        node screen, so it needs `screenImage`, and a schedule (`screenIdleSchedule` not off)."""
+        return self.screen_image is not None and self.screen_idle_schedule is not None
 
     @property
     def canary_window_seconds(self) -> int:
@@ -537,6 +590,49 @@ def _as_schedule(key: str, value: Any) -> int:
     return _as_duration(key, value)
 
 
+def _schedule_problem(expression: str) -> str | None:
+    """What is wrong with a `screenIdleSchedule` expression, or None when it is fine."""
+    rate = _RATE.match(expression)
+    if rate is not None:
+        value, unit = int(rate.group(1)), rate.group(2)
+        if value < 1:
+            return "a rate's value is a positive integer"
+        # Scheduler, like EventBridge, wants the singular unit for 1 and the plural otherwise.
+        singular = unit.rstrip("s")
+        expected = singular if value == 1 else f"{singular}s"
+        if unit != expected:
+            return f"write rate({value} {expected})"
+        minutes = value * _RATE_UNIT_MINUTES[singular]
+        if minutes < MIN_SCREEN_IDLE_RATE_MINUTES:
+            return (
+                f"at most one run every {MIN_SCREEN_IDLE_RATE_MINUTES} minutes (each run lists "
+                "every node and pod of the cluster; a screen takes tens of minutes)"
+            )
+        return None
+    if _CRON.match(expression) is not None:
+        return None
+    if expression.startswith("at("):
+        return "a one-time at(...) schedule would screen once; use rate(...) or cron(...)"
+    return (
+        "expected an EventBridge Scheduler expression, 'rate(30 minutes)' or 'cron(0 3 * * ? *)' "
+        "(six fields), or 'off'"
+    )
+
+
+def _as_schedule_expression(key: str, value: Any) -> str | None:
+    """A recurring schedule expression (checked by `SdcConfig`), or None for off (null, false or
+    one of OFF_WORDS)."""
+    if value is None or value is False:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            f"context key {key!r} ({env_name(key)}): expected a schedule expression such as "
+            f"'rate(30 minutes)', or 'off', got {value!r}"
+        )
+    text = value.strip()
+    return None if text.lower() in OFF_WORDS else text
+
+
 def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
     def parse_optional(key: str, value: Any) -> Any:
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -585,8 +681,15 @@ KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "screenImage": ("screen_image", _optional(_as_str)),
     "screenNamespace": ("screen_namespace", _as_str),
     "screenDeadlineSeconds": ("screen_deadline_seconds", _as_duration),
+    "screenIdleSchedule": ("screen_idle_schedule", _as_schedule_expression),
+    "screenRescreenDays": ("screen_rescreen_days", _as_int),
+    "screenIdleMaxNodes": ("screen_idle_max_nodes", _as_int),
 }
 REQUIRED_KEYS: tuple[str, ...] = ("hyperPodClusterName", "eksClusterName")
+OFF_KEYS: tuple[str, ...] = ("screenIdleSchedule",)
+"""Keys whose parsed None means "off", not "the default": an explicit null or `off` is kept.
+(CDK itself drops a context value of null before the app sees it, so cdk.json and `-c` write
+`off`; a null reaches this loader only from a caller that passes one.)"""
 
 assert {f for f, _ in KEYS.values()} == {f.name for f in fields(SdcConfig)}, "KEYS out of sync"
 
@@ -604,6 +707,9 @@ def load_config(context: Mapping[str, Any], environ: Mapping[str, str] | None = 
         raw = environ.get(env_name(key))
         if raw is None:
             raw = context.get(key)
+        if raw is None and key in OFF_KEYS and key in context:
+            values[attr] = None  # an explicit null: off
+            continue
         if raw is None:
             if key in REQUIRED_KEYS:
                 raise ConfigError(
@@ -612,6 +718,6 @@ def load_config(context: Mapping[str, Any], environ: Mapping[str, str] | None = 
                 )
             continue
         parsed = parse(key, raw)
-        if parsed is not None:
+        if parsed is not None or key in OFF_KEYS:
             values[attr] = parsed
     return SdcConfig(**values)

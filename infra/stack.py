@@ -18,10 +18,11 @@ from infra.constructs.alarms import LivenessAlarm, PipelineAlarms, SdcAlarms, Se
 from infra.constructs.approval import Approvals, ApprovalUrl, OperatorPolicy
 from infra.constructs.canary import Canary
 from infra.constructs.dashboard import Dashboard
-from infra.constructs.eks_access import EksAccess
+from infra.constructs.eks_access import EksAccess, kubernetes_rbac_command
 from infra.constructs.encryption import LogsKey
 from infra.constructs.functions import SWEEP_RATE, Functions, log_retention
 from infra.constructs.hyperpod import HyperPodCluster
+from infra.constructs.idle_screen import IdleScreen
 from infra.constructs.ledger import Ledger
 from infra.constructs.notifications import Notifications
 from infra.constructs.reports import ReportLogGroup
@@ -143,13 +144,22 @@ class SdcGuardStack(cdk.Stack):
             if config.canary_enabled
             else None
         )
+        self.idle_screen = (
+            IdleScreen(
+                self, "IdleScreen", config=config, function=self.functions.function("screen_idle")
+            )
+            if config.idle_screen_enabled
+            else None
+        )
         self.rule = AlarmRule(
             self,
             "AlarmRule",
-            # The canary's alarm takes the same rule: the canary proves this route too.
+            # The canary's alarm takes the same rule: the canary proves this route too. So does
+            # a reproduced idle screen's: it is remediated as a job's finding is.
             alarms=[
                 *self.sdc_alarms.alarms.values(),
                 *([self.canary.sdc_alarm] if self.canary else []),
+                *([self.idle_screen.alarm] if self.idle_screen else []),
             ],
             state_machine=state_machine,
         )
@@ -267,6 +277,16 @@ class SdcGuardStack(cdk.Stack):
             # person's decision is: no role invokes that function any other way.
             self.approval_url.grant_settle_canary(fn("request_approval"))
 
+        if self.idle_screen is not None:
+            # The idle screener keeps its screens in the ledger (its own items only), writes a
+            # reproduced screen's report and datum, and reaches Kubernetes through its own group
+            # (the loop above); a reproduced screen reaches a node only through the workflow.
+            ledger.grant_screens(fn("screen_idle"))
+            reports.grant_write_idle_screen_report(fn("screen_idle"))
+            self.idle_screen.grant_put_datum(fn("screen_idle"))
+            # `sdc-remediation screen NODE`: operators may screen one node by hand.
+            self.idle_screen.grant_screen_by_hand(self.operator_policy.policy)
+
         # The people who decide, and the training pods (managed policies the user attaches).
         self.approval_url.grant_invoke_url(self.operator_policy.policy)
         ledger.grant_history(self.operator_policy.policy)
@@ -325,13 +345,27 @@ class SdcGuardStack(cdk.Stack):
                 "an adopted report group is associated with it (docs/deploy.md)",
             ),
             "KubernetesRbacCommand": (
-                f"kubectl apply -n {self.config.training_namespace} -f infra/k8s/rbac.yaml "
-                "-f infra/k8s/admission-policy.yaml",
+                kubernetes_rbac_command(self.config),
                 "Run once against the EKS cluster: the sdc-reader/sdc-cordoner/sdc-releaser/"
-                "sdc-replacer groups (the reader's pod access in the training namespace only) and "
-                "the admission policy limiting what they may change on a node",
+                "sdc-replacer/sdc-screener groups (the reader's pod access in the training "
+                "namespace only) and the admission policy limiting what they may change on a "
+                "node; with screenImage, the screening namespace and the screen's RBAC in it "
+                "(and the idle screener's, where idle screening is on)",
             ),
         }
+        if self.idle_screen is not None:
+            outputs["IdleScreenCommand"] = (
+                cdk.Fn.join(
+                    "",
+                    [
+                        "sdc-remediation screen --function ",
+                        self.idle_screen.function.function_name,
+                        " NODE",
+                    ],
+                ),
+                "Screen one idle node now (the schedule screens idle nodes every "
+                "screenIdleSchedule)",
+            )
         if self.canary is not None:
             outputs["CanaryCommand"] = (
                 cdk.Fn.join(

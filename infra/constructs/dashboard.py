@@ -14,7 +14,8 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import LIVENESS_METRIC_NAMES, METRIC_NAMES, SdcConfig
-from infra.constructs.functions import POWERTOOLS_METRICS_NAMESPACE
+from infra.constructs.functions import POWERTOOLS_METRICS_NAMESPACE, POWERTOOLS_SERVICE_NAME
+from sdc_contract.idle_screen import IDLE_SCREEN_METRICS, NODES_UNSCREENED_METRIC
 
 # Transitions after which the node is back in service or gone (the ledger closes the
 # remediation), and the ones that never opened one.
@@ -51,6 +52,9 @@ SWEEPER_HEALTH_METRICS = (
 """What the sweeper puts only when something is wrong (lambdas/sdc_remediation/logic/sweeper.py):
 an SDC alarm's series near its 500-series limit (the flood watch), the watch, the held-node
 reminder or the abandoned notice failing, and the backstop starting workflows no alarm started."""
+
+SCREEN_OUTCOME_METRICS = tuple(m for m in IDLE_SCREEN_METRICS if m != NODES_UNSCREENED_METRIC)
+"""The idle screener's counts per screen (started, and each outcome): the "Screens" graph."""
 
 _ONE_MINUTE = cdk.Duration.minutes(1)
 _FIVE_MINUTES = cdk.Duration.minutes(5)
@@ -246,6 +250,8 @@ class Dashboard(Construct):
                 height=6,
             )
         )
+        if config.idle_screen_enabled:
+            self._add_screens(config)
         self.dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Step function errors",
@@ -259,6 +265,50 @@ class Dashboard(Construct):
                     fn.metric_throttles(period=_FIVE_MINUTES, statistic="Sum") for fn in functions
                 ],
                 width=12,
+                height=6,
+            ),
+        )
+
+    def _add_screens(self, config: SdcConfig) -> None:
+        """The idle screener's row: screens by outcome, and how many nodes went unscreened for
+        longer than the rescreen age (the screener puts it every run, so a flat line that stops
+        means the screener stopped)."""
+        cluster = config.hyperpod_cluster_name
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Screens: idle-node screens started and their outcomes",
+                left=[
+                    # Powertools adds its `service` dimension to every metric.
+                    search(
+                        f"{{{POWERTOOLS_METRICS_NAMESPACE},ClusterName,service}} "
+                        f'ClusterName="{cluster}" ({_any_metric(SCREEN_OUTCOME_METRICS)})',
+                        "Sum",
+                        cdk.Duration.hours(1),
+                        label="",
+                    )
+                ],
+                width=16,
+                height=6,
+            ),
+            cloudwatch.SingleValueWidget(
+                title=f"Nodes not screened within {config.screen_rescreen_days} days",
+                metrics=[
+                    cloudwatch.Metric(
+                        namespace=POWERTOOLS_METRICS_NAMESPACE,
+                        metric_name=NODES_UNSCREENED_METRIC,
+                        dimensions_map={
+                            "ClusterName": cluster,
+                            "service": POWERTOOLS_SERVICE_NAME,
+                        },
+                        statistic=cloudwatch.Stats.MAXIMUM,
+                        period=cdk.Duration.hours(1),
+                        label=NODES_UNSCREENED_METRIC,
+                    )
+                ],
+                # The trend, not only the latest count: a backlog that never shrinks means the
+                # cluster is never idle enough, or screenIdleMaxNodes is too low.
+                sparkline=True,
+                width=8,
                 height=6,
             ),
         )

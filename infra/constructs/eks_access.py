@@ -15,6 +15,12 @@ Each role gets an EKS access entry in ONE Kubernetes group, by what its step doe
 - `sdc-screener` (screen): reads nodes (is the suspect cordoned, how many GPUs), and in the
   screening namespace only creates, reads and deletes Jobs and reads their pods
   (infra/k8s/screen-rbac.yaml); it can change no node.
+- `sdc-idle-screener` (screen_idle, only where idle screening is on): lists nodes, and pods of
+  every namespace (a node runs no training pod of any tenant before it is screened, and still
+  runs none before its result counts), and in the screening namespace creates, reads, lists and
+  deletes the screen Jobs and reads their pods. Everything of it is in
+  infra/k8s/idle-screen-rbac.yaml, applied only where idle screening is on: a deployment
+  without it grants nobody the cluster-wide pod read. It can change no node.
 infra/k8s/rbac.yaml binds the groups; infra/k8s/admission-policy.yaml (a
 ValidatingAdmissionPolicy) limits which fields the writers may change. Both are applied once
 with kubectl. The cluster's authentication mode must include the EKS API (API or
@@ -28,6 +34,7 @@ from aws_cdk import aws_eks as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from infra.config import SdcConfig
 from infra.grants import allow
 
 READER_GROUP = "sdc-reader"
@@ -35,6 +42,7 @@ CORDON_GROUP = "sdc-cordoner"
 REPLACE_GROUP = "sdc-replacer"
 RELEASE_GROUP = "sdc-releaser"
 SCREEN_GROUP = "sdc-screener"
+IDLE_SCREEN_GROUP = "sdc-idle-screener"
 
 STEP_GROUPS: dict[str, str] = {
     "localize": READER_GROUP,
@@ -45,8 +53,37 @@ STEP_GROUPS: dict[str, str] = {
     "uncordon": CORDON_GROUP,
     "replace": REPLACE_GROUP,
     "screen": SCREEN_GROUP,
+    "screen_idle": IDLE_SCREEN_GROUP,
 }
-"""Step folder -> its Kubernetes group (infra/k8s/rbac.yaml)."""
+"""Step folder -> its Kubernetes group (infra/k8s/rbac.yaml; the idle screener's in
+infra/k8s/idle-screen-rbac.yaml)."""
+
+K8S_DIR = "infra/k8s"
+"""Where the manifests are, relative to the repository root (the command runs there)."""
+
+
+def kubernetes_rbac_command(config: SdcConfig) -> str:
+    """The one command (stack output KubernetesRbacCommand) that binds every group the stack's
+    access entries use: rbac.yaml and the admission policy in the training namespace; where
+    the node screen is configured (`screenImage`), the screening namespace (created if
+    missing) and screen-rbac.yaml in it, and where idle screening is on, idle-screen-rbac.yaml
+    there too. Without an image the screen creates no Job, so no namespace is made for it."""
+    command = (
+        f"kubectl apply -n {config.training_namespace} -f {K8S_DIR}/rbac.yaml "
+        f"-f {K8S_DIR}/admission-policy.yaml"
+    )
+    if config.screen_image is None:
+        return command
+    namespace = config.screen_namespace
+    # `create --dry-run | apply` creates the namespace once and is a no-op on a rerun.
+    command += (
+        f" && kubectl create namespace {namespace} --dry-run=client -o yaml | kubectl apply -f -"
+        f" && kubectl apply -n {namespace} -f {K8S_DIR}/screen-rbac.yaml"
+    )
+    if config.idle_screen_enabled:
+        command += f" -f {K8S_DIR}/idle-screen-rbac.yaml"
+    return command
+
 
 KUBERNETES_GROUP = CORDON_GROUP
 """The group that may cordon (kept for importers; each step now has its own, STEP_GROUPS)."""

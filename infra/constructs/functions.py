@@ -103,6 +103,16 @@ CANARY = StepSpec(
 )
 """The canary function (only when the canary is on: `canarySchedule`)."""
 
+SCREEN_IDLE = StepSpec(
+    # A run starts and collects Jobs, it never waits for a screen (a screen's deadline is longer
+    # than Lambda's 15 minutes): two minutes cover listing a large cluster's nodes and pods.
+    "Screen idle HyperPod nodes on a schedule; a reproduced screen raises the idle-screen alarm",
+    timeout_seconds=120,
+    kubernetes=True,
+)
+"""The idle screener (only where idle screening is on: `screenImage` and `screenIdleSchedule`;
+infra/constructs/idle_screen.py)."""
+
 SWEEP_RATE = cdk.Duration.minutes(15)
 """How often the sweeper looks for remediations whose execution ended without closing them."""
 
@@ -233,7 +243,11 @@ class Functions(Construct):
         vpc, subnets, security_groups = self._network(config)
         retention = log_retention(config.log_retention_days)
         # The label replace mode patches the node through Kubernetes instead of the API.
-        services = {**SERVICES, **({"canary": CANARY} if config.canary_enabled else {})}
+        services = {
+            **SERVICES,
+            **({"canary": CANARY} if config.canary_enabled else {}),
+            **({"screen_idle": SCREEN_IDLE} if config.idle_screen_enabled else {}),
+        }
         self.kubernetes_steps = [
             folder
             for folder, spec in {**STEPS, **services}.items()

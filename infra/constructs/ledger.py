@@ -96,7 +96,7 @@ class Ledger(Construct):
             grantee,
             "CanaryRuns",
             ("dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"),
-            canary_only=True,
+            only_partition=contract.canary_runs_key(self.cluster_name),
         )
 
     def grant_canary_progress(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
@@ -106,7 +106,19 @@ class Ledger(Construct):
             grantee,
             "CanaryProgress",
             ("dynamodb:GetItem", "dynamodb:UpdateItem"),
-            canary_only=True,
+            only_partition=contract.canary_runs_key(self.cluster_name),
+        )
+
+    # ---- the node screens' items only ----------------------------------------------------------
+    def grant_screens(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Read and write the node screens: the `SCREEN#<cluster>` items only (one per node,
+        its last screen and any running one), never a node's STATE or the guard (the idle
+        screener; a reproduced screen reaches the guard through its alarm, as a job's does)."""
+        return self._allow(
+            grantee,
+            "NodeScreens",
+            ("dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"),
+            only_partition=contract.screens_key(self.cluster_name),
         )
 
     def _allow(
@@ -115,13 +127,11 @@ class Ledger(Construct):
         sid: str,
         actions: tuple[str, ...],
         *,
-        canary_only: bool = False,
+        only_partition: str | None = None,
     ) -> iam.PolicyStatement:
-        canary_items = {
-            "ForAllValues:StringEquals": {
-                "dynamodb:LeadingKeys": [contract.canary_runs_key(self.cluster_name)]
-            }
-        }
+        """`actions` on the table (and its key); with `only_partition`, on that partition
+        key's items only (DynamoDB's LeadingKeys condition)."""
+        partition_items = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [only_partition]}}
         # Every grant on the table grants its key, to read or to write as the grant does.
         write = bool(WRITES.intersection(actions))
         grant_table_key(
@@ -132,5 +142,5 @@ class Ledger(Construct):
             sid=sid,
             actions=actions,
             resources=[self.table.table_arn],
-            conditions=canary_items if canary_only else None,
+            conditions=partition_items if only_partition is not None else None,
         )

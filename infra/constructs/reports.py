@@ -86,8 +86,9 @@ class ReportLogGroup(Construct):
         self, grantee: iam.IGrantable, *, pod_namespace: str | None = None
     ) -> iam.PolicyStatement:
         """Write a training job's report (the agent in the training pods), never into the
-        canary's stream: a pod that could write there could forge canary reports
-        and page the on-call with a false "canary stopped".
+        canary's stream (a pod that could write there could forge canary reports and page the
+        on-call with a false "canary stopped") nor the idle screener's (it could forge a
+        reproduced screen naming any node).
 
         ``pod_namespace`` None (``agentIdentity: shared``): any job's stream ``<job>``.
         ``pod_namespace`` set (``pod-identity``): EKS Pod Identity's session tags scope the
@@ -96,11 +97,16 @@ class ReportLogGroup(Construct):
         other pod's stream, and localize reads a job's reports only from its own pods'."""
         if pod_namespace is not None:
             return self._grant_write_own_pod_stream(grantee, pod_namespace)
+        # The reserved jobs' streams are the pipeline's own: the canary's, and the idle
+        # screener's (a pod that wrote there could forge a reproduced screen naming any node).
         deny(
             grantee,
-            sid="NotTheCanarysStream",
+            sid="NotTheReservedStreams",
             actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-            resources=[self.stream_arn(contract.CANARY_JOB)],
+            resources=[
+                self.stream_arn(contract.CANARY_JOB),
+                self.stream_arn(contract.IDLE_SCREEN_JOB),
+            ],
         )
         return allow(
             grantee,
@@ -143,6 +149,16 @@ class ReportLogGroup(Construct):
                 "(<namespace>/<job>/<pod>); the job in the middle is the pod's to name, and "
                 "localize checks the pod is that job's"
             ),
+        )
+
+    def grant_write_idle_screen_report(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
+        """Write a reproduced idle screen's report, into the idle-screen job's stream only (the
+        idle screener)."""
+        return allow(
+            grantee,
+            sid="IdleScreenReport",
+            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            resources=[self.arn, self.stream_arn(contract.IDLE_SCREEN_JOB)],
         )
 
     def grant_write_canary_report(self, grantee: iam.IGrantable) -> iam.PolicyStatement:

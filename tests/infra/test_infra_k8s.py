@@ -33,9 +33,10 @@ def _rules(role: dict[str, Any]) -> dict[str, set[str]]:
 
 
 def test_every_group_an_access_entry_uses_is_bound_to_its_own_role() -> None:
-    # Given the RBAC file
-    roles = _by_kind("rbac.yaml", "ClusterRole")
-    bindings = _by_kind("rbac.yaml", "ClusterRoleBinding")
+    # Given the RBAC files (the idle screener's is its own: applied only where it is on)
+    files = ("rbac.yaml", "idle-screen-rbac.yaml")
+    roles = {k: v for f in files for k, v in _by_kind(f, "ClusterRole").items()}
+    bindings = {k: v for f in files for k, v in _by_kind(f, "ClusterRoleBinding").items()}
 
     # Then each group of the access entries is bound to the role of the same name, and no
     # other subject is

@@ -46,8 +46,12 @@ def test_the_agent_may_write_training_jobs_streams_but_never_the_canarys(default
     # could forge canary reports, or page the on-call with a false "canary stopped"
     assert not evaluate(statements, "logs:CreateLogStream", canary)
     assert not evaluate(statements, "logs:PutLogEvents", canary)
+    # nor the idle screener's (issue 35): a pod there could forge a reproduced screen
+    idle = f"{GROUP}:log-stream:{contract.IDLE_SCREEN_JOB}"
+    assert not evaluate(statements, "logs:CreateLogStream", idle)
+    assert not evaluate(statements, "logs:PutLogEvents", idle)
     (deny,) = [s for s in statements if s.get("Effect") == "Deny"]
-    assert deny["Sid"] == "NotTheCanarysStream"
+    assert deny["Sid"] == "NotTheReservedStreams"
     # And no pod lists the group's streams, every job's name (superseded: DescribeLogStreams
     # was granted, and the agent never called it)
     assert not evaluate(statements, "logs:DescribeLogStreams", GROUP)
