@@ -42,6 +42,9 @@ PRICES: dict[str, float] = {
     "kms_per_10k_requests": 0.03,
     # Amazon EventBridge Scheduler (sweeper, canary)
     "scheduler_per_1m_invocations": 1.00,
+    # Amazon EC2 p5.48xlarge (8 H100 SXM), on-demand, after the June 2025 price cut (list price
+    # as known, not fetched; it was 98.32 before). The node screen's cost (docs/cost.md).
+    "p5_48xlarge_hour": 55.04,
 }
 
 HOURS_PER_MONTH = 730.0
