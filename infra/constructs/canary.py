@@ -10,14 +10,13 @@ from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_scheduler as scheduler
-from aws_cdk import aws_scheduler_targets as targets
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 import sdc_contract as contract
-from infra import nag
 from infra.config import SdcConfig
 from infra.constructs.alarms import job_alarm
+from infra.constructs.schedules import invoke_on_schedule
 from infra.grants import allow
 
 START = {"action": "start"}
@@ -77,31 +76,15 @@ class Canary(Construct):
             period_seconds=config.alarm_period_seconds,
         )
 
-        self.role = iam.Role(
+        self.role, self.schedule = invoke_on_schedule(
             self,
-            "ScheduleRole",
-            assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
-            description="sdc-guard: the canary's schedule invokes the canary function",
-        )
-        nag.acknowledge(
-            self.role,
-            nag.wildcard_resource_finding(self, f"{function.function_arn}:*"),
-            "lambda:InvokeFunction on the canary function and its versions/aliases (`:*`), as "
-            "the Scheduler target grants; no other function",
-        )
-        self.schedule = scheduler.Schedule(
-            self,
-            "Schedule",
+            function,
+            what="canary function",
             description="sdc-guard: start a canary run (a synthetic SDC event on the reserved node)",
             schedule=scheduler.ScheduleExpression.rate(
                 cdk.Duration.seconds(config.canary_schedule_seconds)
             ),
-            target=targets.LambdaInvoke(
-                function,
-                input=scheduler.ScheduleTargetInput.from_object(START),
-                retry_attempts=2,
-                role=self.role,
-            ),
+            payload=START,
         )
 
         window = cdk.Duration.seconds(config.canary_window_seconds)

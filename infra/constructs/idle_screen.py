@@ -16,14 +16,13 @@ from __future__ import annotations
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_scheduler as scheduler
-from aws_cdk import aws_scheduler_targets as targets
 from constructs import Construct
 
 import sdc_contract as contract
-from infra import nag
 from infra.config import SdcConfig
 from infra.constructs.alarms import job_alarm
 from infra.constructs.functions import screen_environment
+from infra.constructs.schedules import invoke_on_schedule
 from infra.grants import allow
 
 RUN = {"action": "run"}
@@ -98,34 +97,17 @@ class IdleScreen(Construct):
             period_seconds=config.alarm_period_seconds,
         )
 
-        self.role = iam.Role(
+        # A run is idempotent (the ledger holds which screens run).
+        self.role, self.schedule = invoke_on_schedule(
             self,
-            "ScheduleRole",
-            assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
-            description="sdc-guard: the idle screener's schedule invokes the idle screener",
-        )
-        nag.acknowledge(
-            self.role,
-            nag.wildcard_resource_finding(self, f"{function.function_arn}:*"),
-            "lambda:InvokeFunction on the idle screener and its versions/aliases (`:*`), as "
-            "the Scheduler target grants; no other function",
-        )
-        self.schedule = scheduler.Schedule(
-            self,
-            "Schedule",
+            function,
+            what="idle screener",
             description=(
                 "sdc-guard: screen idle HyperPod nodes (oldest screen first, at most "
                 f"{config.screen_idle_max_nodes} at once) and collect finished screens"
             ),
             schedule=scheduler.ScheduleExpression.expression(config.screen_idle_schedule),
-            target=targets.LambdaInvoke(
-                function,
-                input=scheduler.ScheduleTargetInput.from_object(RUN),
-                # A run is idempotent (the ledger holds which screens run), and the next run
-                # comes within one period anyway.
-                retry_attempts=2,
-                role=self.role,
-            ),
+            payload=RUN,
         )
 
     def grant_put_datum(self, grantee: iam.IGrantable) -> iam.PolicyStatement:
