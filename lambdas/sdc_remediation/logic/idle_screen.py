@@ -40,7 +40,7 @@ from ..errors import ConfigurationError, InvalidStepInput, RemediationError
 from ..models import ScreenResult
 from ..observability import logger, metrics
 from . import screen as screen_step
-from .canary.start import datum, publish_finding
+from .canary.start import datum, publish_finding, reserved_job_report
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 OUTCOME_METRICS = {
@@ -130,19 +130,9 @@ def screen_report(
         rank["gpu_uuid"] = result.gpu_uuid
     if result.gpu_index is not None:
         rank["local_rank"] = result.gpu_index
-    return {
-        "schema": contract.ALARM_SCHEMA,
-        "cluster": cluster,
-        "job": contract.IDLE_SCREEN_JOB,
-        "time": clock.iso(at),
-        "step": 0,
-        "check": "compute",
-        "culprits": [0],
-        "suspects": [0],
-        "suspect_window": [0, 0],
-        "ranks": {"0": rank},
-        "metric": {"name": contract.IDLE_SCREEN_METRIC, "value": 1},
-    }
+    return reserved_job_report(
+        cluster, contract.IDLE_SCREEN_JOB, at, rank, contract.IDLE_SCREEN_METRIC
+    )
 
 
 class IdleScreener:

@@ -24,28 +24,32 @@ def new_run_id(now: datetime) -> str:
     return f"c-{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
 
 
-def canary_report(cluster: str, run_id: str, at: datetime) -> dict[str, Any]:
-    """The synthetic ``sdc.alarm/v1`` report: rank 0 of the canary job on the canary node,
-    named a culprit by the compute check."""
+def reserved_job_report(
+    cluster: str, job: str, at: datetime, rank: dict[str, Any], metric: str
+) -> dict[str, Any]:
+    """The ``sdc.alarm/v1`` report of a reserved job's finding (the canary's, a reproduced
+    idle screen's): rank 0 (``rank``: where it runs) named a culprit by the compute check."""
     return {
         "schema": contract.ALARM_SCHEMA,
         "cluster": cluster,
-        "job": contract.CANARY_JOB,
+        "job": job,
         "time": clock.iso(at),
         "step": 0,
         "check": "compute",
         "culprits": [0],
         "suspects": [0],
         "suspect_window": [0, 0],
-        "ranks": {
-            "0": {
-                "node_name": contract.CANARY_NODE_NAME,
-                "instance_id": contract.CANARY_INSTANCE_ID,
-            }
-        },
-        "metric": {"name": contract.CANARY_METRIC, "value": 1},
-        "canary_run": run_id,
+        "ranks": {"0": rank},
+        "metric": {"name": metric, "value": 1},
     }
+
+
+def canary_report(cluster: str, run_id: str, at: datetime) -> dict[str, Any]:
+    """The synthetic ``sdc.alarm/v1`` report: rank 0 of the canary job on the canary node,
+    named a culprit by the compute check."""
+    rank = {"node_name": contract.CANARY_NODE_NAME, "instance_id": contract.CANARY_INSTANCE_ID}
+    report = reserved_job_report(cluster, contract.CANARY_JOB, at, rank, contract.CANARY_METRIC)
+    return {**report, "canary_run": run_id}
 
 
 def datum(
